@@ -1,0 +1,116 @@
+//! The state of one connect in flight, shared by the connector layer, the
+//! DNS wrapper and the rustls hooks through a thread-local set while the
+//! connect future is polled.
+
+use std::cell::RefCell;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Instant;
+
+use crate::report::TlsVersion;
+use crate::request::RequestState;
+
+/// One connect: created when reqwest calls the connector (a pool miss),
+/// finished when the connect future resolves or is dropped.
+#[derive(Debug)]
+pub(crate) struct ConnectAttempt {
+    pub(crate) id: u64,
+    pub(crate) started: Instant,
+    /// The request whose poll called the connector, when it went through our
+    /// middleware.
+    pub(crate) trigger: Option<Arc<RequestState>>,
+    phases: Mutex<Phases>,
+}
+
+/// Phase boundaries recorded by the hooks, in the order they happen.
+#[derive(Debug, Default, Clone)]
+pub(crate) struct Phases {
+    pub(crate) dns: Option<DnsPhase>,
+    /// First call into the TLS session store: the ClientHello is being built,
+    /// so TCP is connected.
+    pub(crate) tls_started: Option<Instant>,
+    /// The session store handed out a cached session (ticket or session id).
+    pub(crate) resumption_offered: bool,
+    /// TLS 1.3 handshake secret derived: ServerHello processed.
+    pub(crate) server_hello: Option<Instant>,
+    /// TLS 1.3 application secret derived: server Finished processed.
+    pub(crate) server_finished: Option<Instant>,
+    /// Certificate verification: when, and the error text if rejected.
+    pub(crate) cert_verified: Option<(Instant, Option<String>)>,
+    /// Version learnt from the handshake (signature check or key schedule).
+    pub(crate) tls_version: Option<TlsVersion>,
+}
+
+/// The DNS phase of a connect.
+#[derive(Debug, Clone)]
+pub(crate) struct DnsPhase {
+    pub(crate) name: String,
+    /// When reqwest asked the resolver.
+    pub(crate) asked: Instant,
+    /// When the lookup actually began (after queueing for a blocking thread),
+    /// when the resolver can tell.
+    pub(crate) began: Option<Instant>,
+    pub(crate) answered: Option<Instant>,
+    pub(crate) answers: Vec<SocketAddr>,
+    pub(crate) error: Option<(&'static str, String)>,
+}
+
+impl ConnectAttempt {
+    pub(crate) fn new(id: u64, trigger: Option<Arc<RequestState>>) -> Self {
+        Self {
+            id,
+            started: Instant::now(),
+            trigger,
+            phases: Mutex::new(Phases::default()),
+        }
+    }
+
+    /// Locks the phase record. A poisoned lock (a panic elsewhere while
+    /// holding it) still yields the data: telemetry must not panic.
+    pub(crate) fn phases(&self) -> MutexGuard<'_, Phases> {
+        self.phases.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Marks TLS start on the first call only.
+    pub(crate) fn mark_tls_started(&self) {
+        let mut p = self.phases();
+        if p.tls_started.is_none() {
+            p.tls_started = Some(Instant::now());
+        }
+    }
+}
+
+thread_local! {
+    static CURRENT: RefCell<Option<Arc<ConnectAttempt>>> = const { RefCell::new(None) };
+}
+
+/// Runs `f` with the connect attempt being polled on this thread, if any.
+pub(crate) fn with_current<R>(f: impl FnOnce(&Arc<ConnectAttempt>) -> R) -> Option<R> {
+    CURRENT
+        .try_with(|c| c.borrow().as_ref().map(f))
+        .ok()
+        .flatten()
+}
+
+/// Makes `attempt` the current one on this thread until dropped; restores
+/// the previous one (connects can nest when a proxy connector is layered).
+pub(crate) struct AttemptScope {
+    previous: Option<Arc<ConnectAttempt>>,
+}
+
+impl AttemptScope {
+    pub(crate) fn enter(attempt: &Arc<ConnectAttempt>) -> Self {
+        let previous = CURRENT
+            .try_with(|c| c.borrow_mut().replace(attempt.clone()))
+            .ok()
+            .flatten();
+        Self { previous }
+    }
+}
+
+impl Drop for AttemptScope {
+    fn drop(&mut self) {
+        let previous = self.previous.take();
+        let _ = CURRENT.try_with(|c| *c.borrow_mut() = previous);
+    }
+}

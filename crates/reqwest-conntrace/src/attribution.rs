@@ -1,0 +1,214 @@
+//! Pool attribution of one response, and the end of a request's life: the
+//! facts that land on the request span and in its [`RequestReport`].
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use hyper_util::client::legacy::connect::HttpInfo;
+use opentelemetry::KeyValue;
+use opentelemetry::trace::Status;
+use tracing_opentelemetry::OpenTelemetrySpanExt;
+
+use crate::clock::secs;
+use crate::handle::Inner;
+use crate::registry::ConnectionRecord;
+use crate::report::{ConnectionUse, RequestReport};
+use crate::request::{Fate, RequestState};
+use crate::semconv;
+
+/// Attributes the response to the connection that carried it and records the
+/// pool attributes on `span`. Returns `None` when the response carries no
+/// `HttpInfo` or the connection is unknown to this handle.
+pub(crate) fn attribute_response(
+    inner: &Inner,
+    state: &RequestState,
+    span: &tracing::Span,
+    info: Option<&HttpInfo>,
+) -> Option<(ConnectionUse, Arc<ConnectionRecord>)> {
+    let Some(info) = info else {
+        state.finish(Fate::NoResponse);
+        return None;
+    };
+    let (local, remote) = (info.local_addr(), info.remote_addr());
+    span.set_attribute(semconv::NETWORK_PEER_ADDRESS, remote.ip().to_string());
+    span.set_attribute(semconv::NETWORK_PEER_PORT, i64::from(remote.port()));
+    span.set_attribute(semconv::NETWORK_LOCAL_PORT, i64::from(local.port()));
+    let Some(record) = inner.registry.get(local, remote) else {
+        state.finish(Fate::NoResponse);
+        return None;
+    };
+    let request_count = record.count_request();
+    let start = state.started;
+    // When the connection was free for this request: ready, and for HTTP/1.1
+    // (one request at a time) also released by the previous response.
+    let available = if record.http2 {
+        record.ready_at
+    } else {
+        record
+            .last_released()
+            .map_or(record.ready_at, |r| r.max(record.ready_at))
+    };
+    let reused = record.ready_at <= start;
+    let wait = available.saturating_duration_since(start);
+    let idle = (reused && available <= start).then(|| start - available);
+    let age = start.saturating_duration_since(record.ready_at);
+    let paid = record.trigger_id == Some(state.id);
+
+    span.set_attribute(semconv::HTTP_CONNECTION_REUSED, reused);
+    span.set_attribute(semconv::HTTP_CONNECTION_ID, record.id() as i64);
+    span.set_attribute(semconv::HTTP_CONNECTION_WAIT_TIME, secs(wait));
+    span.set_attribute(semconv::HTTP_CONNECTION_REQUEST_COUNT, request_count as i64);
+    span.set_attribute(semconv::HTTP_CONNECTION_AGE, secs(age));
+    if let Some(idle) = idle {
+        span.set_attribute(semconv::HTTP_CONNECTION_IDLE_TIME, secs(idle));
+    }
+    if !paid {
+        span.add_link_with_attributes(
+            record.setup_span.clone(),
+            vec![
+                KeyValue::new(semconv::HTTP_CONNECTION_ID, record.id() as i64),
+                KeyValue::new(semconv::HTTP_CONNECTION_WAIT_TIME, secs(wait)),
+            ],
+        );
+    }
+    state.finish(Fate::ServedBy {
+        connection_id: record.id(),
+        http2: record.http2,
+    });
+    let usage = ConnectionUse {
+        id: record.id(),
+        reused,
+        wait,
+        request_count,
+        age,
+        idle,
+        paid_by_this_request: paid,
+        setup: record.setup.clone(),
+    };
+    Some((usage, record))
+}
+
+/// Everything needed to end a request: held by the middleware until the
+/// response headers, then by the response body until its end or drop.
+/// Dropping it unfinished ends the request as cancelled.
+pub(crate) struct RequestEnd {
+    pub(crate) inner: Arc<Inner>,
+    pub(crate) state: Arc<RequestState>,
+    pub(crate) span: tracing::Span,
+    pub(crate) method: http::Method,
+    pub(crate) url: String,
+    pub(crate) headers_at: Option<Instant>,
+    pub(crate) status: Option<u16>,
+    pub(crate) error_type: Option<String>,
+    pub(crate) connection: Option<(ConnectionUse, Arc<ConnectionRecord>)>,
+    pub(crate) body_size: u64,
+    finished: bool,
+}
+
+impl std::fmt::Debug for RequestEnd {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RequestEnd")
+            .field("url", &self.url)
+            .field("finished", &self.finished)
+            .finish_non_exhaustive()
+    }
+}
+
+/// How a request's life ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum EndKind {
+    /// Body read to its end.
+    Complete,
+    /// Body (or the request future) dropped first.
+    Dropped,
+    /// The request or body failed; the error is already recorded.
+    Failed,
+}
+
+impl RequestEnd {
+    pub(crate) fn new(
+        inner: Arc<Inner>,
+        state: Arc<RequestState>,
+        span: tracing::Span,
+        method: http::Method,
+        url: String,
+    ) -> Self {
+        Self {
+            inner,
+            state,
+            span,
+            method,
+            url,
+            headers_at: None,
+            status: None,
+            error_type: None,
+            connection: None,
+            body_size: 0,
+            finished: false,
+        }
+    }
+
+    /// Records an error on the span.
+    pub(crate) fn fail(&mut self, error_type: &str, message: String) {
+        self.span
+            .set_attribute(semconv::ERROR_TYPE, error_type.to_owned());
+        self.span.set_status(Status::error(message));
+        self.error_type = Some(error_type.to_owned());
+    }
+
+    /// Ends the request once: releases the connection to the registry's
+    /// view, records the body size and hands the report to the callback.
+    pub(crate) fn finish(&mut self, kind: EndKind) {
+        if self.finished {
+            return;
+        }
+        self.finished = true;
+        let now = Instant::now();
+        if self.headers_at.is_none() {
+            if kind == EndKind::Dropped {
+                self.fail(
+                    semconv::ERROR_TYPE_CANCELLED,
+                    "request dropped before its response arrived".to_owned(),
+                );
+            }
+            self.state.finish(Fate::NoResponse);
+        } else {
+            self.span
+                .set_attribute(semconv::HTTP_RESPONSE_BODY_SIZE, self.body_size as i64);
+        }
+        if let Some((_, record)) = &self.connection {
+            match kind {
+                EndKind::Complete => record.mark_released(now),
+                // An HTTP/1.1 response dropped mid-body cannot go back to the
+                // pool: hyper closes the connection.
+                EndKind::Dropped | EndKind::Failed if !record.http2 => {
+                    if let (Some(l), Some(r)) = (record.setup.local_addr, record.setup.peer_addr) {
+                        self.inner.registry.remove(l, r, record.id());
+                    }
+                }
+                _ => record.mark_released(now),
+            }
+        }
+        let report = RequestReport {
+            method: self.method.clone(),
+            url: self.url.clone(),
+            started: self.state.started,
+            status: self.status,
+            error_type: self.error_type.clone(),
+            time_to_first_byte: self
+                .headers_at
+                .map(|h| h.saturating_duration_since(self.state.started)),
+            total: now.saturating_duration_since(self.state.started),
+            body_size: self.body_size,
+            body_complete: kind == EndKind::Complete,
+            connection: self.connection.as_ref().map(|(u, _)| u.clone()),
+        };
+        self.inner.on_request_end.on_request_end(&report);
+    }
+}
+
+impl Drop for RequestEnd {
+    fn drop(&mut self) {
+        self.finish(EndKind::Dropped);
+    }
+}

@@ -1,0 +1,149 @@
+//! Instrumenting an existing `reqwest::ClientBuilder`.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use reqwest::dns::Resolve;
+
+use crate::connector::ConnectorLayer;
+use crate::dns::TracedResolver;
+use crate::error::BuildError;
+use crate::handle::ConnTrace;
+use crate::tls::TlsSettings;
+
+/// A `reqwest::ClientBuilder` being instrumented: keeps every option already
+/// set on it (pool sizes, timeouts, proxies, `resolve` overrides, headers) and
+/// adds, at [`build`](Self::build):
+/// - the [`ConnectorLayer`] (connection-setup spans, registry),
+/// - the [`TracedResolver`] around the resolver set here (or the system one),
+/// - the instrumented rustls configuration built from [`TlsSettings`].
+///
+/// Options this crate must know or must own are set here rather than on
+/// reqwest's builder: TLS options (reqwest ignores its own TLS options once
+/// given a preconfigured rustls config, so `build` refuses a builder whose
+/// `tls_version_min`/`max` or `tls_danger_*` are set there), the DNS
+/// resolver (reqwest's builder cannot hand it back to be wrapped), and the
+/// connect timeout (to tell a timed-out connect from a cancelled one).
+pub struct InstrumentedClientBuilder {
+    trace: ConnTrace,
+    builder: reqwest::ClientBuilder,
+    tls: TlsSettings,
+    resolver: Option<Arc<dyn Resolve>>,
+    connect_timeout: Option<Duration>,
+}
+
+impl std::fmt::Debug for InstrumentedClientBuilder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("InstrumentedClientBuilder")
+            .field("builder", &self.builder)
+            .field("tls", &self.tls)
+            .field("custom_resolver", &self.resolver.is_some())
+            .field("connect_timeout", &self.connect_timeout)
+            .finish()
+    }
+}
+
+impl ConnTrace {
+    /// Starts instrumenting `builder`; see [`InstrumentedClientBuilder`].
+    pub fn instrument(&self, builder: reqwest::ClientBuilder) -> InstrumentedClientBuilder {
+        InstrumentedClientBuilder {
+            trace: self.clone(),
+            builder,
+            tls: TlsSettings::default(),
+            resolver: None,
+            connect_timeout: None,
+        }
+    }
+}
+
+/// reqwest `ClientBuilder` fields (from its `Debug` output) that a
+/// preconfigured rustls config silently overrides.
+const TLS_FIELDS_ON_REQWEST: &[&str] = &[
+    "tls_version_min",
+    "tls_version_max",
+    "tls_danger_accept_invalid_certs",
+    "tls_danger_accept_invalid_hostnames",
+];
+
+impl InstrumentedClientBuilder {
+    /// TLS options of the client. Default: [`TlsSettings::default`].
+    pub fn tls(mut self, tls: TlsSettings) -> Self {
+        self.tls = tls;
+        self
+    }
+
+    /// The resolver to wrap (what `ClientBuilder::dns_resolver` would take).
+    /// Default: [`SystemResolver`](crate::SystemResolver), like reqwest's default.
+    pub fn dns_resolver<R: Resolve + 'static>(mut self, resolver: R) -> Self {
+        self.resolver = Some(Arc::new(resolver));
+        self
+    }
+
+    /// Connect timeout (sets reqwest's `connect_timeout`); a connect abandoned
+    /// at it is reported as `error.type = timeout`. Default: none.
+    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = Some(timeout);
+        self
+    }
+
+    /// Applies more reqwest options to the wrapped builder.
+    pub fn map_reqwest(
+        mut self,
+        f: impl FnOnce(reqwest::ClientBuilder) -> reqwest::ClientBuilder,
+    ) -> Self {
+        self.builder = f(self.builder);
+        self
+    }
+
+    /// Builds the instrumented `reqwest::Client`. Wrap it with
+    /// [`ConnTrace::middleware`] (or use [`build_with_middleware`](Self::build_with_middleware))
+    /// for request spans and pool attribution.
+    ///
+    /// # Errors
+    /// [`BuildError`] when the TLS settings are invalid, a TLS option was set
+    /// on reqwest's builder instead of [`TlsSettings`], or reqwest fails.
+    pub fn build(self) -> Result<reqwest::Client, BuildError> {
+        let described = format!("{:?}", self.builder);
+        if let Some(field) = TLS_FIELDS_ON_REQWEST
+            .iter()
+            .find(|f| described.contains(&format!("{f}:")))
+        {
+            return Err(BuildError::TlsOptionOnReqwestBuilder(field));
+        }
+        let mut tls = self.tls;
+        if described.contains("http1_only: true") {
+            tls = tls.http1_only(true);
+        }
+        let config = tls.build_config()?;
+        let resolver = match self.resolver {
+            Some(r) => TracedResolver::new(r),
+            None => TracedResolver::system(),
+        };
+        let mut builder = self
+            .builder
+            .tls_backend_preconfigured(config)
+            .dns_resolver(Arc::new(resolver))
+            .connector_layer(
+                ConnectorLayer::new(self.trace.clone()).connect_timeout(self.connect_timeout),
+            );
+        if let Some(t) = self.connect_timeout {
+            builder = builder.connect_timeout(t);
+        }
+        Ok(builder.build()?)
+    }
+
+    /// Builds the client wrapped in a `reqwest_middleware` client with
+    /// [`ConnTrace::middleware`] as its only middleware.
+    ///
+    /// # Errors
+    /// As [`build`](Self::build).
+    pub fn build_with_middleware(
+        self,
+    ) -> Result<reqwest_middleware::ClientWithMiddleware, BuildError> {
+        let middleware = self.trace.middleware();
+        let client = self.build()?;
+        Ok(reqwest_middleware::ClientBuilder::new(client)
+            .with(middleware)
+            .build())
+    }
+}

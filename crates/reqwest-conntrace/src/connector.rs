@@ -1,0 +1,280 @@
+//! The tower layer around reqwest's connector: one `http.connection_setup`
+//! span per connect, phase spans from the hooks, and the connection's entry
+//! in the registry.
+
+use std::borrow::Borrow;
+use std::error::Error as StdError;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use hyper_util::client::legacy::connect::{Connection, HttpInfo};
+use pin_project_lite::pin_project;
+use tower_layer::Layer;
+use tower_service::Service;
+use tracing_opentelemetry::OpenTelemetrySpanExt;
+
+use crate::attempt::{AttemptScope, ConnectAttempt};
+use crate::error::{classify, error_chain_text};
+use crate::handle::{ConnTrace, Inner};
+use crate::registry::ConnectionRecord;
+use crate::request::{self, PendingSetup};
+use crate::semconv;
+use crate::setup::{self, Ending, Established};
+
+/// Tower layer for `reqwest::ClientBuilder::connector_layer`: wraps reqwest's
+/// connector so that every new connection gets an `http.connection_setup`
+/// span (child of the request whose pool miss triggered it) with
+/// `dns.lookup`, `tcp.connect` and `tls.handshake` children.
+///
+/// Usually installed by [`ConnTrace::instrument`]; add it by hand only
+/// together with [`TracedResolver`](crate::TracedResolver) and the TLS
+/// configuration from [`TlsSettings`](crate::TlsSettings), or the phases
+/// cannot be split.
+#[derive(Clone, Debug)]
+pub struct ConnectorLayer {
+    trace: ConnTrace,
+    connect_timeout: Option<Duration>,
+}
+
+impl ConnectorLayer {
+    /// A layer recording into `trace`'s registry and tracer.
+    pub fn new(trace: ConnTrace) -> Self {
+        Self {
+            trace,
+            connect_timeout: None,
+        }
+    }
+
+    /// The client's connect timeout, so that a connect abandoned at that
+    /// deadline is reported as `error.type = timeout` rather than
+    /// `cancelled`. Default: none.
+    pub fn connect_timeout(mut self, timeout: Option<Duration>) -> Self {
+        self.connect_timeout = timeout;
+        self
+    }
+}
+
+impl<S> Layer<S> for ConnectorLayer {
+    type Service = ConnectService<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        ConnectService {
+            inner,
+            trace: self.trace.clone(),
+            connect_timeout: self.connect_timeout,
+        }
+    }
+}
+
+/// The service [`ConnectorLayer`] produces. Generic over reqwest's sealed
+/// connector types: it only needs the response to implement hyper-util's
+/// [`Connection`].
+#[derive(Clone, Debug)]
+pub struct ConnectService<S> {
+    inner: S,
+    trace: ConnTrace,
+    connect_timeout: Option<Duration>,
+}
+
+impl<S, R> Service<R> for ConnectService<S>
+where
+    S: Service<R>,
+    S::Response: Connection,
+    S::Error: Borrow<dyn StdError + Send + Sync + 'static>,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = ConnectFuture<S::Future>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: R) -> Self::Future {
+        let inner = self.trace.inner().clone();
+        let trigger = request::current();
+        let attempt = Arc::new(ConnectAttempt::new(inner.next_connection_id(), trigger));
+        // reqwest calls the connector inside the request's poll, so the
+        // current span is the request span the middleware instrumented.
+        let parent = tracing::Span::current().context();
+        let cx = setup::start_setup_span(&inner, &attempt, &parent);
+        let future = {
+            let _scope = AttemptScope::enter(&attempt);
+            self.inner.call(req)
+        };
+        ConnectFuture {
+            inner: future,
+            guard: ConnectGuard {
+                state: Some(InFlight { attempt, cx, inner }),
+                connect_timeout: self.connect_timeout,
+            },
+        }
+    }
+}
+
+pin_project! {
+    /// Future of [`ConnectService`]: polls reqwest's connect with the attempt
+    /// set as current (for the DNS and TLS hooks) and records the outcome.
+    /// Dropped before completion, it ends the spans as cancelled (or
+    /// `timeout` at the configured connect timeout).
+    pub struct ConnectFuture<F> {
+        #[pin]
+        inner: F,
+        guard: ConnectGuard,
+    }
+}
+
+impl<F> std::fmt::Debug for ConnectFuture<F> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ConnectFuture").finish_non_exhaustive()
+    }
+}
+
+struct InFlight {
+    attempt: Arc<ConnectAttempt>,
+    cx: opentelemetry::Context,
+    inner: Arc<Inner>,
+}
+
+/// Ends the spans of a connect that never completed.
+struct ConnectGuard {
+    state: Option<InFlight>,
+    connect_timeout: Option<Duration>,
+}
+
+impl Drop for ConnectGuard {
+    fn drop(&mut self) {
+        if let Some(InFlight { attempt, cx, inner }) = self.state.take() {
+            let now = Instant::now();
+            let timed_out = self.connect_timeout.is_some_and(|t| {
+                now.saturating_duration_since(attempt.started) + Duration::from_millis(2) >= t
+            });
+            let (error_type, message) = if timed_out {
+                (
+                    semconv::ERROR_TYPE_TIMEOUT,
+                    "connect timeout elapsed".to_owned(),
+                )
+            } else {
+                (
+                    semconv::ERROR_TYPE_CANCELLED,
+                    "connect abandoned: its request was dropped or timed out".to_owned(),
+                )
+            };
+            finish_failed(&inner, &attempt, &cx, error_type, message, now);
+        }
+    }
+}
+
+fn finish_failed(
+    inner: &Inner,
+    attempt: &ConnectAttempt,
+    cx: &opentelemetry::Context,
+    error_type: &'static str,
+    message: String,
+    now: Instant,
+) {
+    use opentelemetry::trace::TraceContextExt;
+    setup::emit_phases(
+        inner,
+        attempt,
+        cx,
+        &Ending::Failed {
+            error_type,
+            message,
+        },
+        now,
+    );
+    cx.span().end_with_timestamp(inner.clock.wall(now));
+}
+
+impl<F, T, E> Future for ConnectFuture<F>
+where
+    F: Future<Output = Result<T, E>>,
+    T: Connection,
+    E: Borrow<dyn StdError + Send + Sync + 'static>,
+{
+    type Output = Result<T, E>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.project();
+        let result = {
+            let _scope = this
+                .guard
+                .state
+                .as_ref()
+                .map(|s| AttemptScope::enter(&s.attempt));
+            match this.inner.poll(cx) {
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(r) => r,
+            }
+        };
+        if let Some(InFlight {
+            attempt,
+            cx: span_cx,
+            inner,
+        }) = this.guard.state.take()
+        {
+            let now = Instant::now();
+            match &result {
+                Ok(conn) => on_connected(&inner, attempt, span_cx, conn, now),
+                Err(e) => {
+                    let e: &(dyn StdError + Send + Sync + 'static) = e.borrow();
+                    finish_failed(
+                        &inner,
+                        &attempt,
+                        &span_cx,
+                        classify(e),
+                        error_chain_text(e),
+                        now,
+                    );
+                }
+            }
+        }
+        Poll::Ready(result)
+    }
+}
+
+fn on_connected<T: Connection>(
+    inner: &Arc<Inner>,
+    attempt: Arc<ConnectAttempt>,
+    cx: opentelemetry::Context,
+    conn: &T,
+    now: Instant,
+) {
+    use opentelemetry::trace::TraceContextExt;
+    let connected = conn.connected();
+    let mut extensions = http::Extensions::new();
+    connected.get_extras(&mut extensions);
+    let info = extensions.get::<HttpInfo>();
+    let established = Established {
+        local: info.map(|i| i.local_addr()),
+        remote: info.map(|i| i.remote_addr()),
+        http2: connected.is_negotiated_h2(),
+        proxied: connected.is_proxied(),
+    };
+    let report = Arc::new(setup::emit_phases(
+        inner,
+        &attempt,
+        &cx,
+        &Ending::Ready(&established),
+        now,
+    ));
+    let end = inner.clock.wall(now);
+    let record = Arc::new(ConnectionRecord::new(
+        report,
+        now,
+        setup::span_context(&cx),
+        attempt.trigger.as_ref().map(|t| t.id),
+        established.http2,
+    ));
+    if let (Some(local), Some(remote)) = (established.local, established.remote) {
+        inner.registry.insert(local, remote, record.clone());
+    }
+    match &attempt.trigger {
+        Some(trigger) => trigger.connect_ready(PendingSetup { record, cx, end }),
+        None => cx.span().end_with_timestamp(end),
+    }
+}

@@ -1,0 +1,119 @@
+//! The DNS resolver wrapper: times the lookup inside the connect that asked
+//! for it and records the answers in the order returned.
+
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::sync::Arc;
+use std::time::Instant;
+
+use reqwest::dns::{Addrs, Name, Resolve, Resolving};
+
+use crate::attempt::{self, DnsPhase};
+use crate::error::{DnsError, classify, error_chain_text};
+
+/// A [`Resolve`] that records each lookup on the connect that triggered it
+/// (the `dns.lookup` span) and delegates to an inner resolver: the user's own,
+/// or [`SystemResolver`].
+///
+/// Names answered by `ClientBuilder::resolve` overrides never reach a
+/// resolver (reqwest applies overrides first), so they produce no
+/// `dns.lookup` span; the setup span then carries
+/// `http.connection.dns_skipped = "override"`.
+#[derive(Clone)]
+pub struct TracedResolver {
+    inner: Arc<dyn Resolve>,
+}
+
+impl std::fmt::Debug for TracedResolver {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TracedResolver").finish_non_exhaustive()
+    }
+}
+
+impl TracedResolver {
+    /// Wraps `inner`.
+    pub fn new(inner: Arc<dyn Resolve>) -> Self {
+        Self { inner }
+    }
+
+    /// Wraps [`SystemResolver`], the equivalent of reqwest's default.
+    pub fn system() -> Self {
+        Self::new(Arc::new(SystemResolver))
+    }
+}
+
+impl Resolve for TracedResolver {
+    fn resolve(&self, name: Name) -> Resolving {
+        let asked = Instant::now();
+        let host = name.as_str().to_owned();
+        let current = attempt::with_current(|a| a.clone());
+        if let Some(a) = &current {
+            a.phases().dns = Some(DnsPhase {
+                name: host.clone(),
+                asked,
+                began: None,
+                answered: None,
+                answers: Vec::new(),
+                error: None,
+            });
+        }
+        let lookup = self.inner.resolve(name);
+        Box::pin(async move {
+            let result = lookup.await;
+            let Some(a) = current else {
+                return result;
+            };
+            let answered = Instant::now();
+            match result {
+                Ok(addrs) => {
+                    let addrs: Vec<SocketAddr> = addrs.collect();
+                    if let Some(d) = a.phases().dns.as_mut() {
+                        d.answered = Some(answered);
+                        d.answers = addrs.clone();
+                    }
+                    Ok(Box::new(addrs.into_iter()) as Addrs)
+                }
+                Err(e) => {
+                    if let Some(d) = a.phases().dns.as_mut() {
+                        d.answered = Some(answered);
+                        d.error = Some((classify(e.as_ref()), error_chain_text(e.as_ref())));
+                    }
+                    Err(e)
+                }
+            }
+        })
+    }
+}
+
+/// The system resolver (`getaddrinfo` on tokio's blocking pool), like
+/// reqwest's default. It also records when the lookup actually began on a
+/// blocking thread, so that time spent queueing behind a saturated pool shows
+/// on the `dns.lookup` span as a `dns.lookup_began` event.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct SystemResolver;
+
+impl Resolve for SystemResolver {
+    fn resolve(&self, name: Name) -> Resolving {
+        let host = name.as_str().to_owned();
+        let current = attempt::with_current(|a| a.clone());
+        Box::pin(async move {
+            let lookup_host = host.clone();
+            let handle = tokio::task::spawn_blocking(move || {
+                let began = Instant::now();
+                if let Some(a) = &current {
+                    if let Some(d) = a.phases().dns.as_mut() {
+                        d.began = Some(began);
+                    }
+                }
+                (lookup_host.as_str(), 0u16).to_socket_addrs()
+            });
+            match handle.await {
+                Ok(Ok(addrs)) => Ok(Box::new(addrs) as Addrs),
+                Ok(Err(source)) => Err(Box::new(DnsError { name: host, source }) as _),
+                Err(join) => Err(Box::new(DnsError {
+                    name: host,
+                    source: std::io::Error::other(join.to_string()),
+                }) as _),
+            }
+        })
+    }
+}

@@ -1,0 +1,124 @@
+//! Errors of this crate's own API, and the `error.type` classification of
+//! the errors it observes.
+
+use std::error::Error as StdError;
+use std::io;
+
+use crate::semconv;
+
+/// Why an instrumented client could not be built.
+///
+/// Returned by [`InstrumentedClientBuilder::build`](crate::InstrumentedClientBuilder::build).
+/// Building is the only place this crate can fail; once a client exists,
+/// instrumentation problems only ever reduce telemetry.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum BuildError {
+    /// A certificate or key given to [`TlsSettings`](crate::TlsSettings)
+    /// could not be parsed (bad PEM, no certificate in the file).
+    #[error("invalid certificate or key: {0}")]
+    InvalidCertificate(String),
+    /// rustls rejected the TLS settings (e.g. a minimum version above the
+    /// maximum, or a client key that does not match its certificate).
+    #[error("TLS configuration rejected: {0}")]
+    Tls(#[from] rustls::Error),
+    /// The certificate verifier could not be built (e.g. no usable roots).
+    #[error("certificate verifier: {0}")]
+    Verifier(String),
+    /// A TLS option was set on reqwest's `ClientBuilder`, where the
+    /// instrumented rustls configuration would silently replace it. Set it
+    /// through [`TlsSettings`](crate::TlsSettings) instead.
+    #[error(
+        "the TLS option `{0}` was set on reqwest::ClientBuilder; set it through reqwest_conntrace::TlsSettings so it is not lost"
+    )]
+    TlsOptionOnReqwestBuilder(&'static str),
+    /// reqwest refused to build the client.
+    #[error("reqwest: {0}")]
+    Reqwest(#[from] reqwest::Error),
+}
+
+/// Classifies an error chain into a low-cardinality `error.type` value (one
+/// of the `semconv::ERROR_TYPE_*` constants), looking at every source in the
+/// chain: I/O error kinds, rustls errors, and reqwest's own predicates.
+pub(crate) fn classify(err: &(dyn StdError + 'static)) -> &'static str {
+    let mut current: Option<&(dyn StdError + 'static)> = Some(err);
+    let mut fallback = semconv::ERROR_TYPE_OTHER;
+    while let Some(e) = current {
+        if let Some(r) = e.downcast_ref::<reqwest::Error>() {
+            if r.is_timeout() {
+                return semconv::ERROR_TYPE_TIMEOUT;
+            }
+        }
+        if let Some(r) = e.downcast_ref::<reqwest_middleware::Error>() {
+            if let reqwest_middleware::Error::Reqwest(r) = r {
+                if r.is_timeout() {
+                    return semconv::ERROR_TYPE_TIMEOUT;
+                }
+            }
+        }
+        if let Some(t) = e.downcast_ref::<rustls::Error>() {
+            return match t {
+                rustls::Error::InvalidCertificate(_) => semconv::ERROR_TYPE_TLS_CERTIFICATE,
+                _ => semconv::ERROR_TYPE_TLS,
+            };
+        }
+        if let Some(io) = e.downcast_ref::<io::Error>() {
+            // rustls errors travel inside io::Error from tokio-rustls.
+            if let Some(inner) = io.get_ref() {
+                if let Some(t) = inner.downcast_ref::<rustls::Error>() {
+                    return match t {
+                        rustls::Error::InvalidCertificate(_) => semconv::ERROR_TYPE_TLS_CERTIFICATE,
+                        _ => semconv::ERROR_TYPE_TLS,
+                    };
+                }
+            }
+            match io.kind() {
+                io::ErrorKind::TimedOut => return semconv::ERROR_TYPE_TIMEOUT,
+                io::ErrorKind::ConnectionRefused => return semconv::ERROR_TYPE_CONNECTION_REFUSED,
+                io::ErrorKind::ConnectionReset
+                | io::ErrorKind::ConnectionAborted
+                | io::ErrorKind::BrokenPipe
+                | io::ErrorKind::UnexpectedEof => return semconv::ERROR_TYPE_CONNECTION_RESET,
+                _ => {}
+            }
+        }
+        if e.is::<DnsError>() {
+            return semconv::ERROR_TYPE_DNS;
+        }
+        let text = e.to_string();
+        if text.contains("dns error") || text.contains("failed to lookup address") {
+            fallback = semconv::ERROR_TYPE_DNS;
+        } else if fallback == semconv::ERROR_TYPE_OTHER
+            && (text.contains("timed out") || text.contains("deadline has elapsed"))
+        {
+            fallback = semconv::ERROR_TYPE_TIMEOUT;
+        }
+        current = e.source();
+    }
+    fallback
+}
+
+/// The error our default resolver returns when a name does not resolve.
+#[derive(Debug, thiserror::Error)]
+#[error("failed to resolve {name}: {source}")]
+pub(crate) struct DnsError {
+    pub(crate) name: String,
+    #[source]
+    pub(crate) source: io::Error,
+}
+
+/// The full text of an error and its sources, `": "`-joined, for
+/// `exception.message` and span status descriptions.
+pub(crate) fn error_chain_text(err: &(dyn StdError + 'static)) -> String {
+    let mut text = err.to_string();
+    let mut current = err.source();
+    while let Some(e) = current {
+        let s = e.to_string();
+        if !text.contains(&s) {
+            text.push_str(": ");
+            text.push_str(&s);
+        }
+        current = e.source();
+    }
+    text
+}

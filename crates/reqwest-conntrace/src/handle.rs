@@ -1,0 +1,184 @@
+//! The [`ConnTrace`] handle: registry, tracer and settings shared by the
+//! connector layer, the resolver wrapper, the TLS hooks and the middleware.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use opentelemetry::InstrumentationScope;
+use opentelemetry::global::{BoxedTracer, ObjectSafeTracerProvider};
+use opentelemetry::trace::TracerProvider;
+
+use crate::clock::Clock;
+use crate::registry::Registry;
+use crate::report::{DefaultOnRequestEnd, OnRequestEnd};
+
+/// Process-wide connection ids, so that ids from several handles never clash.
+static NEXT_CONNECTION_ID: AtomicU64 = AtomicU64::new(1);
+/// Process-wide request ids (internal: match a connect to its trigger).
+static NEXT_REQUEST_ID: AtomicU64 = AtomicU64::new(1);
+
+/// Default number of connections the registry remembers.
+pub const DEFAULT_REGISTRY_CAPACITY: usize = 4096;
+
+/// The instrumentation handle. Cheap to clone (one `Arc`); clone it into
+/// every client it instruments so their connections share one registry.
+///
+/// ```no_run
+/// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+/// let conntrace = reqwest_conntrace::ConnTrace::new();
+/// let client = conntrace
+///     .instrument(reqwest::Client::builder().pool_max_idle_per_host(8))
+///     .build_with_middleware()?;
+/// let response = client.get("https://example.com/").send().await?;
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct ConnTrace {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for ConnTrace {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ConnTrace")
+            .field("connections", &self.inner.registry.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Default for ConnTrace {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+pub(crate) enum TracerSource {
+    /// Look up the global tracer provider at each connect, so a provider
+    /// installed after the handle was made is still used.
+    Global,
+    Fixed(Arc<BoxedTracer>),
+}
+
+pub(crate) struct Inner {
+    pub(crate) registry: Registry,
+    pub(crate) clock: Clock,
+    tracer: TracerSource,
+    pub(crate) on_request_end: Box<dyn OnRequestEnd>,
+}
+
+fn scope() -> InstrumentationScope {
+    InstrumentationScope::builder(env!("CARGO_PKG_NAME"))
+        .with_version(env!("CARGO_PKG_VERSION"))
+        .with_schema_url(opentelemetry_semantic_conventions::SCHEMA_URL)
+        .build()
+}
+
+impl Inner {
+    /// The tracer connection spans are created with.
+    pub(crate) fn tracer(&self) -> Arc<BoxedTracer> {
+        match &self.tracer {
+            TracerSource::Global => {
+                Arc::new(opentelemetry::global::tracer_provider().tracer_with_scope(scope()))
+            }
+            TracerSource::Fixed(t) => t.clone(),
+        }
+    }
+
+    pub(crate) fn next_connection_id(&self) -> u64 {
+        NEXT_CONNECTION_ID.fetch_add(1, Ordering::Relaxed)
+    }
+
+    pub(crate) fn next_request_id(&self) -> u64 {
+        NEXT_REQUEST_ID.fetch_add(1, Ordering::Relaxed)
+    }
+}
+
+impl ConnTrace {
+    /// A handle using the global OpenTelemetry tracer provider (looked up at
+    /// each connect) and no request callback.
+    pub fn new() -> Self {
+        Self::builder().build()
+    }
+
+    /// A builder for a handle with a specific tracer provider, registry size
+    /// or [`OnRequestEnd`] callback.
+    pub fn builder() -> ConnTraceBuilder {
+        ConnTraceBuilder::default()
+    }
+
+    pub(crate) fn inner(&self) -> &Arc<Inner> {
+        &self.inner
+    }
+
+    /// Number of connections the registry currently remembers.
+    pub fn known_connections(&self) -> usize {
+        self.inner.registry.len()
+    }
+}
+
+/// Builds a [`ConnTrace`].
+pub struct ConnTraceBuilder {
+    tracer: TracerSource,
+    capacity: usize,
+    on_request_end: Box<dyn OnRequestEnd>,
+}
+
+impl std::fmt::Debug for ConnTraceBuilder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ConnTraceBuilder")
+            .field("capacity", &self.capacity)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Default for ConnTraceBuilder {
+    fn default() -> Self {
+        Self {
+            tracer: TracerSource::Global,
+            capacity: DEFAULT_REGISTRY_CAPACITY,
+            on_request_end: Box::new(DefaultOnRequestEnd),
+        }
+    }
+}
+
+impl ConnTraceBuilder {
+    /// Creates connection spans with a tracer from `provider` (instrumentation
+    /// scope `reqwest-conntrace`, with this crate's version and the semconv
+    /// schema URL). Request spans are `tracing` spans and go wherever the
+    /// `tracing-opentelemetry` layer sends them; use the same provider there.
+    /// Default: the global tracer provider, looked up at each connect.
+    pub fn tracer_provider<P>(mut self, provider: &P) -> Self
+    where
+        P: TracerProvider + ObjectSafeTracerProvider,
+        P::Tracer: Send + Sync + 'static,
+    {
+        self.tracer =
+            TracerSource::Fixed(Arc::new(BoxedTracer::new(provider.boxed_tracer(scope()))));
+        self
+    }
+
+    /// How many connections the registry remembers at most; when full, the
+    /// one idle the longest is forgotten. Default: [`DEFAULT_REGISTRY_CAPACITY`] (4096).
+    pub fn registry_capacity(mut self, capacity: usize) -> Self {
+        self.capacity = capacity;
+        self
+    }
+
+    /// Called with a [`RequestReport`](crate::RequestReport) when each request
+    /// ends. Default: [`DefaultOnRequestEnd`] (nothing).
+    pub fn on_request_end(mut self, callback: impl OnRequestEnd) -> Self {
+        self.on_request_end = Box::new(callback);
+        self
+    }
+
+    /// The handle.
+    pub fn build(self) -> ConnTrace {
+        ConnTrace {
+            inner: Arc::new(Inner {
+                registry: Registry::new(self.capacity),
+                clock: Clock::new(),
+                tracer: self.tracer,
+                on_request_end: self.on_request_end,
+            }),
+        }
+    }
+}

@@ -1,0 +1,66 @@
+//! OpenTelemetry instrumentation for [`reqwest`] that shows, per request,
+//! whether it reused a pooled connection or paid for a new one, and for every
+//! new connection how long DNS, TCP connect and the TLS handshake took.
+//!
+//! # Span shape
+//! ```text
+//! GET                         request span (client), one per request:
+//!  │                          http.connection.reused / .id / .wait_time /
+//!  │                          .request_count / .age / .idle_time
+//!  └─ http.connection_setup   only when this request's pool miss started a connect
+//!      ├─ dns.lookup          absent for IP literals and resolve() overrides
+//!      ├─ tcp.connect
+//!      └─ tls.handshake       https only; events tls.server_hello,
+//!                             tls.certificate_verified, tls.server_finished
+//! ```
+//! A request served by a connection another request set up carries a span
+//! link to that connection's `http.connection_setup` span. The full attribute
+//! reference is in [`semconv`] and `docs/REFERENCE.md`.
+//!
+//! # Use
+//! ```no_run
+//! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+//! let conntrace = reqwest_conntrace::ConnTrace::new();
+//! let client = conntrace
+//!     .instrument(reqwest::Client::builder().pool_max_idle_per_host(8))
+//!     .build_with_middleware()?;
+//! client.get("https://example.com/").send().await?.text().await?;
+//! # Ok(()) }
+//! ```
+//! Spans go through `tracing` + `tracing-opentelemetry` (request spans) and
+//! the OpenTelemetry tracer provider (connection spans); [`otlp`] (feature
+//! `otlp`) sets both up from the standard `OTEL_*` variables.
+
+mod attempt;
+mod attribution;
+mod body;
+mod builder;
+mod clock;
+mod connector;
+mod dns;
+mod error;
+mod handle;
+mod middleware;
+#[cfg(feature = "otlp")]
+pub mod otlp;
+mod redact;
+mod registry;
+mod report;
+mod request;
+pub mod semconv;
+mod setup;
+mod tls;
+
+pub use builder::InstrumentedClientBuilder;
+pub use connector::{ConnectFuture, ConnectService, ConnectorLayer};
+pub use dns::{SystemResolver, TracedResolver};
+pub use error::BuildError;
+pub use handle::{ConnTrace, ConnTraceBuilder, DEFAULT_REGISTRY_CAPACITY};
+pub use middleware::{
+    ConnTraceMiddleware, DefaultMakeRequestSpan, MakeRequestSpan, UseCurrentSpan,
+};
+pub use redact::redact_url;
+pub use report::{
+    ConnectionSetup, ConnectionUse, DefaultOnRequestEnd, OnRequestEnd, RequestReport, TlsVersion,
+};
+pub use tls::TlsSettings;

@@ -1,0 +1,262 @@
+//! The `reqwest_middleware::Middleware` that opens the request span and
+//! attributes each response to the connection that carried it.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Instant;
+
+use http::Extensions;
+use hyper_util::client::legacy::connect::HttpInfo;
+use pin_project_lite::pin_project;
+use reqwest::{Request, Response, ResponseBuilderExt};
+use reqwest_middleware::{Middleware, Next, Result};
+use tracing::Instrument;
+use tracing_opentelemetry::OpenTelemetrySpanExt;
+
+use crate::attribution::{EndKind, RequestEnd, attribute_response};
+use crate::body::TracedBody;
+use crate::error::{classify, error_chain_text};
+use crate::handle::ConnTrace;
+use crate::redact::redact_url;
+use crate::request::{RequestScope, RequestState};
+use crate::semconv;
+
+/// Makes the span a request's pool attributes land on.
+///
+/// [`DefaultMakeRequestSpan`] opens a client span per request;
+/// [`UseCurrentSpan`] reuses the span an outer middleware opened (e.g.
+/// `reqwest_tracing::TracingMiddleware`). Closures `Fn(&Request) -> Span`
+/// implement it too.
+pub trait MakeRequestSpan: Send + Sync + 'static {
+    /// The span for `request`. It must be a new span or the current one; the
+    /// middleware runs the rest of the request inside it.
+    fn make_span(&self, request: &Request) -> tracing::Span;
+}
+
+/// Opens an `INFO` client span named by the HTTP method (HTTP client span
+/// conventions, semconv v1.42.0: `{method}`; `_OTHER` for unknown methods).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct DefaultMakeRequestSpan;
+
+const KNOWN_METHODS: &[&str] = &[
+    "GET", "HEAD", "POST", "PUT", "DELETE", "CONNECT", "OPTIONS", "TRACE", "PATCH", "QUERY",
+];
+
+impl MakeRequestSpan for DefaultMakeRequestSpan {
+    fn make_span(&self, request: &Request) -> tracing::Span {
+        let method = request.method().as_str();
+        let name = if KNOWN_METHODS.contains(&method) {
+            method
+        } else {
+            "HTTP"
+        };
+        tracing::info_span!(
+            target: "reqwest_conntrace",
+            "HTTP request",
+            otel.name = name,
+            otel.kind = "client",
+        )
+    }
+}
+
+/// Uses the current span: place [`ConnTraceMiddleware`] after
+/// `reqwest_tracing::TracingMiddleware` so the pool attributes land on
+/// reqwest-tracing's span and no second span is opened.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct UseCurrentSpan;
+
+impl MakeRequestSpan for UseCurrentSpan {
+    fn make_span(&self, _request: &Request) -> tracing::Span {
+        tracing::Span::current()
+    }
+}
+
+impl<F> MakeRequestSpan for F
+where
+    F: Fn(&Request) -> tracing::Span + Send + Sync + 'static,
+{
+    fn make_span(&self, request: &Request) -> tracing::Span {
+        self(request)
+    }
+}
+
+/// Middleware recording, per request: the HTTP client span attributes
+/// (`http.request.method`, `url.full` redacted, `url.scheme`,
+/// `server.address`, `server.port`, `http.response.status_code`,
+/// `network.protocol.version`, `network.peer.*`, `network.local.port`,
+/// `error.type`) and the pool attributes (`http.connection.reused`, `.id`,
+/// `.wait_time`, `.request_count`, `.age`, `.idle_time`), plus a link to the
+/// serving connection's setup span when another request paid for it.
+///
+/// The span ends when the response body is read to its end or dropped
+/// (`http.response.body.size` then holds the bytes read), or when the
+/// request fails or is cancelled. The request's result passes through
+/// unchanged; nothing here can fail a request.
+#[derive(Clone)]
+pub struct ConnTraceMiddleware<M = DefaultMakeRequestSpan> {
+    trace: ConnTrace,
+    make_span: Arc<M>,
+}
+
+impl<M> std::fmt::Debug for ConnTraceMiddleware<M> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ConnTraceMiddleware")
+            .finish_non_exhaustive()
+    }
+}
+
+impl ConnTraceMiddleware {
+    /// Middleware recording into `trace`, opening its own request spans.
+    pub fn new(trace: ConnTrace) -> Self {
+        Self {
+            trace,
+            make_span: Arc::new(DefaultMakeRequestSpan),
+        }
+    }
+}
+
+impl<M> ConnTraceMiddleware<M> {
+    /// Replaces how the request span is made. Default: [`DefaultMakeRequestSpan`].
+    pub fn make_span<N: MakeRequestSpan>(self, make_span: N) -> ConnTraceMiddleware<N> {
+        ConnTraceMiddleware {
+            trace: self.trace,
+            make_span: Arc::new(make_span),
+        }
+    }
+}
+
+impl ConnTrace {
+    /// The middleware for a `reqwest_middleware::ClientBuilder`.
+    pub fn middleware(&self) -> ConnTraceMiddleware {
+        ConnTraceMiddleware::new(self.clone())
+    }
+}
+
+pin_project! {
+    /// Polls the rest of the stack with the request set as current, so a
+    /// connect started inside knows its trigger.
+    struct Scoped<F> {
+        #[pin]
+        inner: F,
+        state: Arc<RequestState>,
+    }
+}
+
+impl<F: Future> Future for Scoped<F> {
+    type Output = F::Output;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
+        let this = self.project();
+        let _scope = RequestScope::enter(this.state);
+        this.inner.poll(cx)
+    }
+}
+
+fn default_port(scheme: &str) -> u16 {
+    match scheme {
+        "https" => 443,
+        _ => 80,
+    }
+}
+
+#[async_trait::async_trait]
+impl<M: MakeRequestSpan> Middleware for ConnTraceMiddleware<M> {
+    async fn handle(
+        &self,
+        req: Request,
+        extensions: &mut Extensions,
+        next: Next<'_>,
+    ) -> Result<Response> {
+        let inner = self.trace.inner().clone();
+        let span = self.make_span.make_span(&req);
+        let url = req.url();
+        let scheme = url.scheme().to_owned();
+        let host = url.host_str().unwrap_or_default().to_owned();
+        let port = url.port().unwrap_or_else(|| default_port(&scheme));
+        let full = redact_url(url);
+        span.set_attribute(
+            semconv::HTTP_REQUEST_METHOD,
+            req.method().as_str().to_owned(),
+        );
+        span.set_attribute(semconv::URL_FULL, full.clone());
+        span.set_attribute(semconv::URL_SCHEME, scheme.clone());
+        span.set_attribute(semconv::SERVER_ADDRESS, host.clone());
+        span.set_attribute(semconv::SERVER_PORT, i64::from(port));
+
+        let state = Arc::new(RequestState::new(
+            inner.next_request_id(),
+            scheme,
+            host,
+            port,
+        ));
+        let mut end = RequestEnd::new(
+            inner.clone(),
+            state.clone(),
+            span.clone(),
+            req.method().clone(),
+            full,
+        );
+        let result = Scoped {
+            inner: next.run(req, extensions),
+            state: state.clone(),
+        }
+        .instrument(span.clone())
+        .await;
+        end.headers_at = Some(Instant::now());
+
+        match result {
+            Ok(response) => {
+                let status = response.status();
+                end.status = Some(status.as_u16());
+                span.set_attribute(
+                    semconv::HTTP_RESPONSE_STATUS_CODE,
+                    i64::from(status.as_u16()),
+                );
+                span.set_attribute(
+                    semconv::NETWORK_PROTOCOL_VERSION,
+                    match response.version() {
+                        http::Version::HTTP_09 => "0.9",
+                        http::Version::HTTP_10 => "1.0",
+                        http::Version::HTTP_2 => "2",
+                        http::Version::HTTP_3 => "3",
+                        _ => "1.1",
+                    },
+                );
+                if status.is_client_error() || status.is_server_error() {
+                    end.fail(status.as_str(), format!("HTTP status {status}"));
+                }
+                end.connection = attribute_response(
+                    &inner,
+                    &state,
+                    &span,
+                    response.extensions().get::<HttpInfo>(),
+                );
+                Ok(wrap_body(response, end))
+            }
+            Err(error) => {
+                end.fail(classify(&error), error_chain_text(&error));
+                end.finish(EndKind::Failed);
+                Err(error)
+            }
+        }
+    }
+}
+
+/// Moves the response body into a [`TracedBody`] that ends the request.
+fn wrap_body(response: Response, mut end: RequestEnd) -> Response {
+    let url = response.url().clone();
+    let response: http::Response<reqwest::Body> = response.into();
+    let (mut parts, body) = response.into_parts();
+    if http_body::Body::is_end_stream(&body) {
+        end.finish(EndKind::Complete);
+    }
+    // reqwest keeps the final URL in an extension its From impl reads back;
+    // the builder extension is the public way to set it.
+    if let Ok(carrier) = http::Response::builder().url(url).body(()) {
+        parts.extensions.extend(carrier.into_parts().0.extensions);
+    }
+    let body = reqwest::Body::wrap(TracedBody::new(body, end));
+    Response::from(http::Response::from_parts(parts, body))
+}

@@ -1,0 +1,202 @@
+//! OTLP pipeline set-up from the standard `OTEL_*` environment variables
+//! (feature `otlp`).
+//!
+//! [`init_from_env`] installs, process-wide:
+//! - an OpenTelemetry tracer provider with a batch span processor and an
+//!   OTLP exporter. Read by the SDK and exporter: `OTEL_EXPORTER_OTLP_ENDPOINT`
+//!   / `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` (default `http://localhost:4317`
+//!   for gRPC, `http://localhost:4318` for HTTP), `OTEL_EXPORTER_OTLP_TIMEOUT`,
+//!   `OTEL_EXPORTER_OTLP_HEADERS`, `OTEL_SERVICE_NAME`,
+//!   `OTEL_RESOURCE_ATTRIBUTES`, `OTEL_TRACES_SAMPLER` and
+//!   `OTEL_TRACES_SAMPLER_ARG`. Read here: `OTEL_EXPORTER_OTLP_PROTOCOL` /
+//!   `OTEL_EXPORTER_OTLP_TRACES_PROTOCOL`: `grpc` (default) or
+//!   `http/protobuf` (OTLP exporter spec, OpenTelemetry specification 1.x);
+//! - the W3C trace-context propagator;
+//! - a `tracing` subscriber: the `tracing-opentelemetry` layer (request
+//!   spans) plus a stderr log layer filtered by `RUST_LOG` (default `warn`).
+//!
+//! The exporter's own traffic is never instrumented: it uses its own client
+//! (not wrapped by this crate), and the `tracing-opentelemetry` layer drops
+//! every span from the HTTP/gRPC stack's crates (`h2`, `hyper`,
+//! `hyper_util`, `tonic`, `tower`, `reqwest`, `opentelemetry*`).
+
+use std::time::Duration;
+
+use opentelemetry::trace::TracerProvider as _;
+use opentelemetry_otlp::{Protocol, SpanExporter, WithExportConfig};
+use opentelemetry_sdk::Resource;
+use opentelemetry_sdk::trace::{SdkTracerProvider, SpanExporter as SdkSpanExporter};
+use tracing_subscriber::filter::{LevelFilter, Targets};
+use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::util::SubscriberInitExt;
+use tracing_subscriber::{EnvFilter, Layer};
+
+/// Why the pipeline could not be set up or flushed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum OtlpError {
+    /// `OTEL_EXPORTER_OTLP_PROTOCOL` holds a value other than `grpc` or
+    /// `http/protobuf`.
+    #[error("unsupported OTEL_EXPORTER_OTLP_PROTOCOL {0:?}: use grpc or http/protobuf")]
+    UnsupportedProtocol(String),
+    /// The exporter could not be built (e.g. an invalid endpoint URL).
+    #[error("OTLP exporter: {0}")]
+    Exporter(String),
+    /// A global `tracing` subscriber was already installed.
+    #[error("a global tracing subscriber is already installed")]
+    SubscriberAlreadySet,
+    /// Spans could not be delivered (collector down or unreachable).
+    #[error("could not export to the OTLP collector: {0}")]
+    Export(String),
+}
+
+/// Keeps the pipeline alive; flushes and shuts the tracer provider down when
+/// dropped (errors are then ignored: call [`shutdown`](Self::shutdown) to see them).
+#[derive(Debug)]
+pub struct OtlpGuard {
+    provider: Option<SdkTracerProvider>,
+}
+
+impl OtlpGuard {
+    /// The tracer provider, e.g. for [`ConnTraceBuilder::tracer_provider`](crate::ConnTraceBuilder::tracer_provider).
+    ///
+    /// # Panics
+    /// Never: the provider is present until the guard is consumed.
+    pub fn tracer_provider(&self) -> Option<&SdkTracerProvider> {
+        self.provider.as_ref()
+    }
+
+    /// Exports every span ended so far.
+    ///
+    /// # Errors
+    /// [`OtlpError::Export`] when the collector did not take them.
+    pub fn flush(&self) -> Result<(), OtlpError> {
+        match &self.provider {
+            Some(p) => p
+                .force_flush()
+                .map_err(|e| OtlpError::Export(e.to_string())),
+            None => Ok(()),
+        }
+    }
+
+    /// Flushes and shuts the pipeline down.
+    ///
+    /// # Errors
+    /// [`OtlpError::Export`] when the last spans could not be delivered.
+    pub fn shutdown(mut self) -> Result<(), OtlpError> {
+        match self.provider.take() {
+            Some(p) => {
+                let flushed = p
+                    .force_flush()
+                    .map_err(|e| OtlpError::Export(e.to_string()));
+                let _ = p.shutdown_with_timeout(Duration::from_secs(5));
+                flushed
+            }
+            None => Ok(()),
+        }
+    }
+}
+
+impl Drop for OtlpGuard {
+    fn drop(&mut self) {
+        if let Some(p) = self.provider.take() {
+            let _ = p.force_flush();
+            let _ = p.shutdown_with_timeout(Duration::from_secs(5));
+        }
+    }
+}
+
+/// The protocol named by `OTEL_EXPORTER_OTLP_TRACES_PROTOCOL` or
+/// `OTEL_EXPORTER_OTLP_PROTOCOL`; `grpc` when neither is set.
+///
+/// # Errors
+/// [`OtlpError::UnsupportedProtocol`] for any other value.
+pub fn protocol_from_env() -> Result<Protocol, OtlpError> {
+    let value = std::env::var("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")
+        .or_else(|_| std::env::var("OTEL_EXPORTER_OTLP_PROTOCOL"))
+        .unwrap_or_else(|_| "grpc".to_owned());
+    match value.trim() {
+        "grpc" | "" => Ok(Protocol::Grpc),
+        "http/protobuf" => Ok(Protocol::HttpBinary),
+        other => Err(OtlpError::UnsupportedProtocol(other.to_owned())),
+    }
+}
+
+/// Builds the OTLP span exporter the environment describes.
+///
+/// # Errors
+/// As [`protocol_from_env`], or [`OtlpError::Exporter`].
+pub fn span_exporter_from_env() -> Result<SpanExporter, OtlpError> {
+    let built = match protocol_from_env()? {
+        Protocol::Grpc => SpanExporter::builder().with_tonic().build(),
+        _ => SpanExporter::builder()
+            .with_http()
+            .with_protocol(Protocol::HttpBinary)
+            .build(),
+    };
+    built.map_err(|e| OtlpError::Exporter(e.to_string()))
+}
+
+/// Sets up the whole pipeline from the environment; see the module docs.
+/// Must be called inside a tokio runtime (the gRPC exporter needs one).
+///
+/// # Errors
+/// [`OtlpError`] when the protocol or endpoint is invalid or a global
+/// subscriber exists.
+pub fn init_from_env() -> Result<OtlpGuard, OtlpError> {
+    init_with_exporter(span_exporter_from_env()?)
+}
+
+/// As [`init_from_env`] but with any span exporter (an in-memory one in
+/// tests, a file writer in `conntrace demo`).
+///
+/// # Errors
+/// [`OtlpError::SubscriberAlreadySet`].
+pub fn init_with_exporter<E: SdkSpanExporter + 'static>(
+    exporter: E,
+) -> Result<OtlpGuard, OtlpError> {
+    let provider = SdkTracerProvider::builder()
+        .with_resource(Resource::builder().build())
+        .with_batch_exporter(exporter)
+        .build();
+    opentelemetry::global::set_text_map_propagator(
+        opentelemetry_sdk::propagation::TraceContextPropagator::new(),
+    );
+    let log_filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("warn"));
+    tracing_subscriber::registry()
+        .with(tracing_layer(&provider))
+        .with(
+            tracing_subscriber::fmt::layer()
+                .with_writer(std::io::stderr)
+                .with_filter(log_filter),
+        )
+        .try_init()
+        .map_err(|_| OtlpError::SubscriberAlreadySet)?;
+    opentelemetry::global::set_tracer_provider(provider.clone());
+    Ok(OtlpGuard {
+        provider: Some(provider),
+    })
+}
+
+/// The `tracing-opentelemetry` layer for `provider`, filtered so that spans
+/// of the HTTP/gRPC stack itself (the exporter's own traffic) never become
+/// OpenTelemetry spans. Use it when composing your own subscriber.
+pub fn tracing_layer<S>(provider: &SdkTracerProvider) -> impl Layer<S> + Send + Sync + 'static
+where
+    S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a> + Send + Sync,
+{
+    let quiet = Targets::new()
+        .with_default(LevelFilter::TRACE)
+        .with_target("h2", LevelFilter::OFF)
+        .with_target("hyper", LevelFilter::OFF)
+        .with_target("hyper_util", LevelFilter::OFF)
+        .with_target("tonic", LevelFilter::OFF)
+        .with_target("tower", LevelFilter::OFF)
+        .with_target("reqwest", LevelFilter::OFF)
+        .with_target("opentelemetry", LevelFilter::OFF)
+        .with_target("opentelemetry_sdk", LevelFilter::OFF)
+        .with_target("opentelemetry_otlp", LevelFilter::OFF);
+    tracing_opentelemetry::layer()
+        .with_tracer(provider.tracer("reqwest-conntrace"))
+        .with_filter(quiet)
+}

@@ -1,0 +1,143 @@
+//! Live connections by socket address pair: how a response's `HttpInfo`
+//! (local and remote address) is traced back to the connect that made it.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Instant;
+
+use opentelemetry::trace::SpanContext;
+
+use crate::report::ConnectionSetup;
+
+/// One established connection as this handle saw it being set up.
+#[derive(Debug)]
+pub(crate) struct ConnectionRecord {
+    pub(crate) setup: Arc<ConnectionSetup>,
+    pub(crate) ready_at: Instant,
+    pub(crate) setup_span: SpanContext,
+    /// Id of the request whose pool miss started the connect.
+    pub(crate) trigger_id: Option<u64>,
+    pub(crate) http2: bool,
+    pub(crate) requests: AtomicU64,
+    /// End of the latest response on this connection (body read or dropped).
+    last_released: Mutex<Option<Instant>>,
+}
+
+impl ConnectionRecord {
+    pub(crate) fn new(
+        setup: Arc<ConnectionSetup>,
+        ready_at: Instant,
+        setup_span: SpanContext,
+        trigger_id: Option<u64>,
+        http2: bool,
+    ) -> Self {
+        Self {
+            setup,
+            ready_at,
+            setup_span,
+            trigger_id,
+            http2,
+            requests: AtomicU64::new(0),
+            last_released: Mutex::new(None),
+        }
+    }
+
+    pub(crate) fn id(&self) -> u64 {
+        self.setup.id
+    }
+
+    fn released(&self) -> MutexGuard<'_, Option<Instant>> {
+        self.last_released.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// When the connection was last released to the pool.
+    pub(crate) fn last_released(&self) -> Option<Instant> {
+        *self.released()
+    }
+
+    /// Records the end of a response on this connection.
+    pub(crate) fn mark_released(&self, at: Instant) {
+        let mut r = self.released();
+        if r.is_none_or(|prev| prev < at) {
+            *r = Some(at);
+        }
+    }
+
+    /// Counts one more request on this connection; returns the new total.
+    pub(crate) fn count_request(&self) -> u64 {
+        self.requests.fetch_add(1, Ordering::Relaxed) + 1
+    }
+
+    fn last_activity(&self) -> Instant {
+        self.last_released()
+            .unwrap_or(self.ready_at)
+            .max(self.ready_at)
+    }
+}
+
+/// Connections by (local, remote) socket address. Bounded: when full, the
+/// connection idle the longest is forgotten (it has most likely been closed;
+/// reqwest's close is invisible through its API).
+#[derive(Debug)]
+pub(crate) struct Registry {
+    map: Mutex<HashMap<(SocketAddr, SocketAddr), Arc<ConnectionRecord>>>,
+    capacity: usize,
+}
+
+impl Registry {
+    pub(crate) fn new(capacity: usize) -> Self {
+        Self {
+            map: Mutex::new(HashMap::new()),
+            capacity: capacity.max(1),
+        }
+    }
+
+    fn map(&self) -> MutexGuard<'_, HashMap<(SocketAddr, SocketAddr), Arc<ConnectionRecord>>> {
+        self.map.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Records a new connection. A previous connection on the same address
+    /// pair (the port was reused after a close) is replaced.
+    pub(crate) fn insert(
+        &self,
+        local: SocketAddr,
+        remote: SocketAddr,
+        record: Arc<ConnectionRecord>,
+    ) {
+        let mut map = self.map();
+        if map.len() >= self.capacity && !map.contains_key(&(local, remote)) {
+            if let Some(oldest) = map
+                .iter()
+                .min_by_key(|(_, r)| r.last_activity())
+                .map(|(k, _)| *k)
+            {
+                map.remove(&oldest);
+            }
+        }
+        map.insert((local, remote), record);
+    }
+
+    /// The connection on this address pair, if known.
+    pub(crate) fn get(
+        &self,
+        local: SocketAddr,
+        remote: SocketAddr,
+    ) -> Option<Arc<ConnectionRecord>> {
+        self.map().get(&(local, remote)).cloned()
+    }
+
+    /// Forgets a connection known to be closed.
+    pub(crate) fn remove(&self, local: SocketAddr, remote: SocketAddr, id: u64) {
+        let mut map = self.map();
+        if map.get(&(local, remote)).is_some_and(|r| r.id() == id) {
+            map.remove(&(local, remote));
+        }
+    }
+
+    /// Number of connections currently remembered.
+    pub(crate) fn len(&self) -> usize {
+        self.map().len()
+    }
+}

@@ -1,0 +1,139 @@
+//! Per-request and per-connection reports handed to [`OnRequestEnd`]: the
+//! same facts the spans carry, as plain Rust values (what `conntrace probe`
+//! prints its table from).
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// A negotiated TLS protocol version (RFC 5246 / RFC 8446).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum TlsVersion {
+    /// TLS 1.2 (RFC 5246): a full handshake costs 2 round trips.
+    Tls12,
+    /// TLS 1.3 (RFC 8446): a full handshake costs 1 round trip.
+    Tls13,
+}
+
+impl TlsVersion {
+    /// The `tls.protocol.version` value: `"1.2"` or `"1.3"`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TlsVersion::Tls12 => "1.2",
+            TlsVersion::Tls13 => "1.3",
+        }
+    }
+}
+
+/// What one new connection cost, phase by phase. Durations are wall time
+/// measured with a monotonic clock.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct ConnectionSetup {
+    /// Process-unique connection id (`http.connection.id`).
+    pub id: u64,
+    /// When the connector was called (start of the `http.connection_setup` span).
+    pub started: Instant,
+    /// The client's socket address.
+    pub local_addr: Option<SocketAddr>,
+    /// The peer's socket address (the proxy's when proxied).
+    pub peer_addr: Option<SocketAddr>,
+    /// DNS lookup time; `None` when DNS was skipped (see `dns_skipped`).
+    pub dns: Option<Duration>,
+    /// Why DNS was skipped: `"ip_literal"` or `"override"`.
+    pub dns_skipped: Option<&'static str>,
+    /// Addresses the resolver returned, in its order.
+    pub dns_answers: Vec<SocketAddr>,
+    /// TCP connect time: DNS answer (or connect start) to TLS start (or ready).
+    pub tcp: Duration,
+    /// TLS handshake time; `None` for plain HTTP.
+    pub tls: Option<Duration>,
+    /// Connect call to connection ready.
+    pub total: Duration,
+    /// Negotiated TLS version, when known.
+    pub tls_version: Option<TlsVersion>,
+    /// Whether the TLS session was resumed; `None` for plain HTTP.
+    pub tls_resumed: Option<bool>,
+    /// HTTP/2 was negotiated via ALPN.
+    pub http2: bool,
+    /// The connection goes through an HTTP proxy.
+    pub proxied: bool,
+}
+
+/// How a request got its connection: the pool attribution.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct ConnectionUse {
+    /// The serving connection's id.
+    pub id: u64,
+    /// Pool hit: the connection was ready before the request started.
+    pub reused: bool,
+    /// Time the request waited for a connection (0 on an idle hit).
+    pub wait: Duration,
+    /// Requests this connection has carried, this one included.
+    pub request_count: u64,
+    /// Connection ready to request start (0 if it became ready later).
+    pub age: Duration,
+    /// Idle time in the pool before this request (hits on an idle connection only).
+    pub idle: Option<Duration>,
+    /// This request's own pool miss started the connect that served it.
+    pub paid_by_this_request: bool,
+    /// The serving connection's setup.
+    pub setup: Arc<ConnectionSetup>,
+}
+
+/// Everything known about one finished request. Handed to
+/// [`OnRequestEnd::on_request_end`] when the response body was read to the
+/// end or dropped, or when the request failed or was cancelled.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct RequestReport {
+    /// The HTTP method.
+    pub method: http::Method,
+    /// `url.full`, redacted.
+    pub url: String,
+    /// When the middleware saw the request.
+    pub started: Instant,
+    /// Response status; `None` when the request failed.
+    pub status: Option<u16>,
+    /// `error.type` when the request failed (or the status was 4xx/5xx).
+    pub error_type: Option<String>,
+    /// Request start to response headers.
+    pub time_to_first_byte: Option<Duration>,
+    /// Request start to end of body (or failure, or cancellation).
+    pub total: Duration,
+    /// Response body bytes the caller read.
+    pub body_size: u64,
+    /// The body was read to its end (false: dropped early, failed, or cancelled).
+    pub body_complete: bool,
+    /// Which connection served it and how; `None` when the request failed
+    /// before a response or the connection is unknown to this handle.
+    pub connection: Option<ConnectionUse>,
+}
+
+/// Called once per request when it ends. Implemented for closures
+/// `Fn(&RequestReport)`; [`DefaultOnRequestEnd`] does nothing.
+///
+/// Runs on the task that finished the request: keep it short and never block.
+pub trait OnRequestEnd: Send + Sync + 'static {
+    /// Receives the finished request's report.
+    fn on_request_end(&self, report: &RequestReport);
+}
+
+/// The default [`OnRequestEnd`]: does nothing.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct DefaultOnRequestEnd;
+
+impl OnRequestEnd for DefaultOnRequestEnd {
+    fn on_request_end(&self, _report: &RequestReport) {}
+}
+
+impl<F> OnRequestEnd for F
+where
+    F: Fn(&RequestReport) + Send + Sync + 'static,
+{
+    fn on_request_end(&self, report: &RequestReport) {
+        self(report)
+    }
+}

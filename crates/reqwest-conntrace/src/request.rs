@@ -1,0 +1,186 @@
+//! The state of one request in flight: what the connector layer needs to know
+//! about the request that triggered a connect, and how that connect's setup
+//! span is finished once the request's fate is known.
+
+use std::cell::RefCell;
+use std::mem;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Instant, SystemTime};
+
+use opentelemetry::trace::{Status, TraceContextExt};
+use opentelemetry::{Context, KeyValue};
+
+use crate::registry::ConnectionRecord;
+use crate::semconv;
+
+/// One request going through the middleware.
+#[derive(Debug)]
+pub(crate) struct RequestState {
+    pub(crate) id: u64,
+    pub(crate) started: Instant,
+    pub(crate) scheme: String,
+    pub(crate) server_address: String,
+    pub(crate) server_port: u16,
+    trigger: Mutex<TriggerState>,
+}
+
+#[derive(Debug, Default)]
+struct TriggerState {
+    finished: Option<Fate>,
+    pending: Vec<PendingSetup>,
+}
+
+/// How the request ended, as far as connects it triggered are concerned.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Fate {
+    /// A response arrived over this connection.
+    ServedBy { connection_id: u64, http2: bool },
+    /// The request failed or was cancelled before any response.
+    NoResponse,
+}
+
+/// A connection-setup span whose connect succeeded but whose triggering
+/// request has not been served yet: whether it served its trigger is not
+/// known, so the span stays open (its end time is already fixed).
+#[derive(Debug)]
+pub(crate) struct PendingSetup {
+    pub(crate) record: Arc<ConnectionRecord>,
+    pub(crate) cx: Context,
+    pub(crate) end: SystemTime,
+}
+
+impl RequestState {
+    pub(crate) fn new(id: u64, scheme: String, server_address: String, server_port: u16) -> Self {
+        Self {
+            id,
+            started: Instant::now(),
+            scheme,
+            server_address,
+            server_port,
+            trigger: Mutex::new(TriggerState::default()),
+        }
+    }
+
+    fn trigger(&self) -> MutexGuard<'_, TriggerState> {
+        self.trigger.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// A connect this request triggered is ready: finish its span now if the
+    /// request's fate is known, else when it is.
+    pub(crate) fn connect_ready(&self, pending: PendingSetup) {
+        let mut t = self.trigger();
+        match t.finished {
+            Some(fate) => {
+                drop(t);
+                finish_setup(pending, fate);
+            }
+            None => t.pending.push(pending),
+        }
+    }
+
+    /// The request's fate is known: finish every setup span it triggered.
+    /// Only the first call counts.
+    pub(crate) fn finish(&self, fate: Fate) {
+        let pending = {
+            let mut t = self.trigger();
+            if t.finished.is_some() {
+                return;
+            }
+            t.finished = Some(fate);
+            mem::take(&mut t.pending)
+        };
+        for p in pending {
+            finish_setup(p, fate);
+        }
+    }
+}
+
+impl Drop for RequestState {
+    fn drop(&mut self) {
+        // Never leave a setup span open: a request dropped without an outcome
+        // (not expected: the middleware's guard finishes it) ends them here.
+        let pending = mem::take(&mut self.trigger().pending);
+        for p in pending {
+            finish_setup(p, Fate::NoResponse);
+        }
+    }
+}
+
+/// Sets the trigger-related attributes on a successful setup span and ends it.
+fn finish_setup(p: PendingSetup, fate: Fate) {
+    let span = p.cx.span();
+    match fate {
+        Fate::ServedBy { connection_id, .. } if connection_id == p.record.id() => {
+            span.set_attribute(KeyValue::new(
+                semconv::HTTP_CONNECTION_USED_BY_TRIGGER,
+                true,
+            ));
+            span.set_attribute(KeyValue::new(
+                semconv::HTTP_CONNECTION_SETUP_OUTCOME,
+                semconv::SETUP_OUTCOME_USED,
+            ));
+        }
+        Fate::ServedBy { http2, .. } => {
+            span.set_attribute(KeyValue::new(
+                semconv::HTTP_CONNECTION_USED_BY_TRIGGER,
+                false,
+            ));
+            let coalesced = http2
+                && p.record.http2
+                && p.record.requests.load(std::sync::atomic::Ordering::Relaxed) == 0;
+            if coalesced {
+                span.add_event_with_timestamp(
+                    semconv::EVENT_CONNECTION_COALESCED,
+                    p.end,
+                    vec![KeyValue::new(
+                        semconv::EXCEPTION_MESSAGE,
+                        "another HTTP/2 connection to this origin was ready first; hyper-util closed this one unused (ALPN upgraded to HTTP/2)",
+                    )],
+                );
+                span.set_attribute(KeyValue::new(
+                    semconv::HTTP_CONNECTION_SETUP_OUTCOME,
+                    semconv::SETUP_OUTCOME_COALESCED,
+                ));
+                span.set_status(Status::Ok);
+            } else {
+                span.set_attribute(KeyValue::new(
+                    semconv::HTTP_CONNECTION_SETUP_OUTCOME,
+                    semconv::SETUP_OUTCOME_POOLED,
+                ));
+            }
+        }
+        Fate::NoResponse => {}
+    }
+    span.end_with_timestamp(p.end);
+}
+
+thread_local! {
+    static CURRENT: RefCell<Option<Arc<RequestState>>> = const { RefCell::new(None) };
+}
+
+/// The request being polled on this thread, if it went through our middleware.
+pub(crate) fn current() -> Option<Arc<RequestState>> {
+    CURRENT.try_with(|c| c.borrow().clone()).ok().flatten()
+}
+
+/// Makes `state` the current request on this thread until dropped.
+pub(crate) struct RequestScope {
+    previous: Option<Arc<RequestState>>,
+}
+
+impl RequestScope {
+    pub(crate) fn enter(state: &Arc<RequestState>) -> Self {
+        let previous = CURRENT
+            .try_with(|c| c.borrow_mut().replace(state.clone()))
+            .ok()
+            .flatten();
+        Self { previous }
+    }
+}
+
+impl Drop for RequestScope {
+    fn drop(&mut self) {
+        let previous = self.previous.take();
+        let _ = CURRENT.try_with(|c| *c.borrow_mut() = previous);
+    }
+}

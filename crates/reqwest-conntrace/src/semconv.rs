@@ -1,0 +1,202 @@
+//! Every span name, attribute key, event name and enumerated value this crate
+//! emits, in one place.
+//!
+//! Where an OpenTelemetry semantic convention exists (semantic conventions
+//! v1.42.0, re-exported from [`opentelemetry_semantic_conventions`]) the
+//! constant here is that convention's constant. Everything under
+//! `http.connection.*` except [`HTTP_CONNECTION_STATE`] is this crate's own:
+//! no convention for connection-pool attribution exists (checked against
+//! semantic conventions v1.42.0). These names are stable within a major
+//! version of this crate.
+
+use opentelemetry_semantic_conventions::attribute as sc;
+
+// ---------------------------------------------------------------------------
+// Span names
+// ---------------------------------------------------------------------------
+
+/// Name of the connection-setup span: one per new connection, child of the
+/// request whose pool miss triggered the connect. Its children are
+/// [`DNS_LOOKUP_SPAN`], [`TCP_CONNECT_SPAN`] and [`TLS_HANDSHAKE_SPAN`].
+pub const CONNECTION_SETUP_SPAN: &str = "http.connection_setup";
+/// Name of the DNS phase span (child of [`CONNECTION_SETUP_SPAN`]): from the
+/// resolver call to its answer. Absent when the host is an IP literal or a
+/// `ClientBuilder::resolve` override answered (see [`HTTP_CONNECTION_DNS_SKIPPED`]).
+pub const DNS_LOOKUP_SPAN: &str = "dns.lookup";
+/// Name of the TCP phase span (child of [`CONNECTION_SETUP_SPAN`]): from the
+/// DNS answer (or the connect call when DNS was skipped) to the first byte of
+/// the TLS ClientHello (or to the connection being ready for plain HTTP).
+/// Includes every Happy Eyeballs attempt (RFC 8305) and SYN retransmit.
+pub const TCP_CONNECT_SPAN: &str = "tcp.connect";
+/// Name of the TLS phase span (child of [`CONNECTION_SETUP_SPAN`], https
+/// only): from building the ClientHello to the connection being ready.
+pub const TLS_HANDSHAKE_SPAN: &str = "tls.handshake";
+
+// ---------------------------------------------------------------------------
+// Semantic-convention attributes we use (semconv v1.42.0)
+// ---------------------------------------------------------------------------
+
+/// `http.request.method` (string), HTTP semconv.
+pub const HTTP_REQUEST_METHOD: &str = sc::HTTP_REQUEST_METHOD;
+/// `http.response.status_code` (int), HTTP semconv.
+pub const HTTP_RESPONSE_STATUS_CODE: &str = sc::HTTP_RESPONSE_STATUS_CODE;
+/// `http.response.body.size` (int, bytes): body bytes read by the caller.
+pub const HTTP_RESPONSE_BODY_SIZE: &str = sc::HTTP_RESPONSE_BODY_SIZE;
+/// `http.connection.state` (string, `idle` / `active`), HTTP metrics semconv.
+pub const HTTP_CONNECTION_STATE: &str = sc::HTTP_CONNECTION_STATE;
+/// `url.full` (string): credentials and signed query values redacted.
+pub const URL_FULL: &str = sc::URL_FULL;
+/// `url.scheme` (string).
+pub const URL_SCHEME: &str = sc::URL_SCHEME;
+/// `server.address` (string): the URL's host (for TLS also the SNI name).
+pub const SERVER_ADDRESS: &str = sc::SERVER_ADDRESS;
+/// `server.port` (int): the URL's port or the scheme's default.
+pub const SERVER_PORT: &str = sc::SERVER_PORT;
+/// `error.type` (string): one of the `ERROR_TYPE_*` values below, or an HTTP
+/// status code as a string for 4xx/5xx responses.
+pub const ERROR_TYPE: &str = sc::ERROR_TYPE;
+/// `network.protocol.version` (string): `1.1` or `2`.
+pub const NETWORK_PROTOCOL_VERSION: &str = sc::NETWORK_PROTOCOL_VERSION;
+/// `network.peer.address` (string): IP the connection went to (a proxy's
+/// address when proxied).
+pub const NETWORK_PEER_ADDRESS: &str = sc::NETWORK_PEER_ADDRESS;
+/// `network.peer.port` (int).
+pub const NETWORK_PEER_PORT: &str = sc::NETWORK_PEER_PORT;
+/// `network.local.address` (string).
+pub const NETWORK_LOCAL_ADDRESS: &str = sc::NETWORK_LOCAL_ADDRESS;
+/// `network.local.port` (int): the client's ephemeral port, which with the
+/// peer pair identifies the socket (e.g. in `ss -ti` or a server access log).
+pub const NETWORK_LOCAL_PORT: &str = sc::NETWORK_LOCAL_PORT;
+/// `network.type` (string): `ipv4` or `ipv6`.
+pub const NETWORK_TYPE: &str = sc::NETWORK_TYPE;
+/// `network.transport` (string): always `tcp` here.
+pub const NETWORK_TRANSPORT: &str = sc::NETWORK_TRANSPORT;
+/// `dns.question.name` (string): the name asked of the resolver.
+pub const DNS_QUESTION_NAME: &str = sc::DNS_QUESTION_NAME;
+/// `dns.answers` (string array): resolved addresses in the order returned.
+pub const DNS_ANSWERS: &str = sc::DNS_ANSWERS;
+/// `tls.protocol.name` (string): always `tls`.
+pub const TLS_PROTOCOL_NAME: &str = sc::TLS_PROTOCOL_NAME;
+/// `tls.protocol.version` (string): `1.2` or `1.3`.
+pub const TLS_PROTOCOL_VERSION: &str = sc::TLS_PROTOCOL_VERSION;
+/// `tls.resumed` (bool): the handshake resumed a session (TLS 1.3 ticket or
+/// TLS 1.2 session id / ticket), so no certificate was sent or verified.
+pub const TLS_RESUMED: &str = sc::TLS_RESUMED;
+/// `tls.next_protocol` (string): ALPN result, `h2` or `http/1.1`.
+pub const TLS_NEXT_PROTOCOL: &str = sc::TLS_NEXT_PROTOCOL;
+
+// ---------------------------------------------------------------------------
+// Our own attributes (no convention exists)
+// ---------------------------------------------------------------------------
+
+/// `http.connection.reused` (bool, request span): the serving connection was
+/// ready before this request started, i.e. a pool hit.
+pub const HTTP_CONNECTION_REUSED: &str = "http.connection.reused";
+/// `http.connection.id` (int, request span, setup span, link): process-unique
+/// id of a connection, assigned when its connect starts, counting from 1.
+pub const HTTP_CONNECTION_ID: &str = "http.connection.id";
+/// `http.connection.wait_time` (double, seconds, request span): how long this
+/// request waited for a connection: `max(0, t - request start)` where `t` is
+/// the later of the serving connection's ready time and the end of the
+/// previous response on it (HTTP/1.1). 0 on an idle hit.
+pub const HTTP_CONNECTION_WAIT_TIME: &str = "http.connection.wait_time";
+/// `http.connection.request_count` (int, request span): requests the serving
+/// connection has carried, this one included.
+pub const HTTP_CONNECTION_REQUEST_COUNT: &str = "http.connection.request_count";
+/// `http.connection.age` (double, seconds, request span): time from the
+/// serving connection becoming ready to this request's start (0 when the
+/// connection became ready after the request started).
+pub const HTTP_CONNECTION_AGE: &str = "http.connection.age";
+/// `http.connection.idle_time` (double, seconds, request span, hits only):
+/// time the connection sat idle in the pool before this request started:
+/// request start minus the end of the previous response on the connection
+/// (body read to the end or dropped), or minus the ready time when the
+/// connection had carried nothing yet. Absent on misses and when the
+/// connection was busy when the request started.
+pub const HTTP_CONNECTION_IDLE_TIME: &str = "http.connection.idle_time";
+/// `http.connection.used_by_trigger` (bool, setup span): whether the request
+/// whose pool miss started this connect was the one it served. `false` when a
+/// pooled connection freed up first (hyper-util's pool race) or another
+/// HTTP/2 connection won; the request then carries a link instead.
+pub const HTTP_CONNECTION_USED_BY_TRIGGER: &str = "http.connection.used_by_trigger";
+/// `http.connection.setup.outcome` (string, setup span): what became of the
+/// connection; one of the `SETUP_OUTCOME_*` values.
+pub const HTTP_CONNECTION_SETUP_OUTCOME: &str = "http.connection.setup.outcome";
+/// `http.connection.dns_skipped` (string, setup span): present when no DNS
+/// lookup ran: `ip_literal` (the host is an IP address) or `override` (a
+/// `ClientBuilder::resolve` override answered without calling the resolver).
+pub const HTTP_CONNECTION_DNS_SKIPPED: &str = "http.connection.dns_skipped";
+/// `http.connection.proxied` (bool, setup span): the connection goes through
+/// an HTTP proxy (the peer address is then the proxy's).
+pub const HTTP_CONNECTION_PROXIED: &str = "http.connection.proxied";
+/// `http.connection.tls.resumption_offered` (bool, `tls.handshake` span):
+/// the client offered a cached TLS session (ticket or session id).
+pub const HTTP_CONNECTION_TLS_RESUMPTION_OFFERED: &str = "http.connection.tls.resumption_offered";
+
+// ---------------------------------------------------------------------------
+// Events
+// ---------------------------------------------------------------------------
+
+/// Event on `tls.handshake` (TLS 1.3): the ServerHello was processed and the
+/// handshake keys derived. Not emitted for TLS 1.2 (rustls exposes no hook at
+/// that point for 1.2).
+pub const EVENT_TLS_SERVER_HELLO: &str = "tls.server_hello";
+/// Event on `tls.handshake`: the server's certificate chain was verified.
+/// Full handshakes only (a resumed handshake sends no certificate).
+pub const EVENT_TLS_CERTIFICATE_VERIFIED: &str = "tls.certificate_verified";
+/// Event on `tls.handshake`: the server's certificate chain was rejected;
+/// carries `error.type` and `exception.message`.
+pub const EVENT_TLS_CERTIFICATE_REJECTED: &str = "tls.certificate_rejected";
+/// Event on `tls.handshake` (TLS 1.3): the server's Finished was processed.
+pub const EVENT_TLS_SERVER_FINISHED: &str = "tls.server_finished";
+/// Event on `dns.lookup`: the lookup began on a resolver thread. The time
+/// between the span's start and this event was spent queueing for a thread of
+/// tokio's blocking pool (`getaddrinfo` blocks), not resolving.
+pub const EVENT_DNS_LOOKUP_BEGAN: &str = "dns.lookup_began";
+/// Event on the setup span when an HTTP/2 connect lost the ALPN race: another
+/// HTTP/2 connection to the same origin was established first and hyper-util
+/// closed this one unused.
+pub const EVENT_CONNECTION_COALESCED: &str = "http.connection.coalesced";
+/// `exception.message` (string) on events carrying an error's text.
+pub const EXCEPTION_MESSAGE: &str =
+    opentelemetry_semantic_conventions::attribute::EXCEPTION_MESSAGE;
+
+// ---------------------------------------------------------------------------
+// Values
+// ---------------------------------------------------------------------------
+
+/// [`HTTP_CONNECTION_SETUP_OUTCOME`]: the connection served the request that triggered it.
+pub const SETUP_OUTCOME_USED: &str = "used";
+/// [`HTTP_CONNECTION_SETUP_OUTCOME`]: the trigger was served by another
+/// connection first; this one went to the pool for later requests.
+pub const SETUP_OUTCOME_POOLED: &str = "pooled";
+/// [`HTTP_CONNECTION_SETUP_OUTCOME`]: HTTP/2 connect that lost the ALPN race
+/// and was closed unused by hyper-util.
+pub const SETUP_OUTCOME_COALESCED: &str = "coalesced";
+/// [`HTTP_CONNECTION_SETUP_OUTCOME`]: the connect failed (`error.type` says why).
+pub const SETUP_OUTCOME_FAILED: &str = "failed";
+/// [`HTTP_CONNECTION_SETUP_OUTCOME`]: the connect was abandoned before it
+/// finished (its request was dropped or timed out).
+pub const SETUP_OUTCOME_CANCELLED: &str = "cancelled";
+
+/// [`HTTP_CONNECTION_DNS_SKIPPED`]: the host is an IP literal.
+pub const DNS_SKIPPED_IP_LITERAL: &str = "ip_literal";
+/// [`HTTP_CONNECTION_DNS_SKIPPED`]: a `ClientBuilder::resolve` override answered.
+pub const DNS_SKIPPED_OVERRIDE: &str = "override";
+
+/// `error.type`: a deadline expired (request timeout, connect timeout).
+pub const ERROR_TYPE_TIMEOUT: &str = "timeout";
+/// `error.type`: the work was abandoned (future dropped) before it finished.
+pub const ERROR_TYPE_CANCELLED: &str = "cancelled";
+/// `error.type`: DNS resolution failed (unknown host, resolver error).
+pub const ERROR_TYPE_DNS: &str = "dns_error";
+/// `error.type`: the peer refused the TCP connection (RST to our SYN).
+pub const ERROR_TYPE_CONNECTION_REFUSED: &str = "connection_refused";
+/// `error.type`: the connection was reset or closed by the peer mid-exchange.
+pub const ERROR_TYPE_CONNECTION_RESET: &str = "connection_reset";
+/// `error.type`: the server's certificate was rejected.
+pub const ERROR_TYPE_TLS_CERTIFICATE: &str = "tls_certificate_invalid";
+/// `error.type`: any other TLS failure (alert, no common version or cipher).
+pub const ERROR_TYPE_TLS: &str = "tls_error";
+/// `error.type`: any other I/O or protocol error.
+pub const ERROR_TYPE_OTHER: &str = "_OTHER";

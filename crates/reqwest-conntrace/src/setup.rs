@@ -1,0 +1,379 @@
+//! The `http.connection_setup` span and its phase children, emitted with the
+//! exact boundaries the hooks recorded.
+
+use std::net::SocketAddr;
+use std::time::Instant;
+
+use opentelemetry::trace::{SpanBuilder, SpanContext, SpanKind, Status, TraceContextExt, Tracer};
+use opentelemetry::{Array, Context, KeyValue, StringValue, Value};
+
+use crate::attempt::{ConnectAttempt, Phases};
+use crate::handle::Inner;
+use crate::report::{ConnectionSetup, TlsVersion};
+use crate::semconv;
+
+/// Facts about a finished connect read from reqwest's `Connected`.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Established {
+    pub(crate) local: Option<SocketAddr>,
+    pub(crate) remote: Option<SocketAddr>,
+    pub(crate) http2: bool,
+    pub(crate) proxied: bool,
+}
+
+/// Starts the setup span as a child of `parent` (the triggering request's
+/// span context), stamped with the attempt's start time.
+pub(crate) fn start_setup_span(
+    inner: &Inner,
+    attempt: &ConnectAttempt,
+    parent: &Context,
+) -> Context {
+    let tracer = inner.tracer();
+    let mut attributes = vec![KeyValue::new(
+        semconv::HTTP_CONNECTION_ID,
+        attempt.id as i64,
+    )];
+    if let Some(t) = &attempt.trigger {
+        attributes.push(KeyValue::new(
+            semconv::SERVER_ADDRESS,
+            t.server_address.clone(),
+        ));
+        attributes.push(KeyValue::new(
+            semconv::SERVER_PORT,
+            i64::from(t.server_port),
+        ));
+        attributes.push(KeyValue::new(semconv::URL_SCHEME, t.scheme.clone()));
+    }
+    let builder = SpanBuilder::from_name(semconv::CONNECTION_SETUP_SPAN)
+        .with_kind(SpanKind::Internal)
+        .with_start_time(inner.clock.wall(attempt.started))
+        .with_attributes(attributes);
+    let span = tracer.build_with_context(builder, parent);
+    parent.with_span(span)
+}
+
+fn network_type(addr: &SocketAddr) -> &'static str {
+    if addr.is_ipv4() { "ipv4" } else { "ipv6" }
+}
+
+fn is_https(attempt: &ConnectAttempt, phases: &Phases) -> bool {
+    phases.tls_started.is_some()
+        || attempt
+            .trigger
+            .as_ref()
+            .is_some_and(|t| t.scheme == "https")
+}
+
+fn dns_skipped(attempt: &ConnectAttempt, phases: &Phases) -> Option<&'static str> {
+    if phases.dns.is_some() {
+        return None;
+    }
+    let host = attempt.trigger.as_ref()?.server_address.as_str();
+    let bare = host.trim_start_matches('[').trim_end_matches(']');
+    Some(if bare.parse::<std::net::IpAddr>().is_ok() {
+        semconv::DNS_SKIPPED_IP_LITERAL
+    } else {
+        semconv::DNS_SKIPPED_OVERRIDE
+    })
+}
+
+/// How a connect ended, for the phase that was running.
+pub(crate) enum Ending<'a> {
+    Ready(&'a Established),
+    Failed {
+        error_type: &'static str,
+        message: String,
+    },
+}
+
+/// Emits the phase spans (children of the setup span in `cx`) and returns the
+/// setup report. Does not end the setup span.
+pub(crate) fn emit_phases(
+    inner: &Inner,
+    attempt: &ConnectAttempt,
+    cx: &Context,
+    ending: &Ending<'_>,
+    end: Instant,
+) -> ConnectionSetup {
+    let tracer = inner.tracer();
+    let phases = attempt.phases().clone();
+    let setup_span = cx.span();
+    let https = is_https(attempt, &phases);
+    let (failure_type, failure_message) = match ending {
+        Ending::Ready(_) => (None, None),
+        Ending::Failed {
+            error_type,
+            message,
+        } => (Some(*error_type), Some(message.clone())),
+    };
+    let established = match ending {
+        Ending::Ready(e) => Some(*e),
+        Ending::Failed { .. } => None,
+    };
+    let remote = established.and_then(|e| e.remote);
+    let sni = attempt
+        .trigger
+        .as_ref()
+        .map(|t| t.server_address.clone())
+        .or_else(|| phases.dns.as_ref().map(|d| d.name.clone()));
+
+    let fail_span =
+        |span: &opentelemetry::trace::SpanRef<'_>, error_type: &'static str, message: &str| {
+            span.set_attribute(KeyValue::new(semconv::ERROR_TYPE, error_type));
+            span.set_status(Status::error(message.to_owned()));
+        };
+
+    // DNS
+    let mut tcp_start = attempt.started;
+    let mut dns_duration = None;
+    let mut dns_failed = false;
+    if let Some(dns) = &phases.dns {
+        let dns_end = dns.answered.unwrap_or(end);
+        let mut attrs = vec![KeyValue::new(semconv::DNS_QUESTION_NAME, dns.name.clone())];
+        if !dns.answers.is_empty() {
+            let answers: Vec<StringValue> = dns
+                .answers
+                .iter()
+                .map(|a| StringValue::from(a.ip().to_string()))
+                .collect();
+            attrs.push(KeyValue::new(
+                semconv::DNS_ANSWERS,
+                Value::Array(Array::String(answers)),
+            ));
+        }
+        let span = tracer.build_with_context(
+            SpanBuilder::from_name(semconv::DNS_LOOKUP_SPAN)
+                .with_kind(SpanKind::Internal)
+                .with_start_time(inner.clock.wall(dns.asked))
+                .with_attributes(attrs),
+            cx,
+        );
+        let dns_cx = Context::new().with_span(span);
+        let dspan = dns_cx.span();
+        if let Some(began) = dns.began {
+            if began > dns.asked {
+                dspan.add_event_with_timestamp(
+                    semconv::EVENT_DNS_LOOKUP_BEGAN,
+                    inner.clock.wall(began),
+                    vec![],
+                );
+            }
+        }
+        if let Some((error_type, message)) = &dns.error {
+            fail_span(&dspan, error_type, message);
+            dns_failed = true;
+        } else if dns.answered.is_none() {
+            let (t, m) = failure_or_cancel(&failure_type, &failure_message);
+            fail_span(&dspan, t, &m);
+            dns_failed = true;
+        }
+        dspan.end_with_timestamp(inner.clock.wall(dns_end));
+        dns_duration = Some(dns_end.saturating_duration_since(dns.asked));
+        tcp_start = dns_end;
+    }
+    let skipped = dns_skipped(attempt, &phases);
+    if let Some(reason) = skipped {
+        setup_span.set_attribute(KeyValue::new(semconv::HTTP_CONNECTION_DNS_SKIPPED, reason));
+    }
+
+    // TCP
+    let mut tcp_duration = std::time::Duration::ZERO;
+    if !dns_failed {
+        let tcp_end = phases.tls_started.unwrap_or(end);
+        let mut attrs = vec![KeyValue::new(semconv::NETWORK_TRANSPORT, "tcp")];
+        if let Some(r) = remote {
+            attrs.push(KeyValue::new(
+                semconv::NETWORK_PEER_ADDRESS,
+                r.ip().to_string(),
+            ));
+            attrs.push(KeyValue::new(
+                semconv::NETWORK_PEER_PORT,
+                i64::from(r.port()),
+            ));
+            attrs.push(KeyValue::new(semconv::NETWORK_TYPE, network_type(&r)));
+        }
+        let span = tracer.build_with_context(
+            SpanBuilder::from_name(semconv::TCP_CONNECT_SPAN)
+                .with_kind(SpanKind::Internal)
+                .with_start_time(inner.clock.wall(tcp_start))
+                .with_attributes(attrs),
+            cx,
+        );
+        let tcp_cx = Context::new().with_span(span);
+        if phases.tls_started.is_none() && established.is_none() {
+            let (t, m) = failure_or_cancel(&failure_type, &failure_message);
+            fail_span(&tcp_cx.span(), t, &m);
+        }
+        tcp_cx.span().end_with_timestamp(inner.clock.wall(tcp_end));
+        tcp_duration = tcp_end.saturating_duration_since(tcp_start);
+    }
+
+    // TLS
+    let mut tls_duration = None;
+    let mut tls_resumed = None;
+    let mut tls_version = phases.tls_version;
+    if let Some(tls_start) = phases.tls_started {
+        let resumed = phases.resumption_offered && phases.cert_verified.is_none();
+        let mut attrs = vec![
+            KeyValue::new(semconv::TLS_PROTOCOL_NAME, "tls"),
+            KeyValue::new(
+                semconv::HTTP_CONNECTION_TLS_RESUMPTION_OFFERED,
+                phases.resumption_offered,
+            ),
+        ];
+        if let Some(name) = &sni {
+            attrs.push(KeyValue::new(semconv::SERVER_ADDRESS, name.clone()));
+        }
+        if let Some(e) = established {
+            attrs.push(KeyValue::new(semconv::TLS_RESUMED, resumed));
+            attrs.push(KeyValue::new(
+                semconv::TLS_NEXT_PROTOCOL,
+                if e.http2 { "h2" } else { "http/1.1" },
+            ));
+            tls_resumed = Some(resumed);
+            if tls_version.is_none() && resumed {
+                // A resumed 1.2 session logs CLIENT_RANDOM (seen by the key
+                // log hook); a resumed 1.3 one derives the handshake secret.
+                tls_version = phases.server_hello.map(|_| TlsVersion::Tls13);
+            }
+        }
+        if let Some(v) = tls_version {
+            attrs.push(KeyValue::new(semconv::TLS_PROTOCOL_VERSION, v.as_str()));
+        }
+        let span = tracer.build_with_context(
+            SpanBuilder::from_name(semconv::TLS_HANDSHAKE_SPAN)
+                .with_kind(SpanKind::Internal)
+                .with_start_time(inner.clock.wall(tls_start))
+                .with_attributes(attrs),
+            cx,
+        );
+        let tls_cx = Context::new().with_span(span);
+        let tspan = tls_cx.span();
+        if let Some(t) = phases.server_hello {
+            tspan.add_event_with_timestamp(
+                semconv::EVENT_TLS_SERVER_HELLO,
+                inner.clock.wall(t),
+                vec![],
+            );
+        }
+        match &phases.cert_verified {
+            Some((t, None)) => tspan.add_event_with_timestamp(
+                semconv::EVENT_TLS_CERTIFICATE_VERIFIED,
+                inner.clock.wall(*t),
+                vec![],
+            ),
+            Some((t, Some(message))) => tspan.add_event_with_timestamp(
+                semconv::EVENT_TLS_CERTIFICATE_REJECTED,
+                inner.clock.wall(*t),
+                vec![
+                    KeyValue::new(semconv::ERROR_TYPE, semconv::ERROR_TYPE_TLS_CERTIFICATE),
+                    KeyValue::new(semconv::EXCEPTION_MESSAGE, message.clone()),
+                ],
+            ),
+            None => {}
+        }
+        if let Some(t) = phases.server_finished {
+            tspan.add_event_with_timestamp(
+                semconv::EVENT_TLS_SERVER_FINISHED,
+                inner.clock.wall(t),
+                vec![],
+            );
+        }
+        if established.is_none() {
+            let (t, m) = failure_or_cancel(&failure_type, &failure_message);
+            fail_span(&tspan, t, &m);
+        }
+        tspan.end_with_timestamp(inner.clock.wall(end));
+        tls_duration = Some(end.saturating_duration_since(tls_start));
+    } else if https && established.is_some() {
+        // https through a plain connector we could not observe: say so by
+        // omission rather than inventing a zero-length handshake.
+    }
+
+    // Setup span attributes.
+    if let Some(e) = established {
+        if let Some(r) = e.remote {
+            setup_span.set_attribute(KeyValue::new(
+                semconv::NETWORK_PEER_ADDRESS,
+                r.ip().to_string(),
+            ));
+            setup_span.set_attribute(KeyValue::new(
+                semconv::NETWORK_PEER_PORT,
+                i64::from(r.port()),
+            ));
+            setup_span.set_attribute(KeyValue::new(semconv::NETWORK_TYPE, network_type(&r)));
+        }
+        if let Some(l) = e.local {
+            setup_span.set_attribute(KeyValue::new(
+                semconv::NETWORK_LOCAL_ADDRESS,
+                l.ip().to_string(),
+            ));
+            setup_span.set_attribute(KeyValue::new(
+                semconv::NETWORK_LOCAL_PORT,
+                i64::from(l.port()),
+            ));
+        }
+        setup_span.set_attribute(KeyValue::new(
+            semconv::NETWORK_PROTOCOL_VERSION,
+            if e.http2 { "2" } else { "1.1" },
+        ));
+        if e.proxied {
+            setup_span.set_attribute(KeyValue::new(semconv::HTTP_CONNECTION_PROXIED, true));
+        }
+        if let Some(v) = tls_version {
+            setup_span.set_attribute(KeyValue::new(semconv::TLS_PROTOCOL_VERSION, v.as_str()));
+        }
+        if let Some(r) = tls_resumed {
+            setup_span.set_attribute(KeyValue::new(semconv::TLS_RESUMED, r));
+        }
+    } else {
+        let (t, m) = failure_or_cancel(&failure_type, &failure_message);
+        setup_span.set_attribute(KeyValue::new(semconv::ERROR_TYPE, t));
+        setup_span.set_attribute(KeyValue::new(
+            semconv::HTTP_CONNECTION_SETUP_OUTCOME,
+            if t == semconv::ERROR_TYPE_CANCELLED {
+                semconv::SETUP_OUTCOME_CANCELLED
+            } else {
+                semconv::SETUP_OUTCOME_FAILED
+            },
+        ));
+        setup_span.set_status(Status::error(m));
+    }
+
+    ConnectionSetup {
+        id: attempt.id,
+        started: attempt.started,
+        local_addr: established.and_then(|e| e.local),
+        peer_addr: remote,
+        dns: dns_duration,
+        dns_skipped: skipped,
+        dns_answers: phases
+            .dns
+            .as_ref()
+            .map(|d| d.answers.clone())
+            .unwrap_or_default(),
+        tcp: tcp_duration,
+        tls: tls_duration,
+        total: end.saturating_duration_since(attempt.started),
+        tls_version,
+        tls_resumed,
+        http2: established.is_some_and(|e| e.http2),
+        proxied: established.is_some_and(|e| e.proxied),
+    }
+}
+
+fn failure_or_cancel(t: &Option<&'static str>, m: &Option<String>) -> (&'static str, String) {
+    match (t, m) {
+        (Some(t), Some(m)) => (t, m.clone()),
+        (Some(t), None) => (t, (*t).to_owned()),
+        _ => (
+            semconv::ERROR_TYPE_CANCELLED,
+            "connect abandoned before it finished".to_owned(),
+        ),
+    }
+}
+
+/// The span context of the setup span in `cx`, for links and the registry.
+pub(crate) fn span_context(cx: &Context) -> SpanContext {
+    cx.span().span_context().clone()
+}

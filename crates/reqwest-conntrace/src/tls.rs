@@ -1,0 +1,418 @@
+//! The instrumented rustls configuration: the user's TLS options plus three
+//! hooks that time the handshake without ever seeing a secret.
+//!
+//! - the session store's first call marks the ClientHello (TCP done, TLS
+//!   starts) and tells whether a cached session was offered;
+//! - the key log's `will_log` marks ServerHello (`CLIENT_HANDSHAKE_TRAFFIC_SECRET`)
+//!   and the server's Finished (`CLIENT_TRAFFIC_SECRET_0`) in TLS 1.3 and
+//!   always answers `false`, so no secret is handed over; TLS 1.2 calls
+//!   `log("CLIENT_RANDOM", ..)` directly, which is dropped unread and only
+//!   tells the version;
+//! - the certificate verifier wrapper times verification (full handshakes
+//!   only: its absence after an offered session means resumption) and learns
+//!   the version from which signature check runs.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Instant;
+
+use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+use rustls::client::{
+    ClientSessionMemoryCache, ClientSessionStore, Resumption, Tls12ClientSessionValue,
+    Tls13ClientSessionValue,
+};
+use rustls::crypto::CryptoProvider;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
+use rustls::{
+    ClientConfig, DigitallySignedStruct, KeyLog, NamedGroup, RootCertStore, SignatureScheme,
+};
+
+use crate::attempt;
+use crate::error::BuildError;
+use crate::report::TlsVersion;
+
+/// The TLS options of an instrumented client.
+///
+/// The instrumented client hands reqwest a preconfigured rustls
+/// `ClientConfig`, and reqwest then applies none of its own TLS options, so
+/// every option a client needs is set here. Defaults match reqwest's: the
+/// platform's trusted roots (via `rustls-platform-verifier`), TLS 1.2 and
+/// 1.3, ALPN `h2` + `http/1.1`, session resumption with a 256-entry
+/// in-memory cache, SNI on.
+#[derive(Clone)]
+pub struct TlsSettings {
+    extra_roots: Vec<CertificateDer<'static>>,
+    built_in_roots: bool,
+    identity: Option<(Vec<CertificateDer<'static>>, Arc<PrivateKeyDer<'static>>)>,
+    min_version: TlsVersion,
+    max_version: TlsVersion,
+    http1_only: bool,
+    resumption: bool,
+    sni: bool,
+    provider: Option<Arc<CryptoProvider>>,
+}
+
+impl fmt::Debug for TlsSettings {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TlsSettings")
+            .field("extra_roots", &self.extra_roots.len())
+            .field("built_in_roots", &self.built_in_roots)
+            .field("client_identity", &self.identity.is_some())
+            .field("min_version", &self.min_version)
+            .field("max_version", &self.max_version)
+            .field("http1_only", &self.http1_only)
+            .field("resumption", &self.resumption)
+            .field("sni", &self.sni)
+            .finish()
+    }
+}
+
+impl Default for TlsSettings {
+    fn default() -> Self {
+        Self {
+            extra_roots: Vec::new(),
+            built_in_roots: true,
+            identity: None,
+            min_version: TlsVersion::Tls12,
+            max_version: TlsVersion::Tls13,
+            http1_only: false,
+            resumption: true,
+            sni: true,
+            provider: None,
+        }
+    }
+}
+
+impl TlsSettings {
+    /// Settings with reqwest's defaults (see the type's docs).
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Trusts one more root certificate (DER). Default: none beyond the
+    /// built-in roots.
+    pub fn add_root_certificate(mut self, cert: CertificateDer<'static>) -> Self {
+        self.extra_roots.push(cert);
+        self
+    }
+
+    /// Trusts every certificate in a PEM bundle.
+    ///
+    /// # Errors
+    /// [`BuildError::InvalidCertificate`] when the PEM does not parse or holds
+    /// no certificate.
+    pub fn add_root_certificates_pem(mut self, pem: &[u8]) -> Result<Self, BuildError> {
+        use rustls::pki_types::pem::PemObject;
+        let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(pem)
+            .collect::<Result<_, _>>()
+            .map_err(|e| BuildError::InvalidCertificate(e.to_string()))?;
+        if certs.is_empty() {
+            return Err(BuildError::InvalidCertificate(
+                "no CERTIFICATE block in the PEM data".to_owned(),
+            ));
+        }
+        self.extra_roots.extend(certs);
+        Ok(self)
+    }
+
+    /// Whether the platform's trusted roots are used besides the added ones
+    /// (reqwest's `tls_certs_only` is `false` here). Default: `true`.
+    pub fn built_in_roots(mut self, enabled: bool) -> Self {
+        self.built_in_roots = enabled;
+        self
+    }
+
+    /// Presents a client certificate chain and key (mutual TLS). Default: none.
+    pub fn client_identity(
+        mut self,
+        chain: Vec<CertificateDer<'static>>,
+        key: PrivateKeyDer<'static>,
+    ) -> Self {
+        self.identity = Some((chain, Arc::new(key)));
+        self
+    }
+
+    /// Lowest TLS version offered. Default: [`TlsVersion::Tls12`].
+    pub fn min_version(mut self, v: TlsVersion) -> Self {
+        self.min_version = v;
+        self
+    }
+
+    /// Highest TLS version offered. Default: [`TlsVersion::Tls13`].
+    pub fn max_version(mut self, v: TlsVersion) -> Self {
+        self.max_version = v;
+        self
+    }
+
+    /// Offers only `http/1.1` in ALPN. Set automatically when the client is
+    /// HTTP/1-only. Default: `false` (ALPN `h2`, `http/1.1`).
+    pub fn http1_only(mut self, on: bool) -> Self {
+        self.http1_only = on;
+        self
+    }
+
+    /// TLS session resumption (TLS 1.3 tickets, RFC 8446 §2.2; TLS 1.2
+    /// session ids and tickets). Default: `true`.
+    pub fn session_resumption(mut self, on: bool) -> Self {
+        self.resumption = on;
+        self
+    }
+
+    /// Sends SNI (RFC 6066). Default: `true`.
+    pub fn sni(mut self, on: bool) -> Self {
+        self.sni = on;
+        self
+    }
+
+    /// The rustls crypto provider. Default: the process-wide default
+    /// provider if one is installed, else `ring`.
+    pub fn crypto_provider(mut self, provider: Arc<CryptoProvider>) -> Self {
+        self.provider = Some(provider);
+        self
+    }
+
+    /// Builds the instrumented rustls configuration.
+    pub(crate) fn build_config(&self) -> Result<ClientConfig, BuildError> {
+        let provider = self
+            .provider
+            .clone()
+            .or_else(|| CryptoProvider::get_default().cloned())
+            .unwrap_or_else(|| Arc::new(rustls::crypto::ring::default_provider()));
+        let versions: Vec<&'static rustls::SupportedProtocolVersion> = [
+            (TlsVersion::Tls12, &rustls::version::TLS12),
+            (TlsVersion::Tls13, &rustls::version::TLS13),
+        ]
+        .into_iter()
+        .filter(|(v, _)| rank(*v) >= rank(self.min_version) && rank(*v) <= rank(self.max_version))
+        .map(|(_, p)| p)
+        .collect();
+        if versions.is_empty() {
+            return Err(BuildError::Tls(rustls::Error::General(
+                "min_version is above max_version".to_owned(),
+            )));
+        }
+        let inner: Arc<dyn ServerCertVerifier> = if self.built_in_roots {
+            Arc::new(
+                rustls_platform_verifier::Verifier::new_with_extra_roots(
+                    self.extra_roots.iter().cloned(),
+                    provider.clone(),
+                )
+                .map_err(|e| BuildError::Verifier(e.to_string()))?,
+            )
+        } else {
+            let mut roots = RootCertStore::empty();
+            for c in &self.extra_roots {
+                roots
+                    .add(c.clone())
+                    .map_err(|e| BuildError::InvalidCertificate(e.to_string()))?;
+            }
+            rustls::client::WebPkiServerVerifier::builder_with_provider(
+                Arc::new(roots),
+                provider.clone(),
+            )
+            .build()
+            .map_err(|e| BuildError::Verifier(e.to_string()))?
+        };
+        let builder = ClientConfig::builder_with_provider(provider)
+            .with_protocol_versions(&versions)?
+            .dangerous()
+            .with_custom_certificate_verifier(Arc::new(VerifierHook { inner }));
+        let mut config = match &self.identity {
+            Some((chain, key)) => builder.with_client_auth_cert(chain.clone(), key.clone_key())?,
+            None => builder.with_no_client_auth(),
+        };
+        config.alpn_protocols = if self.http1_only {
+            vec![b"http/1.1".to_vec()]
+        } else {
+            vec![b"h2".to_vec(), b"http/1.1".to_vec()]
+        };
+        config.enable_sni = self.sni;
+        let store: Arc<dyn ClientSessionStore> = if self.resumption {
+            Arc::new(ClientSessionMemoryCache::new(256))
+        } else {
+            Arc::new(NoSessionStore)
+        };
+        config.resumption = Resumption::store(Arc::new(SessionStoreHook { inner: store }));
+        config.key_log = Arc::new(KeyLogHook);
+        Ok(config)
+    }
+}
+
+fn rank(v: TlsVersion) -> u8 {
+    match v {
+        TlsVersion::Tls12 => 2,
+        TlsVersion::Tls13 => 3,
+    }
+}
+
+/// Session store that remembers nothing (resumption off), still hooked so the
+/// ClientHello is timed.
+#[derive(Debug)]
+struct NoSessionStore;
+
+impl ClientSessionStore for NoSessionStore {
+    fn set_kx_hint(&self, _: ServerName<'static>, _: NamedGroup) {}
+    fn kx_hint(&self, _: &ServerName<'_>) -> Option<NamedGroup> {
+        None
+    }
+    fn set_tls12_session(&self, _: ServerName<'static>, _: Tls12ClientSessionValue) {}
+    fn tls12_session(&self, _: &ServerName<'_>) -> Option<Tls12ClientSessionValue> {
+        None
+    }
+    fn remove_tls12_session(&self, _: &ServerName<'static>) {}
+    fn insert_tls13_ticket(&self, _: ServerName<'static>, _: Tls13ClientSessionValue) {}
+    fn take_tls13_ticket(&self, _: &ServerName<'static>) -> Option<Tls13ClientSessionValue> {
+        None
+    }
+}
+
+/// Wraps the session store: its lookups happen while the ClientHello is built.
+#[derive(Debug)]
+struct SessionStoreHook {
+    inner: Arc<dyn ClientSessionStore>,
+}
+
+fn on_hello_lookup(offered: bool) {
+    attempt::with_current(|a| {
+        a.mark_tls_started();
+        if offered {
+            a.phases().resumption_offered = true;
+        }
+    });
+}
+
+impl ClientSessionStore for SessionStoreHook {
+    fn set_kx_hint(&self, server_name: ServerName<'static>, group: NamedGroup) {
+        self.inner.set_kx_hint(server_name, group)
+    }
+    fn kx_hint(&self, server_name: &ServerName<'_>) -> Option<NamedGroup> {
+        on_hello_lookup(false);
+        self.inner.kx_hint(server_name)
+    }
+    fn set_tls12_session(&self, server_name: ServerName<'static>, value: Tls12ClientSessionValue) {
+        self.inner.set_tls12_session(server_name, value)
+    }
+    fn tls12_session(&self, server_name: &ServerName<'_>) -> Option<Tls12ClientSessionValue> {
+        let v = self.inner.tls12_session(server_name);
+        on_hello_lookup(v.is_some());
+        v
+    }
+    fn remove_tls12_session(&self, server_name: &ServerName<'static>) {
+        self.inner.remove_tls12_session(server_name)
+    }
+    fn insert_tls13_ticket(
+        &self,
+        server_name: ServerName<'static>,
+        value: Tls13ClientSessionValue,
+    ) {
+        self.inner.insert_tls13_ticket(server_name, value)
+    }
+    fn take_tls13_ticket(
+        &self,
+        server_name: &ServerName<'static>,
+    ) -> Option<Tls13ClientSessionValue> {
+        let v = self.inner.take_tls13_ticket(server_name);
+        on_hello_lookup(v.is_some());
+        v
+    }
+}
+
+/// Key log that never takes a secret: `will_log` answers `false` after noting
+/// which TLS 1.3 stage was reached; TLS 1.2's direct `log` is dropped unread.
+#[derive(Debug)]
+struct KeyLogHook;
+
+impl KeyLog for KeyLogHook {
+    fn log(&self, label: &str, _client_random: &[u8], _secret: &[u8]) {
+        // Only TLS 1.2 reaches here (1.3 asks will_log first and we say no).
+        // The secret is not read, copied or stored.
+        if label == "CLIENT_RANDOM" {
+            attempt::with_current(|a| {
+                let mut p = a.phases();
+                if p.tls_version.is_none() {
+                    p.tls_version = Some(TlsVersion::Tls12);
+                }
+            });
+        }
+    }
+
+    fn will_log(&self, label: &str) -> bool {
+        let now = Instant::now();
+        attempt::with_current(|a| {
+            let mut p = a.phases();
+            match label {
+                "CLIENT_HANDSHAKE_TRAFFIC_SECRET" if p.server_hello.is_none() => {
+                    p.server_hello = Some(now);
+                    p.tls_version = Some(TlsVersion::Tls13);
+                }
+                "CLIENT_TRAFFIC_SECRET_0" if p.server_finished.is_none() => {
+                    p.server_finished = Some(now);
+                }
+                _ => {}
+            }
+        });
+        false
+    }
+}
+
+/// Wraps the certificate verifier to time verification and learn the version.
+#[derive(Debug)]
+struct VerifierHook {
+    inner: Arc<dyn ServerCertVerifier>,
+}
+
+impl ServerCertVerifier for VerifierHook {
+    fn verify_server_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        server_name: &ServerName<'_>,
+        ocsp_response: &[u8],
+        now: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        let result = self.inner.verify_server_cert(
+            end_entity,
+            intermediates,
+            server_name,
+            ocsp_response,
+            now,
+        );
+        let at = Instant::now();
+        attempt::with_current(|a| {
+            a.phases().cert_verified = Some((at, result.as_ref().err().map(|e| e.to_string())));
+        });
+        result
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        attempt::with_current(|a| a.phases().tls_version = Some(TlsVersion::Tls12));
+        self.inner.verify_tls12_signature(message, cert, dss)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        attempt::with_current(|a| a.phases().tls_version = Some(TlsVersion::Tls13));
+        self.inner.verify_tls13_signature(message, cert, dss)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.inner.supported_verify_schemes()
+    }
+
+    fn requires_raw_public_keys(&self) -> bool {
+        self.inner.requires_raw_public_keys()
+    }
+
+    fn root_hint_subjects(&self) -> Option<&[rustls::DistinguishedName]> {
+        self.inner.root_hint_subjects()
+    }
+}

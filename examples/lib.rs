@@ -1,0 +1,1 @@
+//! Runnable examples for reqwest-conntrace: see the `examples/` files.
