@@ -1,1 +1,5 @@
-fn main(){}
+//! End-to-end tests: real sockets on loopback, spans decoded from what the
+//! SDK exported (in-memory exporter) or what an OTLP receiver decoded.
+
+mod library;
+mod support;

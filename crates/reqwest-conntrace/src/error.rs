@@ -63,13 +63,13 @@ pub(crate) fn classify(err: &(dyn StdError + 'static)) -> &'static str {
             };
         }
         if let Some(io) = e.downcast_ref::<io::Error>() {
-            // rustls errors travel inside io::Error from tokio-rustls.
+            // rustls errors travel inside (nested) io::Errors from
+            // tokio-rustls, and io::Error::source skips the wrapped error.
             if let Some(inner) = io.get_ref() {
-                if let Some(t) = inner.downcast_ref::<rustls::Error>() {
-                    return match t {
-                        rustls::Error::InvalidCertificate(_) => semconv::ERROR_TYPE_TLS_CERTIFICATE,
-                        _ => semconv::ERROR_TYPE_TLS,
-                    };
+                let inner: &(dyn StdError + 'static) = inner;
+                let nested = classify(inner);
+                if nested != semconv::ERROR_TYPE_OTHER {
+                    return nested;
                 }
             }
             match io.kind() {
@@ -121,4 +121,23 @@ pub(crate) fn error_chain_text(err: &(dyn StdError + 'static)) -> String {
         current = e.source();
     }
     text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nested_io_errors_carrying_rustls_errors_are_tls_certificate_errors() {
+        let rustls_err = rustls::Error::InvalidCertificate(rustls::CertificateError::BadSignature);
+        let inner = io::Error::new(io::ErrorKind::InvalidData, rustls_err);
+        let outer = io::Error::other(inner);
+        assert_eq!(classify(&outer), semconv::ERROR_TYPE_TLS_CERTIFICATE);
+    }
+
+    #[test]
+    fn refused_connections_are_classified() {
+        let e = io::Error::from(io::ErrorKind::ConnectionRefused);
+        assert_eq!(classify(&e), semconv::ERROR_TYPE_CONNECTION_REFUSED);
+    }
 }

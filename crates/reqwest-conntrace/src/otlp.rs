@@ -193,6 +193,9 @@ where
         .with_target("tonic", LevelFilter::OFF)
         .with_target("tower", LevelFilter::OFF)
         .with_target("reqwest", LevelFilter::OFF)
+        // Targets match by prefix: keep this crate and reqwest-tracing.
+        .with_target("reqwest_conntrace", LevelFilter::TRACE)
+        .with_target("reqwest_tracing", LevelFilter::TRACE)
         .with_target("opentelemetry", LevelFilter::OFF)
         .with_target("opentelemetry_sdk", LevelFilter::OFF)
         .with_target("opentelemetry_otlp", LevelFilter::OFF);

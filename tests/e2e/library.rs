@@ -1,0 +1,742 @@
+//! The library against the lab's loopback servers: span shape, pool
+//! attribution, TLS facts, races, errors and cancellation.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use conntrace_lab::{HttpVersions, TestPki, TestServer, TlsVersions};
+use reqwest_conntrace::semconv;
+
+use crate::support::*;
+
+async fn tls_server(pki: &TestPki, tls: TlsVersions, http: HttpVersions) -> TestServer {
+    TestServer::builder()
+        .tls(pki)
+        .tls_versions(tls)
+        .http_versions(http)
+        .start()
+        .await
+        .expect("test server starts")
+}
+
+/// Custom root CA through TlsSettings; three sequential requests: one miss
+/// with a setup span under it (dns/tcp/tls children whose durations add up
+/// to the setup span), then two hits on the same connection.
+#[tokio::test]
+async fn sequential_requests_miss_once_then_hit_with_custom_root_ca() {
+    let t = telemetry();
+    let pki = TestPki::localhost().expect("pki");
+    let server = tls_server(&pki, TlsVersions::Tls13Only, HttpVersions::Http1Only).await;
+    let client = t
+        .conntrace()
+        .instrument(reqwest::Client::builder())
+        .tls(trust(&pki))
+        .build_with_middleware()
+        .expect("client builds");
+    for _ in 0..3 {
+        let body = client
+            .get(server.url("/"))
+            .send()
+            .await
+            .expect("request succeeds")
+            .text()
+            .await
+            .expect("body");
+        assert_eq!(body, "ok");
+    }
+    assert_eq!(server.accepted_connections(), 1);
+
+    let requests = t.requests();
+    assert_eq!(requests.len(), 3, "one span per request");
+    let setups = t.setups();
+    assert_eq!(setups.len(), 1, "one connection set up");
+    let setup = &setups[0];
+    assert_eq!(
+        setup.parent_span_id,
+        span_id(&requests[0]),
+        "setup hangs under the trigger"
+    );
+    assert_eq!(
+        setup.span_context.trace_id(),
+        requests[0].span_context.trace_id()
+    );
+    assert_eq!(
+        bool_attr(setup, semconv::HTTP_CONNECTION_USED_BY_TRIGGER),
+        Some(true)
+    );
+    assert_eq!(
+        str_attr(setup, semconv::SERVER_ADDRESS).as_deref(),
+        Some("localhost")
+    );
+    assert_eq!(
+        i64_attr(setup, semconv::SERVER_PORT),
+        Some(i64::from(server.addr().port()))
+    );
+    assert_eq!(
+        str_attr(setup, semconv::TLS_PROTOCOL_VERSION).as_deref(),
+        Some("1.3")
+    );
+    assert_eq!(
+        str_attr(setup, semconv::NETWORK_PROTOCOL_VERSION).as_deref(),
+        Some("1.1")
+    );
+
+    let dns = t
+        .child(setup, semconv::DNS_LOOKUP_SPAN)
+        .expect("dns.lookup child");
+    let tcp = t
+        .child(setup, semconv::TCP_CONNECT_SPAN)
+        .expect("tcp.connect child");
+    let tls = t
+        .child(setup, semconv::TLS_HANDSHAKE_SPAN)
+        .expect("tls.handshake child");
+    assert_eq!(
+        str_attr(&dns, semconv::DNS_QUESTION_NAME).as_deref(),
+        Some("localhost")
+    );
+    assert!(has(&dns, semconv::DNS_ANSWERS));
+    assert_eq!(
+        str_attr(&tcp, semconv::NETWORK_PEER_ADDRESS).as_deref(),
+        Some("127.0.0.1")
+    );
+    assert_eq!(
+        str_attr(&tcp, semconv::NETWORK_TRANSPORT).as_deref(),
+        Some("tcp")
+    );
+    assert_eq!(bool_attr(&tls, semconv::TLS_RESUMED), Some(false));
+    assert_eq!(
+        str_attr(&tls, semconv::TLS_NEXT_PROTOCOL).as_deref(),
+        Some("http/1.1")
+    );
+    let events: Vec<&str> = tls.events.iter().map(|e| e.name.as_ref()).collect();
+    assert!(
+        events.contains(&semconv::EVENT_TLS_SERVER_HELLO),
+        "{events:?}"
+    );
+    assert!(
+        events.contains(&semconv::EVENT_TLS_CERTIFICATE_VERIFIED),
+        "{events:?}"
+    );
+    let phases = duration(&dns) + duration(&tcp) + duration(&tls);
+    let total = duration(setup);
+    assert!(
+        total.abs_diff(phases) <= Duration::from_millis(1),
+        "phases {phases:?} vs setup {total:?}"
+    );
+    // Phases are contiguous and ordered.
+    assert!(dns.end_time <= tcp.start_time && tcp.end_time <= tls.start_time);
+
+    let first = &requests[0];
+    assert_eq!(
+        bool_attr(first, semconv::HTTP_CONNECTION_REUSED),
+        Some(false)
+    );
+    assert!(f64_attr(first, semconv::HTTP_CONNECTION_WAIT_TIME).expect("wait") > 0.0);
+    assert_eq!(
+        i64_attr(first, semconv::HTTP_CONNECTION_REQUEST_COUNT),
+        Some(1)
+    );
+    assert!(
+        first.links.is_empty(),
+        "the trigger has its setup as a child, not a link"
+    );
+    let id = i64_attr(setup, semconv::HTTP_CONNECTION_ID).expect("id");
+    for (i, r) in requests.iter().enumerate().skip(1) {
+        assert_eq!(
+            bool_attr(r, semconv::HTTP_CONNECTION_REUSED),
+            Some(true),
+            "request {i}"
+        );
+        assert_eq!(i64_attr(r, semconv::HTTP_CONNECTION_ID), Some(id));
+        assert_eq!(
+            i64_attr(r, semconv::HTTP_CONNECTION_REQUEST_COUNT),
+            Some(i as i64 + 1)
+        );
+        assert_eq!(f64_attr(r, semconv::HTTP_CONNECTION_WAIT_TIME), Some(0.0));
+        assert!(f64_attr(r, semconv::HTTP_CONNECTION_IDLE_TIME).expect("idle") >= 0.0);
+        assert!(f64_attr(r, semconv::HTTP_CONNECTION_AGE).expect("age") > 0.0);
+        assert_eq!(i64_attr(r, semconv::HTTP_RESPONSE_STATUS_CODE), Some(200));
+        assert_eq!(i64_attr(r, semconv::HTTP_RESPONSE_BODY_SIZE), Some(2));
+        assert_eq!(
+            r.links.len(),
+            1,
+            "a hit links to the setup it did not pay for"
+        );
+        assert_eq!(r.links[0].span_context.span_id(), span_id(setup));
+        assert!(t.children(r).is_empty(), "no phase spans on hits");
+    }
+    let local_port = i64_attr(&requests[2], semconv::NETWORK_LOCAL_PORT).expect("local port");
+    let served = server.requests();
+    assert!(
+        served
+            .iter()
+            .all(|r| i64::from(r.remote_port()) == local_port)
+    );
+}
+
+/// Each request on a fresh connection (no idle pool): every request a miss
+/// with all three phases; TLS 1.3 resumes with the ticket from the previous
+/// connection, agreeing with the server's own view.
+#[tokio::test]
+async fn fresh_connections_resume_tls13_sessions() {
+    let t = telemetry();
+    let pki = TestPki::localhost().expect("pki");
+    let server = tls_server(&pki, TlsVersions::Tls13Only, HttpVersions::Http1Only).await;
+    let client = t
+        .conntrace()
+        .instrument(reqwest::Client::builder().pool_max_idle_per_host(0))
+        .tls(trust(&pki))
+        .build_with_middleware()
+        .expect("client builds");
+    for _ in 0..3 {
+        client
+            .get(server.url("/"))
+            .send()
+            .await
+            .expect("ok")
+            .bytes()
+            .await
+            .expect("body");
+    }
+    assert_eq!(server.accepted_connections(), 3);
+    let setups = t.setups();
+    assert_eq!(setups.len(), 3);
+    for r in t.requests() {
+        assert_eq!(bool_attr(&r, semconv::HTTP_CONNECTION_REUSED), Some(false));
+    }
+    let resumed: Vec<Option<bool>> = setups
+        .iter()
+        .map(|s| bool_attr(s, semconv::TLS_RESUMED))
+        .collect();
+    assert_eq!(resumed, vec![Some(false), Some(true), Some(true)]);
+    assert_eq!(server.tls_resumed_handshakes(), 2, "server agrees");
+    let second_tls = t
+        .child(&setups[1], semconv::TLS_HANDSHAKE_SPAN)
+        .expect("tls");
+    assert!(
+        !second_tls
+            .events
+            .iter()
+            .any(|e| e.name == semconv::EVENT_TLS_CERTIFICATE_VERIFIED),
+        "no certificate on a resumed handshake"
+    );
+    assert_eq!(
+        bool_attr(&second_tls, semconv::HTTP_CONNECTION_TLS_RESUMPTION_OFFERED),
+        Some(true)
+    );
+    for s in &setups {
+        for phase in [
+            semconv::DNS_LOOKUP_SPAN,
+            semconv::TCP_CONNECT_SPAN,
+            semconv::TLS_HANDSHAKE_SPAN,
+        ] {
+            assert!(t.child(s, phase).is_some(), "{phase} under every setup");
+        }
+    }
+}
+
+/// A TLS 1.2-only server: version `1.2`, and a second fresh connection
+/// resumes by session id/ticket as the server reports.
+#[tokio::test]
+async fn tls12_server_reports_version_and_resumption() {
+    let t = telemetry();
+    let pki = TestPki::localhost().expect("pki");
+    let server = tls_server(&pki, TlsVersions::Tls12Only, HttpVersions::Http1Only).await;
+    let client = t
+        .conntrace()
+        .instrument(reqwest::Client::builder().pool_max_idle_per_host(0))
+        .tls(trust(&pki))
+        .build_with_middleware()
+        .expect("client builds");
+    for _ in 0..2 {
+        client
+            .get(server.url("/"))
+            .send()
+            .await
+            .expect("ok")
+            .bytes()
+            .await
+            .expect("body");
+    }
+    let setups = t.setups();
+    assert_eq!(setups.len(), 2);
+    for s in &setups {
+        assert_eq!(
+            str_attr(s, semconv::TLS_PROTOCOL_VERSION).as_deref(),
+            Some("1.2")
+        );
+    }
+    assert_eq!(bool_attr(&setups[0], semconv::TLS_RESUMED), Some(false));
+    let server_resumed = server.tls_resumed_handshakes() == 1;
+    assert_eq!(
+        bool_attr(&setups[1], semconv::TLS_RESUMED),
+        Some(server_resumed)
+    );
+    assert!(server_resumed, "the lab server offers TLS 1.2 resumption");
+}
+
+/// HTTP/2 over ALPN: concurrent first requests each start a connect; one
+/// connection serves all of them; the losing connects end as `coalesced`
+/// (not as failed requests) and the requests they triggered link to the
+/// winner's setup span.
+#[tokio::test]
+async fn http2_concurrent_first_requests_coalesce_onto_one_connection() {
+    let t = telemetry();
+    let pki = TestPki::localhost().expect("pki");
+    let server = tls_server(&pki, TlsVersions::Tls13Only, HttpVersions::Http2Only).await;
+    let client = t
+        .conntrace()
+        .instrument(reqwest::Client::builder())
+        .tls(trust(&pki))
+        .build_with_middleware()
+        .expect("client builds");
+    let n = 8;
+    let results = futures::future::join_all((0..n).map(|_| {
+        let client = client.clone();
+        let url = server.url("/delay/50");
+        async move {
+            client
+                .get(url)
+                .send()
+                .await?
+                .bytes()
+                .await
+                .map_err(Into::into)
+        }
+    }))
+    .await;
+    for r in &results {
+        let r: &Result<_, reqwest_middleware::Error> = r;
+        assert!(r.is_ok(), "{r:?}");
+    }
+    let requests = t.requests();
+    assert_eq!(requests.len(), n);
+    let ids: std::collections::BTreeSet<i64> = requests
+        .iter()
+        .map(|r| i64_attr(r, semconv::HTTP_CONNECTION_ID).expect("id"))
+        .collect();
+    assert_eq!(ids.len(), 1, "one connection serves all: {ids:?}");
+    for r in &requests {
+        assert_eq!(
+            str_attr(r, semconv::NETWORK_PROTOCOL_VERSION).as_deref(),
+            Some("2")
+        );
+        assert!(!is_error(r));
+    }
+    let setups = t.setups();
+    assert_eq!(setups.len() as u64, server.accepted_connections());
+    let used: Vec<_> = setups
+        .iter()
+        .filter(|s| {
+            str_attr(s, semconv::HTTP_CONNECTION_SETUP_OUTCOME).as_deref()
+                == Some(semconv::SETUP_OUTCOME_USED)
+        })
+        .collect();
+    assert_eq!(used.len(), 1, "exactly one connect served its trigger");
+    for s in &setups {
+        if !std::ptr::eq(*used.first().expect("one"), s) {
+            assert_eq!(
+                bool_attr(s, semconv::HTTP_CONNECTION_USED_BY_TRIGGER),
+                Some(false)
+            );
+            assert_eq!(
+                str_attr(s, semconv::HTTP_CONNECTION_SETUP_OUTCOME).as_deref(),
+                Some(semconv::SETUP_OUTCOME_COALESCED)
+            );
+            assert!(!is_error(s), "a coalesced connect is not a failure");
+        }
+    }
+    let winner = span_id(used[0]);
+    let paid: Vec<_> = requests.iter().filter(|r| r.links.is_empty()).collect();
+    assert_eq!(paid.len(), 1, "only the winner's trigger paid");
+    for r in requests.iter().filter(|r| !r.links.is_empty()) {
+        assert_eq!(r.links[0].span_context.span_id(), winner);
+        assert_eq!(bool_attr(r, semconv::HTTP_CONNECTION_REUSED), Some(false));
+        assert!(f64_attr(r, semconv::HTTP_CONNECTION_WAIT_TIME).expect("wait") > 0.0);
+    }
+}
+
+/// hyper-util's pool race: request B starts while the only connection is
+/// busy with A; B's connect (TLS 1.2 through a 200 ms RTT proxy: 3 RTT) is
+/// slower than A's response (1 RTT), so B is served by A's connection once
+/// it is released: B is a hit that waited, its connect finishes in the
+/// background and says it did not serve its trigger.
+#[tokio::test]
+async fn pool_race_busy_connection_frees_before_the_new_connect() {
+    let t = telemetry();
+    let pki = TestPki::localhost().expect("pki");
+    let server = tls_server(&pki, TlsVersions::Tls12Only, HttpVersions::Http1Only).await;
+    let proxy = conntrace_lab::DelayProxy::start(server.addr(), Duration::from_millis(100))
+        .await
+        .expect("proxy");
+    let url = format!("https://localhost:{}/", proxy.addr().port());
+    let client = t
+        .conntrace()
+        .instrument(reqwest::Client::builder().pool_max_idle_per_host(1))
+        .tls(trust(&pki))
+        .build_with_middleware()
+        .expect("client builds");
+    client
+        .get(&url)
+        .send()
+        .await
+        .expect("warm")
+        .bytes()
+        .await
+        .expect("body");
+    let a = {
+        let (client, url) = (client.clone(), url.clone());
+        async move {
+            client
+                .get(url)
+                .send()
+                .await?
+                .bytes()
+                .await
+                .map_err(reqwest_middleware::Error::from)
+        }
+    };
+    let b = {
+        let (client, url) = (client.clone(), url.clone());
+        async move {
+            tokio::time::sleep(Duration::from_millis(40)).await;
+            client
+                .get(url)
+                .send()
+                .await?
+                .bytes()
+                .await
+                .map_err(reqwest_middleware::Error::from)
+        }
+    };
+    let (ra, rb) = tokio::join!(a, b);
+    ra.expect("a");
+    rb.expect("b");
+    // Let the background connect finish and land in the pool.
+    tokio::time::sleep(Duration::from_millis(900)).await;
+
+    let requests = t.requests();
+    assert_eq!(requests.len(), 3);
+    let b = &requests[2];
+    assert_eq!(bool_attr(b, semconv::HTTP_CONNECTION_REUSED), Some(true));
+    let wait = f64_attr(b, semconv::HTTP_CONNECTION_WAIT_TIME).expect("wait");
+    assert!(wait > 0.05, "B waited for A's connection: {wait}");
+    assert!(
+        !has(b, semconv::HTTP_CONNECTION_IDLE_TIME),
+        "busy when B started"
+    );
+    let setups = t.setups();
+    assert_eq!(
+        setups.len(),
+        2,
+        "warm-up connect and B's background connect"
+    );
+    let background = &setups[1];
+    assert_eq!(background.parent_span_id, span_id(b), "B's miss started it");
+    assert_eq!(
+        bool_attr(background, semconv::HTTP_CONNECTION_USED_BY_TRIGGER),
+        Some(false)
+    );
+    assert_eq!(
+        str_attr(background, semconv::HTTP_CONNECTION_SETUP_OUTCOME).as_deref(),
+        Some(semconv::SETUP_OUTCOME_POOLED)
+    );
+    assert!(
+        background.end_time > b.end_time,
+        "the connect outlived its trigger"
+    );
+}
+
+/// reqwest-tracing's TracingMiddleware first, ours after with UseCurrentSpan:
+/// the pool attributes land on reqwest-tracing's span (exactly one span per
+/// request carries them) and the setup span nests under it.
+#[tokio::test]
+async fn works_inside_reqwest_tracing_span() {
+    let t = telemetry();
+    let pki = TestPki::localhost().expect("pki");
+    let server = tls_server(&pki, TlsVersions::Tls13Only, HttpVersions::Http1Only).await;
+    let conntrace = t.conntrace();
+    let client = conntrace
+        .instrument(reqwest::Client::builder())
+        .tls(trust(&pki))
+        .build()
+        .expect("client builds");
+    let client = reqwest_middleware::ClientBuilder::new(client)
+        .with(reqwest_tracing::TracingMiddleware::default())
+        .with(
+            conntrace
+                .middleware()
+                .make_span(reqwest_conntrace::UseCurrentSpan),
+        )
+        .build();
+    for _ in 0..2 {
+        client
+            .get(server.url("/"))
+            .send()
+            .await
+            .expect("ok")
+            .bytes()
+            .await
+            .expect("body");
+    }
+    let spans = t.spans();
+    let with_pool: Vec<_> = spans
+        .iter()
+        .filter(|s| has(s, semconv::HTTP_CONNECTION_REUSED))
+        .collect();
+    assert_eq!(
+        with_pool.len(),
+        2,
+        "pool attributes on exactly one span per request"
+    );
+    let client_spans = spans
+        .iter()
+        .filter(|s| s.span_kind == opentelemetry::trace::SpanKind::Client)
+        .count();
+    assert_eq!(client_spans, 2, "no second client span");
+    let setups = t.setups();
+    assert_eq!(setups.len(), 1);
+    assert_eq!(setups[0].parent_span_id, span_id(with_pool[0]));
+}
+
+/// Connection refused: the request fails with reqwest's own error, the
+/// request span and the setup span say `connection_refused`, and
+/// `tcp.connect` carries the error.
+#[tokio::test]
+async fn refused_connection_is_reported_and_passes_through() {
+    let t = telemetry();
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        l.local_addr().expect("addr").port()
+    };
+    let client = t
+        .conntrace()
+        .instrument(reqwest::Client::builder())
+        .build_with_middleware()
+        .expect("client");
+    let err = client
+        .get(format!("http://127.0.0.1:{port}/"))
+        .send()
+        .await
+        .expect_err("refused");
+    assert!(
+        matches!(&err, reqwest_middleware::Error::Reqwest(e) if e.is_connect()),
+        "{err:?}"
+    );
+    let req = &t.requests()[0];
+    assert_eq!(
+        str_attr(req, semconv::ERROR_TYPE).as_deref(),
+        Some(semconv::ERROR_TYPE_CONNECTION_REFUSED)
+    );
+    assert!(is_error(req));
+    let setup = &t.setups()[0];
+    assert_eq!(
+        str_attr(setup, semconv::ERROR_TYPE).as_deref(),
+        Some(semconv::ERROR_TYPE_CONNECTION_REFUSED)
+    );
+    assert_eq!(
+        str_attr(setup, semconv::HTTP_CONNECTION_DNS_SKIPPED).as_deref(),
+        Some(semconv::DNS_SKIPPED_IP_LITERAL)
+    );
+    assert!(
+        t.child(setup, semconv::DNS_LOOKUP_SPAN).is_none(),
+        "IP literal: no DNS"
+    );
+    let tcp = t.child(setup, semconv::TCP_CONNECT_SPAN).expect("tcp");
+    assert!(is_error(&tcp));
+}
+
+/// A resolver that fails: `dns.lookup` and the request say `dns_error`.
+#[tokio::test]
+async fn unknown_host_is_a_dns_error() {
+    #[derive(Debug)]
+    struct NoSuchHost;
+    impl reqwest::dns::Resolve for NoSuchHost {
+        fn resolve(&self, name: reqwest::dns::Name) -> reqwest::dns::Resolving {
+            let name = name.as_str().to_owned();
+            Box::pin(async move {
+                Err(format!("dns error: failed to lookup address information: {name}: Name or service not known").into())
+            })
+        }
+    }
+    let t = telemetry();
+    let client = t
+        .conntrace()
+        .instrument(reqwest::Client::builder())
+        .dns_resolver(NoSuchHost)
+        .build_with_middleware()
+        .expect("client");
+    let err = client
+        .get("http://no-such-host.test/")
+        .send()
+        .await
+        .expect_err("dns");
+    assert!(
+        matches!(&err, reqwest_middleware::Error::Reqwest(e) if e.is_connect()),
+        "{err:?}"
+    );
+    let setup = &t.setups()[0];
+    let dns = t.child(setup, semconv::DNS_LOOKUP_SPAN).expect("dns span");
+    assert_eq!(
+        str_attr(&dns, semconv::ERROR_TYPE).as_deref(),
+        Some(semconv::ERROR_TYPE_DNS)
+    );
+    assert_eq!(
+        str_attr(&dns, semconv::DNS_QUESTION_NAME).as_deref(),
+        Some("no-such-host.test")
+    );
+    assert!(
+        t.child(setup, semconv::TCP_CONNECT_SPAN).is_none(),
+        "no TCP after failed DNS"
+    );
+    assert_eq!(
+        str_attr(&t.requests()[0], semconv::ERROR_TYPE).as_deref(),
+        Some(semconv::ERROR_TYPE_DNS)
+    );
+}
+
+/// A certificate from an untrusted CA: `tls_certificate_invalid` on the
+/// request, the setup and the handshake span, with a rejection event.
+#[tokio::test]
+async fn untrusted_certificate_is_reported() {
+    let t = telemetry();
+    let server_pki = TestPki::localhost().expect("pki");
+    let other = TestPki::untrusted_other().expect("pki");
+    let server = tls_server(&server_pki, TlsVersions::Tls13Only, HttpVersions::Http1Only).await;
+    let client = t
+        .conntrace()
+        .instrument(reqwest::Client::builder())
+        .tls(trust(&other))
+        .build_with_middleware()
+        .expect("client");
+    client
+        .get(server.url("/"))
+        .send()
+        .await
+        .expect_err("bad certificate");
+    let req = &t.requests()[0];
+    assert_eq!(
+        str_attr(req, semconv::ERROR_TYPE).as_deref(),
+        Some(semconv::ERROR_TYPE_TLS_CERTIFICATE)
+    );
+    let setup = &t.setups()[0];
+    assert_eq!(
+        str_attr(setup, semconv::ERROR_TYPE).as_deref(),
+        Some(semconv::ERROR_TYPE_TLS_CERTIFICATE)
+    );
+    let tls = t.child(setup, semconv::TLS_HANDSHAKE_SPAN).expect("tls");
+    assert!(is_error(&tls));
+    assert!(
+        tls.events
+            .iter()
+            .any(|e| e.name == semconv::EVENT_TLS_CERTIFICATE_REJECTED)
+    );
+}
+
+/// A server that accepts TCP and never answers the ClientHello, and a
+/// request dropped by a 300 ms deadline mid-handshake: every span still
+/// ends; the connect says `cancelled`, the TLS phase is the one cut short,
+/// and the request span says `cancelled`.
+#[tokio::test]
+async fn request_dropped_mid_handshake_ends_every_span() {
+    let t = telemetry();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let held = Arc::new(tokio::sync::Mutex::new(Vec::new()));
+    let keep = held.clone();
+    let accept = tokio::spawn(async move {
+        while let Ok((s, _)) = listener.accept().await {
+            keep.lock().await.push(s);
+        }
+    });
+    let client = t
+        .conntrace()
+        .instrument(reqwest::Client::builder())
+        .build_with_middleware()
+        .expect("client");
+    let attempt = tokio::time::timeout(
+        Duration::from_millis(300),
+        client
+            .get(format!("https://127.0.0.1:{}/", addr.port()))
+            .send(),
+    )
+    .await;
+    assert!(attempt.is_err(), "deadline hit");
+    let req = &t.requests()[0];
+    assert_eq!(
+        str_attr(req, semconv::ERROR_TYPE).as_deref(),
+        Some(semconv::ERROR_TYPE_CANCELLED)
+    );
+    let setup = &t.setups()[0];
+    assert_eq!(
+        str_attr(setup, semconv::ERROR_TYPE).as_deref(),
+        Some(semconv::ERROR_TYPE_CANCELLED)
+    );
+    assert_eq!(
+        str_attr(setup, semconv::HTTP_CONNECTION_SETUP_OUTCOME).as_deref(),
+        Some(semconv::SETUP_OUTCOME_CANCELLED)
+    );
+    let tcp = t.child(setup, semconv::TCP_CONNECT_SPAN).expect("tcp");
+    assert!(!is_error(&tcp), "TCP completed");
+    let tls = t
+        .child(setup, semconv::TLS_HANDSHAKE_SPAN)
+        .expect("tls started");
+    assert!(is_error(&tls), "the handshake was cut short");
+    accept.abort();
+}
+
+/// The connect timeout set through our builder: a connect to a server that
+/// never finishes the handshake is reported as `timeout`, and the request
+/// error passes through as reqwest's.
+#[tokio::test]
+async fn connect_timeout_is_reported_as_timeout() {
+    let t = telemetry();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let accept = tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((s, _)) = listener.accept().await {
+            held.push(s);
+        }
+    });
+    let client = t
+        .conntrace()
+        .instrument(reqwest::Client::builder())
+        .connect_timeout(Duration::from_millis(200))
+        .build_with_middleware()
+        .expect("client");
+    let err = client
+        .get(format!("https://127.0.0.1:{}/", addr.port()))
+        .send()
+        .await
+        .expect_err("timeout");
+    assert!(
+        matches!(&err, reqwest_middleware::Error::Reqwest(e) if e.is_timeout() || e.is_connect()),
+        "{err:?}"
+    );
+    let setup = &t.setups()[0];
+    assert_eq!(
+        str_attr(setup, semconv::ERROR_TYPE).as_deref(),
+        Some(semconv::ERROR_TYPE_TIMEOUT)
+    );
+    assert_eq!(
+        str_attr(&t.requests()[0], semconv::ERROR_TYPE).as_deref(),
+        Some(semconv::ERROR_TYPE_TIMEOUT)
+    );
+    accept.abort();
+}
+
+/// A TLS option set on reqwest's builder would be silently replaced by the
+/// instrumented rustls config: building refuses it with a clear error.
+#[test]
+fn tls_option_on_reqwest_builder_is_refused() {
+    let err = reqwest_conntrace::ConnTrace::new()
+        .instrument(reqwest::Client::builder().tls_version_min(reqwest::tls::Version::TLS_1_3))
+        .build()
+        .expect_err("refused");
+    assert!(err.to_string().contains("tls_version_min"), "{err}");
+}

@@ -1,0 +1,147 @@
+//! Test harness: a per-test tracer provider with an in-memory exporter, a
+//! thread-local tracing subscriber, and span lookup helpers.
+
+use std::time::Duration;
+
+use opentelemetry::trace::{SpanId, SpanKind, Status};
+use opentelemetry::{KeyValue, Value};
+use opentelemetry_sdk::trace::{InMemorySpanExporter, SdkTracerProvider, SpanData};
+use reqwest_conntrace::{ConnTrace, TlsSettings, otlp, semconv};
+use tracing::subscriber::DefaultGuard;
+use tracing_subscriber::layer::SubscriberExt;
+
+/// Spans exported by one test.
+pub(crate) struct Telemetry {
+    pub(crate) provider: SdkTracerProvider,
+    exporter: InMemorySpanExporter,
+    _guard: DefaultGuard,
+}
+
+/// Installs a thread-local subscriber exporting into memory. Tests run on a
+/// current-thread runtime so every poll sees it.
+pub(crate) fn telemetry() -> Telemetry {
+    let exporter = InMemorySpanExporter::default();
+    let provider = SdkTracerProvider::builder()
+        .with_simple_exporter(exporter.clone())
+        .build();
+    let subscriber = tracing_subscriber::registry().with(otlp::tracing_layer(&provider));
+    let guard = tracing::subscriber::set_default(subscriber);
+    Telemetry {
+        provider,
+        exporter,
+        _guard: guard,
+    }
+}
+
+impl Telemetry {
+    /// A handle recording connection spans into this provider.
+    pub(crate) fn conntrace(&self) -> ConnTrace {
+        ConnTrace::builder().tracer_provider(&self.provider).build()
+    }
+
+    /// Every span ended so far.
+    pub(crate) fn spans(&self) -> Vec<SpanData> {
+        self.exporter
+            .get_finished_spans()
+            .expect("in-memory exporter")
+    }
+
+    /// Spans with this name.
+    pub(crate) fn named(&self, name: &str) -> Vec<SpanData> {
+        self.spans()
+            .into_iter()
+            .filter(|s| s.name == name)
+            .collect()
+    }
+
+    /// Request spans (client kind, carrying `http.request.method`), in start order.
+    pub(crate) fn requests(&self) -> Vec<SpanData> {
+        let mut v: Vec<SpanData> = self
+            .spans()
+            .into_iter()
+            .filter(|s| s.span_kind == SpanKind::Client && has(s, semconv::HTTP_REQUEST_METHOD))
+            .collect();
+        v.sort_by_key(|s| s.start_time);
+        v
+    }
+
+    /// Setup spans in start order.
+    pub(crate) fn setups(&self) -> Vec<SpanData> {
+        let mut v = self.named(semconv::CONNECTION_SETUP_SPAN);
+        v.sort_by_key(|s| s.start_time);
+        v
+    }
+
+    /// Children of `parent`.
+    pub(crate) fn children(&self, parent: &SpanData) -> Vec<SpanData> {
+        self.spans()
+            .into_iter()
+            .filter(|s| s.parent_span_id == parent.span_context.span_id())
+            .collect()
+    }
+
+    /// The one child named `name`, if any.
+    pub(crate) fn child(&self, parent: &SpanData, name: &str) -> Option<SpanData> {
+        self.children(parent).into_iter().find(|s| s.name == name)
+    }
+}
+
+pub(crate) fn attr<'a>(span: &'a SpanData, key: &str) -> Option<&'a Value> {
+    span.attributes
+        .iter()
+        .find(|kv: &&KeyValue| kv.key.as_str() == key)
+        .map(|kv| &kv.value)
+}
+
+pub(crate) fn has(span: &SpanData, key: &str) -> bool {
+    attr(span, key).is_some()
+}
+
+pub(crate) fn bool_attr(span: &SpanData, key: &str) -> Option<bool> {
+    match attr(span, key)? {
+        Value::Bool(b) => Some(*b),
+        _ => None,
+    }
+}
+
+pub(crate) fn i64_attr(span: &SpanData, key: &str) -> Option<i64> {
+    match attr(span, key)? {
+        Value::I64(i) => Some(*i),
+        _ => None,
+    }
+}
+
+pub(crate) fn f64_attr(span: &SpanData, key: &str) -> Option<f64> {
+    match attr(span, key)? {
+        Value::F64(f) => Some(*f),
+        _ => None,
+    }
+}
+
+pub(crate) fn str_attr(span: &SpanData, key: &str) -> Option<String> {
+    match attr(span, key)? {
+        Value::String(s) => Some(s.to_string()),
+        _ => None,
+    }
+}
+
+pub(crate) fn duration(span: &SpanData) -> Duration {
+    span.end_time
+        .duration_since(span.start_time)
+        .unwrap_or_default()
+}
+
+pub(crate) fn is_error(span: &SpanData) -> bool {
+    matches!(span.status, Status::Error { .. })
+}
+
+pub(crate) fn span_id(span: &SpanData) -> SpanId {
+    span.span_context.span_id()
+}
+
+/// TLS settings trusting the test PKI's CA only.
+pub(crate) fn trust(pki: &conntrace_lab::TestPki) -> TlsSettings {
+    TlsSettings::new()
+        .built_in_roots(false)
+        .add_root_certificate(pki.ca_cert_der())
+}
