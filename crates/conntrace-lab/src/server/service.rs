@@ -1,0 +1,187 @@
+//! The request handler of the test server and its response body.
+
+use std::convert::Infallible;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper::body::{Frame, Incoming, SizeHint};
+
+use super::records::RequestRecord;
+use super::{HEADER_CONNECTION_ID, HEADER_REMOTE_PORT, HEADER_REQUEST_INDEX, Shared};
+
+/// Request-activity bookkeeping of one connection, for the idle timeout.
+#[derive(Debug)]
+pub(crate) struct Activity {
+    in_flight: AtomicUsize,
+    last: std::sync::Mutex<Instant>,
+}
+
+impl Activity {
+    pub(crate) fn new() -> Self {
+        Self {
+            in_flight: AtomicUsize::new(0),
+            last: std::sync::Mutex::new(Instant::now()),
+        }
+    }
+
+    fn touch(&self) {
+        if let Ok(mut last) = self.last.lock() {
+            *last = Instant::now();
+        }
+    }
+
+    /// Resolves once no request has been in flight for `timeout`.
+    pub(crate) async fn idle_for(&self, timeout: Duration) {
+        loop {
+            let last = self
+                .last
+                .lock()
+                .map(|l| *l)
+                .unwrap_or_else(|_| Instant::now());
+            let deadline = last + timeout;
+            if self.in_flight.load(Ordering::SeqCst) == 0 && Instant::now() >= deadline {
+                return;
+            }
+            let wake = if Instant::now() >= deadline {
+                Instant::now() + timeout.min(Duration::from_millis(10))
+            } else {
+                deadline
+            };
+            tokio::time::sleep_until(wake.into()).await;
+        }
+    }
+}
+
+/// Marks one request in flight until dropped (when the response body is done).
+struct ActivityGuard(Arc<Activity>);
+
+impl ActivityGuard {
+    fn new(activity: Arc<Activity>) -> Self {
+        activity.in_flight.fetch_add(1, Ordering::SeqCst);
+        activity.touch();
+        Self(activity)
+    }
+}
+
+impl Drop for ActivityGuard {
+    fn drop(&mut self) {
+        self.0.touch();
+        self.0.in_flight.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// The test server's response body: fixed bytes, plus a guard that marks the
+/// request finished when hyper drops the body.
+pub(crate) struct LabBody {
+    inner: Full<Bytes>,
+    _guard: ActivityGuard,
+}
+
+impl hyper::body::Body for LabBody {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        Pin::new(&mut self.inner).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+/// Per-connection context shared by all requests of one connection.
+#[derive(Debug)]
+pub(crate) struct ConnCtx {
+    pub(crate) id: u64,
+    pub(crate) peer: std::net::SocketAddr,
+    pub(crate) tls_resumed: Option<bool>,
+    pub(crate) requests: AtomicU64,
+    pub(crate) activity: Arc<Activity>,
+}
+
+/// Response settings that do not depend on the request.
+#[derive(Debug, Clone)]
+pub(crate) struct ResponseConfig {
+    pub(crate) body: Bytes,
+    pub(crate) delay: Duration,
+}
+
+/// Handles one request: records it, applies delays, builds the body.
+pub(crate) async fn handle(
+    req: http::Request<Incoming>,
+    conn: Arc<ConnCtx>,
+    shared: Arc<Shared>,
+    cfg: Arc<ResponseConfig>,
+) -> Result<http::Response<LabBody>, Infallible> {
+    let guard = ActivityGuard::new(conn.activity.clone());
+    let received_at = Instant::now();
+    let request_index = conn.requests.fetch_add(1, Ordering::SeqCst) + 1;
+    let method = req.method().to_string();
+    let version = req.version();
+    let path = req
+        .uri()
+        .path_and_query()
+        .map(|p| p.as_str().to_owned())
+        .unwrap_or_else(|| "/".to_owned());
+    let body_bytes = match req.into_body().collect().await {
+        Ok(collected) => collected.to_bytes().len() as u64,
+        Err(_) => 0,
+    };
+    shared.record_request(RequestRecord {
+        connection_id: conn.id,
+        peer: conn.peer,
+        request_index,
+        method,
+        path: path.clone(),
+        version,
+        body_bytes,
+        tls_resumed: conn.tls_resumed,
+        received_at,
+    });
+
+    let route = path.split('?').next().unwrap_or("/");
+    let mut body = cfg.body.clone();
+    let mut delay = cfg.delay;
+    let mut status = http::StatusCode::OK;
+    if let Some(ms) = route.strip_prefix("/delay/") {
+        match ms.parse::<u64>() {
+            Ok(ms) => delay += Duration::from_millis(ms),
+            Err(_) => status = http::StatusCode::BAD_REQUEST,
+        }
+    } else if let Some(n) = route.strip_prefix("/bytes/") {
+        match n.parse::<usize>() {
+            Ok(n) => body = Bytes::from(vec![b'x'; n]),
+            Err(_) => status = http::StatusCode::BAD_REQUEST,
+        }
+    }
+    if !delay.is_zero() {
+        tokio::time::sleep(delay).await;
+    }
+    let mut resp = http::Response::new(LabBody {
+        inner: Full::new(body),
+        _guard: guard,
+    });
+    *resp.status_mut() = status;
+    let headers = resp.headers_mut();
+    headers.insert(HEADER_CONNECTION_ID, conn.id.into());
+    headers.insert(HEADER_REQUEST_INDEX, request_index.into());
+    headers.insert(HEADER_REMOTE_PORT, conn.peer.port().into());
+    headers.insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static("text/plain"),
+    );
+    Ok(resp)
+}
