@@ -99,10 +99,10 @@ impl Resolve for SystemResolver {
             let lookup_host = host.clone();
             let handle = tokio::task::spawn_blocking(move || {
                 let began = Instant::now();
-                if let Some(a) = &current {
-                    if let Some(d) = a.phases().dns.as_mut() {
-                        d.began = Some(began);
-                    }
+                if let Some(a) = &current
+                    && let Some(d) = a.phases().dns.as_mut()
+                {
+                    d.began = Some(began);
                 }
                 (lookup_host.as_str(), 0u16).to_socket_addrs()
             });

@@ -44,17 +44,16 @@ pub(crate) fn classify(err: &(dyn StdError + 'static)) -> &'static str {
     let mut current: Option<&(dyn StdError + 'static)> = Some(err);
     let mut fallback = semconv::ERROR_TYPE_OTHER;
     while let Some(e) = current {
-        if let Some(r) = e.downcast_ref::<reqwest::Error>() {
-            if r.is_timeout() {
-                return semconv::ERROR_TYPE_TIMEOUT;
-            }
+        if let Some(r) = e.downcast_ref::<reqwest::Error>()
+            && r.is_timeout()
+        {
+            return semconv::ERROR_TYPE_TIMEOUT;
         }
-        if let Some(r) = e.downcast_ref::<reqwest_middleware::Error>() {
-            if let reqwest_middleware::Error::Reqwest(r) = r {
-                if r.is_timeout() {
-                    return semconv::ERROR_TYPE_TIMEOUT;
-                }
-            }
+        if let Some(r) = e.downcast_ref::<reqwest_middleware::Error>()
+            && let reqwest_middleware::Error::Reqwest(r) = r
+            && r.is_timeout()
+        {
+            return semconv::ERROR_TYPE_TIMEOUT;
         }
         if let Some(t) = e.downcast_ref::<rustls::Error>() {
             return match t {

@@ -24,20 +24,19 @@ pub fn redact_url(url: &Url) -> String {
     if out.password().is_some() {
         let _ = out.set_password(Some(REDACTED));
     }
-    if let Some(query) = url.query() {
-        if SIGNED_QUERY_KEYS
+    if let Some(query) = url.query()
+        && SIGNED_QUERY_KEYS
             .iter()
             .any(|k| url.query_pairs().any(|(name, _)| name == *k))
-        {
-            let redacted: Vec<String> = query
-                .split('&')
-                .map(|pair| match pair.split_once('=') {
-                    Some((k, _)) if SIGNED_QUERY_KEYS.contains(&k) => format!("{k}={REDACTED}"),
-                    _ => pair.to_owned(),
-                })
-                .collect();
-            out.set_query(Some(&redacted.join("&")));
-        }
+    {
+        let redacted: Vec<String> = query
+            .split('&')
+            .map(|pair| match pair.split_once('=') {
+                Some((k, _)) if SIGNED_QUERY_KEYS.contains(&k) => format!("{k}={REDACTED}"),
+                _ => pair.to_owned(),
+            })
+            .collect();
+        out.set_query(Some(&redacted.join("&")));
     }
     out.to_string()
 }

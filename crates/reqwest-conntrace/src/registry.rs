@@ -107,14 +107,14 @@ impl Registry {
         record: Arc<ConnectionRecord>,
     ) {
         let mut map = self.map();
-        if map.len() >= self.capacity && !map.contains_key(&(local, remote)) {
-            if let Some(oldest) = map
+        if map.len() >= self.capacity
+            && !map.contains_key(&(local, remote))
+            && let Some(oldest) = map
                 .iter()
                 .min_by_key(|(_, r)| r.last_activity())
                 .map(|(k, _)| *k)
-            {
-                map.remove(&oldest);
-            }
+        {
+            map.remove(&oldest);
         }
         map.insert((local, remote), record);
     }

@@ -150,14 +150,14 @@ pub(crate) fn emit_phases(
         );
         let dns_cx = Context::new().with_span(span);
         let dspan = dns_cx.span();
-        if let Some(began) = dns.began {
-            if began > dns.asked {
-                dspan.add_event_with_timestamp(
-                    semconv::EVENT_DNS_LOOKUP_BEGAN,
-                    inner.clock.wall(began),
-                    vec![],
-                );
-            }
+        if let Some(began) = dns.began
+            && began > dns.asked
+        {
+            dspan.add_event_with_timestamp(
+                semconv::EVENT_DNS_LOOKUP_BEGAN,
+                inner.clock.wall(began),
+                vec![],
+            );
         }
         if let Some((error_type, message)) = &dns.error {
             fail_span(&dspan, error_type, message);
