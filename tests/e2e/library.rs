@@ -29,7 +29,7 @@ async fn sequential_requests_miss_once_then_hit_with_custom_root_ca() {
     let server = tls_server(&pki, TlsVersions::Tls13Only, HttpVersions::Http1Only).await;
     let client = t
         .conntrace()
-        .instrument(reqwest::Client::builder())
+        .instrument_client(reqwest::Client::builder())
         .tls(trust(&pki))
         .build_with_middleware()
         .expect("client builds");
@@ -184,7 +184,7 @@ async fn fresh_connections_resume_tls13_sessions() {
     let server = tls_server(&pki, TlsVersions::Tls13Only, HttpVersions::Http1Only).await;
     let client = t
         .conntrace()
-        .instrument(reqwest::Client::builder().pool_max_idle_per_host(0))
+        .instrument_client(reqwest::Client::builder().pool_max_idle_per_host(0))
         .tls(trust(&pki))
         .build_with_middleware()
         .expect("client builds");
@@ -244,7 +244,7 @@ async fn tls12_server_reports_version_and_resumption() {
     let server = tls_server(&pki, TlsVersions::Tls12Only, HttpVersions::Http1Only).await;
     let client = t
         .conntrace()
-        .instrument(reqwest::Client::builder().pool_max_idle_per_host(0))
+        .instrument_client(reqwest::Client::builder().pool_max_idle_per_host(0))
         .tls(trust(&pki))
         .build_with_middleware()
         .expect("client builds");
@@ -286,7 +286,7 @@ async fn http2_concurrent_first_requests_coalesce_onto_one_connection() {
     let server = tls_server(&pki, TlsVersions::Tls13Only, HttpVersions::Http2Only).await;
     let client = t
         .conntrace()
-        .instrument(reqwest::Client::builder())
+        .instrument_client(reqwest::Client::builder())
         .tls(trust(&pki))
         .build_with_middleware()
         .expect("client builds");
@@ -372,7 +372,7 @@ async fn pool_race_busy_connection_frees_before_the_new_connect() {
     let url = format!("https://localhost:{}/", proxy.addr().port());
     let client = t
         .conntrace()
-        .instrument(reqwest::Client::builder().pool_max_idle_per_host(1))
+        .instrument_client(reqwest::Client::builder().pool_max_idle_per_host(1))
         .tls(trust(&pki))
         .build_with_middleware()
         .expect("client builds");
@@ -457,7 +457,7 @@ async fn works_inside_reqwest_tracing_span() {
     let server = tls_server(&pki, TlsVersions::Tls13Only, HttpVersions::Http1Only).await;
     let conntrace = t.conntrace();
     let client = conntrace
-        .instrument(reqwest::Client::builder())
+        .instrument_client(reqwest::Client::builder())
         .tls(trust(&pki))
         .build()
         .expect("client builds");
@@ -494,9 +494,41 @@ async fn works_inside_reqwest_tracing_span() {
         .filter(|s| s.span_kind == opentelemetry::trace::SpanKind::Client)
         .count();
     assert_eq!(client_spans, 2, "no second client span");
+    for s in &with_pool {
+        let mut keys: Vec<&str> = s.attributes.iter().map(|kv| kv.key.as_str()).collect();
+        let total = keys.len();
+        keys.sort_unstable();
+        keys.dedup();
+        assert_eq!(keys.len(), total, "no attribute recorded twice: {keys:?}");
+    }
     let setups = t.setups();
     assert_eq!(setups.len(), 1);
     assert_eq!(setups[0].parent_span_id, span_id(with_pool[0]));
+}
+
+/// The request span ends when the body has been read to its end, even while
+/// the caller still holds the response.
+#[tokio::test]
+async fn request_span_ends_at_end_of_body() {
+    let t = telemetry();
+    let server = TestServer::start_plain().await.expect("server");
+    let client = t
+        .conntrace()
+        .instrument_client(reqwest::Client::builder())
+        .build_with_middleware()
+        .expect("client");
+    let mut response = client.get(server.url("/bytes/100000")).send().await.expect("ok");
+    assert!(t.requests().is_empty(), "still reading the body");
+    let mut read = 0;
+    while let Some(chunk) = response.chunk().await.expect("chunk") {
+        read += chunk.len();
+    }
+    assert_eq!(read, 100_000);
+    let requests = t.requests();
+    assert_eq!(requests.len(), 1, "ended at end of body, response still alive");
+    assert_eq!(i64_attr(&requests[0], semconv::HTTP_RESPONSE_BODY_SIZE), Some(100_000));
+    drop(response);
+    assert_eq!(t.requests().len(), 1);
 }
 
 /// Connection refused: the request fails with reqwest's own error, the
@@ -511,7 +543,7 @@ async fn refused_connection_is_reported_and_passes_through() {
     };
     let client = t
         .conntrace()
-        .instrument(reqwest::Client::builder())
+        .instrument_client(reqwest::Client::builder())
         .build_with_middleware()
         .expect("client");
     let err = client
@@ -562,7 +594,7 @@ async fn unknown_host_is_a_dns_error() {
     let t = telemetry();
     let client = t
         .conntrace()
-        .instrument(reqwest::Client::builder())
+        .instrument_client(reqwest::Client::builder())
         .dns_resolver(NoSuchHost)
         .build_with_middleware()
         .expect("client");
@@ -605,7 +637,7 @@ async fn untrusted_certificate_is_reported() {
     let server = tls_server(&server_pki, TlsVersions::Tls13Only, HttpVersions::Http1Only).await;
     let client = t
         .conntrace()
-        .instrument(reqwest::Client::builder())
+        .instrument_client(reqwest::Client::builder())
         .tls(trust(&other))
         .build_with_middleware()
         .expect("client");
@@ -653,7 +685,7 @@ async fn request_dropped_mid_handshake_ends_every_span() {
     });
     let client = t
         .conntrace()
-        .instrument(reqwest::Client::builder())
+        .instrument_client(reqwest::Client::builder())
         .build_with_middleware()
         .expect("client");
     let attempt = tokio::time::timeout(
@@ -705,7 +737,7 @@ async fn connect_timeout_is_reported_as_timeout() {
     });
     let client = t
         .conntrace()
-        .instrument(reqwest::Client::builder())
+        .instrument_client(reqwest::Client::builder())
         .connect_timeout(Duration::from_millis(200))
         .build_with_middleware()
         .expect("client");
@@ -735,7 +767,7 @@ async fn connect_timeout_is_reported_as_timeout() {
 #[test]
 fn tls_option_on_reqwest_builder_is_refused() {
     let err = reqwest_conntrace::ConnTrace::new()
-        .instrument(reqwest::Client::builder().tls_version_min(reqwest::tls::Version::TLS_1_3))
+        .instrument_client(reqwest::Client::builder().tls_version_min(reqwest::tls::Version::TLS_1_3))
         .build()
         .expect_err("refused");
     assert!(err.to_string().contains("tls_version_min"), "{err}");

@@ -64,7 +64,7 @@ fn plain(bencher: divan::Bencher<'_, '_>) {
 fn instrumented_no_subscriber(bencher: divan::Bencher<'_, '_>) {
     let f = fixture();
     let client = ConnTrace::new()
-        .instrument(reqwest::Client::builder())
+        .instrument_client(reqwest::Client::builder())
         .build_with_middleware()
         .expect("client");
     bencher.bench_local(|| {
@@ -84,7 +84,7 @@ fn instrumented_recording(bencher: divan::Bencher<'_, '_>) {
     let client = ConnTrace::builder()
         .tracer_provider(&provider)
         .build()
-        .instrument(reqwest::Client::builder())
+        .instrument_client(reqwest::Client::builder())
         .build_with_middleware()
         .expect("client");
     bencher.bench_local(|| {

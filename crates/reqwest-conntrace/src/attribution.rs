@@ -50,7 +50,12 @@ pub(crate) fn attribute_response(
     };
     let reused = record.ready_at <= start;
     let wait = available.saturating_duration_since(start);
-    let idle = (reused && available <= start).then(|| start - available);
+    // Idle since the connection last finished a response (or became ready).
+    // For HTTP/2 other streams may still be open at that moment.
+    let last_quiet = record
+        .last_released()
+        .map_or(record.ready_at, |r| r.max(record.ready_at));
+    let idle = (reused && available <= start && last_quiet <= start).then(|| start - last_quiet);
     let age = start.saturating_duration_since(record.ready_at);
     let paid = record.trigger_id == Some(state.id);
 
@@ -204,6 +209,9 @@ impl RequestEnd {
             connection: self.connection.as_ref().map(|(u, _)| u.clone()),
         };
         self.inner.on_request_end.on_request_end(&report);
+        // Release our handle so the span ends now (end of body), not when
+        // the response value is dropped later.
+        self.span = tracing::Span::none();
     }
 }
 

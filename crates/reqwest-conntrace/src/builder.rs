@@ -45,7 +45,7 @@ impl std::fmt::Debug for InstrumentedClientBuilder {
 
 impl ConnTrace {
     /// Starts instrumenting `builder`; see [`InstrumentedClientBuilder`].
-    pub fn instrument(&self, builder: reqwest::ClientBuilder) -> InstrumentedClientBuilder {
+    pub fn instrument_client(&self, builder: reqwest::ClientBuilder) -> InstrumentedClientBuilder {
         InstrumentedClientBuilder {
             trace: self.clone(),
             builder,

@@ -29,7 +29,7 @@ use crate::setup::{self, Ending, Established};
 /// span (child of the request whose pool miss triggered it) with
 /// `dns.lookup`, `tcp.connect` and `tls.handshake` children.
 ///
-/// Usually installed by [`ConnTrace::instrument`]; add it by hand only
+/// Usually installed by [`ConnTrace::instrument_client`]; add it by hand only
 /// together with [`TracedResolver`](crate::TracedResolver) and the TLS
 /// configuration from [`TlsSettings`](crate::TlsSettings), or the phases
 /// cannot be split.

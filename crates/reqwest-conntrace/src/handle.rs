@@ -27,7 +27,7 @@ pub const DEFAULT_REGISTRY_CAPACITY: usize = 4096;
 /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
 /// let conntrace = reqwest_conntrace::ConnTrace::new();
 /// let client = conntrace
-///     .instrument(reqwest::Client::builder().pool_max_idle_per_host(8))
+///     .instrument_client(reqwest::Client::builder().pool_max_idle_per_host(8))
 ///     .build_with_middleware()?;
 /// let response = client.get("https://example.com/").send().await?;
 /// # Ok(()) }

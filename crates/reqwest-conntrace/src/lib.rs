@@ -22,7 +22,7 @@
 //! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
 //! let conntrace = reqwest_conntrace::ConnTrace::new();
 //! let client = conntrace
-//!     .instrument(reqwest::Client::builder().pool_max_idle_per_host(8))
+//!     .instrument_client(reqwest::Client::builder().pool_max_idle_per_host(8))
 //!     .build_with_middleware()?;
 //! client.get("https://example.com/").send().await?.text().await?;
 //! # Ok(()) }

@@ -33,10 +33,20 @@ pub trait MakeRequestSpan: Send + Sync + 'static {
     /// The span for `request`. It must be a new span or the current one; the
     /// middleware runs the rest of the request inside it.
     fn make_span(&self, request: &Request) -> tracing::Span;
+
+    /// Whether the middleware records the HTTP client attributes
+    /// (`http.request.method`, `url.*`, `server.*`,
+    /// `http.response.status_code`) on the span. `false` when another
+    /// middleware already records them on the same span. Default: `true`.
+    fn records_http_attributes(&self) -> bool {
+        true
+    }
 }
 
 /// Opens an `INFO` client span named by the HTTP method (HTTP client span
-/// conventions, semconv v1.42.0: `{method}`; `_OTHER` for unknown methods).
+/// conventions, semconv v1.42.0: `{method}`, or `HTTP` for a method outside
+/// the known set, whose `http.request.method` is then `_OTHER` with
+/// `http.request.method_original` holding the method sent).
 #[derive(Debug, Clone, Copy, Default)]
 pub struct DefaultMakeRequestSpan;
 
@@ -70,6 +80,12 @@ pub struct UseCurrentSpan;
 impl MakeRequestSpan for UseCurrentSpan {
     fn make_span(&self, _request: &Request) -> tracing::Span {
         tracing::Span::current()
+    }
+
+    /// reqwest-tracing records them already; recording them twice would
+    /// export duplicate keys.
+    fn records_http_attributes(&self) -> bool {
+        false
     }
 }
 
@@ -171,19 +187,29 @@ impl<M: MakeRequestSpan> Middleware for ConnTraceMiddleware<M> {
     ) -> Result<Response> {
         let inner = self.trace.inner().clone();
         let span = self.make_span.make_span(&req);
+        let records_http = self.make_span.records_http_attributes();
         let url = req.url();
         let scheme = url.scheme().to_owned();
-        let host = url.host_str().unwrap_or_default().to_owned();
+        let host = match url.host() {
+            Some(url::Host::Ipv6(ip)) => ip.to_string(),
+            Some(h) => h.to_string(),
+            None => String::new(),
+        };
         let port = url.port().unwrap_or_else(|| default_port(&scheme));
         let full = redact_url(url);
-        span.set_attribute(
-            semconv::HTTP_REQUEST_METHOD,
-            req.method().as_str().to_owned(),
-        );
-        span.set_attribute(semconv::URL_FULL, full.clone());
-        span.set_attribute(semconv::URL_SCHEME, scheme.clone());
-        span.set_attribute(semconv::SERVER_ADDRESS, host.clone());
-        span.set_attribute(semconv::SERVER_PORT, i64::from(port));
+        if records_http {
+            let method = req.method().as_str();
+            if KNOWN_METHODS.contains(&method) {
+                span.set_attribute(semconv::HTTP_REQUEST_METHOD, method.to_owned());
+            } else {
+                span.set_attribute(semconv::HTTP_REQUEST_METHOD, "_OTHER");
+                span.set_attribute(semconv::HTTP_REQUEST_METHOD_ORIGINAL, method.to_owned());
+            }
+            span.set_attribute(semconv::URL_FULL, full.clone());
+            span.set_attribute(semconv::URL_SCHEME, scheme.clone());
+            span.set_attribute(semconv::SERVER_ADDRESS, host.clone());
+            span.set_attribute(semconv::SERVER_PORT, i64::from(port));
+        }
 
         let state = Arc::new(RequestState::new(
             inner.next_request_id(),
@@ -210,10 +236,12 @@ impl<M: MakeRequestSpan> Middleware for ConnTraceMiddleware<M> {
             Ok(response) => {
                 let status = response.status();
                 end.status = Some(status.as_u16());
-                span.set_attribute(
-                    semconv::HTTP_RESPONSE_STATUS_CODE,
-                    i64::from(status.as_u16()),
-                );
+                if records_http {
+                    span.set_attribute(
+                        semconv::HTTP_RESPONSE_STATUS_CODE,
+                        i64::from(status.as_u16()),
+                    );
+                }
                 span.set_attribute(
                     semconv::NETWORK_PROTOCOL_VERSION,
                     match response.version() {

@@ -10,7 +10,9 @@
 //!   `OTEL_RESOURCE_ATTRIBUTES`, `OTEL_TRACES_SAMPLER` and
 //!   `OTEL_TRACES_SAMPLER_ARG`. Read here: `OTEL_EXPORTER_OTLP_PROTOCOL` /
 //!   `OTEL_EXPORTER_OTLP_TRACES_PROTOCOL`: `grpc` (default) or
-//!   `http/protobuf` (OTLP exporter spec, OpenTelemetry specification 1.x);
+//!   `http/protobuf` (OTLP exporter spec, OpenTelemetry specification 1.x;
+//!   for `http/protobuf` the `ring` rustls provider is installed process-wide
+//!   unless one already is, as the exporter's HTTP client needs one);
 //! - the W3C trace-context propagator;
 //! - a `tracing` subscriber: the `tracing-opentelemetry` layer (request
 //!   spans) plus a stderr log layer filtered by `RUST_LOG` (default `warn`).
@@ -129,10 +131,18 @@ pub fn protocol_from_env() -> Result<Protocol, OtlpError> {
 pub fn span_exporter_from_env() -> Result<SpanExporter, OtlpError> {
     let built = match protocol_from_env()? {
         Protocol::Grpc => SpanExporter::builder().with_tonic().build(),
-        _ => SpanExporter::builder()
-            .with_http()
-            .with_protocol(Protocol::HttpBinary)
-            .build(),
+        _ => {
+            // The exporter's own (uninstrumented) reqwest client needs a
+            // process-wide rustls provider when reqwest is built without
+            // one; install ring unless the application installed another.
+            if rustls::crypto::CryptoProvider::get_default().is_none() {
+                let _ = rustls::crypto::ring::default_provider().install_default();
+            }
+            SpanExporter::builder()
+                .with_http()
+                .with_protocol(Protocol::HttpBinary)
+                .build()
+        }
     };
     built.map_err(|e| OtlpError::Exporter(e.to_string()))
 }

@@ -38,6 +38,9 @@ pub const TLS_HANDSHAKE_SPAN: &str = "tls.handshake";
 
 /// `http.request.method` (string), HTTP semconv.
 pub const HTTP_REQUEST_METHOD: &str = sc::HTTP_REQUEST_METHOD;
+/// `http.request.method_original` (string), HTTP semconv: the method sent
+/// when it is not a known one (`http.request.method` is then `_OTHER`).
+pub const HTTP_REQUEST_METHOD_ORIGINAL: &str = sc::HTTP_REQUEST_METHOD_ORIGINAL;
 /// `http.response.status_code` (int), HTTP semconv.
 pub const HTTP_RESPONSE_STATUS_CODE: &str = sc::HTTP_RESPONSE_STATUS_CODE;
 /// `http.response.body.size` (int, bytes): body bytes read by the caller.
