@@ -1,1 +1,104 @@
-fn main() {}
+//! `conntrace`: shows, per HTTP request, whether it reused a pooled
+//! connection or paid for a new one (DNS, TCP, TLS), using the
+//! reqwest-conntrace instrumentation.
+//!
+//! - `conntrace probe URL`: a connection per request versus one reused
+//!   connection (incident 1), with per-request phases and the speedup.
+//! - `conntrace demo`: replays incident 2 (fan-out p99 doubled by an idle
+//!   pool smaller than the in-flight concurrency) on loopback.
+
+mod capture;
+mod client;
+mod demo;
+mod error;
+mod export;
+mod help;
+mod probe;
+mod progress;
+mod resolve;
+mod row;
+mod serve;
+mod stats;
+mod table;
+mod telemetry;
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Parser, Subcommand};
+
+/// Shows, per HTTP request, whether it reused a pooled connection or paid
+/// for a new one, and what each new connection's DNS, TCP and TLS phases cost.
+#[derive(Debug, Parser)]
+#[command(name = "conntrace", version, propagate_version = true)]
+#[command(after_long_help = help::ENV_HELP)]
+struct Cli {
+    /// The command to run.
+    #[command(subcommand)]
+    command: Command,
+}
+
+/// The subcommands.
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Time N requests with a new connection each (fresh) and over one
+    /// reused connection (reuse): per-request DNS/TCP/TLS/TTFB table,
+    /// totals, speedup and handshake share.
+    Probe(probe::ProbeArgs),
+    /// Replay incident 2 on loopback, no setup needed: fan-outs of
+    /// concurrent batch calls to an embedded HTTPS service behind a delay
+    /// proxy, first with an idle pool smaller than the in-flight
+    /// concurrency, then with a right-sized one; shows which batches paid
+    /// for new connections, the pool-miss ratio, fan-out and single-call
+    /// p50/p99 and the handshake share, and writes the traces.
+    Demo(demo::DemoArgs),
+    /// Run a loopback HTTPS test server (optionally behind a delaying proxy)
+    /// until Ctrl-C; prints its URL and writes its CA certificate for --cacert.
+    Serve(serve::ServeArgs),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    // A panic is a bug: say so in one line instead of a backtrace.
+    std::panic::set_hook(Box::new(|info| {
+        let what = info
+            .payload()
+            .downcast_ref::<&str>()
+            .map(|s| (*s).to_owned())
+            .or_else(|| info.payload().downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "unknown panic".to_owned());
+        let at = info
+            .location()
+            .map(|l| format!(" at {}:{}", l.file(), l.line()))
+            .unwrap_or_default();
+        eprintln!("error: internal error{at}: {}", error::one_line(&what));
+    }));
+    // reqwest is built without a default rustls provider; the OTLP/HTTP
+    // exporter's own client needs a process-wide one.
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = runtime.block_on(async move {
+        match cli.command {
+            Command::Probe(args) => probe::run(args).await,
+            Command::Demo(args) => demo::run(args).await,
+            Command::Serve(args) => serve::run(args).await,
+        }
+    });
+    runtime.shutdown_timeout(Duration::from_secs(1));
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {}", error::anyhow_line(&e));
+            ExitCode::FAILURE
+        }
+    }
+}

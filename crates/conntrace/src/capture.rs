@@ -1,0 +1,90 @@
+//! Ties each request's [`RequestReport`] (handed to the library's
+//! `OnRequestEnd` callback) to the call that made it, through a tokio
+//! task-local slot: the callback runs inside the polling of the request's
+//! own future (response body end, failure or drop), where the slot is set.
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use reqwest_conntrace::{OnRequestEnd, RequestReport};
+use reqwest_middleware::ClientWithMiddleware;
+use url::Url;
+
+tokio::task_local! {
+    /// Where the report of the request being polled goes.
+    static SLOT: Arc<Mutex<Option<RequestReport>>>;
+}
+
+/// The `OnRequestEnd` callback: stores the report in the slot of the call
+/// being polled; reports of requests made elsewhere are ignored.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct CaptureReports;
+
+impl OnRequestEnd for CaptureReports {
+    fn on_request_end(&self, report: &RequestReport) {
+        let _ = SLOT.try_with(|slot| {
+            if let Ok(mut s) = slot.lock() {
+                *s = Some(report.clone());
+            }
+        });
+    }
+}
+
+/// A response that arrived, body read to its end.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Fetched {
+    /// HTTP status code.
+    pub(crate) status: u16,
+    /// Body bytes read.
+    pub(crate) body_bytes: u64,
+    /// HTTP version of the response: `1.0`, `1.1`, `2` or `3`.
+    pub(crate) version: &'static str,
+}
+
+/// What one GET produced.
+#[derive(Debug)]
+pub(crate) struct Outcome {
+    /// When the call started.
+    pub(crate) started: Instant,
+    /// Call start to body end (or failure), measured here.
+    pub(crate) elapsed: Duration,
+    /// The response, or why there was none.
+    pub(crate) result: Result<Fetched, reqwest_middleware::Error>,
+    /// The library's report of the request (`None` only if it never ended
+    /// inside this call, which the library does not do).
+    pub(crate) report: Option<RequestReport>,
+}
+
+/// Sends `GET url` through `client`, reads the body to its end and returns
+/// the outcome together with the library's report of it.
+pub(crate) async fn get(client: &ClientWithMiddleware, url: &Url) -> Outcome {
+    let slot = Arc::new(Mutex::new(None));
+    let started = Instant::now();
+    let result = SLOT
+        .scope(slot.clone(), async {
+            let response = client.get(url.clone()).send().await?;
+            let status = response.status().as_u16();
+            let version = match response.version() {
+                reqwest::Version::HTTP_09 => "0.9",
+                reqwest::Version::HTTP_10 => "1.0",
+                reqwest::Version::HTTP_2 => "2",
+                reqwest::Version::HTTP_3 => "3",
+                _ => "1.1",
+            };
+            let body = response.bytes().await?;
+            Ok(Fetched {
+                status,
+                body_bytes: body.len() as u64,
+                version,
+            })
+        })
+        .await;
+    let elapsed = started.elapsed();
+    let report = slot.lock().ok().and_then(|mut s| s.take());
+    Outcome {
+        started,
+        elapsed,
+        result,
+        report,
+    }
+}

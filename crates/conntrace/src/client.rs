@@ -1,0 +1,168 @@
+//! The client options of `conntrace probe` and how they become an
+//! instrumented `reqwest` client.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use clap::Args;
+use reqwest_conntrace::{ConnTrace, TlsSettings};
+use reqwest_middleware::ClientWithMiddleware;
+use url::Url;
+
+use crate::resolve::{self, ResolveEntry};
+
+/// HTTP version policy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum HttpPolicy {
+    /// ALPN decides over TLS (`h2` if the server picks it), HTTP/1.1 in clear.
+    Auto,
+    /// HTTP/1.1 only (ALPN offers only `http/1.1`).
+    Http1,
+    /// HTTP/2 only (prior knowledge).
+    Http2,
+}
+
+impl HttpPolicy {
+    /// Name used in output: `auto`, `http1` or `http2`.
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            HttpPolicy::Auto => "auto",
+            HttpPolicy::Http1 => "http1",
+            HttpPolicy::Http2 => "http2",
+        }
+    }
+}
+
+/// Options shaping the client (TLS trust, name pinning, HTTP version, timeout).
+#[derive(Debug, Clone, Args)]
+pub(crate) struct ClientOptions {
+    /// Trust only the CA certificates in this PEM file instead of the
+    /// system's roots (like curl's --cacert). [default: system roots]
+    #[arg(long, value_name = "FILE")]
+    pub(crate) cacert: Option<PathBuf>,
+
+    /// Connect to these addresses for HOST:PORT instead of asking DNS
+    /// (curl's syntax; IPv6 in brackets; addresses tried in the given order;
+    /// repeatable; an entry whose HOST:PORT differs from the URL's is
+    /// ignored with a warning). [default: none]
+    #[arg(long, value_name = "HOST:PORT:ADDR[,ADDR...]", value_parser = resolve::parse)]
+    pub(crate) resolve: Vec<ResolveEntry>,
+
+    /// HTTP/1.1 only: ALPN offers only http/1.1. [default: off; ALPN decides]
+    #[arg(long, conflicts_with = "http2")]
+    pub(crate) http1: bool,
+
+    /// HTTP/2 only, by prior knowledge: h2c on http://; on https:// ALPN still
+    /// offers h2 and http/1.1 but the client speaks h2 regardless, so a
+    /// server that does not speak HTTP/2 fails. [default: off; ALPN decides]
+    #[arg(long)]
+    pub(crate) http2: bool,
+
+    /// Per-request timeout in seconds (connect included; a connect
+    /// abandoned at it is reported as a timeout).
+    #[arg(long, value_name = "SECS", default_value = "30", value_parser = parse_secs)]
+    pub(crate) timeout: Duration,
+}
+
+/// Parses a positive number of seconds (fractions allowed).
+fn parse_secs(text: &str) -> Result<Duration, String> {
+    let secs: f64 = text
+        .trim()
+        .parse()
+        .map_err(|_| format!("{text:?} is not a number of seconds"))?;
+    if !secs.is_finite() || secs <= 0.0 || secs > 86_400.0 {
+        return Err("expected a number of seconds above 0 and at most 86400".to_owned());
+    }
+    Ok(Duration::from_secs_f64(secs))
+}
+
+impl ClientOptions {
+    /// The HTTP version policy the flags select.
+    pub(crate) fn http_policy(&self) -> HttpPolicy {
+        match (self.http1, self.http2) {
+            (true, _) => HttpPolicy::Http1,
+            (_, true) => HttpPolicy::Http2,
+            _ => HttpPolicy::Auto,
+        }
+    }
+
+    /// Reads `--cacert` once: the TLS settings every client of a run shares.
+    ///
+    /// # Errors
+    /// When the file cannot be read or holds no PEM certificate.
+    pub(crate) fn tls_settings(&self) -> anyhow::Result<TlsSettings> {
+        let Some(path) = &self.cacert else {
+            return Ok(TlsSettings::new());
+        };
+        let pem = std::fs::read(path)
+            .with_context(|| format!("cannot read --cacert {}", path.display()))?;
+        TlsSettings::new()
+            .built_in_roots(false)
+            .add_root_certificates_pem(&pem)
+            .with_context(|| {
+                format!(
+                    "--cacert {} is not a usable PEM certificate file",
+                    path.display()
+                )
+            })
+    }
+
+    /// The `--resolve` entries that apply to `url`; warns on stderr about the others.
+    pub(crate) fn resolve_for(&self, url: &Url) -> Vec<ResolveEntry> {
+        let (matching, other): (Vec<_>, Vec<_>) =
+            self.resolve.iter().cloned().partition(|e| e.matches(url));
+        for e in other {
+            eprintln!(
+                "warning: --resolve {e} does not match the URL's host and port ({}:{}), ignored",
+                url.host_str().unwrap_or_default(),
+                url.port_or_known_default().unwrap_or_default()
+            );
+        }
+        matching
+    }
+}
+
+/// Everything needed to build one instrumented client.
+#[derive(Debug, Clone)]
+pub(crate) struct ClientSpec {
+    /// TLS trust and options.
+    pub(crate) tls: TlsSettings,
+    /// Name pins (already filtered for the URL).
+    pub(crate) resolve: Vec<ResolveEntry>,
+    /// HTTP version policy.
+    pub(crate) http: HttpPolicy,
+    /// Per-request timeout (also the connect timeout).
+    pub(crate) timeout: Duration,
+    /// `pool_max_idle_per_host`; `None` keeps reqwest's default (unlimited).
+    pub(crate) pool_max_idle_per_host: Option<usize>,
+}
+
+impl ClientSpec {
+    /// Builds the instrumented client with the middleware.
+    ///
+    /// # Errors
+    /// When the library refuses the settings.
+    pub(crate) fn build(&self, trace: &ConnTrace) -> anyhow::Result<ClientWithMiddleware> {
+        let mut builder = reqwest::Client::builder()
+            .timeout(self.timeout)
+            .user_agent(concat!("conntrace/", env!("CARGO_PKG_VERSION")));
+        if let Some(k) = self.pool_max_idle_per_host {
+            builder = builder.pool_max_idle_per_host(k);
+        }
+        for entry in &self.resolve {
+            builder = builder.resolve_to_addrs(&entry.host, &entry.socket_addrs());
+        }
+        builder = match self.http {
+            HttpPolicy::Auto => builder,
+            HttpPolicy::Http1 => builder.http1_only(),
+            HttpPolicy::Http2 => builder.http2_prior_knowledge(),
+        };
+        trace
+            .instrument_client(builder)
+            .tls(self.tls.clone())
+            .connect_timeout(self.timeout)
+            .build_with_middleware()
+            .context("cannot build the HTTP client")
+    }
+}

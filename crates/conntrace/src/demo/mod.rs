@@ -1,0 +1,284 @@
+//! `conntrace demo`: replays incident 2 (fan-out p99 doubled because the
+//! idle pool was smaller than the in-flight concurrency) on loopback, with
+//! no setup: an embedded HTTPS server (HTTP/1.1, fixed think time) behind a
+//! delaying proxy, hit by fan-outs of concurrent batch calls, first with a
+//! small idle pool, then with a right-sized one.
+
+mod conclusion;
+mod load;
+mod report;
+mod text;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use clap::Args;
+use conntrace_lab::{DelayProxy, HttpVersions, TestPki, TestServer};
+use reqwest_conntrace::{ConnTrace, TlsSettings};
+use url::Url;
+
+use crate::capture::CaptureReports;
+use crate::progress;
+use crate::telemetry::Telemetry;
+use load::{Load, Target, run_phase};
+use report::{DemoComparison, DemoConfig, DemoReport, PhaseSummary};
+
+/// Arguments of `conntrace demo`.
+#[derive(Debug, Args)]
+#[command(after_long_help = crate::help::demo_help())]
+pub(crate) struct DemoArgs {
+    /// Emulated round-trip time to the service, ms (a userspace delaying
+    /// proxy on loopback; half of it each way).
+    #[arg(long, value_name = "MS", default_value_t = 40,
+          value_parser = clap::value_parser!(u64).range(0..=10_000))]
+    pub(crate) rtt_ms: u64,
+
+    /// Service time per response, ms (the server waits this long before answering).
+    #[arg(long, value_name = "MS", default_value_t = 25,
+          value_parser = clap::value_parser!(u64).range(0..=10_000))]
+    pub(crate) server_delay_ms: u64,
+
+    /// User requests (fan-outs) started per second, at a steady rate.
+    #[arg(long, value_name = "PER_SEC", default_value_t = 10.0, value_parser = parse_rate)]
+    pub(crate) rate: f64,
+
+    /// Concurrent batch calls per user request (the fan-out width).
+    #[arg(long, value_name = "N", default_value_t = 5,
+          value_parser = clap::value_parser!(u16).range(1..=200))]
+    pub(crate) batches: u16,
+
+    /// Measured seconds per phase (two phases run).
+    #[arg(long, value_name = "SECS", default_value_t = 10.0, value_parser = parse_duration)]
+    pub(crate) duration: f64,
+
+    /// Warm-up seconds before each phase's measurement: same load, traced
+    /// (fanout span attribute demo.warmup = true) but left out of the
+    /// numbers, so a cold pool's first connects do not count as steady state.
+    #[arg(long, value_name = "SECS", default_value_t = 1.0, value_parser = parse_warmup)]
+    pub(crate) warmup: f64,
+
+    /// Idle-pool size (pool_max_idle_per_host) of the first phase: smaller
+    /// than the in-flight concurrency.
+    #[arg(long, value_name = "K", default_value_t = 2)]
+    pub(crate) small_pool: usize,
+
+    /// Idle-pool size of the second phase: at least the in-flight concurrency.
+    #[arg(long, value_name = "K", default_value_t = 10)]
+    pub(crate) right_pool: usize,
+
+    /// Where to write the spans as OTLP JSON when OTEL_EXPORTER_OTLP_ENDPOINT
+    /// is not set (an ExportTraceServiceRequest document, opentelemetry-proto
+    /// JSON encoding).
+    #[arg(
+        long,
+        value_name = "PATH",
+        default_value = "conntrace-demo-traces.json"
+    )]
+    pub(crate) traces_out: PathBuf,
+
+    /// Print one JSON document to stdout instead of tables (schema below
+    /// and in SCHEMA.md).
+    #[arg(long)]
+    pub(crate) json: bool,
+
+    /// Nothing on stderr but errors: no start line, no progress bar (the
+    /// bar is also hidden when stderr is not a terminal).
+    #[arg(short, long)]
+    pub(crate) quiet: bool,
+}
+
+/// Parses a positive rate per second.
+fn parse_rate(text: &str) -> Result<f64, String> {
+    match text.trim().parse::<f64>() {
+        Ok(v) if v.is_finite() && v > 0.0 && v <= 1000.0 => Ok(v),
+        _ => Err("expected a rate above 0 and at most 1000 per second".to_owned()),
+    }
+}
+
+/// Parses a positive number of seconds.
+fn parse_duration(text: &str) -> Result<f64, String> {
+    match text.trim().parse::<f64>() {
+        Ok(v) if v.is_finite() && v > 0.0 && v <= 3600.0 => Ok(v),
+        _ => Err("expected seconds above 0 and at most 3600".to_owned()),
+    }
+}
+
+/// Parses a non-negative number of seconds.
+fn parse_warmup(text: &str) -> Result<f64, String> {
+    match text.trim().parse::<f64>() {
+        Ok(v) if v.is_finite() && (0.0..=600.0).contains(&v) => Ok(v),
+        _ => Err("expected seconds from 0 to 600".to_owned()),
+    }
+}
+
+/// The embedded service B: server plus delay proxy.
+struct Lab {
+    /// The throw-away CA and the server's certificate.
+    pki: TestPki,
+    /// The HTTPS server (HTTP/1.1 only, fixed think time).
+    server: TestServer,
+    /// The delaying proxy in front of it.
+    proxy: DelayProxy,
+    /// The URL of the service through the proxy.
+    url: Url,
+}
+
+impl Lab {
+    /// Starts the server and the proxy.
+    async fn start(args: &DemoArgs) -> anyhow::Result<Self> {
+        let pki = TestPki::localhost().context("cannot generate the test certificates")?;
+        let server = TestServer::builder()
+            .tls(&pki)
+            .http_versions(HttpVersions::Http1Only)
+            .delay(Duration::from_millis(args.server_delay_ms))
+            .start()
+            .await
+            .context("cannot start the embedded HTTPS server")?;
+        let proxy = DelayProxy::start(server.addr(), Duration::from_millis(args.rtt_ms) / 2)
+            .await
+            .context("cannot start the delay proxy")?;
+        let url = Url::parse(&format!("https://localhost:{}/", proxy.addr().port()))
+            .context("cannot form the server URL")?;
+        Ok(Self {
+            pki,
+            server,
+            proxy,
+            url,
+        })
+    }
+}
+
+/// Runs the demo; see [`DemoArgs`].
+///
+/// # Errors
+/// When the embedded server, the client or the span pipeline cannot start.
+pub(crate) async fn run(args: DemoArgs) -> anyhow::Result<ExitCode> {
+    let telemetry = Telemetry::init(Some(args.traces_out.clone()))?;
+    let result = run_phases(&args).await;
+    let telemetry = telemetry.finish().await;
+    let (config, phases) = match result {
+        Ok(r) => r,
+        Err(e) => {
+            if let Some(t) = &telemetry.error {
+                eprintln!("error: {t}");
+            }
+            return Err(e);
+        }
+    };
+    let comparison = match (phases.first(), phases.get(1)) {
+        (Some(s), Some(r)) => Some(DemoComparison::new(s, r)),
+        _ => None,
+    };
+    let conclusion = conclusion::write(&config, &phases);
+    let traces_file = telemetry.traces_file.clone();
+    let report = DemoReport {
+        schema: "conntrace.demo/v1",
+        conntrace_version: env!("CARGO_PKG_VERSION"),
+        config,
+        phases,
+        comparison,
+        conclusion,
+        traces_file,
+        telemetry,
+    };
+    if args.json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&report).context("cannot serialize the report")?
+        );
+    } else {
+        text::print(&report);
+    }
+    let mut ok = true;
+    let failed: usize = report.phases.iter().map(|p| p.failed_calls).sum();
+    if failed > 0 {
+        eprintln!("error: {failed} batch call(s) failed");
+        ok = false;
+    }
+    if let Some(t) = &report.telemetry.error {
+        eprintln!("error: {t}");
+        ok = false;
+    }
+    Ok(if ok {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
+}
+
+/// Starts the lab and runs both phases.
+async fn run_phases(args: &DemoArgs) -> anyhow::Result<(DemoConfig, Vec<PhaseSummary>)> {
+    let lab = Lab::start(args).await?;
+    let load = Load {
+        rate: args.rate,
+        batches: usize::from(args.batches),
+        duration: Duration::from_secs_f64(args.duration),
+        warmup: Duration::from_secs_f64(args.warmup),
+    };
+    let config = DemoConfig {
+        rtt_ms: args.rtt_ms,
+        server_delay_ms: args.server_delay_ms,
+        rate_per_s: args.rate,
+        batches: load.batches,
+        duration_s: args.duration,
+        warmup_s: args.warmup,
+        small_pool: args.small_pool,
+        right_pool: args.right_pool,
+        url: lab.url.to_string(),
+    };
+    if !args.json && !args.quiet {
+        eprintln!(
+            "conntrace demo: {} fan-outs/s x {} batch calls against {} ({} ms RTT, {} ms per response), {} s per phase",
+            args.rate, load.batches, lab.url, args.rtt_ms, args.server_delay_ms, args.duration
+        );
+    }
+    let proxy_addr = lab.proxy.addr();
+    let trace = ConnTrace::builder().on_request_end(CaptureReports).build();
+    let tls = TlsSettings::new()
+        .built_in_roots(false)
+        .add_root_certificate(lab.pki.ca_cert_der());
+    let url = Arc::new(lab.url.clone());
+    let server = Arc::new(lab.server);
+    let mut phases = Vec::new();
+    for (name, pool) in [
+        ("small-pool", args.small_pool),
+        ("right-pool", args.right_pool),
+    ] {
+        let client = trace
+            .instrument_client(
+                reqwest::Client::builder()
+                    .pool_max_idle_per_host(pool)
+                    .resolve("localhost", proxy_addr)
+                    .timeout(Duration::from_secs(30))
+                    .user_agent(concat!("conntrace-demo/", env!("CARGO_PKG_VERSION"))),
+            )
+            .tls(tls.clone())
+            .connect_timeout(Duration::from_secs(10))
+            .map_reqwest(reqwest::ClientBuilder::http1_only)
+            .build_with_middleware()
+            .context("cannot build the demo client")?;
+        let bar = progress::bar(
+            (load.warmup_fanouts() + load.fanouts()) as u64,
+            name,
+            args.quiet,
+        );
+        let counter = server.clone();
+        let target = Target {
+            client: Arc::new(client),
+            url: url.clone(),
+            accepted: Box::new(move || counter.accepted_connections()),
+        };
+        let run = run_phase(target, name, pool, load, bar.clone()).await;
+        bar.finish_and_clear();
+        // Let connects still in flight (pool race losers) reach the server.
+        tokio::time::sleep(Duration::from_millis(args.rtt_ms * 3 + 50)).await;
+        let accepted = server
+            .accepted_connections()
+            .saturating_sub(run.accepted_at_start);
+        phases.push(PhaseSummary::new(name, pool, &load, &run, accepted));
+    }
+    Ok((config, phases))
+}

@@ -1,0 +1,257 @@
+//! `conntrace probe URL`: incident 1's measurement. The same GET, N times
+//! with a new connection each time (`fresh`) and N times over one reused
+//! connection (`reuse`), timed by the library's `OnRequestEnd` reports.
+
+mod report;
+mod text;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Instant;
+
+use anyhow::Context as _;
+use clap::{Args, ValueEnum};
+use futures::future::join_all;
+use reqwest_conntrace::ConnTrace;
+use reqwest_middleware::ClientWithMiddleware;
+use tracing::Instrument as _;
+use url::Url;
+
+use crate::capture::{self, CaptureReports};
+use crate::client::{ClientOptions, ClientSpec};
+use crate::row::RequestRow;
+use crate::telemetry::Telemetry;
+use report::{ModeReport, ProbeReport};
+
+/// Arguments of `conntrace probe`.
+#[derive(Debug, Args)]
+#[command(after_long_help = crate::help::probe_help())]
+pub(crate) struct ProbeArgs {
+    /// The URL to GET (http:// or https://).
+    pub(crate) url: String,
+
+    /// Requests per mode.
+    #[arg(short = 'n', long, value_name = "N", default_value_t = 20,
+          value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pub(crate) requests: u32,
+
+    /// Which modes to run: `fresh` = a new connection per request (one
+    /// client with pool_max_idle_per_host(0): no connection is kept, but
+    /// the client's TLS session cache is, so resumption is visible), `reuse`
+    /// = one client whose pool keeps connections, `both` = fresh then reuse.
+    #[arg(long, value_enum, default_value_t = ModeArg::Both)]
+    pub(crate) mode: ModeArg,
+
+    /// Concurrent requests per wave: requests go out in waves of C at once,
+    /// the next wave after the previous one finished, N requests in total.
+    #[arg(short = 'c', long, value_name = "C", default_value_t = 1,
+          value_parser = clap::value_parser!(u32).range(1..=1_000))]
+    pub(crate) concurrency: u32,
+
+    /// Idle connections the reuse mode's client keeps per host (reqwest's
+    /// pool_max_idle_per_host); with --concurrency above it, some requests
+    /// of every wave pay for new connections. The fresh mode always uses 0.
+    /// [default: unlimited, reqwest's default]
+    #[arg(long, value_name = "K")]
+    pub(crate) pool_max_idle_per_host: Option<usize>,
+
+    /// Client options.
+    #[command(flatten)]
+    pub(crate) client: ClientOptions,
+
+    /// Print one JSON document to stdout instead of tables (schema below
+    /// and in SCHEMA.md).
+    #[arg(long)]
+    pub(crate) json: bool,
+
+    /// Write the spans to this OTLP JSON file (ignored when
+    /// OTEL_EXPORTER_OTLP_ENDPOINT is set). [default: no file]
+    #[arg(long, value_name = "PATH")]
+    pub(crate) traces_out: Option<PathBuf>,
+}
+
+/// `--mode` values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub(crate) enum ModeArg {
+    /// A new connection per request.
+    Fresh,
+    /// One client, connections reused.
+    Reuse,
+    /// Fresh, then reuse, and the speedup.
+    Both,
+}
+
+/// One probe mode.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Mode {
+    /// A new connection per request.
+    Fresh,
+    /// Connections reused from the pool.
+    Reuse,
+}
+
+impl Mode {
+    /// `fresh` or `reuse`.
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            Mode::Fresh => "fresh",
+            Mode::Reuse => "reuse",
+        }
+    }
+}
+
+impl ModeArg {
+    /// The modes to run, in order.
+    fn modes(self) -> Vec<Mode> {
+        match self {
+            ModeArg::Fresh => vec![Mode::Fresh],
+            ModeArg::Reuse => vec![Mode::Reuse],
+            ModeArg::Both => vec![Mode::Fresh, Mode::Reuse],
+        }
+    }
+}
+
+/// Parses and checks the URL.
+fn parse_url(text: &str) -> anyhow::Result<Url> {
+    let url = Url::parse(text).with_context(|| format!("invalid URL {text:?}"))?;
+    match url.scheme() {
+        "http" | "https" => {}
+        other => anyhow::bail!("unsupported URL scheme {other:?} in {text:?}: use http or https"),
+    }
+    if url.host_str().is_none_or(str::is_empty) {
+        anyhow::bail!("invalid URL {text:?}: no host");
+    }
+    Ok(url)
+}
+
+/// Runs the probe; see [`ProbeArgs`].
+///
+/// # Errors
+/// Bad arguments, a client that cannot be built, or a first request that
+/// fails (nothing to measure then).
+pub(crate) async fn run(args: ProbeArgs) -> anyhow::Result<ExitCode> {
+    let url = parse_url(&args.url)?;
+    let tls = args.client.tls_settings()?;
+    let resolve = args.client.resolve_for(&url);
+    let telemetry = Telemetry::init(args.traces_out.clone())?;
+    let trace = ConnTrace::builder().on_request_end(CaptureReports).build();
+
+    let mut modes = Vec::new();
+    let mut fatal = None;
+    for mode in args.mode.modes() {
+        let spec = ClientSpec {
+            tls: tls.clone(),
+            resolve: resolve.clone(),
+            http: args.client.http_policy(),
+            timeout: args.client.timeout,
+            pool_max_idle_per_host: match mode {
+                Mode::Fresh => Some(0),
+                Mode::Reuse => args.pool_max_idle_per_host,
+            },
+        };
+        let client = match spec.build(&trace) {
+            Ok(c) => c,
+            Err(e) => {
+                fatal = Some(e);
+                break;
+            }
+        };
+        let span = tracing::info_span!(
+            target: "conntrace",
+            "probe",
+            otel.name = format!("probe {}", mode.as_str()),
+            conntrace.probe.mode = mode.as_str(),
+            conntrace.probe.requests = args.requests,
+            conntrace.probe.concurrency = args.concurrency,
+        );
+        let started = Instant::now();
+        let rows = run_mode(&client, &url, mode, args.requests, args.concurrency)
+            .instrument(span)
+            .await;
+        let wall = started.elapsed();
+        drop(client);
+        if let Some(first) = rows.first().filter(|r| r.failed()) {
+            fatal = Some(anyhow::anyhow!(
+                "request 1 ({} mode) failed: {}",
+                mode.as_str(),
+                first.error.as_deref().unwrap_or("unknown error")
+            ));
+            break;
+        }
+        modes.push(ModeReport::new(
+            mode,
+            spec.pool_max_idle_per_host,
+            rows,
+            wall,
+        ));
+    }
+
+    let telemetry = telemetry.finish().await;
+    if let Some(e) = fatal {
+        if let Some(t) = &telemetry.error {
+            eprintln!("error: {t}");
+        }
+        return Err(e);
+    }
+    let report = ProbeReport::new(&url, &args, modes, telemetry);
+    if args.json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&report).context("cannot serialize the report")?
+        );
+    } else {
+        text::print(&report);
+    }
+    let mut ok = true;
+    if report.failed_requests > 0 {
+        let first = report
+            .modes
+            .iter()
+            .flat_map(|m| &m.requests)
+            .find_map(|r| r.error.as_deref())
+            .unwrap_or("unknown error");
+        eprintln!(
+            "error: {} of {} requests failed (first: {first})",
+            report.failed_requests, report.total_requests
+        );
+        ok = false;
+    }
+    if let Some(t) = &report.telemetry.error {
+        eprintln!("error: {t}");
+        ok = false;
+    }
+    Ok(if ok {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
+}
+
+/// Sends `n` GETs in waves of `concurrency`, returns one row per request in
+/// request order.
+async fn run_mode(
+    client: &ClientWithMiddleware,
+    url: &Url,
+    mode: Mode,
+    n: u32,
+    concurrency: u32,
+) -> Vec<RequestRow> {
+    let start = Instant::now();
+    let n = n as usize;
+    let c = concurrency.max(1) as usize;
+    let mut rows = Vec::with_capacity(n);
+    let mut next = 1;
+    while next <= n {
+        let wave = c.min(n - next + 1);
+        let outcomes = join_all((0..wave).map(|_| capture::get(client, url))).await;
+        for (i, outcome) in outcomes.iter().enumerate() {
+            rows.push(RequestRow::new(next + i, mode.as_str(), start, outcome));
+        }
+        // Nothing to measure when the very first request failed.
+        if next == 1 && rows.first().is_some_and(RequestRow::failed) {
+            break;
+        }
+        next += wave;
+    }
+    rows
+}

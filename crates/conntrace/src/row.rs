@@ -1,0 +1,204 @@
+//! One finished request as a flat, serializable row: what the probe table
+//! and `--json` show, built from the library's `RequestReport`.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+
+use crate::capture::Outcome;
+use crate::error::request_failure;
+use crate::stats::ms;
+
+/// What the serving connection's setup cost (internal, for totals).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct SetupCost {
+    /// When the connect started.
+    pub(crate) started: Instant,
+    /// Connect call to connection ready.
+    pub(crate) total: Duration,
+    /// DNS lookup (`None` when skipped).
+    pub(crate) dns: Option<Duration>,
+    /// TCP connect.
+    pub(crate) tcp: Duration,
+    /// TLS handshake (`None` for plain HTTP).
+    pub(crate) tls: Option<Duration>,
+    /// Whether the TLS session was resumed.
+    pub(crate) tls_resumed: Option<bool>,
+}
+
+/// One request. Connection fields describe the connection that served it;
+/// the phase fields (`connect_ms`, `dns_ms`, `tcp_ms`, `tls_ms`) are set only
+/// on a pool miss, i.e. when the request waited for a new connection.
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct RequestRow {
+    /// 1-based request number within its mode.
+    pub(crate) index: usize,
+    /// `fresh` or `reuse`.
+    pub(crate) mode: &'static str,
+    /// Start of the request, ms after the start of its mode.
+    pub(crate) start_ms: f64,
+    /// HTTP status; `null` when the request failed.
+    pub(crate) status: Option<u16>,
+    /// Why the request failed (one line); `null` on success.
+    pub(crate) error: Option<String>,
+    /// The library's `error.type` (also set for 4xx/5xx statuses).
+    pub(crate) error_type: Option<String>,
+    /// Pool hit: the serving connection was ready before the request started.
+    pub(crate) reused: Option<bool>,
+    /// The serving connection's id (`http.connection.id`).
+    pub(crate) connection_id: Option<u64>,
+    /// This request's own pool miss opened the connection that served it.
+    pub(crate) paid_for_connection: Option<bool>,
+    /// Requests the serving connection has carried, this one included.
+    pub(crate) connection_request_count: Option<u64>,
+    /// Time waited for a connection.
+    pub(crate) wait_ms: Option<f64>,
+    /// Connection setup total (misses only).
+    pub(crate) connect_ms: Option<f64>,
+    /// DNS lookup (misses only; `null` also when DNS was skipped).
+    pub(crate) dns_ms: Option<f64>,
+    /// Why DNS was skipped: `ip_literal` or `override` (misses only).
+    pub(crate) dns_skipped: Option<&'static str>,
+    /// TCP connect (misses only).
+    pub(crate) tcp_ms: Option<f64>,
+    /// TLS handshake (misses on https only).
+    pub(crate) tls_ms: Option<f64>,
+    /// Request start to response headers.
+    pub(crate) ttfb_ms: Option<f64>,
+    /// Request start to end of body (or failure).
+    pub(crate) total_ms: f64,
+    /// Serving connection's TLS version, `1.2` or `1.3`.
+    pub(crate) tls_version: Option<&'static str>,
+    /// Serving connection's handshake resumed a TLS session.
+    pub(crate) tls_resumed: Option<bool>,
+    /// HTTP version of the response: `1.1` or `2` (null when it failed).
+    pub(crate) http_version: Option<&'static str>,
+    /// Serving connection negotiated HTTP/2 via ALPN.
+    pub(crate) http2: Option<bool>,
+    /// Client's local port of the serving connection.
+    pub(crate) local_port: Option<u16>,
+    /// Client's local address (`ip:port`).
+    pub(crate) local_address: Option<String>,
+    /// Peer address (`ip:port`; IPv6 in brackets).
+    pub(crate) peer_address: Option<String>,
+    /// Response body bytes read.
+    pub(crate) body_bytes: u64,
+    /// The serving connection's setup cost (not serialized).
+    #[serde(skip)]
+    pub(crate) setup: Option<SetupCost>,
+}
+
+impl RequestRow {
+    /// Builds the row of request `index` of `mode` started after `mode_start`.
+    pub(crate) fn new(
+        index: usize,
+        mode: &'static str,
+        mode_start: Instant,
+        outcome: &Outcome,
+    ) -> Self {
+        let report = outcome.report.as_ref();
+        let error_type = report.and_then(|r| r.error_type.clone());
+        let error = outcome
+            .result
+            .as_ref()
+            .err()
+            .map(|e| request_failure(e, error_type.as_deref()));
+        let (status, body_bytes, http_version) = match &outcome.result {
+            Ok(f) => (Some(f.status), f.body_bytes, Some(f.version)),
+            Err(_) => (report.and_then(|r| r.status), 0, None),
+        };
+        let mut row = RequestRow {
+            index,
+            mode,
+            start_ms: ms(outcome.started.saturating_duration_since(mode_start)),
+            status,
+            error,
+            error_type,
+            reused: None,
+            connection_id: None,
+            paid_for_connection: None,
+            connection_request_count: None,
+            wait_ms: None,
+            connect_ms: None,
+            dns_ms: None,
+            dns_skipped: None,
+            tcp_ms: None,
+            tls_ms: None,
+            ttfb_ms: report.and_then(|r| r.time_to_first_byte).map(ms),
+            total_ms: ms(report.map_or(outcome.elapsed, |r| r.total)),
+            tls_version: None,
+            tls_resumed: None,
+            http_version,
+            http2: None,
+            local_port: None,
+            local_address: None,
+            peer_address: None,
+            body_bytes,
+            setup: None,
+        };
+        if let Some(conn) = report.and_then(|r| r.connection.as_ref()) {
+            let setup = &conn.setup;
+            row.reused = Some(conn.reused);
+            row.connection_id = Some(conn.id);
+            row.paid_for_connection = Some(conn.paid_by_this_request);
+            row.connection_request_count = Some(conn.request_count);
+            row.wait_ms = Some(ms(conn.wait));
+            if !conn.reused {
+                row.connect_ms = Some(ms(setup.total));
+                row.dns_ms = setup.dns.map(ms);
+                row.dns_skipped = setup.dns_skipped;
+                row.tcp_ms = Some(ms(setup.tcp));
+                row.tls_ms = setup.tls.map(ms);
+            }
+            row.tls_version = setup.tls_version.map(|v| v.as_str());
+            row.tls_resumed = setup.tls_resumed;
+            row.http2 = Some(setup.http2);
+            row.local_port = setup.local_addr.map(|a| a.port());
+            row.local_address = setup.local_addr.map(|a| a.to_string());
+            row.peer_address = setup.peer_addr.map(|a| a.to_string());
+            row.setup = Some(SetupCost {
+                started: setup.started,
+                total: setup.total,
+                dns: setup.dns,
+                tcp: setup.tcp,
+                tls: setup.tls,
+                tls_resumed: setup.tls_resumed,
+            });
+        }
+        row
+    }
+
+    /// How the request got its connection: `idle_hit` (an idle pooled
+    /// connection served it at once), `waited_for_busy` (no idle connection:
+    /// it waited for one that was busy or being set up by another request,
+    /// which in hyper-util's pool race also means it started a connect of
+    /// its own that went unused), `new_connection` (it waited for a new
+    /// connection); `None` when unknown (failed request).
+    pub(crate) fn pool_outcome(&self) -> Option<&'static str> {
+        match (self.reused?, self.wait_ms?) {
+            (false, _) => Some("new_connection"),
+            (true, w) if w > 0.0 => Some("waited_for_busy"),
+            (true, _) => Some("idle_hit"),
+        }
+    }
+
+    /// Whether no idle connection was free when the request started.
+    pub(crate) fn pool_miss(&self) -> Option<bool> {
+        self.pool_outcome().map(|o| o != "idle_hit")
+    }
+
+    /// Whether the request failed (no response).
+    pub(crate) fn failed(&self) -> bool {
+        self.error.is_some()
+    }
+}
+
+/// The distinct connections that served `rows`, by id, with their setup cost.
+pub(crate) fn connections<'a>(
+    rows: impl IntoIterator<Item = &'a RequestRow>,
+) -> BTreeMap<u64, SetupCost> {
+    rows.into_iter()
+        .filter_map(|r| Some((r.connection_id?, r.setup?)))
+        .collect()
+}

@@ -1,0 +1,226 @@
+//! Where spans go: an OTLP collector when `OTEL_EXPORTER_OTLP_ENDPOINT` (or
+//! `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`) is set, else an OTLP JSON file when
+//! the command asks for one, else nowhere. Both go through
+//! `reqwest_conntrace::otlp::init_with_exporter`, the same pipeline as
+//! `otlp::init_from_env`.
+//!
+//! Differences from `init_from_env`, both only when the variable is unset:
+//! the export timeout defaults to [`DEFAULT_EXPORT_TIMEOUT`] instead of the
+//! SDK's 10 s (`OTEL_EXPORTER_OTLP_TIMEOUT` /
+//! `OTEL_EXPORTER_OTLP_TRACES_TIMEOUT`, milliseconds, still win), and the
+//! resource's `service.name` is `conntrace` instead of `unknown_service`
+//! (`OTEL_SERVICE_NAME` / `OTEL_RESOURCE_ATTRIBUTES` still win).
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use opentelemetry::KeyValue;
+use opentelemetry_otlp::{Protocol, WithExportConfig};
+use opentelemetry_sdk::Resource;
+use opentelemetry_sdk::error::OTelSdkResult;
+use opentelemetry_sdk::trace::{SpanData, SpanExporter};
+use reqwest_conntrace::otlp::{self, OtlpError, OtlpGuard};
+use serde::Serialize;
+
+use crate::export::{MemoryExporter, SpanStore};
+
+/// Export timeout used when no `OTEL_EXPORTER_OTLP_*TIMEOUT` is set.
+pub(crate) const DEFAULT_EXPORT_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// The service name used when the environment names none.
+const SERVICE_NAME: &str = "conntrace";
+
+/// The configured OTLP endpoint, if any.
+pub(crate) fn otlp_endpoint() -> Option<String> {
+    [
+        "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+        "OTEL_EXPORTER_OTLP_ENDPOINT",
+    ]
+    .iter()
+    .filter_map(|k| std::env::var(k).ok())
+    .find(|v| !v.trim().is_empty())
+}
+
+/// Whether the environment variable `key` is set to a non-empty value.
+fn env_set(key: &str) -> bool {
+    std::env::var_os(key).is_some_and(|v| !v.is_empty())
+}
+
+/// The active span pipeline of a command run.
+#[derive(Debug)]
+pub(crate) struct Telemetry {
+    /// The installed pipeline; `None` when spans go nowhere.
+    guard: Option<OtlpGuard>,
+    /// The OTLP endpoint, when exporting over OTLP.
+    endpoint: Option<String>,
+    /// The traces file and the spans to write into it.
+    file: Option<(PathBuf, SpanStore)>,
+}
+
+/// What became of the spans, for output.
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct TelemetryReport {
+    /// `otlp`, `file` or `none`.
+    pub(crate) sink: &'static str,
+    /// The OTLP endpoint (sink `otlp`).
+    pub(crate) otlp_endpoint: Option<String>,
+    /// Absolute path of the traces file (sink `file`).
+    pub(crate) traces_file: Option<String>,
+    /// Spans written to the file (sink `file`).
+    pub(crate) spans_written: Option<usize>,
+    /// Why the export or the file write failed; `null` on success.
+    pub(crate) error: Option<String>,
+}
+
+impl Telemetry {
+    /// Sets the pipeline up: OTLP when an endpoint is configured, else the
+    /// file `traces_out` when given, else nothing.
+    ///
+    /// # Errors
+    /// When the exporter cannot be built or a tracing subscriber exists.
+    pub(crate) fn init(traces_out: Option<PathBuf>) -> anyhow::Result<Self> {
+        if let Some(endpoint) = otlp_endpoint() {
+            let exporter = otlp_exporter()
+                .with_context(|| format!("cannot set up OTLP export to {endpoint}"))?;
+            let guard = otlp::init_with_exporter(exporter)?;
+            return Ok(Self {
+                guard: Some(guard),
+                endpoint: Some(endpoint),
+                file: None,
+            });
+        }
+        if let Some(path) = traces_out {
+            let store = SpanStore::default();
+            let guard = otlp::init_with_exporter(ServiceNamed {
+                inner: MemoryExporter::new(store.clone()),
+            })?;
+            return Ok(Self {
+                guard: Some(guard),
+                endpoint: None,
+                file: Some((path, store)),
+            });
+        }
+        Ok(Self {
+            guard: None,
+            endpoint: None,
+            file: None,
+        })
+    }
+
+    /// Flushes and shuts the pipeline down, then writes the traces file.
+    pub(crate) async fn finish(self) -> TelemetryReport {
+        let mut report = TelemetryReport {
+            sink: match (&self.endpoint, &self.file) {
+                (Some(_), _) => "otlp",
+                (None, Some(_)) => "file",
+                (None, None) => "none",
+            },
+            otlp_endpoint: self.endpoint.clone(),
+            traces_file: self.file.as_ref().map(|(p, _)| {
+                std::path::absolute(p)
+                    .unwrap_or_else(|_| p.clone())
+                    .display()
+                    .to_string()
+            }),
+            spans_written: None,
+            error: None,
+        };
+        let Some(guard) = self.guard else {
+            return report;
+        };
+        // Flushing blocks on the exporter; keep it off the runtime's workers.
+        let flushed = tokio::task::spawn_blocking(move || guard.shutdown()).await;
+        let flush_error = match flushed {
+            Ok(Ok(())) => None,
+            Ok(Err(OtlpError::Export(detail))) => Some(crate::error::export_failure(&detail)),
+            Ok(Err(other)) => Some(other.to_string()),
+            Err(join) => Some(format!("the flush task failed: {join}")),
+        };
+        if let Some(detail) = flush_error {
+            report.error = Some(match &self.endpoint {
+                Some(endpoint) => crate::error::one_line(&format!(
+                    "could not export spans to the OTLP collector at {endpoint}: {detail}"
+                )),
+                None => crate::error::one_line(&format!("could not flush spans: {detail}")),
+            });
+        }
+        if let Some((path, store)) = self.file {
+            match store.write_json(&path) {
+                Ok(n) => report.spans_written = Some(n),
+                Err(e) => report.error = Some(crate::error::anyhow_line(&e)),
+            }
+        }
+        report
+    }
+}
+
+/// The OTLP span exporter the environment describes, with the shorter
+/// default timeout and the `conntrace` service name.
+fn otlp_exporter() -> anyhow::Result<ServiceNamed<opentelemetry_otlp::SpanExporter>> {
+    let timeout = (!env_set("OTEL_EXPORTER_OTLP_TRACES_TIMEOUT")
+        && !env_set("OTEL_EXPORTER_OTLP_TIMEOUT"))
+    .then_some(DEFAULT_EXPORT_TIMEOUT);
+    let built = match otlp::protocol_from_env()? {
+        Protocol::Grpc => {
+            let b = opentelemetry_otlp::SpanExporter::builder().with_tonic();
+            match timeout {
+                Some(t) => b.with_timeout(t).build(),
+                None => b.build(),
+            }
+        }
+        _ => {
+            let b = opentelemetry_otlp::SpanExporter::builder()
+                .with_http()
+                .with_protocol(Protocol::HttpBinary);
+            match timeout {
+                Some(t) => b.with_timeout(t).build(),
+                None => b.build(),
+            }
+        }
+    };
+    Ok(ServiceNamed {
+        inner: built.context("invalid OTLP exporter settings")?,
+    })
+}
+
+/// Wraps an exporter to name the service `conntrace` when the environment
+/// does not name it.
+#[derive(Debug)]
+struct ServiceNamed<E> {
+    /// The wrapped exporter.
+    inner: E,
+}
+
+impl<E: SpanExporter> SpanExporter for ServiceNamed<E> {
+    fn export(&self, batch: Vec<SpanData>) -> impl Future<Output = OTelSdkResult> + Send {
+        self.inner.export(batch)
+    }
+
+    fn shutdown_with_timeout(&self, timeout: Duration) -> OTelSdkResult {
+        self.inner.shutdown_with_timeout(timeout)
+    }
+
+    fn force_flush(&self) -> OTelSdkResult {
+        self.inner.force_flush()
+    }
+
+    fn set_resource(&mut self, resource: &Resource) {
+        let named = resource
+            .get(&opentelemetry::Key::from_static_str("service.name"))
+            .is_some_and(|v| !v.as_str().starts_with("unknown_service"));
+        if named {
+            self.inner.set_resource(resource);
+        } else {
+            let renamed = Resource::builder_empty()
+                .with_attributes(
+                    resource
+                        .iter()
+                        .map(|(k, v)| KeyValue::new(k.clone(), v.clone())),
+                )
+                .with_service_name(SERVICE_NAME)
+                .build();
+            self.inner.set_resource(&renamed);
+        }
+    }
+}

@@ -1,0 +1,432 @@
+//! `conntrace` end to end: the real binary against a real nginx (TLS 1.3,
+//! TLS 1.2, HTTP/2) with a certificate made at test time, exporting OTLP/gRPC
+//! into an in-process receiver that decodes what arrived; plus the demo and
+//! bad-input handling.
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::process::Output;
+use std::time::Duration;
+
+use conntrace_lab::nginx::{Nginx, NginxConfig, NginxListener};
+use conntrace_lab::{OtlpReceiver, ReceivedSpan, TestPki};
+use reqwest_conntrace::semconv;
+
+fn conntrace() -> tokio::process::Command {
+    let mut c = tokio::process::Command::new(env!("CARGO_BIN_EXE_conntrace"));
+    c.env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")
+        .env_remove("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+        .env_remove("OTEL_EXPORTER_OTLP_PROTOCOL")
+        .kill_on_drop(true);
+    c
+}
+
+async fn run(mut cmd: tokio::process::Command) -> Output {
+    tokio::time::timeout(Duration::from_secs(120), cmd.output())
+        .await
+        .expect("conntrace finished in time")
+        .expect("conntrace runs")
+}
+
+fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+struct Lab {
+    nginx: Nginx,
+    receiver: OtlpReceiver,
+    ca: std::path::PathBuf,
+}
+
+async fn lab() -> Lab {
+    let pki = TestPki::localhost().expect("pki");
+    let nginx = Nginx::start(NginxConfig::new(&pki))
+        .await
+        .expect("nginx starts (installed by scripts/test.sh)");
+    let receiver = OtlpReceiver::start().await.expect("receiver");
+    let ca = nginx.pki_files().ca.clone();
+    Lab {
+        nginx,
+        receiver,
+        ca,
+    }
+}
+
+impl Lab {
+    fn url(&self, listener: NginxListener) -> String {
+        self.nginx.url(listener, "/").expect("listener")
+    }
+
+    async fn probe(
+        &self,
+        listener: NginxListener,
+        args: &[&str],
+    ) -> (serde_json::Value, Vec<ReceivedSpan>) {
+        let mut cmd = conntrace();
+        cmd.arg("probe")
+            .arg(self.url(listener))
+            .arg("--cacert")
+            .arg(&self.ca)
+            .arg("--json")
+            .args(args)
+            .env("OTEL_EXPORTER_OTLP_ENDPOINT", self.receiver.endpoint())
+            .env("OTEL_SERVICE_NAME", "conntrace-test");
+        let out = run(cmd).await;
+        assert!(out.status.success(), "probe failed: {}", stderr(&out));
+        let json: serde_json::Value =
+            serde_json::from_slice(&out.stdout).expect("--json output is JSON");
+        // The CLI flushes before exiting: everything has arrived.
+        let spans = self.receiver.spans();
+        (json, spans)
+    }
+}
+
+fn requests(spans: &[ReceivedSpan]) -> Vec<&ReceivedSpan> {
+    let mut v: Vec<&ReceivedSpan> = spans
+        .iter()
+        .filter(|s| s.attr_str(semconv::HTTP_REQUEST_METHOD).is_some())
+        .collect();
+    v.sort_by_key(|s| s.start_unix_nanos());
+    v
+}
+
+fn named<'a>(spans: &'a [ReceivedSpan], name: &str) -> Vec<&'a ReceivedSpan> {
+    let mut v: Vec<&ReceivedSpan> = spans.iter().filter(|s| s.name() == name).collect();
+    v.sort_by_key(|s| s.start_unix_nanos());
+    v
+}
+
+fn children<'a>(spans: &'a [ReceivedSpan], parent: &ReceivedSpan) -> Vec<&'a ReceivedSpan> {
+    spans
+        .iter()
+        .filter(|s| s.parent_span_id_hex().as_deref() == Some(parent.span_id_hex().as_str()))
+        .collect()
+}
+
+/// Fresh mode against nginx TLS 1.3: every request a miss with all three
+/// phases under its own setup span; after the first connection, TLS resumes
+/// with nginx's tickets (nginx's log agrees).
+#[tokio::test]
+async fn probe_fresh_mode_against_nginx_tls13() {
+    let lab = lab().await;
+    let (json, spans) = lab
+        .probe(
+            NginxListener::Tls13,
+            &["--mode", "fresh", "--requests", "5"],
+        )
+        .await;
+    let reqs = requests(&spans);
+    assert_eq!(reqs.len(), 5, "one request span per request");
+    let setups = named(&spans, semconv::CONNECTION_SETUP_SPAN);
+    assert_eq!(setups.len(), 5);
+    for (r, s) in reqs.iter().zip(&setups) {
+        assert_eq!(r.attr_bool(semconv::HTTP_CONNECTION_REUSED), Some(false));
+        assert_eq!(
+            s.parent_span_id_hex().as_deref(),
+            Some(r.span_id_hex().as_str())
+        );
+        let kids: Vec<&str> = children(&spans, s).iter().map(|c| c.name()).collect();
+        for phase in [
+            semconv::DNS_LOOKUP_SPAN,
+            semconv::TCP_CONNECT_SPAN,
+            semconv::TLS_HANDSHAKE_SPAN,
+        ] {
+            assert!(kids.contains(&phase), "{phase} missing: {kids:?}");
+        }
+        assert_eq!(s.attr_str(semconv::TLS_PROTOCOL_VERSION), Some("1.3"));
+    }
+    let resumed: Vec<Option<bool>> = setups
+        .iter()
+        .map(|s| s.attr_bool(semconv::TLS_RESUMED))
+        .collect();
+    assert_eq!(resumed[0], Some(false));
+    let log = lab
+        .nginx
+        .wait_for_access_log(5, Duration::from_secs(5))
+        .await;
+    let nginx_resumed: Vec<bool> = log.iter().map(|e| e.ssl_session_reused).collect();
+    let ours: Vec<bool> = resumed.iter().map(|r| r == &Some(true)).collect();
+    assert_eq!(
+        ours, nginx_resumed,
+        "our tls.resumed matches nginx's $ssl_session_reused"
+    );
+    assert!(
+        ours[1..].iter().all(|r| *r),
+        "nginx offers tickets: later handshakes resume"
+    );
+    assert_eq!(json["modes"][0]["mode"], "fresh");
+}
+
+/// Reuse mode: exactly one setup span; the other requests are hits with a
+/// growing request count, matching nginx's $connection_requests.
+#[tokio::test]
+async fn probe_reuse_mode_against_nginx_tls13() {
+    let lab = lab().await;
+    let (_json, spans) = lab
+        .probe(
+            NginxListener::Tls13,
+            &["--mode", "reuse", "--requests", "6"],
+        )
+        .await;
+    let reqs = requests(&spans);
+    assert_eq!(reqs.len(), 6);
+    assert_eq!(named(&spans, semconv::CONNECTION_SETUP_SPAN).len(), 1);
+    for (i, r) in reqs.iter().enumerate() {
+        assert_eq!(
+            r.attr_i64(semconv::HTTP_CONNECTION_REQUEST_COUNT),
+            Some(i as i64 + 1)
+        );
+        assert_eq!(r.attr_bool(semconv::HTTP_CONNECTION_REUSED), Some(i > 0));
+    }
+    let log = lab
+        .nginx
+        .wait_for_access_log(6, Duration::from_secs(5))
+        .await;
+    let counts: Vec<u64> = log.iter().map(|e| e.connection_requests).collect();
+    assert_eq!(counts, vec![1, 2, 3, 4, 5, 6]);
+}
+
+/// Fan-out load (32 concurrent, idle pool 4, 3 waves): every request's
+/// serving connection and its request count agree with nginx's access log
+/// ($remote_port, $connection_requests).
+#[tokio::test]
+async fn probe_fanout_agrees_with_nginx_access_log() {
+    let lab = lab().await;
+    let (_json, spans) = lab
+        .probe(
+            NginxListener::Tls13,
+            &[
+                "--mode",
+                "reuse",
+                "--requests",
+                "96",
+                "--concurrency",
+                "32",
+                "--pool-max-idle-per-host",
+                "4",
+                "--http1",
+            ],
+        )
+        .await;
+    let reqs = requests(&spans);
+    assert_eq!(reqs.len(), 96);
+    let log = lab
+        .nginx
+        .wait_for_access_log(96, Duration::from_secs(10))
+        .await;
+    assert_eq!(log.len(), 96);
+    let mut nginx_by_port: HashMap<u16, Vec<u64>> = HashMap::new();
+    for e in &log {
+        nginx_by_port
+            .entry(e.remote_port)
+            .or_default()
+            .push(e.connection_requests);
+    }
+    let mut ours_by_port: HashMap<u16, Vec<u64>> = HashMap::new();
+    for r in &reqs {
+        let port = r.attr_i64(semconv::NETWORK_LOCAL_PORT).expect("local port") as u16;
+        let count = r
+            .attr_i64(semconv::HTTP_CONNECTION_REQUEST_COUNT)
+            .expect("count") as u64;
+        ours_by_port.entry(port).or_default().push(count);
+    }
+    for v in nginx_by_port.values_mut().chain(ours_by_port.values_mut()) {
+        v.sort_unstable();
+    }
+    assert_eq!(
+        ours_by_port, nginx_by_port,
+        "per connection: same requests, same counts"
+    );
+    let misses = reqs
+        .iter()
+        .filter(|r| r.attr_bool(semconv::HTTP_CONNECTION_REUSED) == Some(false))
+        .count();
+    assert!(
+        misses > 4,
+        "an idle pool of 4 under 32 in flight forces misses: {misses}"
+    );
+}
+
+/// TLS 1.2-only nginx: version 1.2 on every setup, as nginx logs it.
+#[tokio::test]
+async fn probe_against_nginx_tls12() {
+    let lab = lab().await;
+    let (_json, spans) = lab
+        .probe(
+            NginxListener::Tls12,
+            &["--mode", "fresh", "--requests", "3"],
+        )
+        .await;
+    let setups = named(&spans, semconv::CONNECTION_SETUP_SPAN);
+    assert_eq!(setups.len(), 3);
+    for s in &setups {
+        assert_eq!(s.attr_str(semconv::TLS_PROTOCOL_VERSION), Some("1.2"));
+    }
+    let log = lab
+        .nginx
+        .wait_for_access_log(3, Duration::from_secs(5))
+        .await;
+    assert!(
+        log.iter()
+            .all(|e| e.ssl_protocol.as_deref() == Some("TLSv1.2"))
+    );
+}
+
+/// HTTP/2 nginx: concurrent requests all served by one connection.
+#[tokio::test]
+async fn probe_against_nginx_http2_uses_one_connection() {
+    let lab = lab().await;
+    let (_json, spans) = lab
+        .probe(
+            NginxListener::H2,
+            &["--mode", "reuse", "--requests", "16", "--concurrency", "8"],
+        )
+        .await;
+    let reqs = requests(&spans);
+    assert_eq!(reqs.len(), 16);
+    let ids: std::collections::BTreeSet<i64> = reqs
+        .iter()
+        .map(|r| r.attr_i64(semconv::HTTP_CONNECTION_ID).expect("id"))
+        .collect();
+    assert_eq!(ids.len(), 1, "{ids:?}");
+    assert!(
+        reqs.iter()
+            .all(|r| r.attr_str(semconv::NETWORK_PROTOCOL_VERSION) == Some("2"))
+    );
+    let log = lab
+        .nginx
+        .wait_for_access_log(16, Duration::from_secs(5))
+        .await;
+    let ports: std::collections::BTreeSet<u16> = log.iter().map(|e| e.remote_port).collect();
+    assert_eq!(ports.len(), 1);
+    assert!(log.iter().all(|e| e.server_protocol == "HTTP/2.0"));
+}
+
+fn assert_one_line_error(out: &Output, expect: &str) {
+    assert!(!out.status.success(), "must exit non-zero");
+    let err = stderr(out);
+    let lines: Vec<&str> = err.lines().filter(|l| !l.trim().is_empty()).collect();
+    assert_eq!(lines.len(), 1, "one line on stderr: {err:?}");
+    assert!(lines[0].starts_with("error:"), "{err:?}");
+    assert!(
+        lines[0].to_lowercase().contains(expect),
+        "{err:?} should mention {expect:?}"
+    );
+    assert!(!err.contains("panicked"), "{err:?}");
+}
+
+/// Bad input: one clear line on stderr and a non-zero exit.
+#[tokio::test]
+async fn bad_input_gets_one_clear_line() {
+    let lab = lab().await;
+    // Not a URL.
+    let mut cmd = conntrace();
+    cmd.args(["probe", "not a url", "--requests", "1"]);
+    assert_one_line_error(&run(cmd).await, "url");
+    // Refused port.
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        l.local_addr().expect("addr").port()
+    };
+    let mut cmd = conntrace();
+    cmd.args([
+        "probe",
+        &format!("http://127.0.0.1:{port}/"),
+        "--requests",
+        "1",
+    ]);
+    assert_one_line_error(&run(cmd).await, "refused");
+    // Certificate from another CA.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let other = TestPki::untrusted_other()
+        .expect("pki")
+        .write_to_dir(dir.path())
+        .expect("write");
+    let mut cmd = conntrace();
+    cmd.args([
+        "probe",
+        &lab.url(NginxListener::Tls13),
+        "--requests",
+        "1",
+        "--cacert",
+    ])
+    .arg(&other.ca);
+    assert_one_line_error(&run(cmd).await, "certificate");
+    // --cacert that is not PEM.
+    let junk = dir.path().join("junk.pem");
+    std::fs::write(&junk, b"not a certificate").expect("write");
+    let mut cmd = conntrace();
+    cmd.args([
+        "probe",
+        &lab.url(NginxListener::Tls13),
+        "--requests",
+        "1",
+        "--cacert",
+    ])
+    .arg(&junk);
+    assert_one_line_error(&run(cmd).await, "certificate");
+    // Collector down: the probe runs, then export fails, said once.
+    let closed = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        l.local_addr().expect("addr").port()
+    };
+    let mut cmd = conntrace();
+    cmd.args([
+        "probe",
+        &lab.url(NginxListener::Tls13),
+        "--requests",
+        "1",
+        "--cacert",
+    ])
+    .arg(&lab.ca)
+    .env(
+        "OTEL_EXPORTER_OTLP_ENDPOINT",
+        format!("http://127.0.0.1:{closed}"),
+    )
+    .env("OTEL_EXPORTER_OTLP_TIMEOUT", "2000");
+    let out = run(cmd).await;
+    assert!(!out.status.success(), "collector down must exit non-zero");
+    assert!(
+        stderr(&out).to_lowercase().contains("export"),
+        "{}",
+        stderr(&out)
+    );
+}
+
+/// The demo (shortened): the small pool misses more than the right-sized
+/// one, and without an endpoint it writes the spans as OTLP JSON that
+/// decodes into request spans with pool attributes.
+#[tokio::test]
+async fn demo_replays_incident_2_and_writes_otlp_json() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let traces = dir.path().join("traces.json");
+    let mut cmd = conntrace();
+    cmd.args([
+        "demo",
+        "--duration",
+        "3",
+        "--json",
+        "--quiet",
+        "--traces-out",
+    ])
+    .arg(&traces);
+    let out = run(cmd).await;
+    assert!(out.status.success(), "demo failed: {}", stderr(&out));
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    let phases = json["phases"].as_array().expect("phases");
+    assert_eq!(phases.len(), 2);
+    let small = phases[0]["miss_ratio"].as_f64().expect("ratio");
+    let right = phases[1]["miss_ratio"].as_f64().expect("ratio");
+    assert!(small > right, "small pool {small} vs right-sized {right}");
+    let spans =
+        conntrace_lab::spans_from_otlp_json(&std::fs::read_to_string(&traces).expect("file"))
+            .expect("OTLP JSON");
+    let reqs = requests(&spans);
+    assert!(!reqs.is_empty());
+    assert!(
+        reqs.iter()
+            .all(|r| r.attr_bool(semconv::HTTP_CONNECTION_REUSED).is_some())
+    );
+    assert!(!named(&spans, semconv::CONNECTION_SETUP_SPAN).is_empty());
+    assert!(Path::new(&traces).exists());
+}
