@@ -517,7 +517,11 @@ async fn request_span_ends_at_end_of_body() {
         .instrument_client(reqwest::Client::builder())
         .build_with_middleware()
         .expect("client");
-    let mut response = client.get(server.url("/bytes/100000")).send().await.expect("ok");
+    let mut response = client
+        .get(server.url("/bytes/100000"))
+        .send()
+        .await
+        .expect("ok");
     assert!(t.requests().is_empty(), "still reading the body");
     let mut read = 0;
     while let Some(chunk) = response.chunk().await.expect("chunk") {
@@ -525,8 +529,15 @@ async fn request_span_ends_at_end_of_body() {
     }
     assert_eq!(read, 100_000);
     let requests = t.requests();
-    assert_eq!(requests.len(), 1, "ended at end of body, response still alive");
-    assert_eq!(i64_attr(&requests[0], semconv::HTTP_RESPONSE_BODY_SIZE), Some(100_000));
+    assert_eq!(
+        requests.len(),
+        1,
+        "ended at end of body, response still alive"
+    );
+    assert_eq!(
+        i64_attr(&requests[0], semconv::HTTP_RESPONSE_BODY_SIZE),
+        Some(100_000)
+    );
     drop(response);
     assert_eq!(t.requests().len(), 1);
 }
@@ -767,7 +778,9 @@ async fn connect_timeout_is_reported_as_timeout() {
 #[test]
 fn tls_option_on_reqwest_builder_is_refused() {
     let err = reqwest_conntrace::ConnTrace::new()
-        .instrument_client(reqwest::Client::builder().tls_version_min(reqwest::tls::Version::TLS_1_3))
+        .instrument_client(
+            reqwest::Client::builder().tls_version_min(reqwest::tls::Version::TLS_1_3),
+        )
         .build()
         .expect_err("refused");
     assert!(err.to_string().contains("tls_version_min"), "{err}");
