@@ -785,3 +785,13 @@ fn tls_option_on_reqwest_builder_is_refused() {
         .expect_err("refused");
     assert!(err.to_string().contains("tls_version_min"), "{err}");
 }
+
+/// `tls_sni(false)` on reqwest's builder would be silently replaced too.
+#[test]
+fn sni_off_on_reqwest_builder_is_refused() {
+    let err = reqwest_conntrace::ConnTrace::new()
+        .instrument_client(reqwest::Client::builder().tls_sni(false))
+        .build()
+        .expect_err("refused");
+    assert!(err.to_string().contains("tls_sni"), "{err}");
+}

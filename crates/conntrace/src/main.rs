@@ -71,6 +71,12 @@ fn main() -> ExitCode {
             .location()
             .map(|l| format!(" at {}:{}", l.file(), l.line()))
             .unwrap_or_default();
+        // `println!` panics when stdout is a closed pipe (`conntrace ... |
+        // head`): that is the reader going away, not a bug: exit quietly
+        // with the SIGPIPE convention (128 + 13).
+        if what.contains("failed printing to stdout") && what.contains("Broken pipe") {
+            std::process::exit(141);
+        }
         eprintln!("error: internal error{at}: {}", error::one_line(&what));
     }));
     // reqwest is built without a default rustls provider; the OTLP/HTTP

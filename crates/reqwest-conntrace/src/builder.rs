@@ -20,8 +20,11 @@ use crate::tls::TlsSettings;
 ///
 /// Options this crate must know or must own are set here rather than on
 /// reqwest's builder: TLS options (reqwest ignores its own TLS options once
-/// given a preconfigured rustls config, so `build` refuses a builder whose
-/// `tls_version_min`/`max` or `tls_danger_*` are set there), the DNS
+/// given a preconfigured rustls config; `build` refuses a builder whose
+/// `tls_version_min`/`max`, `tls_danger_*` or `tls_sni(false)` are set there,
+/// but root certificates, `tls_certs_only` and client identities added to
+/// reqwest's builder cannot be seen and are ignored: add them through
+/// [`TlsSettings`]), the DNS
 /// resolver (reqwest's builder cannot hand it back to be wrapped), and the
 /// connect timeout (to tell a timed-out connect from a cancelled one).
 pub struct InstrumentedClientBuilder {
@@ -109,6 +112,10 @@ impl InstrumentedClientBuilder {
             .find(|f| described.contains(&format!("{f}:")))
         {
             return Err(BuildError::TlsOptionOnReqwestBuilder(field));
+        }
+        // reqwest always prints tls_sni; only `false` was set by the user.
+        if described.contains("tls_sni: false") {
+            return Err(BuildError::TlsOptionOnReqwestBuilder("tls_sni"));
         }
         let mut tls = self.tls;
         if described.contains("http1_only: true") {

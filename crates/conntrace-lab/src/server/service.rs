@@ -14,6 +14,8 @@ use hyper::body::{Frame, Incoming, SizeHint};
 use super::records::RequestRecord;
 use super::{HEADER_CONNECTION_ID, HEADER_REMOTE_PORT, HEADER_REQUEST_INDEX, Shared};
 
+/// Largest body `/bytes/<n>` serves (64 MiB); larger sizes get 400.
+pub(super) const MAX_BYTES_ROUTE: usize = 64 << 20;
 /// Request-activity bookkeeping of one connection, for the idle timeout.
 #[derive(Debug)]
 pub(crate) struct Activity {
@@ -163,8 +165,9 @@ pub(crate) async fn handle(
         }
     } else if let Some(n) = route.strip_prefix("/bytes/") {
         match n.parse::<usize>() {
-            Ok(n) => body = Bytes::from(vec![b'x'; n]),
-            Err(_) => status = http::StatusCode::BAD_REQUEST,
+            Ok(n) if n <= MAX_BYTES_ROUTE => body = Bytes::from(vec![b'x'; n]),
+            // Larger bodies would be allocated whole: refuse them.
+            _ => status = http::StatusCode::BAD_REQUEST,
         }
     }
     if !delay.is_zero() {
