@@ -27,21 +27,8 @@ async fn sequential_requests_miss_once_then_hit_with_custom_root_ca() {
     let t = telemetry();
     let pki = TestPki::localhost().expect("pki");
     let server = tls_server(&pki, TlsVersions::Tls13Only, HttpVersions::Http1Only).await;
-    let client = t
-        .conntrace()
-        .instrument_client(reqwest::Client::builder())
-        .tls(trust(&pki))
-        .build_with_middleware()
-        .expect("client builds");
-    for _ in 0..3 {
-        let body = client
-            .get(server.url("/"))
-            .send()
-            .await
-            .expect("request succeeds")
-            .text()
-            .await
-            .expect("body");
+    let client = t.client(reqwest::Client::builder(), Some(&pki));
+    for body in get_sequentially(&client, &server.url("/"), 3).await {
         assert_eq!(body, "ok");
     }
     assert_eq!(server.accepted_connections(), 1);
@@ -182,22 +169,11 @@ async fn fresh_connections_resume_tls13_sessions() {
     let t = telemetry();
     let pki = TestPki::localhost().expect("pki");
     let server = tls_server(&pki, TlsVersions::Tls13Only, HttpVersions::Http1Only).await;
-    let client = t
-        .conntrace()
-        .instrument_client(reqwest::Client::builder().pool_max_idle_per_host(0))
-        .tls(trust(&pki))
-        .build_with_middleware()
-        .expect("client builds");
-    for _ in 0..3 {
-        client
-            .get(server.url("/"))
-            .send()
-            .await
-            .expect("ok")
-            .bytes()
-            .await
-            .expect("body");
-    }
+    let client = t.client(
+        reqwest::Client::builder().pool_max_idle_per_host(0),
+        Some(&pki),
+    );
+    get_sequentially(&client, &server.url("/"), 3).await;
     assert_eq!(server.accepted_connections(), 3);
     let setups = t.setups();
     assert_eq!(setups.len(), 3);
@@ -242,22 +218,11 @@ async fn tls12_server_reports_version_and_resumption() {
     let t = telemetry();
     let pki = TestPki::localhost().expect("pki");
     let server = tls_server(&pki, TlsVersions::Tls12Only, HttpVersions::Http1Only).await;
-    let client = t
-        .conntrace()
-        .instrument_client(reqwest::Client::builder().pool_max_idle_per_host(0))
-        .tls(trust(&pki))
-        .build_with_middleware()
-        .expect("client builds");
-    for _ in 0..2 {
-        client
-            .get(server.url("/"))
-            .send()
-            .await
-            .expect("ok")
-            .bytes()
-            .await
-            .expect("body");
-    }
+    let client = t.client(
+        reqwest::Client::builder().pool_max_idle_per_host(0),
+        Some(&pki),
+    );
+    get_sequentially(&client, &server.url("/"), 2).await;
     let setups = t.setups();
     assert_eq!(setups.len(), 2);
     for s in &setups {
@@ -284,12 +249,7 @@ async fn http2_concurrent_first_requests_coalesce_onto_one_connection() {
     let t = telemetry();
     let pki = TestPki::localhost().expect("pki");
     let server = tls_server(&pki, TlsVersions::Tls13Only, HttpVersions::Http2Only).await;
-    let client = t
-        .conntrace()
-        .instrument_client(reqwest::Client::builder())
-        .tls(trust(&pki))
-        .build_with_middleware()
-        .expect("client builds");
+    let client = t.client(reqwest::Client::builder(), Some(&pki));
     let n = 8;
     let results = futures::future::join_all((0..n).map(|_| {
         let client = client.clone();
@@ -370,12 +330,10 @@ async fn pool_race_busy_connection_frees_before_the_new_connect() {
         .await
         .expect("proxy");
     let url = format!("https://localhost:{}/", proxy.addr().port());
-    let client = t
-        .conntrace()
-        .instrument_client(reqwest::Client::builder().pool_max_idle_per_host(1))
-        .tls(trust(&pki))
-        .build_with_middleware()
-        .expect("client builds");
+    let client = t.client(
+        reqwest::Client::builder().pool_max_idle_per_host(1),
+        Some(&pki),
+    );
     client
         .get(&url)
         .send()
@@ -469,16 +427,7 @@ async fn works_inside_reqwest_tracing_span() {
                 .make_span(reqwest_conntrace::UseCurrentSpan),
         )
         .build();
-    for _ in 0..2 {
-        client
-            .get(server.url("/"))
-            .send()
-            .await
-            .expect("ok")
-            .bytes()
-            .await
-            .expect("body");
-    }
+    get_sequentially(&client, &server.url("/"), 2).await;
     let spans = t.spans();
     let with_pool: Vec<_> = spans
         .iter()
@@ -512,11 +461,7 @@ async fn works_inside_reqwest_tracing_span() {
 async fn request_span_ends_at_end_of_body() {
     let t = telemetry();
     let server = TestServer::start_plain().await.expect("server");
-    let client = t
-        .conntrace()
-        .instrument_client(reqwest::Client::builder())
-        .build_with_middleware()
-        .expect("client");
+    let client = t.client(reqwest::Client::builder(), None);
     let mut response = client
         .get(server.url("/bytes/100000"))
         .send()
@@ -552,11 +497,7 @@ async fn refused_connection_is_reported_and_passes_through() {
         let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
         l.local_addr().expect("addr").port()
     };
-    let client = t
-        .conntrace()
-        .instrument_client(reqwest::Client::builder())
-        .build_with_middleware()
-        .expect("client");
+    let client = t.client(reqwest::Client::builder(), None);
     let err = client
         .get(format!("http://127.0.0.1:{port}/"))
         .send()
@@ -646,12 +587,7 @@ async fn untrusted_certificate_is_reported() {
     let server_pki = TestPki::localhost().expect("pki");
     let other = TestPki::untrusted_other().expect("pki");
     let server = tls_server(&server_pki, TlsVersions::Tls13Only, HttpVersions::Http1Only).await;
-    let client = t
-        .conntrace()
-        .instrument_client(reqwest::Client::builder())
-        .tls(trust(&other))
-        .build_with_middleware()
-        .expect("client");
+    let client = t.client(reqwest::Client::builder(), Some(&other));
     client
         .get(server.url("/"))
         .send()
@@ -694,11 +630,7 @@ async fn request_dropped_mid_handshake_ends_every_span() {
             keep.lock().await.push(s);
         }
     });
-    let client = t
-        .conntrace()
-        .instrument_client(reqwest::Client::builder())
-        .build_with_middleware()
-        .expect("client");
+    let client = t.client(reqwest::Client::builder(), None);
     let attempt = tokio::time::timeout(
         Duration::from_millis(300),
         client

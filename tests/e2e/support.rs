@@ -39,6 +39,21 @@ impl Telemetry {
         ConnTrace::builder().tracer_provider(&self.provider).build()
     }
 
+    /// An instrumented client behind the middleware, trusting only `pki`'s
+    /// CA when given, recording into this provider.
+    pub(crate) fn client(
+        &self,
+        builder: reqwest::ClientBuilder,
+        pki: Option<&conntrace_lab::TestPki>,
+    ) -> reqwest_middleware::ClientWithMiddleware {
+        let instrumented = self.conntrace().instrument_client(builder);
+        let instrumented = match pki {
+            Some(pki) => instrumented.tls(trust(pki)),
+            None => instrumented,
+        };
+        instrumented.build_with_middleware().expect("client builds")
+    }
+
     /// Every span ended so far.
     pub(crate) fn spans(&self) -> Vec<SpanData> {
         self.exporter
@@ -144,4 +159,19 @@ pub(crate) fn trust(pki: &conntrace_lab::TestPki) -> TlsSettings {
     TlsSettings::new()
         .built_in_roots(false)
         .add_root_certificate(pki.ca_cert_der())
+}
+
+/// GETs `url` `n` times one after the other, reading each body to its end;
+/// returns the bodies. Panics on any failure (the tests expect success).
+pub(crate) async fn get_sequentially(
+    client: &reqwest_middleware::ClientWithMiddleware,
+    url: &str,
+    n: usize,
+) -> Vec<bytes::Bytes> {
+    let mut bodies = Vec::with_capacity(n);
+    for _ in 0..n {
+        let response = client.get(url).send().await.expect("request succeeds");
+        bodies.push(response.bytes().await.expect("body"));
+    }
+    bodies
 }
