@@ -76,6 +76,20 @@ pub(crate) fn export_failure(detail: &str) -> String {
     one_line(&parts.join(": "))
 }
 
+/// The exit code of a finished run: prints the telemetry export failure, if
+/// any, as one `error:` line; success only when the run was `ok` and the
+/// spans were delivered.
+pub(crate) fn exit_code(ok: bool, telemetry_error: Option<&str>) -> std::process::ExitCode {
+    if let Some(t) = telemetry_error {
+        eprintln!("error: {t}");
+    }
+    if ok && telemetry_error.is_none() {
+        std::process::ExitCode::SUCCESS
+    } else {
+        std::process::ExitCode::FAILURE
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

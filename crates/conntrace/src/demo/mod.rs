@@ -198,15 +198,10 @@ pub(crate) async fn run(args: DemoArgs) -> anyhow::Result<ExitCode> {
         eprintln!("error: {failed} batch call(s) failed");
         ok = false;
     }
-    if let Some(t) = &report.telemetry.error {
-        eprintln!("error: {t}");
-        ok = false;
-    }
-    Ok(if ok {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::FAILURE
-    })
+    Ok(crate::error::exit_code(
+        ok,
+        report.telemetry.error.as_deref(),
+    ))
 }
 
 /// Starts the lab and runs both phases.

@@ -216,15 +216,10 @@ pub(crate) async fn run(args: ProbeArgs) -> anyhow::Result<ExitCode> {
         );
         ok = false;
     }
-    if let Some(t) = &report.telemetry.error {
-        eprintln!("error: {t}");
-        ok = false;
-    }
-    Ok(if ok {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::FAILURE
-    })
+    Ok(crate::error::exit_code(
+        ok,
+        report.telemetry.error.as_deref(),
+    ))
 }
 
 /// Sends `n` GETs in waves of `concurrency`, returns one row per request in
