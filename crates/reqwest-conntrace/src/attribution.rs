@@ -39,24 +39,18 @@ pub(crate) fn attribute_response(
     };
     let request_count = record.count_request();
     let start = state.started;
+    let ready = record.ready_at();
+    // The end of the previous response on the connection (or its ready time).
+    let last_quiet = record.last_activity();
     // When the connection was free for this request: ready, and for HTTP/1.1
     // (one request at a time) also released by the previous response.
-    let available = if record.http2 {
-        record.ready_at
-    } else {
-        record
-            .last_released()
-            .map_or(record.ready_at, |r| r.max(record.ready_at))
-    };
-    let reused = record.ready_at <= start;
+    let available = if record.http2() { ready } else { last_quiet };
+    let reused = ready <= start;
     let wait = available.saturating_duration_since(start);
     // Idle since the connection last finished a response (or became ready).
     // For HTTP/2 other streams may still be open at that moment.
-    let last_quiet = record
-        .last_released()
-        .map_or(record.ready_at, |r| r.max(record.ready_at));
     let idle = (reused && available <= start && last_quiet <= start).then(|| start - last_quiet);
-    let age = start.saturating_duration_since(record.ready_at);
+    let age = start.saturating_duration_since(ready);
     let paid = record.trigger_id == Some(state.id);
 
     span.set_attribute(semconv::HTTP_CONNECTION_REUSED, reused);
@@ -78,7 +72,7 @@ pub(crate) fn attribute_response(
     }
     state.finish(Fate::ServedBy {
         connection_id: record.id(),
-        http2: record.http2,
+        http2: record.http2(),
     });
     let usage = ConnectionUse {
         id: record.id(),
@@ -186,7 +180,7 @@ impl RequestEnd {
                 EndKind::Complete => record.mark_released(now),
                 // An HTTP/1.1 response dropped mid-body cannot go back to the
                 // pool: hyper closes the connection.
-                EndKind::Dropped | EndKind::Failed if !record.http2 => {
+                EndKind::Dropped | EndKind::Failed if !record.http2() => {
                     if let (Some(l), Some(r)) = (record.setup.local_addr, record.setup.peer_addr) {
                         self.inner.registry.remove(l, r, record.id());
                     }

@@ -265,10 +265,8 @@ fn on_connected<T: Connection>(
     let end = inner.clock.wall(now);
     let record = Arc::new(ConnectionRecord::new(
         report,
-        now,
         setup::span_context(&cx),
         attempt.trigger.as_ref().map(|t| t.id),
-        established.http2,
     ));
     if let (Some(local), Some(remote)) = (established.local, established.remote) {
         inner.registry.insert(local, remote, record.clone());

@@ -15,11 +15,9 @@ use crate::report::ConnectionSetup;
 #[derive(Debug)]
 pub(crate) struct ConnectionRecord {
     pub(crate) setup: Arc<ConnectionSetup>,
-    pub(crate) ready_at: Instant,
     pub(crate) setup_span: SpanContext,
     /// Id of the request whose pool miss started the connect.
     pub(crate) trigger_id: Option<u64>,
-    pub(crate) http2: bool,
     pub(crate) requests: AtomicU64,
     /// End of the latest response on this connection (body read or dropped).
     last_released: Mutex<Option<Instant>>,
@@ -28,17 +26,13 @@ pub(crate) struct ConnectionRecord {
 impl ConnectionRecord {
     pub(crate) fn new(
         setup: Arc<ConnectionSetup>,
-        ready_at: Instant,
         setup_span: SpanContext,
         trigger_id: Option<u64>,
-        http2: bool,
     ) -> Self {
         Self {
             setup,
-            ready_at,
             setup_span,
             trigger_id,
-            http2,
             requests: AtomicU64::new(0),
             last_released: Mutex::new(None),
         }
@@ -46,6 +40,16 @@ impl ConnectionRecord {
 
     pub(crate) fn id(&self) -> u64 {
         self.setup.id
+    }
+
+    /// When the connect finished and the connection became usable.
+    pub(crate) fn ready_at(&self) -> Instant {
+        self.setup.started + self.setup.total
+    }
+
+    /// HTTP/2 was negotiated (multiplexed: no one-at-a-time release).
+    pub(crate) fn http2(&self) -> bool {
+        self.setup.http2
     }
 
     fn released(&self) -> MutexGuard<'_, Option<Instant>> {
@@ -70,10 +74,12 @@ impl ConnectionRecord {
         self.requests.fetch_add(1, Ordering::Relaxed) + 1
     }
 
-    fn last_activity(&self) -> Instant {
+    /// The end of the latest response on this connection, or its ready
+    /// time when it has carried none.
+    pub(crate) fn last_activity(&self) -> Instant {
         self.last_released()
-            .unwrap_or(self.ready_at)
-            .max(self.ready_at)
+            .unwrap_or(self.ready_at())
+            .max(self.ready_at())
     }
 }
 

@@ -126,7 +126,7 @@ fn finish_setup(p: PendingSetup, fate: Fate) {
                 false,
             ));
             let coalesced = http2
-                && p.record.http2
+                && p.record.http2()
                 && p.record.requests.load(std::sync::atomic::Ordering::Relaxed) == 0;
             if coalesced {
                 span.add_event_with_timestamp(

@@ -56,14 +56,6 @@ fn network_type(addr: &SocketAddr) -> &'static str {
     if addr.is_ipv4() { "ipv4" } else { "ipv6" }
 }
 
-fn is_https(attempt: &ConnectAttempt, phases: &Phases) -> bool {
-    phases.tls_started.is_some()
-        || attempt
-            .trigger
-            .as_ref()
-            .is_some_and(|t| t.scheme == "https")
-}
-
 fn dns_skipped(attempt: &ConnectAttempt, phases: &Phases) -> Option<&'static str> {
     if phases.dns.is_some() {
         return None;
@@ -98,7 +90,6 @@ pub(crate) fn emit_phases(
     let tracer = inner.tracer();
     let phases = attempt.phases().clone();
     let setup_span = cx.span();
-    let https = is_https(attempt, &phases);
     let (failure_type, failure_message) = match ending {
         Ending::Ready(_) => (None, None),
         Ending::Failed {
@@ -285,9 +276,6 @@ pub(crate) fn emit_phases(
         }
         tspan.end_with_timestamp(inner.clock.wall(end));
         tls_duration = Some(end.saturating_duration_since(tls_start));
-    } else if https && established.is_some() {
-        // https through a plain connector we could not observe: say so by
-        // omission rather than inventing a zero-length handshake.
     }
 
     // Setup span attributes.
