@@ -7,6 +7,8 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
+use crate::client::ClientState;
+use crate::pool::MissSlot;
 use crate::report::TlsVersion;
 use crate::request::RequestState;
 
@@ -19,6 +21,12 @@ pub(crate) struct ConnectAttempt {
     /// The request whose poll called the connector, when it went through our
     /// middleware.
     pub(crate) trigger: Option<Arc<RequestState>>,
+    /// The client whose connector was called.
+    pub(crate) client: Arc<ClientState>,
+    /// Why the trigger's pool checkout failed.
+    pub(crate) miss: Option<Arc<MissSlot>>,
+    /// The client's connect timeout (hyper-util splits it among addresses).
+    pub(crate) connect_timeout: Option<std::time::Duration>,
     phases: Mutex<Phases>,
 }
 
@@ -39,6 +47,13 @@ pub(crate) struct Phases {
     pub(crate) cert_verified: Option<(Instant, Option<String>)>,
     /// Version learnt from the handshake (signature check or key schedule).
     pub(crate) tls_version: Option<TlsVersion>,
+    /// Start of the latest poll of the connect future, and of the one before.
+    pub(crate) poll_started: Option<Instant>,
+    pub(crate) previous_poll_started: Option<Instant>,
+    /// At TLS start: the start of the poll before the one that began TLS.
+    /// Through a CONNECT proxy that poll completed the TCP connect and sent
+    /// the CONNECT request (see `semconv::PROXY_CONNECT_SPAN`).
+    pub(crate) tunnel_started: Option<Instant>,
 }
 
 /// The DNS phase of a connect.
@@ -52,17 +67,37 @@ pub(crate) struct DnsPhase {
     pub(crate) began: Option<Instant>,
     pub(crate) answered: Option<Instant>,
     pub(crate) answers: Vec<SocketAddr>,
+    /// The answers in the order handed to the connector (after the
+    /// address-order policy).
+    pub(crate) connect_order: Vec<SocketAddr>,
+    /// The policy that produced `connect_order`.
+    pub(crate) order: crate::dns::AddressOrder,
     pub(crate) error: Option<(&'static str, String)>,
 }
 
 impl ConnectAttempt {
-    pub(crate) fn new(id: u64, trigger: Option<Arc<RequestState>>) -> Self {
+    pub(crate) fn new(
+        id: u64,
+        trigger: Option<Arc<RequestState>>,
+        client: Arc<ClientState>,
+        miss: Option<Arc<MissSlot>>,
+        connect_timeout: Option<std::time::Duration>,
+    ) -> Self {
         Self {
             id,
             started: Instant::now(),
             trigger,
+            client,
+            miss,
+            connect_timeout,
             phases: Mutex::new(Phases::default()),
         }
+    }
+
+    /// Notes the start of a poll of the connect future.
+    pub(crate) fn mark_poll(&self, now: Instant) {
+        let mut p = self.phases();
+        p.previous_poll_started = p.poll_started.replace(now);
     }
 
     /// Locks the phase record. A poisoned lock (a panic elsewhere while
@@ -76,6 +111,7 @@ impl ConnectAttempt {
         let mut p = self.phases();
         if p.tls_started.is_none() {
             p.tls_started = Some(Instant::now());
+            p.tunnel_started = p.previous_poll_started;
         }
     }
 }

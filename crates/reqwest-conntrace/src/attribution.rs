@@ -11,6 +11,7 @@ use tracing_opentelemetry::OpenTelemetrySpanExt;
 
 use crate::clock::secs;
 use crate::handle::Inner;
+use crate::miss::MissReason;
 use crate::registry::ConnectionRecord;
 use crate::report::{ConnectionUse, RequestReport};
 use crate::request::{Fate, RequestState};
@@ -52,6 +53,27 @@ pub(crate) fn attribute_response(
     let idle = (reused && available <= start && last_quiet <= start).then(|| start - last_quiet);
     let age = start.saturating_duration_since(ready);
     let paid = record.trigger_id == Some(state.id);
+    record.take();
+    // Not an idle hit: say why. A request that triggered a connect carries
+    // that connect's reason (even when a freed connection served it first);
+    // one served by a connection set up for another request carries that
+    // connection's reason; a hit that only waited found everything busy.
+    let idle_hit = reused && wait.is_zero();
+    let miss_reason = (!idle_hit).then(|| {
+        state
+            .miss()
+            .map(|m| m.get())
+            .or_else(|| {
+                (!reused)
+                    .then(|| record.miss.as_ref().map(|m| m.get()))
+                    .flatten()
+            })
+            .unwrap_or(if reused {
+                MissReason::AllBusy
+            } else {
+                MissReason::Cold
+            })
+    });
 
     span.set_attribute(semconv::HTTP_CONNECTION_REUSED, reused);
     span.set_attribute(semconv::HTTP_CONNECTION_ID, record.id() as i64);
@@ -60,6 +82,9 @@ pub(crate) fn attribute_response(
     span.set_attribute(semconv::HTTP_CONNECTION_AGE, secs(age));
     if let Some(idle) = idle {
         span.set_attribute(semconv::HTTP_CONNECTION_IDLE_TIME, secs(idle));
+    }
+    if let Some(reason) = miss_reason {
+        span.set_attribute(semconv::HTTP_CONNECTION_MISS_REASON, reason.as_str());
     }
     if !paid {
         span.add_link_with_attributes(
@@ -82,6 +107,7 @@ pub(crate) fn attribute_response(
         age,
         idle,
         paid_by_this_request: paid,
+        miss_reason,
         setup: record.setup.clone(),
     };
     Some((usage, record))
@@ -176,11 +202,20 @@ impl RequestEnd {
                 .set_attribute(semconv::HTTP_RESPONSE_BODY_SIZE, self.body_size as i64);
         }
         if let Some((_, record)) = &self.connection {
+            record.give_back();
             match kind {
-                EndKind::Complete => record.mark_released(now),
+                EndKind::Complete => {
+                    record.mark_released(now);
+                    if !record.http2()
+                        && let Some(host) = &record.host
+                    {
+                        self.inner.pools.on_released(host, record, now);
+                    }
+                }
                 // An HTTP/1.1 response dropped mid-body cannot go back to the
                 // pool: hyper closes the connection.
                 EndKind::Dropped | EndKind::Failed if !record.http2() => {
+                    record.mark_discarded(now);
                     if let (Some(l), Some(r)) = (record.setup.local_addr, record.setup.peer_addr) {
                         self.inner.registry.remove(l, r, record.id());
                     }

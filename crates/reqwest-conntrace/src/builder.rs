@@ -5,8 +5,9 @@ use std::time::Duration;
 
 use reqwest::dns::Resolve;
 
+use crate::client::{ClientState, REQWEST_DEFAULT_IDLE_TIMEOUT};
 use crate::connector::ConnectorLayer;
-use crate::dns::TracedResolver;
+use crate::dns::{AddressOrder, TracedResolver};
 use crate::error::BuildError;
 use crate::handle::ConnTrace;
 use crate::tls::TlsSettings;
@@ -33,6 +34,10 @@ pub struct InstrumentedClientBuilder {
     tls: TlsSettings,
     resolver: Option<Arc<dyn Resolve>>,
     connect_timeout: Option<Duration>,
+    idle_timeout: Option<Option<Duration>>,
+    max_idle_per_host: Option<usize>,
+    address_order: AddressOrder,
+    proxy: Option<String>,
 }
 
 impl std::fmt::Debug for InstrumentedClientBuilder {
@@ -42,6 +47,13 @@ impl std::fmt::Debug for InstrumentedClientBuilder {
             .field("tls", &self.tls)
             .field("custom_resolver", &self.resolver.is_some())
             .field("connect_timeout", &self.connect_timeout)
+            .field("pool_idle_timeout", &self.idle_timeout)
+            .field("pool_max_idle_per_host", &self.max_idle_per_host)
+            .field("address_order", &self.address_order)
+            .field(
+                "proxy",
+                &self.proxy.as_deref().map(crate::redact::redact_str),
+            )
             .finish()
     }
 }
@@ -55,6 +67,10 @@ impl ConnTrace {
             tls: TlsSettings::default(),
             resolver: None,
             connect_timeout: None,
+            idle_timeout: None,
+            max_idle_per_host: None,
+            address_order: AddressOrder::Keep,
+            proxy: None,
         }
     }
 }
@@ -86,6 +102,44 @@ impl InstrumentedClientBuilder {
     /// at it is reported as `error.type = timeout`. Default: none.
     pub fn connect_timeout(mut self, timeout: Duration) -> Self {
         self.connect_timeout = Some(timeout);
+        self
+    }
+
+    /// The pool's idle timeout (sets reqwest's `pool_idle_timeout`): idle
+    /// connections older than this are dropped, and a miss that follows is
+    /// reported as `idle_expired`. `None` keeps idle connections forever.
+    /// Set it here rather than on reqwest's builder, where this crate cannot
+    /// read it. Default: reqwest's, 90 s.
+    pub fn pool_idle_timeout(mut self, timeout: Option<Duration>) -> Self {
+        self.idle_timeout = Some(timeout);
+        self
+    }
+
+    /// Most idle connections kept per host (sets reqwest's
+    /// `pool_max_idle_per_host`): a connection released while the pool
+    /// already holds this many idle ones is closed, and the miss that follows
+    /// is reported as `all_busy`. Set it here rather than on reqwest's
+    /// builder, where this crate cannot read it. Default: reqwest's, unlimited.
+    pub fn pool_max_idle_per_host(mut self, max: usize) -> Self {
+        self.max_idle_per_host = Some(max);
+        self
+    }
+
+    /// The order resolved addresses are tried in (see [`AddressOrder`]).
+    /// Default: [`AddressOrder::Keep`].
+    pub fn address_order(mut self, order: AddressOrder) -> Self {
+        self.address_order = order;
+        self
+    }
+
+    /// Sends every request through the HTTP proxy at `url` (`http://host:port`;
+    /// reqwest's `Proxy::all`): `https` targets through a CONNECT tunnel,
+    /// `http` targets in absolute form. Set here, the proxy is known to the
+    /// connection-setup span (`http.connection.proxied`, the
+    /// `proxy.connect` phase). Default: none (reqwest's system proxy
+    /// detection still applies).
+    pub fn proxy(mut self, url: impl Into<String>) -> Self {
+        self.proxy = Some(url.into());
         self
     }
 
@@ -125,17 +179,46 @@ impl InstrumentedClientBuilder {
         let resolver = match self.resolver {
             Some(r) => TracedResolver::new(r),
             None => TracedResolver::system(),
+        }
+        .address_order(self.address_order);
+        let proxy = match &self.proxy {
+            Some(p) => Some(
+                url::Url::parse(p)
+                    .ok()
+                    .filter(|u| u.scheme() == "http" && u.host().is_some())
+                    .ok_or_else(|| BuildError::InvalidProxy(crate::redact::redact_str(p)))?,
+            ),
+            None => None,
         };
+        let idle_timeout = self
+            .idle_timeout
+            .unwrap_or(Some(REQWEST_DEFAULT_IDLE_TIMEOUT));
+        let client = Arc::new(ClientState::new(
+            idle_timeout,
+            self.max_idle_per_host,
+            proxy.clone(),
+        ));
         let mut builder = self
             .builder
             .tls_backend_preconfigured(config)
             .dns_resolver(Arc::new(resolver))
             .connector_layer(
-                ConnectorLayer::new(self.trace.clone()).connect_timeout(self.connect_timeout),
+                ConnectorLayer::for_client(self.trace.clone(), client)
+                    .connect_timeout(self.connect_timeout),
             );
         if let Some(t) = self.connect_timeout {
             builder = builder.connect_timeout(t);
         }
+        if let Some(t) = self.idle_timeout {
+            builder = builder.pool_idle_timeout(t);
+        }
+        if let Some(max) = self.max_idle_per_host {
+            builder = builder.pool_max_idle_per_host(max);
+        }
+        if let Some(p) = proxy {
+            builder = builder.proxy(reqwest::Proxy::all(p.as_str())?);
+        }
+        self.trace.inner().count_client();
         Ok(builder.build()?)
     }
 

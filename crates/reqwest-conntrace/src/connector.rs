@@ -17,8 +17,10 @@ use tower_service::Service;
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 
 use crate::attempt::{AttemptScope, ConnectAttempt};
+use crate::client::ClientState;
 use crate::error::{classify, error_chain_text};
 use crate::handle::{ConnTrace, Inner};
+use crate::pool::{MissSlot, MissVerdict};
 use crate::registry::ConnectionRecord;
 use crate::request::{self, PendingSetup};
 use crate::semconv;
@@ -33,17 +35,29 @@ use crate::setup::{self, Ending, Established};
 /// together with [`TracedResolver`](crate::TracedResolver) and the TLS
 /// configuration from [`TlsSettings`](crate::TlsSettings), or the phases
 /// cannot be split.
+///
+/// One layer value stands for one client: its connections are told apart
+/// from other clients' for the `cold` / `new_client` miss reasons. Build a
+/// new layer per client.
 #[derive(Clone, Debug)]
 pub struct ConnectorLayer {
     trace: ConnTrace,
+    client: Arc<ClientState>,
     connect_timeout: Option<Duration>,
 }
 
 impl ConnectorLayer {
-    /// A layer recording into `trace`'s registry and tracer.
+    /// A layer recording into `trace`'s registry and tracer, for a client
+    /// with reqwest's default pool settings (90 s idle timeout, unlimited
+    /// idle connections per host).
     pub fn new(trace: ConnTrace) -> Self {
+        Self::for_client(trace, Arc::new(ClientState::reqwest_defaults()))
+    }
+
+    pub(crate) fn for_client(trace: ConnTrace, client: Arc<ClientState>) -> Self {
         Self {
             trace,
+            client,
             connect_timeout: None,
         }
     }
@@ -64,6 +78,7 @@ impl<S> Layer<S> for ConnectorLayer {
         ConnectService {
             inner,
             trace: self.trace.clone(),
+            client: self.client.clone(),
             connect_timeout: self.connect_timeout,
         }
     }
@@ -76,6 +91,7 @@ impl<S> Layer<S> for ConnectorLayer {
 pub struct ConnectService<S> {
     inner: S,
     trace: ConnTrace,
+    client: Arc<ClientState>,
     connect_timeout: Option<Duration>,
 }
 
@@ -96,7 +112,26 @@ where
     fn call(&mut self, req: R) -> Self::Future {
         let inner = self.trace.inner().clone();
         let trigger = request::current();
-        let attempt = Arc::new(ConnectAttempt::new(inner.next_connection_id(), trigger));
+        // reqwest calls the connector when hyper-util's pool checkout found
+        // no usable idle connection: classify that miss now.
+        let miss = trigger.as_ref().map(|t| {
+            let slot = match inner
+                .pools
+                .classify_miss(&t.host_key(), &self.client, Instant::now())
+            {
+                MissVerdict::Decided(reason) => Arc::new(MissSlot::decided(reason)),
+                MissVerdict::AskKernel { otherwise, .. } => Arc::new(MissSlot::decided(otherwise)),
+            };
+            t.note_miss(slot.clone());
+            slot
+        });
+        let attempt = Arc::new(ConnectAttempt::new(
+            inner.next_connection_id(),
+            trigger,
+            self.client.clone(),
+            miss,
+            self.connect_timeout,
+        ));
         // reqwest calls the connector inside the request's poll, so the
         // current span is the request span the middleware instrumented.
         let parent = tracing::Span::current().context();
@@ -200,6 +235,9 @@ where
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.project();
+        if let Some(s) = &this.guard.state {
+            s.attempt.mark_poll(Instant::now());
+        }
         let result = {
             let _scope = this
                 .guard
@@ -263,13 +301,20 @@ fn on_connected<T: Connection>(
         now,
     ));
     let end = inner.clock.wall(now);
+    let host = attempt.trigger.as_ref().map(|t| t.host_key());
     let record = Arc::new(ConnectionRecord::new(
         report,
         setup::span_context(&cx),
         attempt.trigger.as_ref().map(|t| t.id),
+        attempt.client.clone(),
+        host.clone(),
+        attempt.miss.clone(),
     ));
     if let (Some(local), Some(remote)) = (established.local, established.remote) {
         inner.registry.insert(local, remote, record.clone());
+    }
+    if let Some(host) = host {
+        inner.pools.record_connection(host, record.clone());
     }
     match &attempt.trigger {
         Some(trigger) => trigger.connect_ready(PendingSetup { record, cx, end }),

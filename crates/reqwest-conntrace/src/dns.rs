@@ -21,6 +21,73 @@ use crate::error::{DnsError, classify, error_chain_text};
 #[derive(Clone)]
 pub struct TracedResolver {
     inner: Arc<dyn Resolve>,
+    order: AddressOrder,
+}
+
+/// The order in which resolved addresses are handed to the connector.
+///
+/// hyper-util's connector (reqwest's) tries the addresses of the *first*
+/// address's family one after another (each with an equal share of the
+/// connect timeout), and starts on the other family 300 ms later if none has
+/// connected yet (Happy Eyeballs, RFC 6555 / RFC 8305). So the first address
+/// decides which family is preferred.
+///
+/// Trade-off (incident 4): with [`Keep`](Self::Keep) a resolver that answers
+/// IPv6 first makes every connect wait on IPv6; where IPv6 drops SYNs each
+/// new connection pays the 300 ms fallback delay, or a 1 s / 3 s SYN
+/// retransmit when no IPv4 address is left to race.
+/// [`Ipv4First`](Self::Ipv4First) avoids that on hosts whose IPv6 path is
+/// broken, at the price of never preferring a working IPv6 path.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[non_exhaustive]
+pub enum AddressOrder {
+    /// The resolver's order (`getaddrinfo` applies RFC 6724). Default.
+    #[default]
+    Keep,
+    /// IPv4 addresses first (in the resolver's order), IPv6 after them as
+    /// the Happy Eyeballs fallback.
+    Ipv4First,
+    /// IPv6 addresses first, IPv4 after them as the fallback.
+    Ipv6First,
+}
+
+impl AddressOrder {
+    /// The `http.connection.address_order` value: `keep`, `ipv4_first` or
+    /// `ipv6_first`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AddressOrder::Keep => "keep",
+            AddressOrder::Ipv4First => "ipv4_first",
+            AddressOrder::Ipv6First => "ipv6_first",
+        }
+    }
+
+    /// Reorders `addrs` by this policy; a stable partition, so the order
+    /// within each family is the resolver's.
+    pub fn apply(self, addrs: &[SocketAddr]) -> Vec<SocketAddr> {
+        let (v4, v6): (Vec<SocketAddr>, Vec<SocketAddr>) = addrs.iter().partition(|a| a.is_ipv4());
+        match self {
+            AddressOrder::Keep => addrs.to_vec(),
+            AddressOrder::Ipv4First => v4.into_iter().chain(v6).collect(),
+            AddressOrder::Ipv6First => v6.into_iter().chain(v4).collect(),
+        }
+    }
+}
+
+impl std::str::FromStr for AddressOrder {
+    type Err = String;
+
+    /// Parses `keep`, `ipv4-first` / `ipv4_first` or `ipv6-first` / `ipv6_first`.
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "keep" => Ok(AddressOrder::Keep),
+            "ipv4-first" | "ipv4_first" => Ok(AddressOrder::Ipv4First),
+            "ipv6-first" | "ipv6_first" => Ok(AddressOrder::Ipv6First),
+            other => Err(format!(
+                "unknown address order `{other}` (expected keep, ipv4-first or ipv6-first)"
+            )),
+        }
+    }
 }
 
 impl std::fmt::Debug for TracedResolver {
@@ -30,9 +97,19 @@ impl std::fmt::Debug for TracedResolver {
 }
 
 impl TracedResolver {
-    /// Wraps `inner`.
+    /// Wraps `inner`, keeping its address order.
     pub fn new(inner: Arc<dyn Resolve>) -> Self {
-        Self { inner }
+        Self {
+            inner,
+            order: AddressOrder::Keep,
+        }
+    }
+
+    /// Reorders every answer by `order` before the connector sees it.
+    /// Default: [`AddressOrder::Keep`].
+    pub fn address_order(mut self, order: AddressOrder) -> Self {
+        self.order = order;
+        self
     }
 
     /// Wraps [`SystemResolver`], the equivalent of reqwest's default.
@@ -53,24 +130,32 @@ impl Resolve for TracedResolver {
                 began: None,
                 answered: None,
                 answers: Vec::new(),
+                connect_order: Vec::new(),
+                order: self.order,
                 error: None,
             });
         }
+        let order = self.order;
         let lookup = self.inner.resolve(name);
         Box::pin(async move {
             let result = lookup.await;
-            let Some(a) = current else {
-                return result;
-            };
             let answered = Instant::now();
+            let Some(a) = current else {
+                return result.map(|addrs| {
+                    let addrs: Vec<SocketAddr> = addrs.collect();
+                    Box::new(order.apply(&addrs).into_iter()) as Addrs
+                });
+            };
             match result {
                 Ok(addrs) => {
                     let addrs: Vec<SocketAddr> = addrs.collect();
+                    let ordered = order.apply(&addrs);
                     if let Some(d) = a.phases().dns.as_mut() {
                         d.answered = Some(answered);
-                        d.answers = addrs.clone();
+                        d.answers = addrs;
+                        d.connect_order = ordered.clone();
                     }
-                    Ok(Box::new(addrs.into_iter()) as Addrs)
+                    Ok(Box::new(ordered.into_iter()) as Addrs)
                 }
                 Err(e) => {
                     if let Some(d) = a.phases().dns.as_mut() {

@@ -32,6 +32,11 @@ pub enum BuildError {
         "the TLS option `{0}` was set on reqwest::ClientBuilder; set it through reqwest_conntrace::TlsSettings so it is not lost"
     )]
     TlsOptionOnReqwestBuilder(&'static str),
+    /// The proxy URL given to
+    /// [`InstrumentedClientBuilder::proxy`](crate::InstrumentedClientBuilder::proxy)
+    /// is not an `http://host[:port]` URL (credentials redacted).
+    #[error("invalid proxy URL `{0}`: expected http://host[:port]")]
+    InvalidProxy(String),
     /// reqwest refused to build the client.
     #[error("reqwest: {0}")]
     Reqwest(#[from] reqwest::Error),

@@ -9,6 +9,7 @@ use opentelemetry::global::{BoxedTracer, ObjectSafeTracerProvider};
 use opentelemetry::trace::TracerProvider;
 
 use crate::clock::Clock;
+use crate::pool::PoolHistory;
 use crate::registry::Registry;
 use crate::report::{DefaultOnRequestEnd, OnRequestEnd};
 
@@ -60,6 +61,8 @@ pub(crate) enum TracerSource {
 
 pub(crate) struct Inner {
     pub(crate) registry: Registry,
+    pub(crate) pools: PoolHistory,
+    clients_built: AtomicU64,
     pub(crate) clock: Clock,
     tracer: TracerSource,
     pub(crate) on_request_end: Box<dyn OnRequestEnd>,
@@ -90,6 +93,11 @@ impl Inner {
     pub(crate) fn next_request_id(&self) -> u64 {
         NEXT_REQUEST_ID.fetch_add(1, Ordering::Relaxed)
     }
+
+    /// Counts one more client built from this handle.
+    pub(crate) fn count_client(&self) {
+        self.clients_built.fetch_add(1, Ordering::Relaxed);
+    }
 }
 
 impl ConnTrace {
@@ -112,6 +120,14 @@ impl ConnTrace {
     /// Number of connections the registry currently remembers.
     pub fn known_connections(&self) -> usize {
         self.inner.registry.len()
+    }
+
+    /// Number of clients built from this handle with
+    /// [`instrument_client`](Self::instrument_client). A number that keeps
+    /// growing means a client per request or per task (miss reason
+    /// `new_client`).
+    pub fn clients_built(&self) -> u64 {
+        self.inner.clients_built.load(Ordering::Relaxed)
     }
 }
 
@@ -175,6 +191,8 @@ impl ConnTraceBuilder {
         ConnTrace {
             inner: Arc::new(Inner {
                 registry: Registry::new(self.capacity),
+                pools: PoolHistory::default(),
+                clients_built: AtomicU64::new(0),
                 clock: Clock::new(),
                 tracer: self.tracer,
                 on_request_end: self.on_request_end,

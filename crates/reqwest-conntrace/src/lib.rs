@@ -31,18 +31,22 @@
 //! the OpenTelemetry tracer provider (connection spans); [`otlp`] (feature
 //! `otlp`) sets both up from the standard `OTEL_*` variables.
 
+mod address;
 mod attempt;
 mod attribution;
 mod body;
 mod builder;
+mod client;
 mod clock;
 mod connector;
 mod dns;
 mod error;
 mod handle;
 mod middleware;
+mod miss;
 #[cfg(feature = "otlp")]
 pub mod otlp;
+mod pool;
 mod redact;
 mod registry;
 mod report;
@@ -53,12 +57,13 @@ mod tls;
 
 pub use builder::InstrumentedClientBuilder;
 pub use connector::{ConnectFuture, ConnectService, ConnectorLayer};
-pub use dns::{SystemResolver, TracedResolver};
+pub use dns::{AddressOrder, SystemResolver, TracedResolver};
 pub use error::BuildError;
 pub use handle::{ConnTrace, ConnTraceBuilder, DEFAULT_REGISTRY_CAPACITY};
 pub use middleware::{
     ConnTraceMiddleware, DefaultMakeRequestSpan, MakeRequestSpan, UseCurrentSpan,
 };
+pub use miss::MissReason;
 pub use redact::redact_url;
 pub use report::{
     ConnectionSetup, ConnectionUse, DefaultOnRequestEnd, OnRequestEnd, RequestReport, TlsVersion,

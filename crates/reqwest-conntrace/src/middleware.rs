@@ -170,6 +170,10 @@ impl<F: Future> Future for Scoped<F> {
     }
 }
 
+/// Longest a response waits for its miss reason (the kernel's answer about
+/// the previous idle connection, asked when the connect started).
+const MISS_REASON_WAIT: std::time::Duration = std::time::Duration::from_millis(50);
+
 fn default_port(scheme: &str) -> u16 {
     match scheme {
         "https" => 443,
@@ -254,6 +258,11 @@ impl<M: MakeRequestSpan> Middleware for ConnTraceMiddleware<M> {
                 );
                 if status.is_client_error() || status.is_server_error() {
                     end.fail(status.as_str(), format!("HTTP status {status}"));
+                }
+                // A miss whose reason waits on the kernel's answer (was the
+                // idle connection closed by the server?): bounded wait.
+                if let Some(miss) = state.miss() {
+                    miss.settled(MISS_REASON_WAIT).await;
                 }
                 end.connection = attribute_response(
                     &inner,

@@ -29,10 +29,11 @@ pub fn redact_url(url: &Url) -> String {
             .iter()
             .any(|k| url.query_pairs().any(|(name, _)| name == *k))
     {
+        // Compare decoded keys (`si%67` is `sig`), keep the sent spelling.
         let redacted: Vec<String> = query
             .split('&')
             .map(|pair| match pair.split_once('=') {
-                Some((k, _)) if SIGNED_QUERY_KEYS.contains(&k) => format!("{k}={REDACTED}"),
+                Some((k, _)) if is_signed_key(k) => format!("{k}={REDACTED}"),
                 _ => pair.to_owned(),
             })
             .collect();
@@ -41,9 +42,29 @@ pub fn redact_url(url: &Url) -> String {
     out.to_string()
 }
 
+fn is_signed_key(raw: &str) -> bool {
+    url::form_urlencoded::parse(raw.as_bytes())
+        .next()
+        .is_some_and(|(k, _)| SIGNED_QUERY_KEYS.contains(&k.as_ref()))
+}
+
+/// [`redact_url`] for a string that may not be a valid URL (e.g. a proxy
+/// URL in an error message): anything before an `@` in the authority is
+/// replaced when it does not parse.
+pub(crate) fn redact_str(raw: &str) -> String {
+    match Url::parse(raw) {
+        Ok(url) => redact_url(&url),
+        Err(_) => match (raw.find("://"), raw.rfind('@')) {
+            (Some(s), Some(at)) if at > s => format!("{}{REDACTED}{}", &raw[..s + 3], &raw[at..]),
+            (None, Some(at)) => format!("{REDACTED}{}", &raw[at..]),
+            _ => raw.to_owned(),
+        },
+    }
+}
+
 #[cfg(test)]
 mod tests {
-    use super::redact_url;
+    use super::{redact_str, redact_url};
     use url::Url;
 
     #[test]
@@ -55,6 +76,21 @@ mod tests {
         assert_eq!(
             redact_url(&url),
             "https://REDACTED:REDACTED@example.com/p?AWSAccessKeyId=REDACTED&Signature=REDACTED&x=1"
+        );
+    }
+
+    #[test]
+    fn percent_encoded_signed_keys_are_redacted() {
+        let url = Url::parse("https://example.com/p?si%67=secret&x=1").expect("valid url");
+        assert_eq!(redact_url(&url), "https://example.com/p?si%67=REDACTED&x=1");
+    }
+
+    #[test]
+    fn unparseable_strings_lose_their_credentials() {
+        assert_eq!(redact_str("http://u:p@[bad"), "http://REDACTED@[bad");
+        assert_eq!(
+            redact_str("http://u:p@proxy:3128"),
+            "http://REDACTED:REDACTED@proxy:3128/"
         );
     }
 

@@ -3,12 +3,14 @@
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
 use opentelemetry::trace::SpanContext;
 
+use crate::client::ClientState;
+use crate::pool::{HostKey, MissSlot};
 use crate::report::ConnectionSetup;
 
 /// One established connection as this handle saw it being set up.
@@ -19,6 +21,19 @@ pub(crate) struct ConnectionRecord {
     /// Id of the request whose pool miss started the connect.
     pub(crate) trigger_id: Option<u64>,
     pub(crate) requests: AtomicU64,
+    /// The client whose connector made it.
+    pub(crate) client: Arc<ClientState>,
+    /// The pool key it serves, when the trigger was known.
+    pub(crate) host: Option<HostKey>,
+    /// Why the connect was needed (the trigger's pool miss).
+    pub(crate) miss: Option<Arc<MissSlot>>,
+    /// Requests currently using it (HTTP/1.1: 0 or 1).
+    in_use: AtomicU32,
+    /// An HTTP/1.1 response was dropped mid-body: hyper closed it.
+    discarded: AtomicBool,
+    /// Released while the client's idle pool for the host was full: hyper
+    /// closed it.
+    over_idle_limit: AtomicBool,
     /// End of the latest response on this connection (body read or dropped).
     last_released: Mutex<Option<Instant>>,
 }
@@ -28,14 +43,59 @@ impl ConnectionRecord {
         setup: Arc<ConnectionSetup>,
         setup_span: SpanContext,
         trigger_id: Option<u64>,
+        client: Arc<ClientState>,
+        host: Option<HostKey>,
+        miss: Option<Arc<MissSlot>>,
     ) -> Self {
         Self {
             setup,
             setup_span,
             trigger_id,
             requests: AtomicU64::new(0),
+            client,
+            host,
+            miss,
+            in_use: AtomicU32::new(0),
+            discarded: AtomicBool::new(false),
+            over_idle_limit: AtomicBool::new(false),
             last_released: Mutex::new(None),
         }
+    }
+
+    /// Requests currently using the connection.
+    pub(crate) fn in_use(&self) -> u32 {
+        self.in_use.load(Ordering::Relaxed)
+    }
+
+    /// A request starts using the connection.
+    pub(crate) fn take(&self) {
+        self.in_use.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A request stops using the connection.
+    pub(crate) fn give_back(&self) {
+        let _ = self
+            .in_use
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1));
+    }
+
+    /// hyper closed it because a response was dropped before its end.
+    pub(crate) fn mark_discarded(&self, at: Instant) {
+        self.discarded.store(true, Ordering::Relaxed);
+        self.mark_released(at);
+    }
+
+    pub(crate) fn is_discarded(&self) -> bool {
+        self.discarded.load(Ordering::Relaxed)
+    }
+
+    /// hyper closed it at release because the idle pool was full.
+    pub(crate) fn mark_over_idle_limit(&self) {
+        self.over_idle_limit.store(true, Ordering::Relaxed);
+    }
+
+    pub(crate) fn is_over_idle_limit(&self) -> bool {
+        self.over_idle_limit.load(Ordering::Relaxed)
     }
 
     pub(crate) fn id(&self) -> u64 {

@@ -59,6 +59,12 @@ pub struct ConnectionSetup {
     pub http2: bool,
     /// The connection goes through an HTTP proxy.
     pub proxied: bool,
+    /// CONNECT round trip through the proxy (`proxy.connect` span); `None`
+    /// when not tunneled.
+    pub proxy_connect: Option<Duration>,
+    /// The address that connected was not the first one tried
+    /// (`http.connection.address_fallback`).
+    pub address_fallback: bool,
 }
 
 /// How a request got its connection: the pool attribution.
@@ -79,6 +85,9 @@ pub struct ConnectionUse {
     pub idle: Option<Duration>,
     /// This request's own pool miss started the connect that served it.
     pub paid_by_this_request: bool,
+    /// Why the request was not an idle hit (`http.connection.miss_reason`);
+    /// `None` on an idle hit.
+    pub miss_reason: Option<crate::MissReason>,
     /// The serving connection's setup.
     pub setup: Arc<ConnectionSetup>,
 }

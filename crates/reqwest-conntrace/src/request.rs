@@ -10,6 +10,7 @@ use std::time::{Instant, SystemTime};
 use opentelemetry::trace::{Status, TraceContextExt};
 use opentelemetry::{Context, KeyValue};
 
+use crate::pool::{HostKey, MissSlot};
 use crate::registry::ConnectionRecord;
 use crate::semconv;
 
@@ -22,6 +23,8 @@ pub(crate) struct RequestState {
     pub(crate) server_address: String,
     pub(crate) server_port: u16,
     trigger: Mutex<TriggerState>,
+    /// Why the first connect this request triggered was needed.
+    miss: Mutex<Option<Arc<MissSlot>>>,
 }
 
 #[derive(Debug, Default)]
@@ -58,7 +61,30 @@ impl RequestState {
             server_address,
             server_port,
             trigger: Mutex::new(TriggerState::default()),
+            miss: Mutex::new(None),
         }
+    }
+
+    /// The pool key of the request's URL.
+    pub(crate) fn host_key(&self) -> HostKey {
+        HostKey {
+            scheme: self.scheme.clone(),
+            host: self.server_address.clone(),
+            port: self.server_port,
+        }
+    }
+
+    /// Records why a connect this request triggered was needed (first one wins).
+    pub(crate) fn note_miss(&self, slot: Arc<MissSlot>) {
+        let mut m = self.miss.lock().unwrap_or_else(|e| e.into_inner());
+        if m.is_none() {
+            *m = Some(slot);
+        }
+    }
+
+    /// Why this request's pool checkout failed, if it triggered a connect.
+    pub(crate) fn miss(&self) -> Option<Arc<MissSlot>> {
+        self.miss.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
     fn trigger(&self) -> MutexGuard<'_, TriggerState> {

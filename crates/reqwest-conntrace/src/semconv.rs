@@ -28,6 +28,17 @@ pub const DNS_LOOKUP_SPAN: &str = "dns.lookup";
 /// the TLS ClientHello (or to the connection being ready for plain HTTP).
 /// Includes every Happy Eyeballs attempt (RFC 8305) and SYN retransmit.
 pub const TCP_CONNECT_SPAN: &str = "tcp.connect";
+/// Name of the proxy tunnel phase span (child of [`CONNECTION_SETUP_SPAN`]):
+/// an `https` request through an HTTP proxy set with
+/// [`InstrumentedClientBuilder::proxy`](crate::InstrumentedClientBuilder::proxy),
+/// from the TCP connection to the proxy being established to the proxy's
+/// `200` answer to `CONNECT` (RFC 9110 §9.3.6), i.e. the start of TLS. Carries
+/// `server.address` / `server.port` (the tunnel's target) and
+/// `network.peer.*` (the proxy). Its start is the start of the connect
+/// future's poll that completed the TCP connect and sent the CONNECT request
+/// (no hook exists between them): exact when that poll is the one the socket
+/// becoming writable woke, as it is for hyper-util's tunnel.
+pub const PROXY_CONNECT_SPAN: &str = "proxy.connect";
 /// Name of the TLS phase span (child of [`CONNECTION_SETUP_SPAN`], https
 /// only): from building the ClientHello to the connection being ready.
 pub const TLS_HANDSHAKE_SPAN: &str = "tls.handshake";
@@ -136,9 +147,59 @@ pub const HTTP_CONNECTION_PROXIED: &str = "http.connection.proxied";
 /// the client offered a cached TLS session (ticket or session id).
 pub const HTTP_CONNECTION_TLS_RESUMPTION_OFFERED: &str = "http.connection.tls.resumption_offered";
 
+/// `http.connection.miss_reason` (string, request span): why the request
+/// was not served by an idle pooled connection; one of the `MISS_REASON_*`
+/// values (see [`MissReason`](crate::MissReason) for each value's fix).
+/// Present on every request that was not an idle hit: misses, and hits that
+/// waited for a busy connection.
+pub const HTTP_CONNECTION_MISS_REASON: &str = "http.connection.miss_reason";
+/// `http.connection.address_order` (string, `dns.lookup` span): the
+/// address-order policy applied to the answers: `keep`, `ipv4_first` or
+/// `ipv6_first` ([`AddressOrder`](crate::AddressOrder)).
+pub const HTTP_CONNECTION_ADDRESS_ORDER: &str = "http.connection.address_order";
+/// `http.connection.addresses` (string array, `tcp.connect` span): the
+/// resolved addresses in the order handed to the connector (after the
+/// address-order policy). Absent when DNS was skipped.
+pub const HTTP_CONNECTION_ADDRESSES: &str = "http.connection.addresses";
+/// `http.connection.address_index` (int, `tcp.connect` span): position of
+/// the address that connected in [`HTTP_CONNECTION_ADDRESSES`], from 0.
+pub const HTTP_CONNECTION_ADDRESS_INDEX: &str = "http.connection.address_index";
+/// `http.connection.address_fallback` (bool, `tcp.connect` and setup span):
+/// the address that connected was not the first one handed to the connector:
+/// earlier addresses failed, timed out or lost the Happy Eyeballs race
+/// (events [`EVENT_TCP_ADDRESS_SKIPPED`] say which).
+pub const HTTP_CONNECTION_ADDRESS_FALLBACK: &str = "http.connection.address_fallback";
+/// `http.connection.address_outcome` (string, on
+/// [`EVENT_TCP_ADDRESS_SKIPPED`]): what became of an address tried before
+/// the winner: `timed_out` (its share of the connect timeout elapsed),
+/// `failed` (it failed before its share, e.g. refused), `outraced` (the other
+/// address family connected first, Happy Eyeballs). Inferred from hyper-util's
+/// documented order and the phase's duration: no per-attempt hook exists.
+pub const HTTP_CONNECTION_ADDRESS_OUTCOME: &str = "http.connection.address_outcome";
+/// `http.connection.tcp.syn_retransmits` (int, `tcp.connect` span): SYN
+/// retransmissions the connect waited out, read off the phase's duration
+/// against Linux's initial RTO schedule (first retransmit 1 s after the SYN,
+/// then 3 s, 7 s, 15 s cumulative: `TCP_TIMEOUT_INIT` = 1 s, doubling per
+/// RFC 6298), and confirmed by the kernel's retransmit count where available.
+pub const HTTP_CONNECTION_TCP_SYN_RETRANSMITS: &str = "http.connection.tcp.syn_retransmits";
+
 // ---------------------------------------------------------------------------
 // Events
 // ---------------------------------------------------------------------------
+
+/// Event on `tcp.connect`, one per SYN retransmission waited out, at the
+/// moment it was sent (connect start + 1 s, 3 s, 7 s ...); carries
+/// [`HTTP_CONNECTION_TCP_SYN_RETRANSMITS`] (its number, from 1) and
+/// [`HTTP_CONNECTION_TCP_RTO`]. The 1 s / 3 s connect times of incident 4.
+pub const EVENT_TCP_SYN_RETRANSMIT: &str = "tcp.syn_retransmit";
+/// `http.connection.tcp.rto` (double, seconds, on [`EVENT_TCP_SYN_RETRANSMIT`]):
+/// the retransmission timeout that expired before this SYN was resent (1,
+/// 2, 4 ... s on Linux).
+pub const HTTP_CONNECTION_TCP_RTO: &str = "http.connection.tcp.rto";
+/// Event on `tcp.connect`, one per address tried before the one that
+/// connected; carries `network.peer.address`, `network.peer.port` and
+/// [`HTTP_CONNECTION_ADDRESS_OUTCOME`].
+pub const EVENT_TCP_ADDRESS_SKIPPED: &str = "tcp.address_skipped";
 
 /// Event on `tls.handshake` (TLS 1.3): the ServerHello was processed and the
 /// handshake keys derived. Not emitted for TLS 1.2 (rustls exposes no hook at
@@ -181,6 +242,28 @@ pub const SETUP_OUTCOME_FAILED: &str = "failed";
 /// [`HTTP_CONNECTION_SETUP_OUTCOME`]: the connect was abandoned before it
 /// finished (its request was dropped or timed out).
 pub const SETUP_OUTCOME_CANCELLED: &str = "cancelled";
+
+/// [`HTTP_CONNECTION_MISS_REASON`]: no connection to the host yet in this client.
+pub const MISS_REASON_COLD: &str = "cold";
+/// [`HTTP_CONNECTION_MISS_REASON`]: every connection to the host was in use,
+/// or the freed ones were closed over `pool_max_idle_per_host`.
+pub const MISS_REASON_ALL_BUSY: &str = "all_busy";
+/// [`HTTP_CONNECTION_MISS_REASON`]: the idle connection outlived the pool's idle timeout.
+pub const MISS_REASON_IDLE_EXPIRED: &str = "idle_expired";
+/// [`HTTP_CONNECTION_MISS_REASON`]: the server closed the idle connection.
+pub const MISS_REASON_CLOSED_BY_PEER: &str = "closed_by_peer";
+/// [`HTTP_CONNECTION_MISS_REASON`]: the previous response's body was dropped unread.
+pub const MISS_REASON_DISCARDED: &str = "discarded";
+/// [`HTTP_CONNECTION_MISS_REASON`]: a client built moments ago, while an
+/// earlier client of the handle had a connection to the host.
+pub const MISS_REASON_NEW_CLIENT: &str = "new_client";
+
+/// [`HTTP_CONNECTION_ADDRESS_OUTCOME`]: the address's share of the connect timeout elapsed.
+pub const ADDRESS_OUTCOME_TIMED_OUT: &str = "timed_out";
+/// [`HTTP_CONNECTION_ADDRESS_OUTCOME`]: the address failed before its timeout share.
+pub const ADDRESS_OUTCOME_FAILED: &str = "failed";
+/// [`HTTP_CONNECTION_ADDRESS_OUTCOME`]: the other family's address connected first.
+pub const ADDRESS_OUTCOME_OUTRACED: &str = "outraced";
 
 /// [`HTTP_CONNECTION_DNS_SKIPPED`]: the host is an IP literal.
 pub const DNS_SKIPPED_IP_LITERAL: &str = "ip_literal";

@@ -7,6 +7,7 @@ use std::time::Instant;
 use opentelemetry::trace::{SpanBuilder, SpanContext, SpanKind, Status, TraceContextExt, Tracer};
 use opentelemetry::{Array, Context, KeyValue, StringValue, Value};
 
+use crate::address;
 use crate::attempt::{ConnectAttempt, Phases};
 use crate::handle::Inner;
 use crate::report::{ConnectionSetup, TlsVersion};
@@ -60,7 +61,12 @@ fn dns_skipped(attempt: &ConnectAttempt, phases: &Phases) -> Option<&'static str
     if phases.dns.is_some() {
         return None;
     }
-    let host = attempt.trigger.as_ref()?.server_address.as_str();
+    // Through a proxy the connector resolves the proxy's host, not the target's.
+    let proxy_host = attempt.client.proxy.as_ref().and_then(|p| p.host_str());
+    let host = match proxy_host {
+        Some(h) => h,
+        None => attempt.trigger.as_ref()?.server_address.as_str(),
+    };
     let bare = host.trim_start_matches('[').trim_end_matches(']');
     Some(if bare.parse::<std::net::IpAddr>().is_ok() {
         semconv::DNS_SKIPPED_IP_LITERAL
@@ -120,7 +126,10 @@ pub(crate) fn emit_phases(
     let mut dns_failed = false;
     if let Some(dns) = &phases.dns {
         let dns_end = dns.answered.unwrap_or(end);
-        let mut attrs = vec![KeyValue::new(semconv::DNS_QUESTION_NAME, dns.name.clone())];
+        let mut attrs = vec![
+            KeyValue::new(semconv::DNS_QUESTION_NAME, dns.name.clone()),
+            KeyValue::new(semconv::HTTP_CONNECTION_ADDRESS_ORDER, dns.order.as_str()),
+        ];
         if !dns.answers.is_empty() {
             let answers: Vec<StringValue> = dns
                 .answers
@@ -167,10 +176,21 @@ pub(crate) fn emit_phases(
         setup_span.set_attribute(KeyValue::new(semconv::HTTP_CONNECTION_DNS_SKIPPED, reason));
     }
 
-    // TCP
+    // TCP (then, through a CONNECT proxy, the tunnel)
+    let tunneled = attempt.client.proxy.is_some()
+        && attempt
+            .trigger
+            .as_ref()
+            .is_some_and(|t| t.scheme == "https");
+    let tunnel_start = phases
+        .tls_started
+        .and(phases.tunnel_started)
+        .filter(|t| tunneled && *t >= tcp_start);
     let mut tcp_duration = std::time::Duration::ZERO;
+    let mut address_fallback = false;
     if !dns_failed {
-        let tcp_end = phases.tls_started.unwrap_or(end);
+        let tcp_end = tunnel_start.or(phases.tls_started).unwrap_or(end);
+        tcp_duration = tcp_end.saturating_duration_since(tcp_start);
         let mut attrs = vec![KeyValue::new(semconv::NETWORK_TRANSPORT, "tcp")];
         if let Some(r) = remote {
             attrs.push(KeyValue::new(
@@ -183,6 +203,50 @@ pub(crate) fn emit_phases(
             ));
             attrs.push(KeyValue::new(semconv::NETWORK_TYPE, network_type(&r)));
         }
+        let mut choice = None;
+        if let Some(dns) = phases.dns.as_ref().filter(|d| !d.connect_order.is_empty()) {
+            attrs.push(KeyValue::new(
+                semconv::HTTP_CONNECTION_ADDRESSES,
+                Value::Array(Array::String(
+                    dns.connect_order
+                        .iter()
+                        .map(|a| StringValue::from(a.ip().to_string()))
+                        .collect(),
+                )),
+            ));
+            if !tunneled && let Some(r) = remote {
+                choice = address::explain_choice(
+                    &dns.connect_order,
+                    r,
+                    tcp_duration,
+                    attempt.connect_timeout,
+                );
+            }
+        }
+        if let Some(c) = &choice {
+            address_fallback = c.index > 0;
+            attrs.push(KeyValue::new(
+                semconv::HTTP_CONNECTION_ADDRESS_INDEX,
+                c.index as i64,
+            ));
+            attrs.push(KeyValue::new(
+                semconv::HTTP_CONNECTION_ADDRESS_FALLBACK,
+                address_fallback,
+            ));
+        }
+        // Only a connect that used its first address started its SYN clock
+        // at the phase start.
+        let syn_retransmits = if address_fallback {
+            0
+        } else {
+            address::syn_retransmits_by_timing(tcp_duration)
+        };
+        if syn_retransmits > 0 {
+            attrs.push(KeyValue::new(
+                semconv::HTTP_CONNECTION_TCP_SYN_RETRANSMITS,
+                syn_retransmits as i64,
+            ));
+        }
         let span = tracer.build_with_context(
             SpanBuilder::from_name(semconv::TCP_CONNECT_SPAN)
                 .with_kind(SpanKind::Internal)
@@ -191,12 +255,82 @@ pub(crate) fn emit_phases(
             cx,
         );
         let tcp_cx = Context::new().with_span(span);
+        let tspan = tcp_cx.span();
+        for (n, at) in address::SYN_RETRANSMIT_AT
+            .iter()
+            .take(syn_retransmits)
+            .enumerate()
+        {
+            tspan.add_event_with_timestamp(
+                semconv::EVENT_TCP_SYN_RETRANSMIT,
+                inner.clock.wall(tcp_start + *at),
+                vec![
+                    KeyValue::new(semconv::HTTP_CONNECTION_TCP_SYN_RETRANSMITS, n as i64 + 1),
+                    KeyValue::new(semconv::HTTP_CONNECTION_TCP_RTO, f64::from(1u32 << n)),
+                ],
+            );
+        }
+        if let Some(c) = &choice {
+            for skipped in &c.skipped {
+                let at = match (skipped.outcome, skipped.gave_up_after) {
+                    (_, Some(after)) => tcp_start + after,
+                    (semconv::ADDRESS_OUTCOME_OUTRACED, _) => tcp_end,
+                    _ => tcp_start,
+                };
+                tspan.add_event_with_timestamp(
+                    semconv::EVENT_TCP_ADDRESS_SKIPPED,
+                    inner.clock.wall(at.min(tcp_end)),
+                    vec![
+                        KeyValue::new(semconv::NETWORK_PEER_ADDRESS, skipped.addr.ip().to_string()),
+                        KeyValue::new(semconv::NETWORK_PEER_PORT, i64::from(skipped.addr.port())),
+                        KeyValue::new(semconv::HTTP_CONNECTION_ADDRESS_OUTCOME, skipped.outcome),
+                    ],
+                );
+            }
+        }
         if phases.tls_started.is_none() && established.is_none() {
             let (t, m) = failure_or_cancel(&failure_type, &failure_message);
-            fail_span(&tcp_cx.span(), t, &m);
+            fail_span(&tspan, t, &m);
         }
-        tcp_cx.span().end_with_timestamp(inner.clock.wall(tcp_end));
-        tcp_duration = tcp_end.saturating_duration_since(tcp_start);
+        tspan.end_with_timestamp(inner.clock.wall(tcp_end));
+    }
+
+    // CONNECT tunnel through the proxy
+    let mut tunnel_duration = None;
+    if let (Some(start), Some(tls_start)) = (tunnel_start, phases.tls_started) {
+        let mut attrs = Vec::new();
+        if let Some(t) = &attempt.trigger {
+            attrs.push(KeyValue::new(
+                semconv::SERVER_ADDRESS,
+                t.server_address.clone(),
+            ));
+            attrs.push(KeyValue::new(
+                semconv::SERVER_PORT,
+                i64::from(t.server_port),
+            ));
+        }
+        if let Some(r) = remote {
+            attrs.push(KeyValue::new(
+                semconv::NETWORK_PEER_ADDRESS,
+                r.ip().to_string(),
+            ));
+            attrs.push(KeyValue::new(
+                semconv::NETWORK_PEER_PORT,
+                i64::from(r.port()),
+            ));
+        }
+        let span = tracer.build_with_context(
+            SpanBuilder::from_name(semconv::PROXY_CONNECT_SPAN)
+                .with_kind(SpanKind::Internal)
+                .with_start_time(inner.clock.wall(start))
+                .with_attributes(attrs),
+            cx,
+        );
+        Context::new()
+            .with_span(span)
+            .span()
+            .end_with_timestamp(inner.clock.wall(tls_start));
+        tunnel_duration = Some(tls_start.saturating_duration_since(start));
     }
 
     // TLS
@@ -305,8 +439,14 @@ pub(crate) fn emit_phases(
             semconv::NETWORK_PROTOCOL_VERSION,
             if e.http2 { "2" } else { "1.1" },
         ));
-        if e.proxied {
+        if e.proxied || attempt.client.proxy.is_some() {
             setup_span.set_attribute(KeyValue::new(semconv::HTTP_CONNECTION_PROXIED, true));
+        }
+        if address_fallback {
+            setup_span.set_attribute(KeyValue::new(
+                semconv::HTTP_CONNECTION_ADDRESS_FALLBACK,
+                true,
+            ));
         }
         if let Some(v) = tls_version {
             setup_span.set_attribute(KeyValue::new(semconv::TLS_PROTOCOL_VERSION, v.as_str()));
@@ -346,7 +486,9 @@ pub(crate) fn emit_phases(
         tls_version,
         tls_resumed,
         http2: established.is_some_and(|e| e.http2),
-        proxied: established.is_some_and(|e| e.proxied),
+        proxied: established.is_some_and(|e| e.proxied) || attempt.client.proxy.is_some(),
+        proxy_connect: tunnel_duration,
+        address_fallback,
     }
 }
 

@@ -1,0 +1,228 @@
+//! Each client's connections per host, as far as this handle saw them: what
+//! a pool miss's reason is read from when reqwest calls the connector.
+//!
+//! hyper-util's pool is invisible from outside, so this is a model of it,
+//! kept true by what the handle observes: connections established (connector
+//! layer), taken and released by responses (middleware and body wrapper),
+//! discarded (HTTP/1.1 body dropped early), over the idle limit at release
+//! (`pool_max_idle_per_host`), idle past the pool's idle timeout, and, through
+//! the kernel's view (sock_diag), closed by the server.
+
+use std::collections::{HashMap, VecDeque};
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::time::{Duration, Instant};
+
+use crate::client::{ClientState, NEW_CLIENT_WINDOW};
+use crate::miss::MissReason;
+use crate::registry::ConnectionRecord;
+
+/// A pool key as hyper-util keys its pool: scheme, host, port.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub(crate) struct HostKey {
+    pub(crate) scheme: String,
+    pub(crate) host: String,
+    pub(crate) port: u16,
+}
+
+/// Connections remembered per host (most recent first out when full).
+const CONNECTIONS_PER_HOST: usize = 64;
+/// Hosts remembered per handle; the one unused the longest is forgotten.
+const MAX_HOSTS: usize = 1024;
+
+#[derive(Debug)]
+struct HostHistory {
+    connections: VecDeque<Arc<ConnectionRecord>>,
+    last_used: Instant,
+}
+
+/// Every client's connections by host.
+#[derive(Debug, Default)]
+pub(crate) struct PoolHistory {
+    hosts: Mutex<HashMap<HostKey, HostHistory>>,
+}
+
+/// What the history says about a pool miss.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum MissVerdict {
+    /// The reason is known from the history alone.
+    Decided(MissReason),
+    /// The most recent idle connection should still be in the pool: ask the
+    /// kernel whether the server closed it; if not, `otherwise`.
+    AskKernel {
+        local: SocketAddr,
+        remote: SocketAddr,
+        otherwise: MissReason,
+    },
+}
+
+impl PoolHistory {
+    fn hosts(&self) -> MutexGuard<'_, HashMap<HostKey, HostHistory>> {
+        self.hosts.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Remembers a new connection to `host`.
+    pub(crate) fn record_connection(&self, host: HostKey, record: Arc<ConnectionRecord>) {
+        let now = Instant::now();
+        let mut hosts = self.hosts();
+        if hosts.len() >= MAX_HOSTS
+            && !hosts.contains_key(&host)
+            && let Some(oldest) = hosts
+                .iter()
+                .min_by_key(|(_, h)| h.last_used)
+                .map(|(k, _)| k.clone())
+        {
+            hosts.remove(&oldest);
+        }
+        let history = hosts.entry(host).or_insert_with(|| HostHistory {
+            connections: VecDeque::new(),
+            last_used: now,
+        });
+        history.last_used = now;
+        if history.connections.len() >= CONNECTIONS_PER_HOST {
+            history.connections.pop_front();
+        }
+        history.connections.push_back(record);
+    }
+
+    /// Why `client` found no idle connection to `host` at `now` (called when
+    /// reqwest calls the connector: hyper-util's pool checkout just failed).
+    pub(crate) fn classify_miss(
+        &self,
+        host: &HostKey,
+        client: &ClientState,
+        now: Instant,
+    ) -> MissVerdict {
+        let hosts = self.hosts();
+        let Some(history) = hosts.get(host) else {
+            return MissVerdict::Decided(MissReason::Cold);
+        };
+        let mine: Vec<&Arc<ConnectionRecord>> = history
+            .connections
+            .iter()
+            .filter(|r| r.client.id == client.id)
+            .collect();
+        if mine.is_empty() {
+            let earlier_client = history.connections.iter().any(|r| r.client.id < client.id);
+            let young = now.saturating_duration_since(client.built_at) < NEW_CLIENT_WINDOW;
+            return MissVerdict::Decided(if earlier_client && young {
+                MissReason::NewClient
+            } else {
+                MissReason::Cold
+            });
+        }
+        // hyper-util hands out the most recently released idle connection
+        // first: that is the one this request would have had.
+        let Some(candidate) = mine
+            .iter()
+            .filter(|r| r.http2() || r.in_use() == 0)
+            .max_by_key(|r| r.last_activity())
+        else {
+            return MissVerdict::Decided(MissReason::AllBusy);
+        };
+        if candidate.is_discarded() {
+            return MissVerdict::Decided(MissReason::Discarded);
+        }
+        if candidate.is_over_idle_limit() {
+            return MissVerdict::Decided(MissReason::AllBusy);
+        }
+        if client
+            .idle_timeout
+            .is_some_and(|t| now.saturating_duration_since(candidate.last_activity()) >= t)
+        {
+            return MissVerdict::Decided(MissReason::IdleExpired);
+        }
+        match (candidate.setup.local_addr, candidate.setup.peer_addr) {
+            (Some(local), Some(remote)) => MissVerdict::AskKernel {
+                local,
+                remote,
+                otherwise: MissReason::AllBusy,
+            },
+            _ => MissVerdict::Decided(MissReason::AllBusy),
+        }
+    }
+
+    /// An HTTP/1.1 response on `record` ended with its body read: the
+    /// connection goes back to the pool, unless the client's idle pool for
+    /// the host is already full (`pool_max_idle_per_host`), in which case
+    /// hyper-util closes it.
+    pub(crate) fn on_released(&self, host: &HostKey, record: &ConnectionRecord, now: Instant) {
+        let Some(limit) = record.client.max_idle_per_host else {
+            return;
+        };
+        let hosts = self.hosts();
+        let Some(history) = hosts.get(host) else {
+            return;
+        };
+        let idle = history
+            .connections
+            .iter()
+            .filter(|r| {
+                r.id() != record.id()
+                    && r.client.id == record.client.id
+                    && !r.http2()
+                    && r.in_use() == 0
+                    && !r.is_discarded()
+                    && !r.is_over_idle_limit()
+                    && record
+                        .client
+                        .idle_timeout
+                        .is_none_or(|t| now.saturating_duration_since(r.last_activity()) < t)
+            })
+            .count();
+        if idle >= limit {
+            record.mark_over_idle_limit();
+        }
+    }
+}
+
+/// The miss reason of one connect, shared by the request that triggered it
+/// and the connection it made. Filled at once, or when the kernel answers.
+#[derive(Debug)]
+pub(crate) struct MissSlot {
+    reason: OnceLock<MissReason>,
+    /// Used if the kernel has not answered in time.
+    fallback: MissReason,
+    ready: tokio::sync::Notify,
+}
+
+impl MissSlot {
+    pub(crate) fn decided(reason: MissReason) -> Self {
+        let slot = Self::pending(reason);
+        let _ = slot.reason.set(reason);
+        slot
+    }
+
+    pub(crate) fn pending(fallback: MissReason) -> Self {
+        Self {
+            reason: OnceLock::new(),
+            fallback,
+            ready: tokio::sync::Notify::new(),
+        }
+    }
+
+    #[allow(dead_code)] // the kernel view's answer (sock_diag integration lands next)
+    pub(crate) fn set(&self, reason: MissReason) {
+        let _ = self.reason.set(reason);
+        self.ready.notify_waiters();
+    }
+
+    /// The reason, or the fallback if it is not known yet.
+    pub(crate) fn get(&self) -> MissReason {
+        self.reason.get().copied().unwrap_or(self.fallback)
+    }
+
+    /// Waits up to `timeout` for the reason, then returns what is known.
+    pub(crate) async fn settled(&self, timeout: Duration) -> MissReason {
+        if let Some(r) = self.reason.get() {
+            return *r;
+        }
+        let notified = self.ready.notified();
+        tokio::pin!(notified);
+        notified.as_mut().enable();
+        if self.reason.get().is_none() {
+            let _ = tokio::time::timeout(timeout, notified).await;
+        }
+        self.get()
+    }
+}
