@@ -183,6 +183,25 @@ pub const HTTP_CONNECTION_ADDRESS_OUTCOME: &str = "http.connection.address_outco
 /// RFC 6298), and confirmed by the kernel's retransmit count where available.
 pub const HTTP_CONNECTION_TCP_SYN_RETRANSMITS: &str = "http.connection.tcp.syn_retransmits";
 
+/// `http.connection.tcp.rtt` (double, seconds, `tcp.connect` span): the
+/// kernel's smoothed round-trip time of the socket right after the connect
+/// completed (`tcpi_rtt` of `struct tcp_info`, Linux sock_diag). Absent where
+/// the kernel view is unavailable.
+pub const HTTP_CONNECTION_TCP_RTT: &str = "http.connection.tcp.rtt";
+/// `http.connection.tcp.rtt_variance` (double, seconds, `tcp.connect`
+/// span): the kernel's RTT variance (`tcpi_rttvar`).
+pub const HTTP_CONNECTION_TCP_RTT_VARIANCE: &str = "http.connection.tcp.rtt_variance";
+/// `http.connection.tcp.congestion_window` (int, segments, `tcp.connect`
+/// span): the sender's congestion window (`tcpi_snd_cwnd`).
+pub const HTTP_CONNECTION_TCP_CONGESTION_WINDOW: &str = "http.connection.tcp.congestion_window";
+/// `http.connection.tcp.mss` (int, bytes, `tcp.connect` span): the send
+/// maximum segment size (`tcpi_snd_mss`).
+pub const HTTP_CONNECTION_TCP_MSS: &str = "http.connection.tcp.mss";
+/// `http.connection.tcp.retransmits` (int, `tcp.connect` span): segments
+/// the kernel retransmitted on the socket during setup, SYN retransmissions
+/// included (`tcpi_total_retrans`, read when the connection became ready).
+pub const HTTP_CONNECTION_TCP_RETRANSMITS: &str = "http.connection.tcp.retransmits";
+
 // ---------------------------------------------------------------------------
 // Events
 // ---------------------------------------------------------------------------
