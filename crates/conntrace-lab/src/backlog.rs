@@ -8,8 +8,12 @@
 //! client connections until a further connect does not complete. From then
 //! on every new SYN is dropped. [`FullBacklogListener::release`] starts
 //! accepting, so the next SYN retransmission of each waiting client
-//! succeeds.
+//! succeeds; [`FullBacklogListener::release_to`] also forwards every
+//! accepted client connection to an upstream server (e.g. a
+//! [`TestServer`](crate::TestServer)), so a request that waited out the
+//! retransmission is then answered.
 
+use std::collections::HashSet;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -35,6 +39,7 @@ pub struct FullBacklogListener {
     listener: Option<TcpListener>,
     fillers: Vec<TcpStream>,
     accepted: Arc<AtomicU64>,
+    forwarded: Arc<AtomicU64>,
     release_task: Option<JoinHandle<()>>,
 }
 
@@ -88,6 +93,7 @@ impl FullBacklogListener {
             listener: Some(listener),
             fillers,
             accepted: Arc::new(AtomicU64::new(0)),
+            forwarded: Arc::new(AtomicU64::new(0)),
             release_task: None,
         })
     }
@@ -107,37 +113,79 @@ impl FullBacklogListener {
         self.accepted.load(Ordering::SeqCst)
     }
 
+    /// Client connections forwarded upstream since
+    /// [`release_to`](Self::release_to) (fillers excluded).
+    pub fn forwarded_connections(&self) -> u64 {
+        self.forwarded.load(Ordering::SeqCst)
+    }
+
     /// Starts accepting (and holding open) every queued and future
     /// connection, so clients waiting on a dropped SYN connect at their next
     /// retransmission. Idempotent.
     pub fn release(&mut self) {
-        if let Some(listener) = self.listener.take() {
-            let accepted = self.accepted.clone();
-            self.release_task = Some(tokio::spawn(async move {
-                let mut held = Vec::new();
-                while let Ok((stream, _)) = listener.accept().await {
-                    let _ = stream.set_nodelay(true);
-                    accepted.fetch_add(1, Ordering::SeqCst);
-                    held.push(stream);
-                }
-            }));
-        }
+        self.start_accepting(Duration::ZERO, None);
     }
 
     /// Like [`release`](Self::release), but only after `delay`.
     pub fn release_after(&mut self, delay: Duration) {
-        if let Some(listener) = self.listener.take() {
-            let accepted = self.accepted.clone();
-            self.release_task = Some(tokio::spawn(async move {
+        self.start_accepting(delay, None);
+    }
+
+    /// Like [`release_after`](Self::release_after), and every accepted
+    /// client connection (not the listener's own fillers, which are held)
+    /// is then copied both ways to `upstream` until either side closes. A
+    /// client that waited out a SYN retransmission is so served by the
+    /// upstream server. Idempotent (the first release wins).
+    pub fn release_to(&mut self, upstream: SocketAddr, delay: Duration) {
+        self.start_accepting(delay, Some(upstream));
+    }
+
+    fn start_accepting(&mut self, delay: Duration, upstream: Option<SocketAddr>) {
+        let Some(listener) = self.listener.take() else {
+            return;
+        };
+        let fillers: HashSet<SocketAddr> = self
+            .fillers
+            .iter()
+            .filter_map(|s| s.local_addr().ok())
+            .collect();
+        let accepted = self.accepted.clone();
+        let forwarded = self.forwarded.clone();
+        self.release_task = Some(tokio::spawn(async move {
+            if !delay.is_zero() {
                 tokio::time::sleep(delay).await;
-                let mut held = Vec::new();
-                while let Ok((stream, _)) = listener.accept().await {
-                    let _ = stream.set_nodelay(true);
-                    accepted.fetch_add(1, Ordering::SeqCst);
-                    held.push(stream);
+            }
+            let mut held = Vec::new();
+            let mut copies = tokio::task::JoinSet::new();
+            loop {
+                tokio::select! {
+                    accepted_conn = listener.accept() => {
+                        let Ok((stream, peer)) = accepted_conn else { break };
+                        let _ = stream.set_nodelay(true);
+                        accepted.fetch_add(1, Ordering::SeqCst);
+                        match upstream {
+                            Some(to) if !fillers.contains(&peer) => {
+                                forwarded.fetch_add(1, Ordering::SeqCst);
+                                copies.spawn(forward(stream, to));
+                            }
+                            _ => held.push(stream),
+                        }
+                    }
+                    Some(_) = copies.join_next(), if !copies.is_empty() => {}
                 }
-            }));
+            }
+        }));
+    }
+}
+
+/// Copies `client` to and from a new connection to `upstream`.
+async fn forward(mut client: TcpStream, upstream: SocketAddr) {
+    match TcpStream::connect(upstream).await {
+        Ok(mut server) => {
+            let _ = server.set_nodelay(true);
+            let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
         }
+        Err(e) => tracing::debug!(error = %e, %upstream, "backlog forward connect failed"),
     }
 }
 

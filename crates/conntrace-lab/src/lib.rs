@@ -12,8 +12,8 @@
 //!   [`spans_from_otlp_json`] reads OTLP JSON files.
 //! - [`nginx`]: a real nginx with TLS 1.3 / TLS 1.2 / h2 / plain listeners
 //!   and a parsed access log ([`Nginx`]).
-//! - [`backlog`]: a listener whose full accept queue drops SYNs
-//!   ([`FullBacklogListener`]).
+//! - [`backlog`]: a listener whose full accept queue drops SYNs, and that
+//!   once released can forward to a server ([`FullBacklogListener`]).
 //! - [`connect_proxy`]: an HTTP CONNECT / forward proxy ([`ConnectProxy`]).
 //!
 //! Everything runs on the caller's tokio runtime and listens on loopback only.
@@ -39,5 +39,7 @@ pub use nginx::{AccessLogEntry, Nginx, NginxConfig, NginxListener};
 pub use otlp_receiver::OtlpReceiver;
 pub use pki::{PkiFiles, TestPki};
 pub use received_metric::{HistogramPoint, MetricData, NumberPoint, ReceivedMetric};
-pub use received_span::{ReceivedEvent, ReceivedLink, ReceivedSpan, spans_from_otlp_json};
+pub use received_span::{
+    ReceivedEvent, ReceivedLink, ReceivedSpan, spans_from_export_request, spans_from_otlp_json,
+};
 pub use server::{HttpVersions, TestServer, TestServerBuilder, TlsVersions};

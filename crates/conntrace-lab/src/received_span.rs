@@ -210,6 +210,14 @@ pub(crate) fn flatten_resource_spans(resource_spans: Vec<ResourceSpans>) -> Vec<
     out
 }
 
+/// Flattens one decoded `ExportTraceServiceRequest` (e.g. built in process
+/// from SDK spans with opentelemetry-proto's transform) into one
+/// [`ReceivedSpan`] per span, exactly as [`OtlpReceiver`](crate::OtlpReceiver)
+/// would have received it.
+pub fn spans_from_export_request(request: ExportTraceServiceRequest) -> Vec<ReceivedSpan> {
+    flatten_resource_spans(request.resource_spans)
+}
+
 /// Parses OTLP/JSON trace data (the protobuf JSON mapping, as written by
 /// the demo or a collector's file exporter) into flattened spans.
 ///

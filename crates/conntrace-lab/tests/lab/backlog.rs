@@ -58,3 +58,49 @@ async fn dropped_syn_costs_one_second() {
         );
     }
 }
+
+/// `release_to` forwards the client that waited out the dropped SYN to the
+/// upstream server (which answers it), while the listener's own fillers are
+/// only held, never forwarded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn released_listener_forwards_clients_to_upstream() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let server = conntrace_lab::TestServer::start_plain()
+        .await
+        .expect("server");
+    let mut listener = FullBacklogListener::start("127.0.0.1:0".parse().expect("addr"))
+        .await
+        .expect("backlog listener");
+    listener.release_to(server.addr(), Duration::from_millis(200));
+    let started = Instant::now();
+    let mut stream =
+        tokio::time::timeout(Duration::from_secs(5), TcpStream::connect(listener.addr()))
+            .await
+            .expect("connect within 5 s")
+            .expect("connect");
+    let took = started.elapsed();
+    assert!(
+        took >= Duration::from_millis(900) && took <= Duration::from_millis(1500),
+        "connect waited out one SYN retransmission: {took:?}"
+    );
+    stream
+        .write_all(b"GET / HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
+        .await
+        .expect("write");
+    let mut response = String::new();
+    stream
+        .read_to_string(&mut response)
+        .await
+        .expect("read to close");
+    assert!(response.starts_with("HTTP/1.1 200"), "{response:?}");
+    assert_eq!(listener.forwarded_connections(), 1);
+    assert_eq!(
+        server.accepted_connections(),
+        1,
+        "fillers are not forwarded"
+    );
+    assert!(
+        listener.accepted_after_release() >= 2,
+        "fillers and client accepted"
+    );
+}
