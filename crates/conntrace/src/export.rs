@@ -71,6 +71,26 @@ impl SpanStore {
     }
 }
 
+impl SpanStore {
+    /// Every collected span (kept), decoded as an OTLP receiver would see it.
+    pub(crate) fn received(&self) -> Vec<conntrace_lab::ReceivedSpan> {
+        let Ok(c) = self.inner.lock() else {
+            return Vec::new();
+        };
+        let resource = c
+            .resource
+            .clone()
+            .unwrap_or_else(|| Resource::builder().build());
+        let request = ExportTraceServiceRequest {
+            resource_spans: group_spans_by_resource_and_scope(
+                c.spans.clone(),
+                &ResourceAttributesWithSchema::from(&resource),
+            ),
+        };
+        conntrace_lab::spans_from_export_request(request)
+    }
+}
+
 /// A span exporter that only collects into a [`SpanStore`].
 #[derive(Debug)]
 pub(crate) struct MemoryExporter {

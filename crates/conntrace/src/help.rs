@@ -46,3 +46,8 @@ pub(crate) fn probe_help() -> String {
 pub(crate) fn demo_help() -> String {
     format!("{ENV_HELP}\n\n{}", section("conntrace demo --json"))
 }
+
+/// Long help of `conntrace lab`: environment and JSON schema.
+pub(crate) fn lab_help() -> String {
+    format!("{ENV_HELP}\n\n{}", section("conntrace lab --json"))
+}

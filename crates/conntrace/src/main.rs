@@ -6,6 +6,9 @@
 //!   connection (incident 1), with per-request phases and the speedup.
 //! - `conntrace demo`: replays incident 2 (fan-out p99 doubled by an idle
 //!   pool smaller than the in-flight concurrency) on loopback.
+//! - `conntrace lab SCENARIO`: replays one connection fault on loopback
+//!   (incidents 3 and 4, each pool-miss reason, proxies, DNS queueing,
+//!   dead addresses, cancelled handshakes) and prints what the spans show.
 
 mod capture;
 mod client;
@@ -13,6 +16,7 @@ mod demo;
 mod error;
 mod export;
 mod help;
+mod lab;
 mod probe;
 mod progress;
 mod resolve;
@@ -52,6 +56,10 @@ enum Command {
     /// for new connections, the pool-miss ratio, fan-out and single-call
     /// p50/p99 and the handshake share, and writes the traces.
     Demo(demo::DemoArgs),
+    /// Replay a connection fault on loopback and print what the telemetry
+    /// concluded (from the spans it exported) and the fix; `--list` names
+    /// the ten scenarios.
+    Lab(lab::LabArgs),
     /// Run a loopback HTTPS test server (optionally behind a delaying proxy)
     /// until Ctrl-C; prints its URL and writes its CA certificate for --cacert.
     Serve(serve::ServeArgs),
@@ -96,6 +104,7 @@ fn main() -> ExitCode {
         match cli.command {
             Command::Probe(args) => probe::run(args).await,
             Command::Demo(args) => demo::run(args).await,
+            Command::Lab(args) => lab::run(args).await,
             Command::Serve(args) => serve::run(args).await,
         }
     });

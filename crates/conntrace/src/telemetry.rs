@@ -56,6 +56,11 @@ pub(crate) struct Telemetry {
     endpoint: Option<String>,
     /// The traces file and the spans to write into it.
     file: Option<(PathBuf, SpanStore)>,
+    /// Every exported span, kept in memory for the command to read back
+    /// (`conntrace lab` prints its conclusions from them).
+    capture: Option<SpanStore>,
+    /// The first failure of an intermediate flush, reported at the end.
+    flush_error: Option<String>,
 }
 
 /// What became of the spans, for output.
@@ -88,6 +93,8 @@ impl Telemetry {
                 guard: Some(guard),
                 endpoint: Some(endpoint),
                 file: None,
+                capture: None,
+                flush_error: None,
             });
         }
         if let Some(path) = traces_out {
@@ -99,13 +106,75 @@ impl Telemetry {
                 guard: Some(guard),
                 endpoint: None,
                 file: Some((path, store)),
+                capture: None,
+                flush_error: None,
             });
         }
         Ok(Self {
             guard: None,
             endpoint: None,
             file: None,
+            capture: None,
+            flush_error: None,
         })
+    }
+
+    /// Like [`init`](Self::init), and every span is also kept in memory,
+    /// readable with [`captured_spans`](Self::captured_spans) (even when
+    /// spans go nowhere else).
+    ///
+    /// # Errors
+    /// As [`init`](Self::init).
+    pub(crate) fn init_capturing(traces_out: Option<PathBuf>) -> anyhow::Result<Self> {
+        let store = SpanStore::default();
+        let endpoint = otlp_endpoint();
+        let otlp = match &endpoint {
+            Some(endpoint) => Some(
+                otlp_exporter()
+                    .with_context(|| format!("cannot set up OTLP export to {endpoint}"))?,
+            ),
+            None => None,
+        };
+        let guard = otlp::init_with_exporter(Tee {
+            memory: ServiceNamed {
+                inner: MemoryExporter::new(store.clone()),
+            },
+            otlp,
+        })?;
+        let file = match (&endpoint, traces_out) {
+            (None, Some(path)) => Some((path, store.clone())),
+            _ => None,
+        };
+        Ok(Self {
+            guard: Some(guard),
+            endpoint,
+            file,
+            capture: Some(store),
+            flush_error: None,
+        })
+    }
+
+    /// Exports every span ended so far and returns all spans captured since
+    /// the start (empty unless set up with [`init_capturing`](Self::init_capturing)).
+    /// A failed export to the collector is remembered for
+    /// [`finish`](Self::finish); the captured spans are complete regardless.
+    pub(crate) fn captured_spans(&mut self) -> Vec<conntrace_lab::ReceivedSpan> {
+        if let Some(guard) = &self.guard {
+            // The flush blocks until the exporter is done.
+            let flushed = tokio::task::block_in_place(|| guard.flush());
+            if let Err(e) = flushed
+                && self.flush_error.is_none()
+            {
+                self.flush_error = Some(match e {
+                    OtlpError::Export(detail) => crate::error::export_failure(&detail),
+                    other => other.to_string(),
+                });
+            }
+        }
+        self.capture
+            .as_ref()
+            .map(SpanStore::received)
+            .unwrap_or_default()
     }
 
     /// Flushes and shuts the pipeline down, then writes the traces file.
@@ -132,7 +201,7 @@ impl Telemetry {
         // Flushing blocks on the exporter; keep it off the runtime's workers.
         let flushed = tokio::task::spawn_blocking(move || guard.shutdown()).await;
         let flush_error = match flushed {
-            Ok(Ok(())) => None,
+            Ok(Ok(())) => self.flush_error.clone(),
             Ok(Err(OtlpError::Export(detail))) => Some(crate::error::export_failure(&detail)),
             Ok(Err(other)) => Some(other.to_string()),
             Err(join) => Some(format!("the flush task failed: {join}")),
@@ -182,6 +251,48 @@ fn otlp_exporter() -> anyhow::Result<ServiceNamed<opentelemetry_otlp::SpanExport
     Ok(ServiceNamed {
         inner: built.context("invalid OTLP exporter settings")?,
     })
+}
+
+/// Sends every batch to memory and, when configured, to the OTLP collector.
+#[derive(Debug)]
+struct Tee {
+    /// The in-memory copy.
+    memory: ServiceNamed<MemoryExporter>,
+    /// The collector, when an endpoint is set.
+    otlp: Option<ServiceNamed<opentelemetry_otlp::SpanExporter>>,
+}
+
+impl SpanExporter for Tee {
+    async fn export(&self, batch: Vec<SpanData>) -> OTelSdkResult {
+        match &self.otlp {
+            Some(otlp) => {
+                self.memory.export(batch.clone()).await?;
+                otlp.export(batch).await
+            }
+            None => self.memory.export(batch).await,
+        }
+    }
+
+    fn shutdown_with_timeout(&self, timeout: Duration) -> OTelSdkResult {
+        match &self.otlp {
+            Some(otlp) => otlp.shutdown_with_timeout(timeout),
+            None => Ok(()),
+        }
+    }
+
+    fn force_flush(&self) -> OTelSdkResult {
+        match &self.otlp {
+            Some(otlp) => otlp.force_flush(),
+            None => Ok(()),
+        }
+    }
+
+    fn set_resource(&mut self, resource: &Resource) {
+        self.memory.set_resource(resource);
+        if let Some(otlp) = &mut self.otlp {
+            otlp.set_resource(resource);
+        }
+    }
 }
 
 /// Wraps an exporter to name the service `conntrace` when the environment

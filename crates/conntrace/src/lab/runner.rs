@@ -1,0 +1,221 @@
+//! What every scenario shares: the command's arguments, the span pipeline
+//! (OTLP when configured, and always an in-memory copy the conclusions are
+//! read from), run spans, and the output.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use clap::Args;
+
+use super::report::{LabReport, ListedScenario, Outcome, ScenarioList};
+use super::view::Spans;
+use super::{
+    Scenario, cancelled_handshake, connect_proxy, dead_first_address, discarded, dns_queue,
+    far_server, idle_expired, ipv6_blackhole, new_client, server_closed, text,
+};
+use crate::telemetry::Telemetry;
+
+/// The `--json` schema id.
+pub(crate) const SCHEMA: &str = "conntrace.lab/v1";
+
+/// Arguments of `conntrace lab`.
+#[derive(Debug, Args)]
+#[command(after_long_help = crate::help::lab_help())]
+pub(crate) struct LabArgs {
+    /// The scenario to run (`conntrace lab --list` names them all).
+    #[arg(value_name = "SCENARIO")]
+    pub(crate) scenario: Option<String>,
+
+    /// List the scenarios, one line each, and exit.
+    #[arg(long)]
+    pub(crate) list: bool,
+
+    /// Emulated round-trip time to the far server, ms (far-server: default
+    /// 150; cancelled-handshake: default 200). Shorter runs faster.
+    #[arg(long, value_name = "MS",
+          value_parser = clap::value_parser!(u64).range(1..=2_000))]
+    pub(crate) rtt_ms: Option<u64>,
+
+    /// Requests per run (far-server: 3, new-client: 5, connect-proxy: 20,
+    /// ipv6-blackhole: parallel fetches, 8).
+    #[arg(long, value_name = "N",
+          value_parser = clap::value_parser!(u32).range(1..=200))]
+    pub(crate) requests: Option<u32>,
+
+    /// Print one JSON document to stdout instead of text (schema
+    /// conntrace.lab/v1, in SCHEMA.md).
+    #[arg(long)]
+    pub(crate) json: bool,
+
+    /// Also write the spans to this OTLP JSON file (ignored when
+    /// OTEL_EXPORTER_OTLP_ENDPOINT is set). [default: no file]
+    #[arg(long, value_name = "PATH")]
+    pub(crate) traces_out: Option<PathBuf>,
+}
+
+/// A scenario in progress: its settings, the span pipeline and the spans
+/// read back.
+#[derive(Debug)]
+pub(crate) struct Lab {
+    scenario: Scenario,
+    rtt_ms: Option<u64>,
+    requests: Option<u32>,
+    telemetry: Telemetry,
+}
+
+impl Lab {
+    /// The emulated RTT: `--rtt-ms`, else `default_ms`.
+    pub(crate) fn rtt(&self, default_ms: u64) -> Duration {
+        Duration::from_millis(self.rtt_ms.unwrap_or(default_ms))
+    }
+
+    /// Requests per run: `--requests`, else `default`.
+    pub(crate) fn requests(&self, default: usize) -> usize {
+        self.requests.map_or(default, |n| n as usize)
+    }
+
+    /// The span a run's requests are children of (attribute
+    /// `conntrace.lab.run`); drop it when the run is over.
+    pub(crate) fn run_span(&self, run: &str) -> tracing::Span {
+        tracing::info_span!(
+            target: "conntrace",
+            "lab run",
+            otel.name = format!("lab {}: {run}", self.scenario.name()),
+            conntrace.lab.scenario = self.scenario.name(),
+            conntrace.lab.run = run,
+        )
+    }
+
+    /// Every span ended so far, exported and read back.
+    pub(crate) fn spans(&mut self) -> Spans {
+        Spans::new(self.telemetry.captured_spans())
+    }
+}
+
+/// Runs `conntrace lab`; see [`LabArgs`].
+///
+/// # Errors
+/// An unknown or missing scenario name, a fixture or client that cannot
+/// start, or a span pipeline that cannot be set up.
+pub(crate) async fn run(args: LabArgs) -> anyhow::Result<ExitCode> {
+    if args.list {
+        print_list(args.json)?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    let names = || {
+        Scenario::ALL
+            .iter()
+            .map(|s| s.name())
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let Some(name) = args.scenario.as_deref() else {
+        anyhow::bail!(
+            "name a scenario to run: {} (conntrace lab --list describes them)",
+            names()
+        );
+    };
+    let Some(scenario) = Scenario::from_name(name) else {
+        anyhow::bail!("unknown scenario {name:?}; the scenarios are: {}", names());
+    };
+    let telemetry = Telemetry::init_capturing(args.traces_out.clone())?;
+    let mut lab = Lab {
+        scenario,
+        rtt_ms: args.rtt_ms,
+        requests: args.requests,
+        telemetry,
+    };
+    let result = match scenario {
+        Scenario::FarServer => far_server::run(&mut lab).await,
+        Scenario::Ipv6Blackhole => ipv6_blackhole::run(&mut lab).await,
+        Scenario::IdleExpired => idle_expired::run(&mut lab).await,
+        Scenario::Discarded => discarded::run(&mut lab).await,
+        Scenario::ServerClosed => server_closed::run(&mut lab).await,
+        Scenario::NewClient => new_client::run(&mut lab).await,
+        Scenario::ConnectProxy => connect_proxy::run(&mut lab).await,
+        Scenario::DnsQueue => dns_queue::run(&mut lab).await,
+        Scenario::DeadFirstAddress => dead_first_address::run(&mut lab).await,
+        Scenario::CancelledHandshake => cancelled_handshake::run(&mut lab).await,
+    };
+    let telemetry = lab.telemetry.finish().await;
+    let outcome = match result {
+        Ok(o) => o,
+        Err(e) => {
+            if let Some(t) = &telemetry.error {
+                eprintln!("error: {t}");
+            }
+            return Err(e);
+        }
+    };
+    let Outcome {
+        config,
+        runs,
+        tables,
+        findings,
+        fix,
+        reproduced,
+    } = outcome;
+    let report = LabReport {
+        schema: SCHEMA,
+        conntrace_version: env!("CARGO_PKG_VERSION"),
+        scenario: scenario.name(),
+        description: scenario.description(),
+        config,
+        runs,
+        findings,
+        fix,
+        reproduced: reproduced.is_ok(),
+        not_reproduced_because: reproduced.err(),
+        telemetry,
+    };
+    if args.json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&report).context("cannot serialize the report")?
+        );
+    } else {
+        text::print(&report, &tables);
+    }
+    if let Some(why) = &report.not_reproduced_because {
+        eprintln!(
+            "warning: the spans did not show what scenario {} replays: {why}",
+            scenario.name()
+        );
+    }
+    Ok(crate::error::exit_code(
+        true,
+        report.telemetry.error.as_deref(),
+    ))
+}
+
+/// `--list`: one line per scenario, or JSON.
+fn print_list(json: bool) -> anyhow::Result<()> {
+    if json {
+        let list = ScenarioList {
+            schema: SCHEMA,
+            scenarios: Scenario::ALL
+                .iter()
+                .map(|s| ListedScenario {
+                    name: s.name(),
+                    description: s.description(),
+                })
+                .collect(),
+        };
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&list).context("cannot serialize the list")?
+        );
+        return Ok(());
+    }
+    let width = Scenario::ALL
+        .iter()
+        .map(|s| s.name().len())
+        .max()
+        .unwrap_or(0);
+    for s in Scenario::ALL {
+        println!("{:width$}  {}", s.name(), s.description());
+    }
+    Ok(())
+}
