@@ -2,4 +2,5 @@
 //! SDK exported (in-memory exporter) or what an OTLP receiver decoded.
 
 mod library;
+mod metrics;
 mod support;

@@ -4,14 +4,20 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use opentelemetry::InstrumentationScope;
-use opentelemetry::global::{BoxedTracer, ObjectSafeTracerProvider};
-use opentelemetry::trace::TracerProvider;
+use std::time::{Duration, Instant};
 
+use opentelemetry::global::{BoxedTracer, ObjectSafeTracerProvider};
+use opentelemetry::metrics::{Meter, MeterProvider};
+use opentelemetry::trace::TracerProvider;
+use opentelemetry::{InstrumentationScope, KeyValue};
+
+use crate::advice::PoolLoad;
 use crate::clock::Clock;
+use crate::metrics::Metrics;
 use crate::pool::PoolHistory;
-use crate::registry::Registry;
+use crate::registry::{ConnectionRecord, Registry};
 use crate::report::{DefaultOnRequestEnd, OnRequestEnd};
+use crate::semconv;
 
 /// Process-wide connection ids, so that ids from several handles never clash.
 static NEXT_CONNECTION_ID: AtomicU64 = AtomicU64::new(1);
@@ -20,6 +26,10 @@ static NEXT_REQUEST_ID: AtomicU64 = AtomicU64::new(1);
 
 /// Default number of connections the registry remembers.
 pub const DEFAULT_REGISTRY_CAPACITY: usize = 4096;
+
+/// Default interval over which the pool advice tracks each host's peak
+/// in-flight requests, and at most how often it logs per host: 60 s.
+pub const DEFAULT_POOL_ADVICE_INTERVAL: Duration = Duration::from_secs(60);
 
 /// The instrumentation handle. Cheap to clone (one `Arc`); clone it into
 /// every client it instruments so their connections share one registry.
@@ -62,6 +72,8 @@ pub(crate) enum TracerSource {
 pub(crate) struct Inner {
     pub(crate) registry: Registry,
     pub(crate) pools: PoolHistory,
+    pub(crate) load: PoolLoad,
+    pub(crate) metrics: Metrics,
     clients_built: AtomicU64,
     pub(crate) clock: Clock,
     tracer: TracerSource,
@@ -94,10 +106,74 @@ impl Inner {
         NEXT_REQUEST_ID.fetch_add(1, Ordering::Relaxed)
     }
 
+    /// A connection's close was observed at `at`: count its lifetime once
+    /// and forget it.
+    pub(crate) fn connection_closed(&self, record: &ConnectionRecord, at: Instant) {
+        if !record.mark_closed() {
+            return;
+        }
+        let lifetime = at.saturating_duration_since(record.ready_at());
+        self.metrics
+            .connection_duration
+            .record(lifetime.as_secs_f64(), &connection_attributes(record));
+        if let (Some(l), Some(r)) = (record.setup.local_addr, record.setup.peer_addr) {
+            self.registry.remove(l, r, record.id());
+        }
+    }
+
+    /// Open connections by attribute set, for `http.client.open_connections`.
+    /// Connections idle past their client's idle timeout are closed here
+    /// (hyper-util's pool drops them then).
+    pub(crate) fn open_connections(&self, now: Instant) -> Vec<(Vec<KeyValue>, i64)> {
+        let mut counts: Vec<(Vec<KeyValue>, i64)> = Vec::new();
+        for record in self.registry.snapshot() {
+            if record.is_closed() {
+                continue;
+            }
+            if record.in_use() == 0
+                && let Some(t) = record.client.idle_timeout
+                && now.saturating_duration_since(record.last_activity()) >= t
+            {
+                self.connection_closed(&record, record.last_activity() + t);
+                continue;
+            }
+            let mut attributes = connection_attributes(&record);
+            attributes.push(KeyValue::new(
+                semconv::HTTP_CONNECTION_STATE,
+                if record.in_use() > 0 {
+                    "active"
+                } else {
+                    "idle"
+                },
+            ));
+            match counts.iter_mut().find(|(a, _)| *a == attributes) {
+                Some((_, n)) => *n += 1,
+                None => counts.push((attributes, 1)),
+            }
+        }
+        counts
+    }
+
     /// Counts one more client built from this handle.
     pub(crate) fn count_client(&self) {
         self.clients_built.fetch_add(1, Ordering::Relaxed);
     }
+}
+
+/// `server.address`, `server.port`, `url.scheme`, `network.protocol.version`
+/// of a connection (no peer address: bounded cardinality).
+pub(crate) fn connection_attributes(record: &ConnectionRecord) -> Vec<KeyValue> {
+    let mut attributes = Vec::with_capacity(5);
+    if let Some(host) = &record.host {
+        attributes.push(KeyValue::new(semconv::SERVER_ADDRESS, host.host.clone()));
+        attributes.push(KeyValue::new(semconv::SERVER_PORT, i64::from(host.port)));
+        attributes.push(KeyValue::new(semconv::URL_SCHEME, host.scheme.clone()));
+    }
+    attributes.push(KeyValue::new(
+        semconv::NETWORK_PROTOCOL_VERSION,
+        if record.http2() { "2" } else { "1.1" },
+    ));
+    attributes
 }
 
 impl ConnTrace {
@@ -134,6 +210,8 @@ impl ConnTrace {
 /// Builds a [`ConnTrace`].
 pub struct ConnTraceBuilder {
     tracer: TracerSource,
+    meter: Option<Meter>,
+    advice_interval: Duration,
     capacity: usize,
     on_request_end: Box<dyn OnRequestEnd>,
 }
@@ -150,6 +228,8 @@ impl Default for ConnTraceBuilder {
     fn default() -> Self {
         Self {
             tracer: TracerSource::Global,
+            meter: None,
+            advice_interval: DEFAULT_POOL_ADVICE_INTERVAL,
             capacity: DEFAULT_REGISTRY_CAPACITY,
             on_request_end: Box::new(DefaultOnRequestEnd),
         }
@@ -172,6 +252,23 @@ impl ConnTraceBuilder {
         self
     }
 
+    /// Records metrics (see [`semconv`](crate::semconv)'s metric names) with
+    /// a meter from `provider` (scope `reqwest-conntrace`). Default: the
+    /// global meter provider as installed when [`build`](Self::build) runs;
+    /// install yours first, or set it here.
+    pub fn meter_provider<P: MeterProvider>(mut self, provider: &P) -> Self {
+        self.meter = Some(provider.meter_with_scope(scope()));
+        self
+    }
+
+    /// The interval over which each host's peak in-flight requests is
+    /// tracked for the pool advice, and at most how often the advice is
+    /// logged per host. Default: [`DEFAULT_POOL_ADVICE_INTERVAL`] (60 s).
+    pub fn pool_advice_interval(mut self, interval: Duration) -> Self {
+        self.advice_interval = interval;
+        self
+    }
+
     /// How many connections the registry remembers at most; when full, the
     /// one idle the longest is forgotten. Default: [`DEFAULT_REGISTRY_CAPACITY`] (4096).
     pub fn registry_capacity(mut self, capacity: usize) -> Self {
@@ -188,10 +285,15 @@ impl ConnTraceBuilder {
 
     /// The handle.
     pub fn build(self) -> ConnTrace {
+        let meter = self
+            .meter
+            .unwrap_or_else(|| opentelemetry::global::meter_with_scope(scope()));
         ConnTrace {
-            inner: Arc::new(Inner {
+            inner: Arc::new_cyclic(|weak| Inner {
                 registry: Registry::new(self.capacity),
                 pools: PoolHistory::default(),
+                load: PoolLoad::new(self.advice_interval),
+                metrics: Metrics::new(&meter, weak.clone()),
                 clients_built: AtomicU64::new(0),
                 clock: Clock::new(),
                 tracer: self.tracer,

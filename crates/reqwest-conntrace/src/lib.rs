@@ -32,6 +32,7 @@
 //! `otlp`) sets both up from the standard `OTEL_*` variables.
 
 mod address;
+mod advice;
 mod attempt;
 mod attribution;
 mod body;
@@ -42,6 +43,7 @@ mod connector;
 mod dns;
 mod error;
 mod handle;
+mod metrics;
 mod middleware;
 mod miss;
 #[cfg(feature = "otlp")]
@@ -59,7 +61,9 @@ pub use builder::InstrumentedClientBuilder;
 pub use connector::{ConnectFuture, ConnectService, ConnectorLayer};
 pub use dns::{AddressOrder, SystemResolver, TracedResolver};
 pub use error::BuildError;
-pub use handle::{ConnTrace, ConnTraceBuilder, DEFAULT_REGISTRY_CAPACITY};
+pub use handle::{
+    ConnTrace, ConnTraceBuilder, DEFAULT_POOL_ADVICE_INTERVAL, DEFAULT_REGISTRY_CAPACITY,
+};
 pub use middleware::{
     ConnTraceMiddleware, DefaultMakeRequestSpan, MakeRequestSpan, UseCurrentSpan,
 };

@@ -146,13 +146,19 @@ impl PoolHistory {
     /// connection goes back to the pool, unless the client's idle pool for
     /// the host is already full (`pool_max_idle_per_host`), in which case
     /// hyper-util closes it.
-    pub(crate) fn on_released(&self, host: &HostKey, record: &ConnectionRecord, now: Instant) {
+    /// Returns `true` when it marked the connection over the limit (closed).
+    pub(crate) fn on_released(
+        &self,
+        host: &HostKey,
+        record: &ConnectionRecord,
+        now: Instant,
+    ) -> bool {
         let Some(limit) = record.client.max_idle_per_host else {
-            return;
+            return false;
         };
         let hosts = self.hosts();
         let Some(history) = hosts.get(host) else {
-            return;
+            return false;
         };
         let idle = history
             .connections
@@ -164,6 +170,7 @@ impl PoolHistory {
                     && r.in_use() == 0
                     && !r.is_discarded()
                     && !r.is_over_idle_limit()
+                    && !r.is_closed()
                     && record
                         .client
                         .idle_timeout
@@ -172,7 +179,9 @@ impl PoolHistory {
             .count();
         if idle >= limit {
             record.mark_over_idle_limit();
+            return true;
         }
+        false
     }
 }
 

@@ -34,6 +34,8 @@ pub(crate) struct ConnectionRecord {
     /// Released while the client's idle pool for the host was full: hyper
     /// closed it.
     over_idle_limit: AtomicBool,
+    /// Its close was observed and counted.
+    closed: AtomicBool,
     /// End of the latest response on this connection (body read or dropped).
     last_released: Mutex<Option<Instant>>,
 }
@@ -58,6 +60,7 @@ impl ConnectionRecord {
             in_use: AtomicU32::new(0),
             discarded: AtomicBool::new(false),
             over_idle_limit: AtomicBool::new(false),
+            closed: AtomicBool::new(false),
             last_released: Mutex::new(None),
         }
     }
@@ -92,6 +95,15 @@ impl ConnectionRecord {
     /// hyper closed it at release because the idle pool was full.
     pub(crate) fn mark_over_idle_limit(&self) {
         self.over_idle_limit.store(true, Ordering::Relaxed);
+    }
+
+    /// Marks the close observed; `true` the first time only.
+    pub(crate) fn mark_closed(&self) -> bool {
+        !self.closed.swap(true, Ordering::Relaxed)
+    }
+
+    pub(crate) fn is_closed(&self) -> bool {
+        self.closed.load(Ordering::Relaxed)
     }
 
     pub(crate) fn is_over_idle_limit(&self) -> bool {
@@ -200,6 +212,11 @@ impl Registry {
         if map.get(&(local, remote)).is_some_and(|r| r.id() == id) {
             map.remove(&(local, remote));
         }
+    }
+
+    /// Every connection currently remembered.
+    pub(crate) fn snapshot(&self) -> Vec<Arc<ConnectionRecord>> {
+        self.map().values().cloned().collect()
     }
 
     /// Number of connections currently remembered.

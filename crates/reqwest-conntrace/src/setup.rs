@@ -468,6 +468,21 @@ pub(crate) fn emit_phases(
         setup_span.set_status(Status::error(m));
     }
 
+    let failed = established
+        .is_none()
+        .then(|| failure_or_cancel(&failure_type, &failure_message).0);
+    record_metrics(
+        inner,
+        attempt,
+        &phases,
+        dns_duration,
+        failed,
+        end,
+        tls_version,
+        tls_resumed,
+        remote,
+    );
+
     ConnectionSetup {
         id: attempt.id,
         started: attempt.started,
@@ -490,6 +505,74 @@ pub(crate) fn emit_phases(
         proxy_connect: tunnel_duration,
         address_fallback,
     }
+}
+
+/// Records `http.client.connection.setup.duration`, `dns.lookup.duration`
+/// and `http.client.connections.opened` for one finished connect.
+#[allow(clippy::too_many_arguments)]
+fn record_metrics(
+    inner: &Inner,
+    attempt: &ConnectAttempt,
+    phases: &Phases,
+    dns_duration: Option<std::time::Duration>,
+    failed: Option<&'static str>,
+    end: Instant,
+    tls_version: Option<TlsVersion>,
+    tls_resumed: Option<bool>,
+    remote: Option<SocketAddr>,
+) {
+    let metrics = &inner.metrics;
+    if let (Some(dns), Some(d)) = (&phases.dns, dns_duration) {
+        let mut attributes = vec![KeyValue::new(semconv::DNS_QUESTION_NAME, dns.name.clone())];
+        match (&dns.error, dns.answered) {
+            (Some((error_type, _)), _) => {
+                attributes.push(KeyValue::new(semconv::ERROR_TYPE, *error_type));
+            }
+            (None, None) => {
+                attributes.push(KeyValue::new(
+                    semconv::ERROR_TYPE,
+                    failed.unwrap_or(semconv::ERROR_TYPE_CANCELLED),
+                ));
+            }
+            (None, Some(_)) => {}
+        }
+        metrics.dns_duration.record(d.as_secs_f64(), &attributes);
+    }
+    let mut attributes = Vec::with_capacity(7);
+    if let Some(t) = &attempt.trigger {
+        attributes.extend(crate::metrics::host_attributes(
+            &t.server_address,
+            t.server_port,
+        ));
+        attributes.push(KeyValue::new(semconv::URL_SCHEME, t.scheme.clone()));
+    }
+    if let Some(r) = remote {
+        attributes.push(KeyValue::new(semconv::NETWORK_TYPE, network_type(&r)));
+    }
+    if let Some(v) = tls_version {
+        attributes.push(KeyValue::new(semconv::TLS_PROTOCOL_VERSION, v.as_str()));
+    }
+    if let Some(r) = tls_resumed {
+        attributes.push(KeyValue::new(semconv::TLS_RESUMED, r));
+    }
+    match failed {
+        Some(error_type) => attributes.push(KeyValue::new(semconv::ERROR_TYPE, error_type)),
+        None => {
+            let opened: Vec<KeyValue> = attributes
+                .iter()
+                .filter(|kv| {
+                    kv.key.as_str() != semconv::NETWORK_TYPE
+                        && kv.key.as_str() != semconv::TLS_PROTOCOL_VERSION
+                })
+                .cloned()
+                .collect();
+            metrics.connections_opened.add(1, &opened);
+        }
+    }
+    metrics.setup_duration.record(
+        end.saturating_duration_since(attempt.started).as_secs_f64(),
+        &attributes,
+    );
 }
 
 fn failure_or_cancel(t: &Option<&'static str>, m: &Option<String>) -> (&'static str, String) {
