@@ -40,6 +40,7 @@ mod connector;
 mod dns;
 mod error;
 mod handle;
+mod kernel;
 mod middleware;
 #[cfg(feature = "otlp")]
 pub mod otlp;
@@ -56,6 +57,7 @@ pub use connector::{ConnectFuture, ConnectService, ConnectorLayer};
 pub use dns::{SystemResolver, TracedResolver};
 pub use error::BuildError;
 pub use handle::{ConnTrace, ConnTraceBuilder, DEFAULT_REGISTRY_CAPACITY};
+pub use kernel::{TcpFacts, TcpInfo, TcpState};
 pub use middleware::{
     ConnTraceMiddleware, DefaultMakeRequestSpan, MakeRequestSpan, UseCurrentSpan,
 };
