@@ -43,6 +43,7 @@ mod connector;
 mod dns;
 mod error;
 mod handle;
+mod kernel;
 mod metrics;
 mod middleware;
 mod miss;
@@ -64,6 +65,7 @@ pub use error::BuildError;
 pub use handle::{
     ConnTrace, ConnTraceBuilder, DEFAULT_POOL_ADVICE_INTERVAL, DEFAULT_REGISTRY_CAPACITY,
 };
+pub use kernel::{TcpFacts, TcpInfo, TcpState};
 pub use middleware::{
     ConnTraceMiddleware, DefaultMakeRequestSpan, MakeRequestSpan, UseCurrentSpan,
 };
