@@ -138,11 +138,31 @@ impl Telemetry {
         instrumented.build_with_middleware().expect("client builds")
     }
 
-    /// Every span ended so far.
+    /// Every span ended so far. A connected socket's `tcp.connect` span
+    /// ends when the kernel's answer about it arrives (on the sock_diag
+    /// thread, within milliseconds): wait up to 2 s for every exported
+    /// successful setup span to have its `tcp.connect` child.
     pub(crate) fn spans(&self) -> Vec<SpanData> {
-        self.exporter
-            .get_finished_spans()
-            .expect("in-memory exporter")
+        let deadline = std::time::Instant::now() + Duration::from_secs(2);
+        loop {
+            let spans = self
+                .exporter
+                .get_finished_spans()
+                .expect("in-memory exporter");
+            let complete = spans
+                .iter()
+                .filter(|s| s.name == semconv::CONNECTION_SETUP_SPAN && !is_error(s))
+                .all(|setup| {
+                    spans.iter().any(|c| {
+                        c.name == semconv::TCP_CONNECT_SPAN
+                            && c.parent_span_id == setup.span_context.span_id()
+                    })
+                });
+            if complete || std::time::Instant::now() >= deadline {
+                return spans;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
     }
 
     /// Spans with this name.

@@ -56,6 +56,10 @@ pub(crate) fn attribute_response(
     let paid = record.trigger_id == Some(state.id);
     let now = Instant::now();
     record.take();
+    record.clear_over_idle_limit();
+    if let Some(batch) = &state.batch {
+        batch.record(reused, wait);
+    }
     // Not an idle hit: say why. A request that triggered a connect carries
     // that connect's reason (even when a freed connection served it first);
     // one served by a connection set up for another request carries that
@@ -273,11 +277,13 @@ impl RequestEnd {
             match kind {
                 EndKind::Complete => {
                     record.mark_released(now);
+                    // Over the idle limit hyper closes it; that stays a
+                    // belief (the release order hyper saw may differ) until
+                    // the kernel confirms it or a response proves it wrong.
                     if !record.http2()
                         && let Some(host) = &record.host
-                        && self.inner.pools.on_released(host, record, now)
                     {
-                        self.inner.connection_closed(record, now);
+                        self.inner.pools.on_released(host, record, now);
                     }
                 }
                 // An HTTP/1.1 response dropped mid-body cannot go back to the

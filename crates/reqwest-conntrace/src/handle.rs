@@ -13,6 +13,7 @@ use opentelemetry::{InstrumentationScope, KeyValue};
 
 use crate::advice::PoolLoad;
 use crate::clock::Clock;
+use crate::kernel::{KernelLookup, KernelView};
 use crate::metrics::Metrics;
 use crate::pool::PoolHistory;
 use crate::registry::{ConnectionRecord, Registry};
@@ -74,6 +75,8 @@ pub(crate) struct Inner {
     pub(crate) pools: PoolHistory,
     pub(crate) load: PoolLoad,
     pub(crate) metrics: Metrics,
+    /// The kernel's view of sockets (sock_diag), one thread per handle.
+    pub(crate) kernel: KernelView,
     clients_built: AtomicU64,
     pub(crate) clock: Clock,
     tracer: TracerSource,
@@ -121,10 +124,38 @@ impl Inner {
         }
     }
 
+    /// Applies the kernel's answer about `record`'s socket: a close the
+    /// kernel shows is counted (and remembered as the server's when the
+    /// server closed first); a socket still established after a release
+    /// over the idle limit shows the pool kept it.
+    pub(crate) fn apply_kernel_view(&self, record: &ConnectionRecord, lookup: &KernelLookup) {
+        match lookup {
+            KernelLookup::Found(facts) if facts.state == crate::TcpState::Established => {
+                record.clear_over_idle_limit();
+            }
+            KernelLookup::Found(facts) => {
+                if facts.state.closed_by_peer() {
+                    record.mark_peer_closed();
+                }
+                self.connection_closed(record, Instant::now());
+            }
+            KernelLookup::NotFound => {
+                // Gone at once (no TIME_WAIT on our side): the server closed
+                // first, unless we know our side dropped it.
+                if !record.is_discarded() && !record.is_over_idle_limit() {
+                    record.mark_peer_closed();
+                }
+                self.connection_closed(record, Instant::now());
+            }
+            KernelLookup::Unavailable | KernelLookup::TimedOut => {}
+        }
+    }
+
     /// Open connections by attribute set, for `http.client.open_connections`.
     /// Connections idle past their client's idle timeout are closed here
-    /// (hyper-util's pool drops them then).
-    pub(crate) fn open_connections(&self, now: Instant) -> Vec<(Vec<KeyValue>, i64)> {
+    /// (hyper-util's pool drops them then); every other one is checked with
+    /// the kernel, whose answers apply from the next collection on.
+    pub(crate) fn open_connections(self: &Arc<Self>, now: Instant) -> Vec<(Vec<KeyValue>, i64)> {
         let mut counts: Vec<(Vec<KeyValue>, i64)> = Vec::new();
         for record in self.registry.snapshot() {
             if record.is_closed() {
@@ -135,6 +166,18 @@ impl Inner {
                 && now.saturating_duration_since(record.last_activity()) >= t
             {
                 self.connection_closed(&record, record.last_activity() + t);
+                continue;
+            }
+            if let (Some(l), Some(r)) = (record.setup.local_addr, record.setup.peer_addr) {
+                let weak = Arc::downgrade(self);
+                let checked = record.clone();
+                self.kernel.lookup_then(l, r, move |lookup| {
+                    if let Some(inner) = weak.upgrade() {
+                        inner.apply_kernel_view(&checked, &lookup);
+                    }
+                });
+            }
+            if record.is_over_idle_limit() {
                 continue;
             }
             let mut attributes = connection_attributes(&record);
@@ -294,6 +337,7 @@ impl ConnTraceBuilder {
                 pools: PoolHistory::default(),
                 load: PoolLoad::new(self.advice_interval),
                 metrics: Metrics::new(&meter, weak.clone()),
+                kernel: KernelView::new(),
                 clients_built: AtomicU64::new(0),
                 clock: Clock::new(),
                 tracer: self.tracer,

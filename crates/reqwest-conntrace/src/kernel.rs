@@ -24,14 +24,14 @@ use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{SendError, Sender};
 use std::sync::{Arc, OnceLock};
-use std::time::{Duration, Instant};
+#[cfg(test)]
+use std::time::Duration;
+use std::time::Instant;
 
 use error::OffReason;
 pub use facts::{TcpFacts, TcpInfo, TcpState};
 
 /// The answer to one kernel lookup.
-// used from connector/attribution (integration pending)
-#[allow(dead_code)]
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) enum KernelLookup {
     /// The kernel has a TCP socket with this address pair.
@@ -56,8 +56,6 @@ pub(crate) struct KernelView {
     queue: OnceLock<Option<Sender<worker::Lookup>>>,
 }
 
-// used from connector/attribution (integration pending)
-#[allow(dead_code)]
 impl KernelView {
     /// A view that has not started its thread yet.
     pub(crate) fn new() -> Self {
@@ -107,6 +105,7 @@ impl KernelView {
         }
     }
 
+    #[cfg(test)]
     /// Looks up the TCP socket `local` → `remote` (see
     /// [`lookup_then`](Self::lookup_then)); answers
     /// [`KernelLookup::TimedOut`] if there is no answer within `timeout`.

@@ -42,6 +42,7 @@ mod clock;
 mod connector;
 mod dns;
 mod error;
+mod fanout;
 mod handle;
 mod kernel;
 mod metrics;
@@ -56,12 +57,14 @@ mod report;
 mod request;
 pub mod semconv;
 mod setup;
+mod tcp;
 mod tls;
 
 pub use builder::InstrumentedClientBuilder;
 pub use connector::{ConnectFuture, ConnectService, ConnectorLayer};
 pub use dns::{AddressOrder, SystemResolver, TracedResolver};
 pub use error::BuildError;
+pub use fanout::fan_out;
 pub use handle::{
     ConnTrace, ConnTraceBuilder, DEFAULT_POOL_ADVICE_INTERVAL, DEFAULT_REGISTRY_CAPACITY,
 };

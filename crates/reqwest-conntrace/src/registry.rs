@@ -36,6 +36,8 @@ pub(crate) struct ConnectionRecord {
     over_idle_limit: AtomicBool,
     /// Its close was observed and counted.
     closed: AtomicBool,
+    /// The kernel showed the server closed it first.
+    peer_closed: AtomicBool,
     /// End of the latest response on this connection (body read or dropped).
     last_released: Mutex<Option<Instant>>,
 }
@@ -61,6 +63,7 @@ impl ConnectionRecord {
             discarded: AtomicBool::new(false),
             over_idle_limit: AtomicBool::new(false),
             closed: AtomicBool::new(false),
+            peer_closed: AtomicBool::new(false),
             last_released: Mutex::new(None),
         }
     }
@@ -97,9 +100,23 @@ impl ConnectionRecord {
         self.over_idle_limit.store(true, Ordering::Relaxed);
     }
 
+    /// A response arrived on it after all: the pool had kept it.
+    pub(crate) fn clear_over_idle_limit(&self) {
+        self.over_idle_limit.store(false, Ordering::Relaxed);
+    }
+
     /// Marks the close observed; `true` the first time only.
     pub(crate) fn mark_closed(&self) -> bool {
         !self.closed.swap(true, Ordering::Relaxed)
+    }
+
+    /// The kernel showed the server closed it (CLOSE_WAIT / LAST_ACK / gone).
+    pub(crate) fn mark_peer_closed(&self) {
+        self.peer_closed.store(true, Ordering::Relaxed);
+    }
+
+    pub(crate) fn is_peer_closed(&self) -> bool {
+        self.peer_closed.load(Ordering::Relaxed)
     }
 
     pub(crate) fn is_closed(&self) -> bool {

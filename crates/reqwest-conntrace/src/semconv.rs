@@ -202,6 +202,32 @@ pub const HTTP_CONNECTION_TCP_MSS: &str = "http.connection.tcp.mss";
 /// included (`tcpi_total_retrans`, read when the connection became ready).
 pub const HTTP_CONNECTION_TCP_RETRANSMITS: &str = "http.connection.tcp.retransmits";
 
+/// `http.fan_out.batches` (int, `fan_out` span of [`fan_out`](crate::fan_out)):
+/// number of batches run.
+pub const FAN_OUT_BATCHES: &str = "http.fan_out.batches";
+/// `http.fan_out.batches_with_new_connection` (int, `fan_out` span):
+/// batches in which at least one request was served by a connection that was
+/// not ready when it started (a pool miss, its own or a concurrent one's).
+pub const FAN_OUT_BATCHES_WITH_NEW_CONNECTION: &str = "http.fan_out.batches_with_new_connection";
+/// `http.fan_out.wait_time.total` (double, seconds, `fan_out` span): the
+/// batches' connection wait times, summed.
+pub const FAN_OUT_WAIT_TIME_TOTAL: &str = "http.fan_out.wait_time.total";
+/// `http.fan_out.wait_time.max` (double, seconds, `fan_out` span): the
+/// largest connection wait of one batch.
+pub const FAN_OUT_WAIT_TIME_MAX: &str = "http.fan_out.wait_time.max";
+/// `http.fan_out.slowest_batch.index` (int, `fan_out` span): index of the
+/// batch that finished last relative to its start (it sets the fan-out's latency).
+pub const FAN_OUT_SLOWEST_BATCH_INDEX: &str = "http.fan_out.slowest_batch.index";
+/// `http.fan_out.slowest_batch.duration` (double, seconds, `fan_out` span).
+pub const FAN_OUT_SLOWEST_BATCH_DURATION: &str = "http.fan_out.slowest_batch.duration";
+/// `http.fan_out.batch.index` (int, `batch` span): the batch's position, from 0.
+pub const FAN_OUT_BATCH_INDEX: &str = "http.fan_out.batch.index";
+/// `http.fan_out.batch.requests` (int, `batch` span): requests the batch made.
+pub const FAN_OUT_BATCH_REQUESTS: &str = "http.fan_out.batch.requests";
+/// `http.fan_out.batch.new_connection` (bool, `batch` span): the batch paid
+/// for a new connection (see [`FAN_OUT_BATCHES_WITH_NEW_CONNECTION`]).
+pub const FAN_OUT_BATCH_NEW_CONNECTION: &str = "http.fan_out.batch.new_connection";
+
 // ---------------------------------------------------------------------------
 // Metrics
 // ---------------------------------------------------------------------------
