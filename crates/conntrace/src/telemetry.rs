@@ -1,13 +1,16 @@
-//! Where spans go: an OTLP collector when `OTEL_EXPORTER_OTLP_ENDPOINT` (or
-//! `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`) is set, else an OTLP JSON file when
-//! the command asks for one, else nowhere. Both go through
-//! `reqwest_conntrace::otlp::init_with_exporter`, the same pipeline as
-//! `otlp::init_from_env`.
+//! Where spans and metrics go: an OTLP collector when
+//! `OTEL_EXPORTER_OTLP_ENDPOINT` (or `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`) is
+//! set, else OTLP JSON files when the command asks for one (traces at the
+//! given path, metrics beside it as `<stem>.metrics.json`), else nowhere.
+//! Both go through `reqwest_conntrace::otlp::init_with_exporters`, the same
+//! pipeline as `otlp::init_from_env`; the `ConnTrace` handle must be built
+//! after [`Telemetry::init`] (it takes the global meter provider).
 //!
 //! Differences from `init_from_env`, both only when the variable is unset:
 //! the export timeout defaults to [`DEFAULT_EXPORT_TIMEOUT`] instead of the
 //! SDK's 10 s (`OTEL_EXPORTER_OTLP_TIMEOUT` /
-//! `OTEL_EXPORTER_OTLP_TRACES_TIMEOUT`, milliseconds, still win), and the
+//! `OTEL_EXPORTER_OTLP_TRACES_TIMEOUT` / `..._METRICS_TIMEOUT`, milliseconds,
+//! still win), and the
 //! resource's `service.name` is `conntrace` instead of `unknown_service`
 //! (`OTEL_SERVICE_NAME` / `OTEL_RESOURCE_ATTRIBUTES` still win).
 
@@ -15,15 +18,12 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::Context as _;
-use opentelemetry::KeyValue;
-use opentelemetry_otlp::{Protocol, WithExportConfig};
+use opentelemetry_otlp::{MetricExporter, Protocol, SpanExporter, WithExportConfig};
 use opentelemetry_sdk::Resource;
-use opentelemetry_sdk::error::OTelSdkResult;
-use opentelemetry_sdk::trace::{SpanData, SpanExporter};
 use reqwest_conntrace::otlp::{self, OtlpError, OtlpGuard};
 use serde::Serialize;
 
-use crate::export::{MemoryExporter, SpanStore};
+use crate::export::{MemoryExporter, MetricStore, SpanStore};
 
 /// Export timeout used when no `OTEL_EXPORTER_OTLP_*TIMEOUT` is set.
 pub(crate) const DEFAULT_EXPORT_TIMEOUT: Duration = Duration::from_secs(3);
@@ -56,6 +56,8 @@ pub(crate) struct Telemetry {
     endpoint: Option<String>,
     /// The traces file and the spans to write into it.
     file: Option<(PathBuf, SpanStore)>,
+    /// The metrics file and the metrics to write into it.
+    metrics_file: Option<(PathBuf, MetricStore)>,
 }
 
 /// What became of the spans, for output.
@@ -69,6 +71,8 @@ pub(crate) struct TelemetryReport {
     pub(crate) traces_file: Option<String>,
     /// Spans written to the file (sink `file`).
     pub(crate) spans_written: Option<usize>,
+    /// Absolute path of the OTLP JSON metrics file (sink `file`).
+    pub(crate) metrics_file: Option<String>,
     /// Why the export or the file write failed; `null` on success.
     pub(crate) error: Option<String>,
 }
@@ -81,30 +85,37 @@ impl Telemetry {
     /// When the exporter cannot be built or a tracing subscriber exists.
     pub(crate) fn init(traces_out: Option<PathBuf>) -> anyhow::Result<Self> {
         if let Some(endpoint) = otlp_endpoint() {
-            let exporter = otlp_exporter()
+            let (spans, metrics) = otlp_exporters()
                 .with_context(|| format!("cannot set up OTLP export to {endpoint}"))?;
-            let guard = otlp::init_with_exporter(exporter)?;
+            let guard = otlp::init_with_exporters(spans, Some(metrics), resource())?;
             return Ok(Self {
                 guard: Some(guard),
                 endpoint: Some(endpoint),
                 file: None,
+                metrics_file: None,
             });
         }
         if let Some(path) = traces_out {
             let store = SpanStore::default();
-            let guard = otlp::init_with_exporter(ServiceNamed {
-                inner: MemoryExporter::new(store.clone()),
-            })?;
+            let metric_store = MetricStore::default();
+            let guard = otlp::init_with_exporters(
+                MemoryExporter::new(store.clone()),
+                Some(metric_store.clone()),
+                resource(),
+            )?;
+            let metrics_path = metrics_path_beside(&path);
             return Ok(Self {
                 guard: Some(guard),
                 endpoint: None,
                 file: Some((path, store)),
+                metrics_file: Some((metrics_path, metric_store)),
             });
         }
         Ok(Self {
             guard: None,
             endpoint: None,
             file: None,
+            metrics_file: None,
         })
     }
 
@@ -124,6 +135,12 @@ impl Telemetry {
                     .to_string()
             }),
             spans_written: None,
+            metrics_file: self.metrics_file.as_ref().map(|(p, _)| {
+                std::path::absolute(p)
+                    .unwrap_or_else(|_| p.clone())
+                    .display()
+                    .to_string()
+            }),
             error: None,
         };
         let Some(guard) = self.guard else {
@@ -140,7 +157,7 @@ impl Telemetry {
         if let Some(detail) = flush_error {
             report.error = Some(match &self.endpoint {
                 Some(endpoint) => crate::error::one_line(&format!(
-                    "could not export spans to the OTLP collector at {endpoint}: {detail}"
+                    "could not export spans and metrics to the OTLP collector at {endpoint}: {detail}"
                 )),
                 None => crate::error::one_line(&format!("could not flush spans: {detail}")),
             });
@@ -151,76 +168,83 @@ impl Telemetry {
                 Err(e) => report.error = Some(crate::error::anyhow_line(&e)),
             }
         }
+        if let Some((path, store)) = self.metrics_file
+            && let Err(e) = store.write_json(&path)
+        {
+            report.error = Some(crate::error::anyhow_line(&e));
+        }
         report
     }
 }
 
-/// The OTLP span exporter the environment describes, with the shorter
-/// default timeout and the `conntrace` service name.
-fn otlp_exporter() -> anyhow::Result<ServiceNamed<opentelemetry_otlp::SpanExporter>> {
-    let timeout = (!env_set("OTEL_EXPORTER_OTLP_TRACES_TIMEOUT")
-        && !env_set("OTEL_EXPORTER_OTLP_TIMEOUT"))
-    .then_some(DEFAULT_EXPORT_TIMEOUT);
-    let built = match otlp::protocol_from_env()? {
+/// `<dir>/<stem>.metrics.json` beside the traces file `<dir>/<stem>.json`.
+pub(crate) fn metrics_path_beside(traces: &std::path::Path) -> PathBuf {
+    let stem = traces
+        .file_stem()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "conntrace".to_owned());
+    traces.with_file_name(format!("{stem}.metrics.json"))
+}
+
+/// The resource from `OTEL_SERVICE_NAME` / `OTEL_RESOURCE_ATTRIBUTES`, with
+/// `service.name` = `conntrace` when they name no service.
+fn resource() -> Resource {
+    let from_env = Resource::builder().build();
+    let named = from_env
+        .get(&opentelemetry::Key::from_static_str("service.name"))
+        .is_some_and(|v| !v.as_str().starts_with("unknown_service"));
+    if named {
+        from_env
+    } else {
+        Resource::builder().with_service_name(SERVICE_NAME).build()
+    }
+}
+
+/// The OTLP span and metric exporters the environment describes, with the
+/// shorter default timeout.
+fn otlp_exporters() -> anyhow::Result<(SpanExporter, MetricExporter)> {
+    let timeout = |signal: &str| {
+        (!env_set(&format!("OTEL_EXPORTER_OTLP_{signal}_TIMEOUT"))
+            && !env_set("OTEL_EXPORTER_OTLP_TIMEOUT"))
+        .then_some(DEFAULT_EXPORT_TIMEOUT)
+    };
+    let spans = match otlp::protocol_from_env()? {
         Protocol::Grpc => {
-            let b = opentelemetry_otlp::SpanExporter::builder().with_tonic();
-            match timeout {
+            let b = SpanExporter::builder().with_tonic();
+            match timeout("TRACES") {
                 Some(t) => b.with_timeout(t).build(),
                 None => b.build(),
             }
         }
         _ => {
-            let b = opentelemetry_otlp::SpanExporter::builder()
+            let b = SpanExporter::builder()
                 .with_http()
                 .with_protocol(Protocol::HttpBinary);
-            match timeout {
+            match timeout("TRACES") {
                 Some(t) => b.with_timeout(t).build(),
                 None => b.build(),
             }
         }
-    };
-    Ok(ServiceNamed {
-        inner: built.context("invalid OTLP exporter settings")?,
-    })
-}
-
-/// Wraps an exporter to name the service `conntrace` when the environment
-/// does not name it.
-#[derive(Debug)]
-struct ServiceNamed<E> {
-    /// The wrapped exporter.
-    inner: E,
-}
-
-impl<E: SpanExporter> SpanExporter for ServiceNamed<E> {
-    fn export(&self, batch: Vec<SpanData>) -> impl Future<Output = OTelSdkResult> + Send {
-        self.inner.export(batch)
     }
-
-    fn shutdown_with_timeout(&self, timeout: Duration) -> OTelSdkResult {
-        self.inner.shutdown_with_timeout(timeout)
-    }
-
-    fn force_flush(&self) -> OTelSdkResult {
-        self.inner.force_flush()
-    }
-
-    fn set_resource(&mut self, resource: &Resource) {
-        let named = resource
-            .get(&opentelemetry::Key::from_static_str("service.name"))
-            .is_some_and(|v| !v.as_str().starts_with("unknown_service"));
-        if named {
-            self.inner.set_resource(resource);
-        } else {
-            let renamed = Resource::builder_empty()
-                .with_attributes(
-                    resource
-                        .iter()
-                        .map(|(k, v)| KeyValue::new(k.clone(), v.clone())),
-                )
-                .with_service_name(SERVICE_NAME)
-                .build();
-            self.inner.set_resource(&renamed);
+    .context("invalid OTLP exporter settings")?;
+    let metrics = match otlp::metrics_protocol_from_env()? {
+        Protocol::Grpc => {
+            let b = MetricExporter::builder().with_tonic();
+            match timeout("METRICS") {
+                Some(t) => b.with_timeout(t).build(),
+                None => b.build(),
+            }
+        }
+        _ => {
+            let b = MetricExporter::builder()
+                .with_http()
+                .with_protocol(Protocol::HttpBinary);
+            match timeout("METRICS") {
+                Some(t) => b.with_timeout(t).build(),
+                None => b.build(),
+            }
         }
     }
+    .context("invalid OTLP metric exporter settings")?;
+    Ok((spans, metrics))
 }
