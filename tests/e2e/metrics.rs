@@ -118,8 +118,8 @@ async fn metrics_count_hits_misses_and_connections_with_bounded_attributes() {
         .start()
         .await
         .expect("server");
-    let client = t
-        .conntrace()
+    let handle = t.conntrace();
+    let client = handle
         .instrument_client(reqwest::Client::builder())
         .pool_max_idle_per_host(1)
         .build_with_middleware()
@@ -266,4 +266,19 @@ async fn metrics_count_hits_misses_and_connections_with_bounded_attributes() {
         .find(|kv| kv.key.as_str() == semconv::HTTP_CONNECTION_POOL_SUGGESTED_IDLE)
         .map(|kv| kv.value.to_string());
     assert_eq!(suggested.as_deref(), Some("4"));
+    let advice = handle.pool_advice();
+    assert_eq!(advice.len(), 1, "one host's pool is too small: {advice:?}");
+    assert_eq!(
+        (
+            advice[0].peak_in_flight,
+            advice[0].idle_limit,
+            advice[0].suggested_max_idle_per_host
+        ),
+        (4, 1, 4)
+    );
+    assert!(
+        advice[0]
+            .to_string()
+            .contains("suggested pool_max_idle_per_host >= 4")
+    );
 }

@@ -33,14 +33,55 @@ struct HostLoad {
     last_seen: Instant,
 }
 
-/// The advice for one host, when peak concurrency forced misses.
+/// The advice check of one response, when peak concurrency forced misses.
 #[derive(Debug, Clone, PartialEq)]
-pub(crate) struct PoolAdvice {
+pub(crate) struct AdviceCheck {
     pub(crate) peak_in_flight: u64,
     pub(crate) idle_limit: usize,
     pub(crate) misses_per_second: f64,
     /// Log it now (once per interval per host).
     pub(crate) log_now: bool,
+}
+
+/// Pool-size advice for one host (Little's law): the client's idle pool
+/// is smaller than the requests in flight to the host, and that forced
+/// `all_busy` misses. From [`ConnTrace::pool_advice`](crate::ConnTrace::pool_advice).
+///
+/// Its `Display` is the advice line this crate also logs (WARN, target
+/// `reqwest_conntrace`), e.g. `pool too small for b.internal:443: observed
+/// peak in flight 9, idle limit 2, misses per second 31.20; suggested
+/// pool_max_idle_per_host >= 9`.
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub struct PoolAdvice {
+    /// The host (`server.address`).
+    pub server_address: String,
+    /// Its port (`server.port`).
+    pub server_port: u16,
+    /// Most requests in flight to the host at once in the interval.
+    pub peak_in_flight: u64,
+    /// The client's `pool_max_idle_per_host`.
+    pub idle_limit: usize,
+    /// `all_busy` misses per second over the interval so far.
+    pub misses_per_second: f64,
+    /// The `pool_max_idle_per_host` that keeps the peak's connections: the
+    /// observed peak in flight.
+    pub suggested_max_idle_per_host: u64,
+}
+
+impl std::fmt::Display for PoolAdvice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "pool too small for {}:{}: observed peak in flight {}, idle limit {}, misses per second {:.2}; suggested pool_max_idle_per_host >= {}",
+            self.server_address,
+            self.server_port,
+            self.peak_in_flight,
+            self.idle_limit,
+            self.misses_per_second,
+            self.suggested_max_idle_per_host
+        )
+    }
 }
 
 /// A host's gauges (`http.client.pool.peak_in_flight` / `.idle_limit`).
@@ -129,7 +170,7 @@ impl PoolLoad {
         idle_limit: Option<usize>,
         all_busy: bool,
         now: Instant,
-    ) -> Option<PoolAdvice> {
+    ) -> Option<AdviceCheck> {
         let mut hosts = self.hosts();
         let load = hosts.get_mut(&(host.to_owned(), port))?;
         self.roll(load, now);
@@ -153,12 +194,39 @@ impl PoolLoad {
             .saturating_duration_since(load.interval_start)
             .as_secs_f64()
             .max(1.0);
-        Some(PoolAdvice {
+        Some(AdviceCheck {
             peak_in_flight: load.peak,
             idle_limit: limit,
             misses_per_second: load.forced_misses as f64 / elapsed,
             log_now,
         })
+    }
+
+    /// The advice for every host whose peak in flight this interval
+    /// exceeded its idle limit with forced misses.
+    pub(crate) fn advice(&self, now: Instant) -> Vec<PoolAdvice> {
+        let mut hosts = self.hosts();
+        hosts
+            .iter_mut()
+            .filter_map(|((host, port), load)| {
+                self.roll(load, now);
+                let limit = load.idle_limit?;
+                (load.forced_misses > 0 && load.peak > limit as u64).then(|| {
+                    let elapsed = now
+                        .saturating_duration_since(load.interval_start)
+                        .as_secs_f64()
+                        .max(1.0);
+                    PoolAdvice {
+                        server_address: host.clone(),
+                        server_port: *port,
+                        peak_in_flight: load.peak,
+                        idle_limit: limit,
+                        misses_per_second: load.forced_misses as f64 / elapsed,
+                        suggested_max_idle_per_host: load.peak,
+                    }
+                })
+            })
+            .collect()
     }
 
     /// Gauges of every host: the larger of this and the previous interval's peak.

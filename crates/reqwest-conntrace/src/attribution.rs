@@ -128,16 +128,15 @@ pub(crate) fn attribute_response(
             ],
         );
         if advice.log_now {
-            tracing::warn!(
-                target: "reqwest_conntrace",
-                "pool too small for {}:{}: observed peak in flight {}, idle limit {}, misses per second {:.2}; suggested pool_max_idle_per_host >= {}",
-                state.server_address,
-                state.server_port,
-                advice.peak_in_flight,
-                advice.idle_limit,
-                advice.misses_per_second,
-                advice.peak_in_flight,
-            );
+            let line = crate::advice::PoolAdvice {
+                server_address: state.server_address.clone(),
+                server_port: state.server_port,
+                peak_in_flight: advice.peak_in_flight,
+                idle_limit: advice.idle_limit,
+                misses_per_second: advice.misses_per_second,
+                suggested_max_idle_per_host: advice.peak_in_flight,
+            };
+            tracing::warn!(target: "reqwest_conntrace", "{line}");
         }
     }
     if !paid {

@@ -241,6 +241,16 @@ impl ConnTrace {
         self.inner.registry.len()
     }
 
+    /// Pool-size advice (Little's law) for every host whose peak number of
+    /// requests in flight in the current advice interval exceeded the idle
+    /// limit set with
+    /// [`InstrumentedClientBuilder::pool_max_idle_per_host`](crate::InstrumentedClientBuilder::pool_max_idle_per_host)
+    /// and forced `all_busy` misses. Empty when no pool is too small (or no
+    /// idle limit is known).
+    pub fn pool_advice(&self) -> Vec<crate::PoolAdvice> {
+        self.inner.load.advice(Instant::now())
+    }
+
     /// Number of clients built from this handle with
     /// [`instrument_client`](Self::instrument_client). A number that keeps
     /// growing means a client per request or per task (miss reason

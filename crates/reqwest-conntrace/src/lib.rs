@@ -60,6 +60,7 @@ mod setup;
 mod tcp;
 mod tls;
 
+pub use advice::PoolAdvice;
 pub use builder::InstrumentedClientBuilder;
 pub use connector::{ConnectFuture, ConnectService, ConnectorLayer};
 pub use dns::{AddressOrder, SystemResolver, TracedResolver};
