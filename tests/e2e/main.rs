@@ -1,5 +1,8 @@
 //! End-to-end tests: real sockets on loopback, spans decoded from what the
 //! SDK exported (in-memory exporter) or what an OTLP receiver decoded.
 
+mod fanout;
+mod kernel;
 mod library;
+mod metrics;
 mod support;

@@ -5,6 +5,8 @@ use std::time::Duration;
 
 use opentelemetry::trace::{SpanId, SpanKind, Status};
 use opentelemetry::{KeyValue, Value};
+use opentelemetry_sdk::metrics::data::{AggregatedMetrics, MetricData};
+use opentelemetry_sdk::metrics::{InMemoryMetricExporter, PeriodicReader, SdkMeterProvider};
 use opentelemetry_sdk::trace::{InMemorySpanExporter, SdkTracerProvider, SpanData};
 use reqwest_conntrace::{ConnTrace, TlsSettings, otlp, semconv};
 use tracing::subscriber::DefaultGuard;
@@ -14,7 +16,27 @@ use tracing_subscriber::layer::SubscriberExt;
 pub(crate) struct Telemetry {
     pub(crate) provider: SdkTracerProvider,
     exporter: InMemorySpanExporter,
+    meter_provider: SdkMeterProvider,
+    metric_exporter: InMemoryMetricExporter,
     _guard: DefaultGuard,
+}
+
+/// One exported metric data point, flattened.
+#[derive(Debug, Clone)]
+pub(crate) struct Point {
+    pub(crate) unit: String,
+    pub(crate) attributes: Vec<(String, String)>,
+    /// Sum or gauge value; a histogram's count.
+    pub(crate) value: f64,
+}
+
+impl Point {
+    pub(crate) fn get(&self, key: &str) -> Option<&str> {
+        self.attributes
+            .iter()
+            .find(|(k, _)| k == key)
+            .map(|(_, v)| v.as_str())
+    }
 }
 
 /// Installs a thread-local subscriber exporting into memory. Tests run on a
@@ -26,9 +48,15 @@ pub(crate) fn telemetry() -> Telemetry {
         .build();
     let subscriber = tracing_subscriber::registry().with(otlp::tracing_layer(&provider));
     let guard = tracing::subscriber::set_default(subscriber);
+    let metric_exporter = InMemoryMetricExporter::default();
+    let meter_provider = SdkMeterProvider::builder()
+        .with_reader(PeriodicReader::builder(metric_exporter.clone()).build())
+        .build();
     Telemetry {
         provider,
         exporter,
+        meter_provider,
+        metric_exporter,
         _guard: guard,
     }
 }
@@ -36,7 +64,63 @@ pub(crate) fn telemetry() -> Telemetry {
 impl Telemetry {
     /// A handle recording connection spans into this provider.
     pub(crate) fn conntrace(&self) -> ConnTrace {
-        ConnTrace::builder().tracer_provider(&self.provider).build()
+        ConnTrace::builder()
+            .tracer_provider(&self.provider)
+            .meter_provider(&self.meter_provider)
+            .build()
+    }
+
+    /// Collects metrics now and returns the points of the metric `name`
+    /// from the latest collection (cumulative temporality).
+    pub(crate) fn metric(&self, name: &str) -> Vec<Point> {
+        self.metric_exporter.reset();
+        self.meter_provider.force_flush().expect("metrics flush");
+        let exported = self
+            .metric_exporter
+            .get_finished_metrics()
+            .expect("in-memory metric exporter");
+        let mut points = Vec::new();
+        for rm in exported.iter().rev().take(1) {
+            for sm in rm.scope_metrics() {
+                for m in sm.metrics().filter(|m| m.name() == name) {
+                    let unit = m.unit().to_owned();
+                    let mut push = |attrs: Vec<&KeyValue>, value: f64| {
+                        points.push(Point {
+                            unit: unit.clone(),
+                            attributes: attrs
+                                .into_iter()
+                                .map(|kv| (kv.key.to_string(), kv.value.to_string()))
+                                .collect(),
+                            value,
+                        })
+                    };
+                    match m.data() {
+                        AggregatedMetrics::F64(MetricData::Histogram(h)) => {
+                            for p in h.data_points() {
+                                push(p.attributes().collect(), p.count() as f64);
+                            }
+                        }
+                        AggregatedMetrics::U64(MetricData::Sum(s)) => {
+                            for p in s.data_points() {
+                                push(p.attributes().collect(), p.value() as f64);
+                            }
+                        }
+                        AggregatedMetrics::I64(MetricData::Sum(s)) => {
+                            for p in s.data_points() {
+                                push(p.attributes().collect(), p.value() as f64);
+                            }
+                        }
+                        AggregatedMetrics::U64(MetricData::Gauge(g)) => {
+                            for p in g.data_points() {
+                                push(p.attributes().collect(), p.value() as f64);
+                            }
+                        }
+                        other => panic!("unexpected aggregation for {name}: {other:?}"),
+                    }
+                }
+            }
+        }
+        points
     }
 
     /// An instrumented client behind the middleware, trusting only `pki`'s
@@ -54,11 +138,31 @@ impl Telemetry {
         instrumented.build_with_middleware().expect("client builds")
     }
 
-    /// Every span ended so far.
+    /// Every span ended so far. A connected socket's `tcp.connect` span
+    /// ends when the kernel's answer about it arrives (on the sock_diag
+    /// thread, within milliseconds): wait up to 2 s for every exported
+    /// successful setup span to have its `tcp.connect` child.
     pub(crate) fn spans(&self) -> Vec<SpanData> {
-        self.exporter
-            .get_finished_spans()
-            .expect("in-memory exporter")
+        let deadline = std::time::Instant::now() + Duration::from_secs(2);
+        loop {
+            let spans = self
+                .exporter
+                .get_finished_spans()
+                .expect("in-memory exporter");
+            let complete = spans
+                .iter()
+                .filter(|s| s.name == semconv::CONNECTION_SETUP_SPAN && !is_error(s))
+                .all(|setup| {
+                    spans.iter().any(|c| {
+                        c.name == semconv::TCP_CONNECT_SPAN
+                            && c.parent_span_id == setup.span_context.span_id()
+                    })
+                });
+            if complete || std::time::Instant::now() >= deadline {
+                return spans;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
     }
 
     /// Spans with this name.

@@ -38,7 +38,9 @@ pub use error::LabError;
 pub use nginx::{AccessLogEntry, Nginx, NginxConfig, NginxListener};
 pub use otlp_receiver::OtlpReceiver;
 pub use pki::{PkiFiles, TestPki};
-pub use received_metric::{HistogramPoint, MetricData, NumberPoint, ReceivedMetric};
+pub use received_metric::{
+    HistogramPoint, MetricData, NumberPoint, ReceivedMetric, metrics_from_otlp_json,
+};
 pub use received_span::{
     ReceivedEvent, ReceivedLink, ReceivedSpan, spans_from_export_request, spans_from_otlp_json,
 };

@@ -194,3 +194,15 @@ pub(crate) fn flatten_resource_metrics(
     }
     out
 }
+
+/// Decodes an OTLP JSON metrics document (one `ExportMetricsServiceRequest`,
+/// the encoding `conntrace`'s `<stem>.metrics.json` file and the
+/// collector's file exporter use) into one [`ReceivedMetric`] per metric.
+///
+/// # Errors
+/// [`LabError::Json`](crate::LabError::Json) when the text is not such a document.
+pub fn metrics_from_otlp_json(json: &str) -> Result<Vec<ReceivedMetric>, crate::LabError> {
+    let request: opentelemetry_proto::tonic::collector::metrics::v1::ExportMetricsServiceRequest =
+        serde_json::from_str(json.trim())?;
+    Ok(flatten_resource_metrics(request.resource_metrics))
+}

@@ -1,7 +1,8 @@
-//! The OTLP JSON file exporter: keeps finished spans in memory and writes
-//! them as one OTLP `ExportTraceServiceRequest` JSON document (the encoding
-//! of opentelemetry-proto's `with-serde` feature, as the OpenTelemetry
-//! Collector's file exporter and OTLP/HTTP JSON use it).
+//! The OTLP JSON file exporters: keep finished spans (and the latest metric
+//! collection) in memory and write them as one OTLP
+//! `ExportTraceServiceRequest` (`ExportMetricsServiceRequest`) JSON document
+//! (the encoding of opentelemetry-proto's `with-serde` feature, as the
+//! OpenTelemetry Collector's file exporter and OTLP/HTTP JSON use it).
 
 use std::fs::File;
 use std::io::{BufWriter, Write};
@@ -9,11 +10,15 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 
 use anyhow::Context as _;
+use opentelemetry_proto::tonic::collector::metrics::v1::ExportMetricsServiceRequest;
 use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
 use opentelemetry_proto::transform::common::tonic::ResourceAttributesWithSchema;
 use opentelemetry_proto::transform::trace::tonic::group_spans_by_resource_and_scope;
 use opentelemetry_sdk::Resource;
 use opentelemetry_sdk::error::OTelSdkResult;
+use opentelemetry_sdk::metrics::Temporality;
+use opentelemetry_sdk::metrics::data::ResourceMetrics;
+use opentelemetry_sdk::metrics::exporter::PushMetricExporter;
 use opentelemetry_sdk::trace::{SpanData, SpanExporter};
 
 /// Spans collected so far and the resource they belong to.
@@ -117,5 +122,58 @@ impl SpanExporter for MemoryExporter {
         if let Ok(mut c) = self.store.inner.lock() {
             c.resource = Some(resource.clone());
         }
+    }
+}
+
+/// The latest metric collection (cumulative, so the latest holds every
+/// value), as OTLP; written out with [`MetricStore::write_json`].
+#[derive(Debug, Clone, Default)]
+pub(crate) struct MetricStore {
+    /// The latest collection, already converted.
+    latest: Arc<Mutex<Option<ExportMetricsServiceRequest>>>,
+}
+
+impl MetricStore {
+    /// Writes the latest collection to `path` as one JSON document and a
+    /// newline (an empty request when nothing was collected).
+    ///
+    /// # Errors
+    /// When the file cannot be written.
+    pub(crate) fn write_json(&self, path: &Path) -> anyhow::Result<()> {
+        let request = self
+            .latest
+            .lock()
+            .map_err(|_| anyhow::anyhow!("metric store poisoned"))?
+            .clone()
+            .unwrap_or_default();
+        let file = File::create(path)
+            .with_context(|| format!("cannot create metrics file {}", path.display()))?;
+        let mut out = BufWriter::new(file);
+        serde_json::to_writer(&mut out, &request)
+            .map_err(std::io::Error::from)
+            .and_then(|()| writeln!(out))
+            .and_then(|()| out.flush())
+            .with_context(|| format!("cannot write metrics file {}", path.display()))
+    }
+}
+
+impl PushMetricExporter for MetricStore {
+    async fn export(&self, metrics: &ResourceMetrics) -> OTelSdkResult {
+        if let Ok(mut latest) = self.latest.lock() {
+            *latest = Some(ExportMetricsServiceRequest::from(metrics));
+        }
+        Ok(())
+    }
+
+    fn force_flush(&self) -> OTelSdkResult {
+        Ok(())
+    }
+
+    fn shutdown_with_timeout(&self, _timeout: std::time::Duration) -> OTelSdkResult {
+        Ok(())
+    }
+
+    fn temporality(&self) -> Temporality {
+        Temporality::Cumulative
     }
 }

@@ -1,13 +1,16 @@
-//! Where spans go: an OTLP collector when `OTEL_EXPORTER_OTLP_ENDPOINT` (or
-//! `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`) is set, else an OTLP JSON file when
-//! the command asks for one, else nowhere. Both go through
-//! `reqwest_conntrace::otlp::init_with_exporter`, the same pipeline as
-//! `otlp::init_from_env`.
+//! Where spans and metrics go: an OTLP collector when
+//! `OTEL_EXPORTER_OTLP_ENDPOINT` (or `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`) is
+//! set, else OTLP JSON files when the command asks for one (traces at the
+//! given path, metrics beside it as `<stem>.metrics.json`), else nowhere.
+//! Both go through `reqwest_conntrace::otlp::init_with_exporters`, the same
+//! pipeline as `otlp::init_from_env`; the `ConnTrace` handle must be built
+//! after [`Telemetry::init`] (it takes the global meter provider).
 //!
 //! Differences from `init_from_env`, both only when the variable is unset:
 //! the export timeout defaults to [`DEFAULT_EXPORT_TIMEOUT`] instead of the
 //! SDK's 10 s (`OTEL_EXPORTER_OTLP_TIMEOUT` /
-//! `OTEL_EXPORTER_OTLP_TRACES_TIMEOUT`, milliseconds, still win), and the
+//! `OTEL_EXPORTER_OTLP_TRACES_TIMEOUT` / `..._METRICS_TIMEOUT`, milliseconds,
+//! still win), and the
 //! resource's `service.name` is `conntrace` instead of `unknown_service`
 //! (`OTEL_SERVICE_NAME` / `OTEL_RESOURCE_ATTRIBUTES` still win).
 
@@ -15,15 +18,14 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::Context as _;
-use opentelemetry::KeyValue;
-use opentelemetry_otlp::{Protocol, WithExportConfig};
+use opentelemetry_otlp::{MetricExporter, Protocol, SpanExporter, WithExportConfig};
 use opentelemetry_sdk::Resource;
 use opentelemetry_sdk::error::OTelSdkResult;
-use opentelemetry_sdk::trace::{SpanData, SpanExporter};
+use opentelemetry_sdk::trace::{SpanData, SpanExporter as SdkSpanExporter};
 use reqwest_conntrace::otlp::{self, OtlpError, OtlpGuard};
 use serde::Serialize;
 
-use crate::export::{MemoryExporter, SpanStore};
+use crate::export::{MemoryExporter, MetricStore, SpanStore};
 
 /// Export timeout used when no `OTEL_EXPORTER_OTLP_*TIMEOUT` is set.
 pub(crate) const DEFAULT_EXPORT_TIMEOUT: Duration = Duration::from_secs(3);
@@ -56,6 +58,8 @@ pub(crate) struct Telemetry {
     endpoint: Option<String>,
     /// The traces file and the spans to write into it.
     file: Option<(PathBuf, SpanStore)>,
+    /// The metrics file and the metrics to write into it.
+    metrics_file: Option<(PathBuf, MetricStore)>,
     /// Every exported span, kept in memory for the command to read back
     /// (`conntrace lab` prints its conclusions from them).
     capture: Option<SpanStore>,
@@ -74,6 +78,8 @@ pub(crate) struct TelemetryReport {
     pub(crate) traces_file: Option<String>,
     /// Spans written to the file (sink `file`).
     pub(crate) spans_written: Option<usize>,
+    /// Absolute path of the OTLP JSON metrics file (sink `file`).
+    pub(crate) metrics_file: Option<String>,
     /// Why the export or the file write failed; `null` on success.
     pub(crate) error: Option<String>,
 }
@@ -86,26 +92,32 @@ impl Telemetry {
     /// When the exporter cannot be built or a tracing subscriber exists.
     pub(crate) fn init(traces_out: Option<PathBuf>) -> anyhow::Result<Self> {
         if let Some(endpoint) = otlp_endpoint() {
-            let exporter = otlp_exporter()
+            let (spans, metrics) = otlp_exporters()
                 .with_context(|| format!("cannot set up OTLP export to {endpoint}"))?;
-            let guard = otlp::init_with_exporter(exporter)?;
+            let guard = otlp::init_with_exporters(spans, Some(metrics), resource())?;
             return Ok(Self {
                 guard: Some(guard),
                 endpoint: Some(endpoint),
                 file: None,
+                metrics_file: None,
                 capture: None,
                 flush_error: None,
             });
         }
         if let Some(path) = traces_out {
             let store = SpanStore::default();
-            let guard = otlp::init_with_exporter(ServiceNamed {
-                inner: MemoryExporter::new(store.clone()),
-            })?;
+            let metric_store = MetricStore::default();
+            let guard = otlp::init_with_exporters(
+                MemoryExporter::new(store.clone()),
+                Some(metric_store.clone()),
+                resource(),
+            )?;
+            let metrics_path = metrics_path_beside(&path);
             return Ok(Self {
                 guard: Some(guard),
                 endpoint: None,
                 file: Some((path, store)),
+                metrics_file: Some((metrics_path, metric_store)),
                 capture: None,
                 flush_error: None,
             });
@@ -114,6 +126,7 @@ impl Telemetry {
             guard: None,
             endpoint: None,
             file: None,
+            metrics_file: None,
             capture: None,
             flush_error: None,
         })
@@ -127,28 +140,47 @@ impl Telemetry {
     /// As [`init`](Self::init).
     pub(crate) fn init_capturing(traces_out: Option<PathBuf>) -> anyhow::Result<Self> {
         let store = SpanStore::default();
-        let endpoint = otlp_endpoint();
-        let otlp = match &endpoint {
-            Some(endpoint) => Some(
-                otlp_exporter()
-                    .with_context(|| format!("cannot set up OTLP export to {endpoint}"))?,
+        let memory = MemoryExporter::new(store.clone());
+        if let Some(endpoint) = otlp_endpoint() {
+            let (spans, metrics) = otlp_exporters()
+                .with_context(|| format!("cannot set up OTLP export to {endpoint}"))?;
+            let tee = Tee {
+                memory,
+                otlp: Some(spans),
+            };
+            let guard = otlp::init_with_exporters(tee, Some(metrics), resource())?;
+            return Ok(Self {
+                guard: Some(guard),
+                endpoint: Some(endpoint),
+                file: None,
+                metrics_file: None,
+                capture: Some(store),
+                flush_error: None,
+            });
+        }
+        let tee = Tee { memory, otlp: None };
+        let (guard, file, metrics_file) = match traces_out {
+            Some(path) => {
+                let metric_store = MetricStore::default();
+                let guard = otlp::init_with_exporters(tee, Some(metric_store.clone()), resource())?;
+                let metrics_path = metrics_path_beside(&path);
+                (
+                    guard,
+                    Some((path, store.clone())),
+                    Some((metrics_path, metric_store)),
+                )
+            }
+            None => (
+                otlp::init_with_exporters::<_, MetricStore>(tee, None, resource())?,
+                None,
+                None,
             ),
-            None => None,
-        };
-        let guard = otlp::init_with_exporter(Tee {
-            memory: ServiceNamed {
-                inner: MemoryExporter::new(store.clone()),
-            },
-            otlp,
-        })?;
-        let file = match (&endpoint, traces_out) {
-            (None, Some(path)) => Some((path, store.clone())),
-            _ => None,
         };
         Ok(Self {
             guard: Some(guard),
-            endpoint,
+            endpoint: None,
             file,
+            metrics_file,
             capture: Some(store),
             flush_error: None,
         })
@@ -160,7 +192,7 @@ impl Telemetry {
     /// [`finish`](Self::finish); the captured spans are complete regardless.
     pub(crate) fn captured_spans(&mut self) -> Vec<conntrace_lab::ReceivedSpan> {
         if let Some(guard) = &self.guard {
-            // The flush blocks until the exporter is done.
+            // The flush blocks until the exporters are done.
             let flushed = tokio::task::block_in_place(|| guard.flush());
             if let Err(e) = flushed
                 && self.flush_error.is_none()
@@ -193,6 +225,12 @@ impl Telemetry {
                     .to_string()
             }),
             spans_written: None,
+            metrics_file: self.metrics_file.as_ref().map(|(p, _)| {
+                std::path::absolute(p)
+                    .unwrap_or_else(|_| p.clone())
+                    .display()
+                    .to_string()
+            }),
             error: None,
         };
         let Some(guard) = self.guard else {
@@ -209,7 +247,7 @@ impl Telemetry {
         if let Some(detail) = flush_error {
             report.error = Some(match &self.endpoint {
                 Some(endpoint) => crate::error::one_line(&format!(
-                    "could not export spans to the OTLP collector at {endpoint}: {detail}"
+                    "could not export spans and metrics to the OTLP collector at {endpoint}: {detail}"
                 )),
                 None => crate::error::one_line(&format!("could not flush spans: {detail}")),
             });
@@ -220,49 +258,26 @@ impl Telemetry {
                 Err(e) => report.error = Some(crate::error::anyhow_line(&e)),
             }
         }
+        if let Some((path, store)) = self.metrics_file
+            && let Err(e) = store.write_json(&path)
+        {
+            report.error = Some(crate::error::anyhow_line(&e));
+        }
         report
     }
 }
 
-/// The OTLP span exporter the environment describes, with the shorter
-/// default timeout and the `conntrace` service name.
-fn otlp_exporter() -> anyhow::Result<ServiceNamed<opentelemetry_otlp::SpanExporter>> {
-    let timeout = (!env_set("OTEL_EXPORTER_OTLP_TRACES_TIMEOUT")
-        && !env_set("OTEL_EXPORTER_OTLP_TIMEOUT"))
-    .then_some(DEFAULT_EXPORT_TIMEOUT);
-    let built = match otlp::protocol_from_env()? {
-        Protocol::Grpc => {
-            let b = opentelemetry_otlp::SpanExporter::builder().with_tonic();
-            match timeout {
-                Some(t) => b.with_timeout(t).build(),
-                None => b.build(),
-            }
-        }
-        _ => {
-            let b = opentelemetry_otlp::SpanExporter::builder()
-                .with_http()
-                .with_protocol(Protocol::HttpBinary);
-            match timeout {
-                Some(t) => b.with_timeout(t).build(),
-                None => b.build(),
-            }
-        }
-    };
-    Ok(ServiceNamed {
-        inner: built.context("invalid OTLP exporter settings")?,
-    })
-}
-
-/// Sends every batch to memory and, when configured, to the OTLP collector.
+/// Sends every span batch to memory and, when configured, to the OTLP
+/// collector.
 #[derive(Debug)]
 struct Tee {
     /// The in-memory copy.
-    memory: ServiceNamed<MemoryExporter>,
+    memory: MemoryExporter,
     /// The collector, when an endpoint is set.
-    otlp: Option<ServiceNamed<opentelemetry_otlp::SpanExporter>>,
+    otlp: Option<SpanExporter>,
 }
 
-impl SpanExporter for Tee {
+impl SdkSpanExporter for Tee {
     async fn export(&self, batch: Vec<SpanData>) -> OTelSdkResult {
         match &self.otlp {
             Some(otlp) => {
@@ -295,43 +310,74 @@ impl SpanExporter for Tee {
     }
 }
 
-/// Wraps an exporter to name the service `conntrace` when the environment
-/// does not name it.
-#[derive(Debug)]
-struct ServiceNamed<E> {
-    /// The wrapped exporter.
-    inner: E,
+/// `<dir>/<stem>.metrics.json` beside the traces file `<dir>/<stem>.json`.
+pub(crate) fn metrics_path_beside(traces: &std::path::Path) -> PathBuf {
+    let stem = traces
+        .file_stem()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "conntrace".to_owned());
+    traces.with_file_name(format!("{stem}.metrics.json"))
 }
 
-impl<E: SpanExporter> SpanExporter for ServiceNamed<E> {
-    fn export(&self, batch: Vec<SpanData>) -> impl Future<Output = OTelSdkResult> + Send {
-        self.inner.export(batch)
+/// The resource from `OTEL_SERVICE_NAME` / `OTEL_RESOURCE_ATTRIBUTES`, with
+/// `service.name` = `conntrace` when they name no service.
+fn resource() -> Resource {
+    let from_env = Resource::builder().build();
+    let named = from_env
+        .get(&opentelemetry::Key::from_static_str("service.name"))
+        .is_some_and(|v| !v.as_str().starts_with("unknown_service"));
+    if named {
+        from_env
+    } else {
+        Resource::builder().with_service_name(SERVICE_NAME).build()
     }
+}
 
-    fn shutdown_with_timeout(&self, timeout: Duration) -> OTelSdkResult {
-        self.inner.shutdown_with_timeout(timeout)
-    }
-
-    fn force_flush(&self) -> OTelSdkResult {
-        self.inner.force_flush()
-    }
-
-    fn set_resource(&mut self, resource: &Resource) {
-        let named = resource
-            .get(&opentelemetry::Key::from_static_str("service.name"))
-            .is_some_and(|v| !v.as_str().starts_with("unknown_service"));
-        if named {
-            self.inner.set_resource(resource);
-        } else {
-            let renamed = Resource::builder_empty()
-                .with_attributes(
-                    resource
-                        .iter()
-                        .map(|(k, v)| KeyValue::new(k.clone(), v.clone())),
-                )
-                .with_service_name(SERVICE_NAME)
-                .build();
-            self.inner.set_resource(&renamed);
+/// The OTLP span and metric exporters the environment describes, with the
+/// shorter default timeout.
+fn otlp_exporters() -> anyhow::Result<(SpanExporter, MetricExporter)> {
+    let timeout = |signal: &str| {
+        (!env_set(&format!("OTEL_EXPORTER_OTLP_{signal}_TIMEOUT"))
+            && !env_set("OTEL_EXPORTER_OTLP_TIMEOUT"))
+        .then_some(DEFAULT_EXPORT_TIMEOUT)
+    };
+    let spans = match otlp::protocol_from_env()? {
+        Protocol::Grpc => {
+            let b = SpanExporter::builder().with_tonic();
+            match timeout("TRACES") {
+                Some(t) => b.with_timeout(t).build(),
+                None => b.build(),
+            }
+        }
+        _ => {
+            let b = SpanExporter::builder()
+                .with_http()
+                .with_protocol(Protocol::HttpBinary);
+            match timeout("TRACES") {
+                Some(t) => b.with_timeout(t).build(),
+                None => b.build(),
+            }
         }
     }
+    .context("invalid OTLP exporter settings")?;
+    let metrics = match otlp::metrics_protocol_from_env()? {
+        Protocol::Grpc => {
+            let b = MetricExporter::builder().with_tonic();
+            match timeout("METRICS") {
+                Some(t) => b.with_timeout(t).build(),
+                None => b.build(),
+            }
+        }
+        _ => {
+            let b = MetricExporter::builder()
+                .with_http()
+                .with_protocol(Protocol::HttpBinary);
+            match timeout("METRICS") {
+                Some(t) => b.with_timeout(t).build(),
+                None => b.build(),
+            }
+        }
+    }
+    .context("invalid OTLP metric exporter settings")?;
+    Ok((spans, metrics))
 }

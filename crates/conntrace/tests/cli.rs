@@ -429,4 +429,62 @@ async fn demo_replays_incident_2_and_writes_otlp_json() {
     );
     assert!(!named(&spans, semconv::CONNECTION_SETUP_SPAN).is_empty());
     assert!(Path::new(&traces).exists());
+
+    // The library's pool advice for the small pool only, and the tail math.
+    let advice = phases[0]["advice"].as_str().expect("small pool is advised");
+    assert!(advice.contains("idle limit 2"), "{advice}");
+    assert!(
+        phases[1]["advice"].is_null(),
+        "right-sized pool is not advised"
+    );
+    for p in phases {
+        let tail = &p["tail"];
+        assert_eq!(tail["quantile"].as_f64(), Some(0.998));
+        assert!(
+            tail["predicted_fanout_p99_ms"]
+                .as_f64()
+                .expect("prediction")
+                > 0.0
+        );
+    }
+
+    // Fan-out spans name the batches that paid for new connections.
+    let fan_outs = named(&spans, "fan_out");
+    assert!(!fan_outs.is_empty());
+    assert!(
+        fan_outs
+            .iter()
+            .any(|f| f.attr_i64(semconv::FAN_OUT_BATCHES_WITH_NEW_CONNECTION) > Some(0))
+    );
+
+    // Metrics beside the traces: request durations split by reuse, misses
+    // by reason, the idle-limit gauge per phase.
+    let metrics_path = json["telemetry"]["metrics_file"]
+        .as_str()
+        .expect("metrics file");
+    let metrics = conntrace_lab::metrics_from_otlp_json(
+        &std::fs::read_to_string(metrics_path).expect("metrics file"),
+    )
+    .expect("OTLP JSON metrics");
+    let metric = |name: &str| {
+        metrics
+            .iter()
+            .find(|m| m.name == name)
+            .unwrap_or_else(|| panic!("{name} exported"))
+    };
+    let durations = metric(semconv::HTTP_CLIENT_REQUEST_DURATION);
+    assert!(
+        durations
+            .histogram_points()
+            .iter()
+            .any(|p| p.attributes.bool(semconv::HTTP_CONNECTION_REUSED) == Some(false))
+    );
+    assert!(metric(semconv::HTTP_CLIENT_POOL_MISSES).total() > 0.0);
+    let mut limits: Vec<f64> = metric(semconv::HTTP_CLIENT_POOL_IDLE_LIMIT)
+        .number_points()
+        .iter()
+        .map(|p| p.value)
+        .collect();
+    limits.sort_by(f64::total_cmp);
+    assert_eq!(limits, vec![2.0, 10.0]);
 }

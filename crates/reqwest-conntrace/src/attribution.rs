@@ -11,6 +11,7 @@ use tracing_opentelemetry::OpenTelemetrySpanExt;
 
 use crate::clock::secs;
 use crate::handle::Inner;
+use crate::metrics::host_attributes;
 use crate::miss::MissReason;
 use crate::registry::ConnectionRecord;
 use crate::report::{ConnectionUse, RequestReport};
@@ -53,7 +54,12 @@ pub(crate) fn attribute_response(
     let idle = (reused && available <= start && last_quiet <= start).then(|| start - last_quiet);
     let age = start.saturating_duration_since(ready);
     let paid = record.trigger_id == Some(state.id);
+    let now = Instant::now();
     record.take();
+    record.clear_over_idle_limit();
+    if let Some(batch) = &state.batch {
+        batch.record(reused, wait);
+    }
     // Not an idle hit: say why. A request that triggered a connect carries
     // that connect's reason (even when a freed connection served it first);
     // one served by a connection set up for another request carries that
@@ -85,6 +91,53 @@ pub(crate) fn attribute_response(
     }
     if let Some(reason) = miss_reason {
         span.set_attribute(semconv::HTTP_CONNECTION_MISS_REASON, reason.as_str());
+        let mut attributes = host_attributes(&state.server_address, state.server_port).to_vec();
+        attributes.push(KeyValue::new(semconv::URL_SCHEME, state.scheme.clone()));
+        attributes.push(KeyValue::new(
+            semconv::HTTP_CONNECTION_MISS_REASON,
+            reason.as_str(),
+        ));
+        inner.metrics.pool_misses.add(1, &attributes);
+    }
+    if let Some(advice) = inner.load.on_response(
+        &state.server_address,
+        state.server_port,
+        record.client.max_idle_per_host,
+        miss_reason == Some(MissReason::AllBusy),
+        now,
+    ) {
+        span.add_event(
+            semconv::EVENT_POOL_ADVICE,
+            vec![
+                KeyValue::new(
+                    semconv::HTTP_CLIENT_POOL_PEAK_IN_FLIGHT,
+                    advice.peak_in_flight as i64,
+                ),
+                KeyValue::new(
+                    semconv::HTTP_CLIENT_POOL_IDLE_LIMIT,
+                    advice.idle_limit as i64,
+                ),
+                KeyValue::new(
+                    semconv::HTTP_CONNECTION_POOL_MISSES_PER_SECOND,
+                    advice.misses_per_second,
+                ),
+                KeyValue::new(
+                    semconv::HTTP_CONNECTION_POOL_SUGGESTED_IDLE,
+                    advice.peak_in_flight as i64,
+                ),
+            ],
+        );
+        if advice.log_now {
+            let line = crate::advice::PoolAdvice {
+                server_address: state.server_address.clone(),
+                server_port: state.server_port,
+                peak_in_flight: advice.peak_in_flight,
+                idle_limit: advice.idle_limit,
+                misses_per_second: advice.misses_per_second,
+                suggested_max_idle_per_host: advice.peak_in_flight,
+            };
+            tracing::warn!(target: "reqwest_conntrace", "{line}");
+        }
     }
     if !paid {
         span.add_link_with_attributes(
@@ -127,6 +180,10 @@ pub(crate) struct RequestEnd {
     pub(crate) error_type: Option<String>,
     pub(crate) connection: Option<(ConnectionUse, Arc<ConnectionRecord>)>,
     pub(crate) body_size: u64,
+    /// `network.protocol.version` of the response.
+    pub(crate) protocol_version: Option<&'static str>,
+    /// `http.request.method`, `server.address`, `server.port`, `url.scheme`.
+    base_attributes: Vec<KeyValue>,
     finished: bool,
 }
 
@@ -158,6 +215,17 @@ impl RequestEnd {
         method: http::Method,
         url: String,
     ) -> Self {
+        let mut base_attributes =
+            host_attributes(&state.server_address, state.server_port).to_vec();
+        base_attributes.push(KeyValue::new(semconv::URL_SCHEME, state.scheme.clone()));
+        base_attributes.push(KeyValue::new(
+            semconv::HTTP_REQUEST_METHOD,
+            crate::middleware::method_attribute(&method),
+        ));
+        inner.metrics.active_requests.add(1, &base_attributes);
+        inner
+            .load
+            .request_started(&state.server_address, state.server_port, state.started);
         Self {
             inner,
             state,
@@ -169,6 +237,8 @@ impl RequestEnd {
             error_type: None,
             connection: None,
             body_size: 0,
+            protocol_version: None,
+            base_attributes,
             finished: false,
         }
     }
@@ -206,6 +276,9 @@ impl RequestEnd {
             match kind {
                 EndKind::Complete => {
                     record.mark_released(now);
+                    // Over the idle limit hyper closes it; that stays a
+                    // belief (the release order hyper saw may differ) until
+                    // the kernel confirms it or a response proves it wrong.
                     if !record.http2()
                         && let Some(host) = &record.host
                     {
@@ -216,13 +289,12 @@ impl RequestEnd {
                 // pool: hyper closes the connection.
                 EndKind::Dropped | EndKind::Failed if !record.http2() => {
                     record.mark_discarded(now);
-                    if let (Some(l), Some(r)) = (record.setup.local_addr, record.setup.peer_addr) {
-                        self.inner.registry.remove(l, r, record.id());
-                    }
+                    self.inner.connection_closed(record, now);
                 }
                 _ => record.mark_released(now),
             }
         }
+        self.record_metrics(now);
         let report = RequestReport {
             method: self.method.clone(),
             url: self.url.clone(),
@@ -241,6 +313,37 @@ impl RequestEnd {
         // Release our handle so the span ends now (end of body), not when
         // the response value is dropped later.
         self.span = tracing::Span::none();
+    }
+}
+
+impl RequestEnd {
+    fn record_metrics(&self, now: Instant) {
+        let metrics = &self.inner.metrics;
+        metrics.active_requests.add(-1, &self.base_attributes);
+        self.inner
+            .load
+            .request_ended(&self.state.server_address, self.state.server_port);
+        let mut attributes = self.base_attributes.clone();
+        if let Some(status) = self.status {
+            attributes.push(KeyValue::new(
+                semconv::HTTP_RESPONSE_STATUS_CODE,
+                i64::from(status),
+            ));
+        }
+        if let Some(e) = &self.error_type {
+            attributes.push(KeyValue::new(semconv::ERROR_TYPE, e.clone()));
+        }
+        if let Some(v) = self.protocol_version {
+            attributes.push(KeyValue::new(semconv::NETWORK_PROTOCOL_VERSION, v));
+        }
+        if let Some((usage, _)) = &self.connection {
+            attributes.push(KeyValue::new(semconv::HTTP_CONNECTION_REUSED, usage.reused));
+        }
+        metrics.request_duration.record(
+            now.saturating_duration_since(self.state.started)
+                .as_secs_f64(),
+            &attributes,
+        );
     }
 }
 

@@ -20,6 +20,7 @@ use crate::attempt::{AttemptScope, ConnectAttempt};
 use crate::client::ClientState;
 use crate::error::{classify, error_chain_text};
 use crate::handle::{ConnTrace, Inner};
+use crate::miss::MissReason;
 use crate::pool::{MissSlot, MissVerdict};
 use crate::registry::ConnectionRecord;
 use crate::request::{self, PendingSetup};
@@ -120,7 +121,27 @@ where
                 .classify_miss(&t.host_key(), &self.client, Instant::now())
             {
                 MissVerdict::Decided(reason) => Arc::new(MissSlot::decided(reason)),
-                MissVerdict::AskKernel { otherwise, .. } => Arc::new(MissSlot::decided(otherwise)),
+                MissVerdict::AskKernel {
+                    local,
+                    remote,
+                    candidate,
+                    otherwise,
+                } => {
+                    let slot = Arc::new(MissSlot::pending(otherwise));
+                    let answer = slot.clone();
+                    let weak = Arc::downgrade(&inner);
+                    inner.kernel.lookup_then(local, remote, move |lookup| {
+                        if let Some(inner) = weak.upgrade() {
+                            inner.apply_kernel_view(&candidate, &lookup);
+                        }
+                        answer.set(if candidate.is_peer_closed() {
+                            MissReason::ClosedByPeer
+                        } else {
+                            otherwise
+                        });
+                    });
+                    slot
+                }
             };
             t.note_miss(slot.clone());
             slot
@@ -212,7 +233,7 @@ fn finish_failed(
     now: Instant,
 ) {
     use opentelemetry::trace::TraceContextExt;
-    setup::emit_phases(
+    let (_, tcp_pending) = setup::emit_phases(
         inner,
         attempt,
         cx,
@@ -222,6 +243,10 @@ fn finish_failed(
         },
         now,
     );
+    // Only a connected socket is left for the kernel: never here.
+    if let Some(pending) = tcp_pending {
+        pending.finish(None);
+    }
     cx.span().end_with_timestamp(inner.clock.wall(now));
 }
 
@@ -293,13 +318,16 @@ fn on_connected<T: Connection>(
         http2: connected.is_negotiated_h2(),
         proxied: connected.is_proxied(),
     };
-    let report = Arc::new(setup::emit_phases(
-        inner,
-        &attempt,
-        &cx,
-        &Ending::Ready(&established),
-        now,
-    ));
+    let (report, tcp_pending) =
+        setup::emit_phases(inner, &attempt, &cx, &Ending::Ready(&established), now);
+    let report = Arc::new(report);
+    if let (Some(pending), Some(local), Some(remote)) =
+        (tcp_pending, established.local, established.remote)
+    {
+        inner
+            .kernel
+            .lookup_then(local, remote, move |lookup| pending.finish(Some(&lookup)));
+    }
     let end = inner.clock.wall(now);
     let host = attempt.trigger.as_ref().map(|t| t.host_key());
     let record = Arc::new(ConnectionRecord::new(

@@ -4,14 +4,21 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use opentelemetry::InstrumentationScope;
-use opentelemetry::global::{BoxedTracer, ObjectSafeTracerProvider};
-use opentelemetry::trace::TracerProvider;
+use std::time::{Duration, Instant};
 
+use opentelemetry::global::{BoxedTracer, ObjectSafeTracerProvider};
+use opentelemetry::metrics::{Meter, MeterProvider};
+use opentelemetry::trace::TracerProvider;
+use opentelemetry::{InstrumentationScope, KeyValue};
+
+use crate::advice::PoolLoad;
 use crate::clock::Clock;
+use crate::kernel::{KernelLookup, KernelView};
+use crate::metrics::Metrics;
 use crate::pool::PoolHistory;
-use crate::registry::Registry;
+use crate::registry::{ConnectionRecord, Registry};
 use crate::report::{DefaultOnRequestEnd, OnRequestEnd};
+use crate::semconv;
 
 /// Process-wide connection ids, so that ids from several handles never clash.
 static NEXT_CONNECTION_ID: AtomicU64 = AtomicU64::new(1);
@@ -20,6 +27,10 @@ static NEXT_REQUEST_ID: AtomicU64 = AtomicU64::new(1);
 
 /// Default number of connections the registry remembers.
 pub const DEFAULT_REGISTRY_CAPACITY: usize = 4096;
+
+/// Default interval over which the pool advice tracks each host's peak
+/// in-flight requests, and at most how often it logs per host: 60 s.
+pub const DEFAULT_POOL_ADVICE_INTERVAL: Duration = Duration::from_secs(60);
 
 /// The instrumentation handle. Cheap to clone (one `Arc`); clone it into
 /// every client it instruments so their connections share one registry.
@@ -62,6 +73,10 @@ pub(crate) enum TracerSource {
 pub(crate) struct Inner {
     pub(crate) registry: Registry,
     pub(crate) pools: PoolHistory,
+    pub(crate) load: PoolLoad,
+    pub(crate) metrics: Metrics,
+    /// The kernel's view of sockets (sock_diag), one thread per handle.
+    pub(crate) kernel: KernelView,
     clients_built: AtomicU64,
     pub(crate) clock: Clock,
     tracer: TracerSource,
@@ -94,10 +109,114 @@ impl Inner {
         NEXT_REQUEST_ID.fetch_add(1, Ordering::Relaxed)
     }
 
+    /// A connection's close was observed at `at`: count its lifetime once
+    /// and forget it.
+    pub(crate) fn connection_closed(&self, record: &ConnectionRecord, at: Instant) {
+        if !record.mark_closed() {
+            return;
+        }
+        let lifetime = at.saturating_duration_since(record.ready_at());
+        self.metrics
+            .connection_duration
+            .record(lifetime.as_secs_f64(), &connection_attributes(record));
+        if let (Some(l), Some(r)) = (record.setup.local_addr, record.setup.peer_addr) {
+            self.registry.remove(l, r, record.id());
+        }
+    }
+
+    /// Applies the kernel's answer about `record`'s socket: a close the
+    /// kernel shows is counted (and remembered as the server's when the
+    /// server closed first); a socket still established after a release
+    /// over the idle limit shows the pool kept it.
+    pub(crate) fn apply_kernel_view(&self, record: &ConnectionRecord, lookup: &KernelLookup) {
+        match lookup {
+            KernelLookup::Found(facts) if facts.state == crate::TcpState::Established => {
+                record.clear_over_idle_limit();
+            }
+            KernelLookup::Found(facts) => {
+                if facts.state.closed_by_peer() {
+                    record.mark_peer_closed();
+                }
+                self.connection_closed(record, Instant::now());
+            }
+            KernelLookup::NotFound => {
+                // Gone at once (no TIME_WAIT on our side): the server closed
+                // first, unless we know our side dropped it.
+                if !record.is_discarded() && !record.is_over_idle_limit() {
+                    record.mark_peer_closed();
+                }
+                self.connection_closed(record, Instant::now());
+            }
+            KernelLookup::Unavailable | KernelLookup::TimedOut => {}
+        }
+    }
+
+    /// Open connections by attribute set, for `http.client.open_connections`.
+    /// Connections idle past their client's idle timeout are closed here
+    /// (hyper-util's pool drops them then); every other one is checked with
+    /// the kernel, whose answers apply from the next collection on.
+    pub(crate) fn open_connections(self: &Arc<Self>, now: Instant) -> Vec<(Vec<KeyValue>, i64)> {
+        let mut counts: Vec<(Vec<KeyValue>, i64)> = Vec::new();
+        for record in self.registry.snapshot() {
+            if record.is_closed() {
+                continue;
+            }
+            if record.in_use() == 0
+                && let Some(t) = record.client.idle_timeout
+                && now.saturating_duration_since(record.last_activity()) >= t
+            {
+                self.connection_closed(&record, record.last_activity() + t);
+                continue;
+            }
+            if let (Some(l), Some(r)) = (record.setup.local_addr, record.setup.peer_addr) {
+                let weak = Arc::downgrade(self);
+                let checked = record.clone();
+                self.kernel.lookup_then(l, r, move |lookup| {
+                    if let Some(inner) = weak.upgrade() {
+                        inner.apply_kernel_view(&checked, &lookup);
+                    }
+                });
+            }
+            if record.is_over_idle_limit() {
+                continue;
+            }
+            let mut attributes = connection_attributes(&record);
+            attributes.push(KeyValue::new(
+                semconv::HTTP_CONNECTION_STATE,
+                if record.in_use() > 0 {
+                    "active"
+                } else {
+                    "idle"
+                },
+            ));
+            match counts.iter_mut().find(|(a, _)| *a == attributes) {
+                Some((_, n)) => *n += 1,
+                None => counts.push((attributes, 1)),
+            }
+        }
+        counts
+    }
+
     /// Counts one more client built from this handle.
     pub(crate) fn count_client(&self) {
         self.clients_built.fetch_add(1, Ordering::Relaxed);
     }
+}
+
+/// `server.address`, `server.port`, `url.scheme`, `network.protocol.version`
+/// of a connection (no peer address: bounded cardinality).
+pub(crate) fn connection_attributes(record: &ConnectionRecord) -> Vec<KeyValue> {
+    let mut attributes = Vec::with_capacity(5);
+    if let Some(host) = &record.host {
+        attributes.push(KeyValue::new(semconv::SERVER_ADDRESS, host.host.clone()));
+        attributes.push(KeyValue::new(semconv::SERVER_PORT, i64::from(host.port)));
+        attributes.push(KeyValue::new(semconv::URL_SCHEME, host.scheme.clone()));
+    }
+    attributes.push(KeyValue::new(
+        semconv::NETWORK_PROTOCOL_VERSION,
+        if record.http2() { "2" } else { "1.1" },
+    ));
+    attributes
 }
 
 impl ConnTrace {
@@ -122,6 +241,16 @@ impl ConnTrace {
         self.inner.registry.len()
     }
 
+    /// Pool-size advice (Little's law) for every host whose peak number of
+    /// requests in flight in the current advice interval exceeded the idle
+    /// limit set with
+    /// [`InstrumentedClientBuilder::pool_max_idle_per_host`](crate::InstrumentedClientBuilder::pool_max_idle_per_host)
+    /// and forced `all_busy` misses. Empty when no pool is too small (or no
+    /// idle limit is known).
+    pub fn pool_advice(&self) -> Vec<crate::PoolAdvice> {
+        self.inner.load.advice(Instant::now())
+    }
+
     /// Number of clients built from this handle with
     /// [`instrument_client`](Self::instrument_client). A number that keeps
     /// growing means a client per request or per task (miss reason
@@ -134,6 +263,8 @@ impl ConnTrace {
 /// Builds a [`ConnTrace`].
 pub struct ConnTraceBuilder {
     tracer: TracerSource,
+    meter: Option<Meter>,
+    advice_interval: Duration,
     capacity: usize,
     on_request_end: Box<dyn OnRequestEnd>,
 }
@@ -150,6 +281,8 @@ impl Default for ConnTraceBuilder {
     fn default() -> Self {
         Self {
             tracer: TracerSource::Global,
+            meter: None,
+            advice_interval: DEFAULT_POOL_ADVICE_INTERVAL,
             capacity: DEFAULT_REGISTRY_CAPACITY,
             on_request_end: Box::new(DefaultOnRequestEnd),
         }
@@ -172,6 +305,23 @@ impl ConnTraceBuilder {
         self
     }
 
+    /// Records metrics (see [`semconv`](crate::semconv)'s metric names) with
+    /// a meter from `provider` (scope `reqwest-conntrace`). Default: the
+    /// global meter provider as installed when [`build`](Self::build) runs;
+    /// install yours first, or set it here.
+    pub fn meter_provider<P: MeterProvider>(mut self, provider: &P) -> Self {
+        self.meter = Some(provider.meter_with_scope(scope()));
+        self
+    }
+
+    /// The interval over which each host's peak in-flight requests is
+    /// tracked for the pool advice, and at most how often the advice is
+    /// logged per host. Default: [`DEFAULT_POOL_ADVICE_INTERVAL`] (60 s).
+    pub fn pool_advice_interval(mut self, interval: Duration) -> Self {
+        self.advice_interval = interval;
+        self
+    }
+
     /// How many connections the registry remembers at most; when full, the
     /// one idle the longest is forgotten. Default: [`DEFAULT_REGISTRY_CAPACITY`] (4096).
     pub fn registry_capacity(mut self, capacity: usize) -> Self {
@@ -188,10 +338,16 @@ impl ConnTraceBuilder {
 
     /// The handle.
     pub fn build(self) -> ConnTrace {
+        let meter = self
+            .meter
+            .unwrap_or_else(|| opentelemetry::global::meter_with_scope(scope()));
         ConnTrace {
-            inner: Arc::new(Inner {
+            inner: Arc::new_cyclic(|weak| Inner {
                 registry: Registry::new(self.capacity),
                 pools: PoolHistory::default(),
+                load: PoolLoad::new(self.advice_interval),
+                metrics: Metrics::new(&meter, weak.clone()),
+                kernel: KernelView::new(),
                 clients_built: AtomicU64::new(0),
                 clock: Clock::new(),
                 tracer: self.tracer,

@@ -32,6 +32,7 @@
 //! `otlp`) sets both up from the standard `OTEL_*` variables.
 
 mod address;
+mod advice;
 mod attempt;
 mod attribution;
 mod body;
@@ -41,7 +42,10 @@ mod clock;
 mod connector;
 mod dns;
 mod error;
+mod fanout;
 mod handle;
+mod kernel;
+mod metrics;
 mod middleware;
 mod miss;
 #[cfg(feature = "otlp")]
@@ -53,13 +57,19 @@ mod report;
 mod request;
 pub mod semconv;
 mod setup;
+mod tcp;
 mod tls;
 
+pub use advice::PoolAdvice;
 pub use builder::InstrumentedClientBuilder;
 pub use connector::{ConnectFuture, ConnectService, ConnectorLayer};
 pub use dns::{AddressOrder, SystemResolver, TracedResolver};
 pub use error::BuildError;
-pub use handle::{ConnTrace, ConnTraceBuilder, DEFAULT_REGISTRY_CAPACITY};
+pub use fanout::fan_out;
+pub use handle::{
+    ConnTrace, ConnTraceBuilder, DEFAULT_POOL_ADVICE_INTERVAL, DEFAULT_REGISTRY_CAPACITY,
+};
+pub use kernel::{TcpFacts, TcpInfo, TcpState};
 pub use middleware::{
     ConnTraceMiddleware, DefaultMakeRequestSpan, MakeRequestSpan, UseCurrentSpan,
 };

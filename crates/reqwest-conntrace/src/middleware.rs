@@ -57,7 +57,7 @@ const KNOWN_METHODS: &[&str] = &[
 impl MakeRequestSpan for DefaultMakeRequestSpan {
     fn make_span(&self, request: &Request) -> tracing::Span {
         let method = request.method().as_str();
-        let name = if KNOWN_METHODS.contains(&method) {
+        let name = if is_known_method(method) {
             method
         } else {
             "HTTP"
@@ -69,6 +69,20 @@ impl MakeRequestSpan for DefaultMakeRequestSpan {
             otel.kind = "client",
         )
     }
+}
+
+fn is_known_method(method: &str) -> bool {
+    KNOWN_METHODS.contains(&method)
+}
+
+/// The `http.request.method` value: the method, or `_OTHER` outside the
+/// known set (HTTP semconv).
+pub(crate) fn method_attribute(method: &http::Method) -> &'static str {
+    KNOWN_METHODS
+        .iter()
+        .find(|m| **m == method.as_str())
+        .copied()
+        .unwrap_or("_OTHER")
 }
 
 /// Uses the current span: place [`ConnTraceMiddleware`] after
@@ -203,7 +217,7 @@ impl<M: MakeRequestSpan> Middleware for ConnTraceMiddleware<M> {
         let full = redact_url(url);
         if records_http {
             let method = req.method().as_str();
-            if KNOWN_METHODS.contains(&method) {
+            if is_known_method(method) {
                 span.set_attribute(semconv::HTTP_REQUEST_METHOD, method.to_owned());
             } else {
                 span.set_attribute(semconv::HTTP_REQUEST_METHOD, "_OTHER");
@@ -246,16 +260,15 @@ impl<M: MakeRequestSpan> Middleware for ConnTraceMiddleware<M> {
                         i64::from(status.as_u16()),
                     );
                 }
-                span.set_attribute(
-                    semconv::NETWORK_PROTOCOL_VERSION,
-                    match response.version() {
-                        http::Version::HTTP_09 => "0.9",
-                        http::Version::HTTP_10 => "1.0",
-                        http::Version::HTTP_2 => "2",
-                        http::Version::HTTP_3 => "3",
-                        _ => "1.1",
-                    },
-                );
+                let version = match response.version() {
+                    http::Version::HTTP_09 => "0.9",
+                    http::Version::HTTP_10 => "1.0",
+                    http::Version::HTTP_2 => "2",
+                    http::Version::HTTP_3 => "3",
+                    _ => "1.1",
+                };
+                span.set_attribute(semconv::NETWORK_PROTOCOL_VERSION, version);
+                end.protocol_version = Some(version);
                 if status.is_client_error() || status.is_server_error() {
                     end.fail(status.as_str(), format!("HTTP status {status}"));
                 }

@@ -13,6 +13,13 @@
 //!   `http/protobuf` (OTLP exporter spec, OpenTelemetry specification 1.x;
 //!   for `http/protobuf` the `ring` rustls provider is installed process-wide
 //!   unless one already is, as the exporter's HTTP client needs one);
+//! - an OpenTelemetry meter provider with a periodic reader and an OTLP
+//!   metric exporter (cumulative temporality, what Prometheus expects),
+//!   installed as the global meter provider, so a [`ConnTrace`](crate::ConnTrace)
+//!   built afterwards records its metrics there. Read by the SDK and
+//!   exporter: `OTEL_EXPORTER_OTLP_METRICS_ENDPOINT` (or the generic
+//!   endpoint), `OTEL_METRIC_EXPORT_INTERVAL` (ms, default 60000); read
+//!   here: `OTEL_EXPORTER_OTLP_METRICS_PROTOCOL` (or the generic protocol);
 //! - the W3C trace-context propagator;
 //! - a `tracing` subscriber: the `tracing-opentelemetry` layer (request
 //!   spans) plus a stderr log layer filtered by `RUST_LOG` (default `warn`).
@@ -25,8 +32,10 @@
 use std::time::Duration;
 
 use opentelemetry::trace::TracerProvider as _;
-use opentelemetry_otlp::{Protocol, SpanExporter, WithExportConfig};
+use opentelemetry_otlp::{MetricExporter, Protocol, SpanExporter, WithExportConfig};
 use opentelemetry_sdk::Resource;
+use opentelemetry_sdk::metrics::exporter::PushMetricExporter;
+use opentelemetry_sdk::metrics::{PeriodicReader, SdkMeterProvider};
 use opentelemetry_sdk::trace::{SdkTracerProvider, SpanExporter as SdkSpanExporter};
 use tracing_subscriber::filter::{LevelFilter, Targets};
 use tracing_subscriber::layer::SubscriberExt;
@@ -52,11 +61,13 @@ pub enum OtlpError {
     Export(String),
 }
 
-/// Keeps the pipeline alive; flushes and shuts the tracer provider down when
-/// dropped (errors are then ignored: call [`shutdown`](Self::shutdown) to see them).
+/// Keeps the pipeline alive; flushes and shuts the tracer and meter
+/// providers down when dropped (errors are then ignored: call
+/// [`shutdown`](Self::shutdown) to see them).
 #[derive(Debug)]
 pub struct OtlpGuard {
     provider: Option<SdkTracerProvider>,
+    meter_provider: Option<SdkMeterProvider>,
 }
 
 impl OtlpGuard {
@@ -68,43 +79,57 @@ impl OtlpGuard {
         self.provider.as_ref()
     }
 
-    /// Exports every span ended so far.
+    /// The meter provider, when metrics are exported (e.g. for
+    /// [`ConnTraceBuilder::meter_provider`](crate::ConnTraceBuilder::meter_provider)).
+    pub fn meter_provider(&self) -> Option<&SdkMeterProvider> {
+        self.meter_provider.as_ref()
+    }
+
+    /// Exports every span ended so far and the current metric values.
     ///
     /// # Errors
     /// [`OtlpError::Export`] when the collector did not take them.
     pub fn flush(&self) -> Result<(), OtlpError> {
-        match &self.provider {
+        let spans = match &self.provider {
             Some(p) => p
                 .force_flush()
                 .map_err(|e| OtlpError::Export(e.to_string())),
             None => Ok(()),
-        }
+        };
+        let metrics = match &self.meter_provider {
+            Some(m) => m
+                .force_flush()
+                .map_err(|e| OtlpError::Export(e.to_string())),
+            None => Ok(()),
+        };
+        spans.and(metrics)
     }
 
     /// Flushes and shuts the pipeline down.
     ///
     /// # Errors
-    /// [`OtlpError::Export`] when the last spans could not be delivered.
+    /// [`OtlpError::Export`] when the last spans or metrics could not be
+    /// delivered.
     pub fn shutdown(mut self) -> Result<(), OtlpError> {
-        match self.provider.take() {
-            Some(p) => {
-                let flushed = p
-                    .force_flush()
-                    .map_err(|e| OtlpError::Export(e.to_string()));
-                let _ = p.shutdown_with_timeout(Duration::from_secs(5));
-                flushed
-            }
-            None => Ok(()),
+        let flushed = self.flush();
+        self.close();
+        flushed
+    }
+
+    fn close(&mut self) {
+        if let Some(p) = self.provider.take() {
+            let _ = p.shutdown_with_timeout(Duration::from_secs(5));
+        }
+        if let Some(m) = self.meter_provider.take() {
+            let _ = m.shutdown_with_timeout(Duration::from_secs(5));
         }
     }
 }
 
 impl Drop for OtlpGuard {
     fn drop(&mut self) {
-        if let Some(p) = self.provider.take() {
-            let _ = p.force_flush();
-            let _ = p.shutdown_with_timeout(Duration::from_secs(5));
-        }
+        let _ = self.flush();
+        self.close();
     }
 }
 
@@ -124,6 +149,50 @@ pub fn protocol_from_env() -> Result<Protocol, OtlpError> {
     }
 }
 
+/// The protocol for metrics: `OTEL_EXPORTER_OTLP_METRICS_PROTOCOL` or
+/// `OTEL_EXPORTER_OTLP_PROTOCOL`; `grpc` when neither is set.
+///
+/// # Errors
+/// [`OtlpError::UnsupportedProtocol`] for any other value.
+pub fn metrics_protocol_from_env() -> Result<Protocol, OtlpError> {
+    let value = std::env::var("OTEL_EXPORTER_OTLP_METRICS_PROTOCOL")
+        .or_else(|_| std::env::var("OTEL_EXPORTER_OTLP_PROTOCOL"))
+        .unwrap_or_else(|_| "grpc".to_owned());
+    match value.trim() {
+        "grpc" | "" => Ok(Protocol::Grpc),
+        "http/protobuf" => Ok(Protocol::HttpBinary),
+        other => Err(OtlpError::UnsupportedProtocol(other.to_owned())),
+    }
+}
+
+fn install_ring_for_http_exporter() {
+    // The exporter's own (uninstrumented) reqwest client needs a
+    // process-wide rustls provider when reqwest is built without one;
+    // install ring unless the application installed another.
+    if rustls::crypto::CryptoProvider::get_default().is_none() {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+    }
+}
+
+/// Builds the OTLP metric exporter the environment describes (cumulative
+/// temporality).
+///
+/// # Errors
+/// As [`metrics_protocol_from_env`], or [`OtlpError::Exporter`].
+pub fn metric_exporter_from_env() -> Result<MetricExporter, OtlpError> {
+    let built = match metrics_protocol_from_env()? {
+        Protocol::Grpc => MetricExporter::builder().with_tonic().build(),
+        _ => {
+            install_ring_for_http_exporter();
+            MetricExporter::builder()
+                .with_http()
+                .with_protocol(Protocol::HttpBinary)
+                .build()
+        }
+    };
+    built.map_err(|e| OtlpError::Exporter(e.to_string()))
+}
+
 /// Builds the OTLP span exporter the environment describes.
 ///
 /// # Errors
@@ -132,12 +201,7 @@ pub fn span_exporter_from_env() -> Result<SpanExporter, OtlpError> {
     let built = match protocol_from_env()? {
         Protocol::Grpc => SpanExporter::builder().with_tonic().build(),
         _ => {
-            // The exporter's own (uninstrumented) reqwest client needs a
-            // process-wide rustls provider when reqwest is built without
-            // one; install ring unless the application installed another.
-            if rustls::crypto::CryptoProvider::get_default().is_none() {
-                let _ = rustls::crypto::ring::default_provider().install_default();
-            }
+            install_ring_for_http_exporter();
             SpanExporter::builder()
                 .with_http()
                 .with_protocol(Protocol::HttpBinary)
@@ -154,7 +218,11 @@ pub fn span_exporter_from_env() -> Result<SpanExporter, OtlpError> {
 /// [`OtlpError`] when the protocol or endpoint is invalid or a global
 /// subscriber exists.
 pub fn init_from_env() -> Result<OtlpGuard, OtlpError> {
-    init_with_exporter(span_exporter_from_env()?)
+    init_with_exporters(
+        span_exporter_from_env()?,
+        Some(metric_exporter_from_env()?),
+        Resource::builder().build(),
+    )
 }
 
 /// As [`init_from_env`] but with any span exporter (an in-memory one in
@@ -165,8 +233,34 @@ pub fn init_from_env() -> Result<OtlpGuard, OtlpError> {
 pub fn init_with_exporter<E: SdkSpanExporter + 'static>(
     exporter: E,
 ) -> Result<OtlpGuard, OtlpError> {
+    init_with_exporters::<E, MetricExporter>(exporter, None, Resource::builder().build())
+}
+
+/// As [`init_from_env`] with any span exporter, any metric exporter when
+/// given (read by a periodic reader every `OTEL_METRIC_EXPORT_INTERVAL`
+/// ms, default 60 s; the meter provider is installed globally), and the
+/// resource both providers report (`Resource::builder().build()` reads
+/// `OTEL_SERVICE_NAME` and `OTEL_RESOURCE_ATTRIBUTES`).
+///
+/// # Errors
+/// [`OtlpError::SubscriberAlreadySet`].
+pub fn init_with_exporters<E, M>(
+    exporter: E,
+    metrics: Option<M>,
+    resource: Resource,
+) -> Result<OtlpGuard, OtlpError>
+where
+    E: SdkSpanExporter + 'static,
+    M: PushMetricExporter,
+{
+    let meter_provider = metrics.map(|m| {
+        SdkMeterProvider::builder()
+            .with_resource(resource.clone())
+            .with_reader(PeriodicReader::builder(m).build())
+            .build()
+    });
     let provider = SdkTracerProvider::builder()
-        .with_resource(Resource::builder().build())
+        .with_resource(resource)
         .with_batch_exporter(exporter)
         .build();
     opentelemetry::global::set_text_map_propagator(
@@ -183,8 +277,12 @@ pub fn init_with_exporter<E: SdkSpanExporter + 'static>(
         .try_init()
         .map_err(|_| OtlpError::SubscriberAlreadySet)?;
     opentelemetry::global::set_tracer_provider(provider.clone());
+    if let Some(m) = &meter_provider {
+        opentelemetry::global::set_meter_provider(m.clone());
+    }
     Ok(OtlpGuard {
         provider: Some(provider),
+        meter_provider,
     })
 }
 

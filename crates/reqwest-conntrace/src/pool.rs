@@ -43,7 +43,7 @@ pub(crate) struct PoolHistory {
 }
 
 /// What the history says about a pool miss.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub(crate) enum MissVerdict {
     /// The reason is known from the history alone.
     Decided(MissReason),
@@ -52,6 +52,7 @@ pub(crate) enum MissVerdict {
     AskKernel {
         local: SocketAddr,
         remote: SocketAddr,
+        candidate: Arc<ConnectionRecord>,
         otherwise: MissReason,
     },
 }
@@ -123,6 +124,9 @@ impl PoolHistory {
         if candidate.is_discarded() {
             return MissVerdict::Decided(MissReason::Discarded);
         }
+        if candidate.is_peer_closed() {
+            return MissVerdict::Decided(MissReason::ClosedByPeer);
+        }
         if candidate.is_over_idle_limit() {
             return MissVerdict::Decided(MissReason::AllBusy);
         }
@@ -136,6 +140,7 @@ impl PoolHistory {
             (Some(local), Some(remote)) => MissVerdict::AskKernel {
                 local,
                 remote,
+                candidate: Arc::clone(candidate),
                 otherwise: MissReason::AllBusy,
             },
             _ => MissVerdict::Decided(MissReason::AllBusy),
@@ -146,13 +151,19 @@ impl PoolHistory {
     /// connection goes back to the pool, unless the client's idle pool for
     /// the host is already full (`pool_max_idle_per_host`), in which case
     /// hyper-util closes it.
-    pub(crate) fn on_released(&self, host: &HostKey, record: &ConnectionRecord, now: Instant) {
+    /// Returns `true` when it marked the connection over the limit.
+    pub(crate) fn on_released(
+        &self,
+        host: &HostKey,
+        record: &ConnectionRecord,
+        now: Instant,
+    ) -> bool {
         let Some(limit) = record.client.max_idle_per_host else {
-            return;
+            return false;
         };
         let hosts = self.hosts();
         let Some(history) = hosts.get(host) else {
-            return;
+            return false;
         };
         let idle = history
             .connections
@@ -164,6 +175,7 @@ impl PoolHistory {
                     && r.in_use() == 0
                     && !r.is_discarded()
                     && !r.is_over_idle_limit()
+                    && !r.is_closed()
                     && record
                         .client
                         .idle_timeout
@@ -172,7 +184,9 @@ impl PoolHistory {
             .count();
         if idle >= limit {
             record.mark_over_idle_limit();
+            return true;
         }
+        false
     }
 }
 
@@ -201,7 +215,6 @@ impl MissSlot {
         }
     }
 
-    #[allow(dead_code)] // the kernel view's answer (sock_diag integration lands next)
     pub(crate) fn set(&self, reason: MissReason) {
         let _ = self.reason.set(reason);
         self.ready.notify_waiters();

@@ -34,6 +34,10 @@ pub(crate) struct ConnectionRecord {
     /// Released while the client's idle pool for the host was full: hyper
     /// closed it.
     over_idle_limit: AtomicBool,
+    /// Its close was observed and counted.
+    closed: AtomicBool,
+    /// The kernel showed the server closed it first.
+    peer_closed: AtomicBool,
     /// End of the latest response on this connection (body read or dropped).
     last_released: Mutex<Option<Instant>>,
 }
@@ -58,6 +62,8 @@ impl ConnectionRecord {
             in_use: AtomicU32::new(0),
             discarded: AtomicBool::new(false),
             over_idle_limit: AtomicBool::new(false),
+            closed: AtomicBool::new(false),
+            peer_closed: AtomicBool::new(false),
             last_released: Mutex::new(None),
         }
     }
@@ -92,6 +98,29 @@ impl ConnectionRecord {
     /// hyper closed it at release because the idle pool was full.
     pub(crate) fn mark_over_idle_limit(&self) {
         self.over_idle_limit.store(true, Ordering::Relaxed);
+    }
+
+    /// A response arrived on it after all: the pool had kept it.
+    pub(crate) fn clear_over_idle_limit(&self) {
+        self.over_idle_limit.store(false, Ordering::Relaxed);
+    }
+
+    /// Marks the close observed; `true` the first time only.
+    pub(crate) fn mark_closed(&self) -> bool {
+        !self.closed.swap(true, Ordering::Relaxed)
+    }
+
+    /// The kernel showed the server closed it (CLOSE_WAIT / LAST_ACK / gone).
+    pub(crate) fn mark_peer_closed(&self) {
+        self.peer_closed.store(true, Ordering::Relaxed);
+    }
+
+    pub(crate) fn is_peer_closed(&self) -> bool {
+        self.peer_closed.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn is_closed(&self) -> bool {
+        self.closed.load(Ordering::Relaxed)
     }
 
     pub(crate) fn is_over_idle_limit(&self) -> bool {
@@ -200,6 +229,11 @@ impl Registry {
         if map.get(&(local, remote)).is_some_and(|r| r.id() == id) {
             map.remove(&(local, remote));
         }
+    }
+
+    /// Every connection currently remembered.
+    pub(crate) fn snapshot(&self) -> Vec<Arc<ConnectionRecord>> {
+        self.map().values().cloned().collect()
     }
 
     /// Number of connections currently remembered.

@@ -3,7 +3,9 @@
 //! prints its table from).
 
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
+
+use crate::kernel::TcpFacts;
 use std::time::{Duration, Instant};
 
 /// A negotiated TLS protocol version (RFC 5246 / RFC 8446).
@@ -65,6 +67,19 @@ pub struct ConnectionSetup {
     /// The address that connected was not the first one tried
     /// (`http.connection.address_fallback`).
     pub address_fallback: bool,
+    /// Filled when the kernel answers (see [`tcp_facts`](Self::tcp_facts)).
+    pub(crate) tcp_facts: Arc<OnceLock<TcpFacts>>,
+}
+
+impl ConnectionSetup {
+    /// The kernel's view of the socket right after the connection became
+    /// ready (Linux sock_diag; the same values as the `tcp.connect` span's
+    /// `http.connection.tcp.*` attributes). `None` where the kernel view is
+    /// unavailable, or until the kernel has answered (within milliseconds of
+    /// the connect).
+    pub fn tcp_facts(&self) -> Option<&TcpFacts> {
+        self.tcp_facts.get()
+    }
 }
 
 /// How a request got its connection: the pool attribution.

@@ -25,6 +25,8 @@ pub(crate) struct RequestState {
     trigger: Mutex<TriggerState>,
     /// Why the first connect this request triggered was needed.
     miss: Mutex<Option<Arc<MissSlot>>>,
+    /// The fan-out batch the request was started in, if any.
+    pub(crate) batch: Option<Arc<crate::fanout::BatchStats>>,
 }
 
 #[derive(Debug, Default)]
@@ -62,6 +64,7 @@ impl RequestState {
             server_port,
             trigger: Mutex::new(TriggerState::default()),
             miss: Mutex::new(None),
+            batch: crate::fanout::current(),
         }
     }
 

@@ -202,9 +202,115 @@ pub const HTTP_CONNECTION_TCP_MSS: &str = "http.connection.tcp.mss";
 /// included (`tcpi_total_retrans`, read when the connection became ready).
 pub const HTTP_CONNECTION_TCP_RETRANSMITS: &str = "http.connection.tcp.retransmits";
 
+/// `http.fan_out.batches` (int, `fan_out` span of [`fan_out`](crate::fan_out)):
+/// number of batches run.
+pub const FAN_OUT_BATCHES: &str = "http.fan_out.batches";
+/// `http.fan_out.batches_with_new_connection` (int, `fan_out` span):
+/// batches in which at least one request was served by a connection that was
+/// not ready when it started (a pool miss, its own or a concurrent one's).
+pub const FAN_OUT_BATCHES_WITH_NEW_CONNECTION: &str = "http.fan_out.batches_with_new_connection";
+/// `http.fan_out.wait_time.total` (double, seconds, `fan_out` span): the
+/// batches' connection wait times, summed.
+pub const FAN_OUT_WAIT_TIME_TOTAL: &str = "http.fan_out.wait_time.total";
+/// `http.fan_out.wait_time.max` (double, seconds, `fan_out` span): the
+/// largest connection wait of one batch.
+pub const FAN_OUT_WAIT_TIME_MAX: &str = "http.fan_out.wait_time.max";
+/// `http.fan_out.slowest_batch.index` (int, `fan_out` span): index of the
+/// batch that finished last relative to its start (it sets the fan-out's latency).
+pub const FAN_OUT_SLOWEST_BATCH_INDEX: &str = "http.fan_out.slowest_batch.index";
+/// `http.fan_out.slowest_batch.duration` (double, seconds, `fan_out` span).
+pub const FAN_OUT_SLOWEST_BATCH_DURATION: &str = "http.fan_out.slowest_batch.duration";
+/// `http.fan_out.batch.index` (int, `batch` span): the batch's position, from 0.
+pub const FAN_OUT_BATCH_INDEX: &str = "http.fan_out.batch.index";
+/// `http.fan_out.batch.requests` (int, `batch` span): requests the batch made.
+pub const FAN_OUT_BATCH_REQUESTS: &str = "http.fan_out.batch.requests";
+/// `http.fan_out.batch.new_connection` (bool, `batch` span): the batch paid
+/// for a new connection (see [`FAN_OUT_BATCHES_WITH_NEW_CONNECTION`]).
+pub const FAN_OUT_BATCH_NEW_CONNECTION: &str = "http.fan_out.batch.new_connection";
+
+// ---------------------------------------------------------------------------
+// Metrics
+// ---------------------------------------------------------------------------
+
+/// `http.client.request.duration` (histogram, s), HTTP metrics semconv
+/// v1.42.0: request start to the end of the response body (or failure).
+/// Attributes: `http.request.method`, `server.address`, `server.port`,
+/// `url.scheme`, `http.response.status_code` (when a response arrived),
+/// `error.type` (on failure), `network.protocol.version`, and this crate's
+/// [`HTTP_CONNECTION_REUSED`] (when the connection is known), so hit and miss
+/// latency compare directly and the miss ratio is a ratio of counts.
+pub const HTTP_CLIENT_REQUEST_DURATION: &str =
+    opentelemetry_semantic_conventions::metric::HTTP_CLIENT_REQUEST_DURATION;
+/// `http.client.active_requests` (updowncounter, `{request}`), semconv:
+/// requests started and not yet ended (body read or dropped). Attributes:
+/// `http.request.method`, `server.address`, `server.port`, `url.scheme`.
+pub const HTTP_CLIENT_ACTIVE_REQUESTS: &str =
+    opentelemetry_semantic_conventions::metric::HTTP_CLIENT_ACTIVE_REQUESTS;
+/// `dns.lookup.duration` (histogram, s), DNS metrics semconv: resolver call
+/// to answer. Attributes: `dns.question.name`, `error.type` on failure.
+pub const DNS_LOOKUP_DURATION: &str =
+    opentelemetry_semantic_conventions::metric::DNS_LOOKUP_DURATION;
+/// `http.client.open_connections` (updowncounter, `{connection}`), semconv:
+/// connections this handle knows to be open, by [`HTTP_CONNECTION_STATE`]
+/// `active` (carrying a request) or `idle`, with `server.address`,
+/// `server.port`, `url.scheme`, `network.protocol.version`. A connection
+/// stops counting when its close is observed: an HTTP/1.1 body dropped
+/// early, a release over `pool_max_idle_per_host`, the pool idle timeout
+/// elapsing, or (Linux) the kernel no longer listing its socket as
+/// established. Where the kernel view is unavailable a connection the
+/// server closed keeps counting as idle until the idle timeout.
+pub const HTTP_CLIENT_OPEN_CONNECTIONS: &str =
+    opentelemetry_semantic_conventions::metric::HTTP_CLIENT_OPEN_CONNECTIONS;
+/// `http.client.connection.duration` (histogram, s), semconv: a connection's
+/// life from ready to its observed close (see
+/// [`HTTP_CLIENT_OPEN_CONNECTIONS`] for which closes are observed; a close
+/// seen through the kernel is timed when it is seen). Attributes:
+/// `server.address`, `server.port`, `url.scheme`, `network.protocol.version`.
+pub const HTTP_CLIENT_CONNECTION_DURATION: &str =
+    opentelemetry_semantic_conventions::metric::HTTP_CLIENT_CONNECTION_DURATION;
+/// `http.client.connection.setup.duration` (histogram, s), ours: connector
+/// call to connection ready (the `http.connection_setup` span's duration).
+/// Attributes: `server.address`, `server.port`, `url.scheme`,
+/// `network.type`, `tls.protocol.version`, `tls.resumed`, `error.type`
+/// (failed or cancelled connects).
+pub const HTTP_CLIENT_CONNECTION_SETUP_DURATION: &str = "http.client.connection.setup.duration";
+/// `http.client.connections.opened` (counter, `{connection}`), ours:
+/// connections established. Attributes: `server.address`, `server.port`,
+/// `url.scheme`, `tls.resumed`.
+pub const HTTP_CLIENT_CONNECTIONS_OPENED: &str = "http.client.connections.opened";
+/// `http.client.pool.misses` (counter, `{request}`), ours: requests that were
+/// not idle hits, by [`HTTP_CONNECTION_MISS_REASON`], with `server.address`,
+/// `server.port`, `url.scheme`.
+pub const HTTP_CLIENT_POOL_MISSES: &str = "http.client.pool.misses";
+/// `http.client.pool.peak_in_flight` (gauge, `{request}`), ours: the most
+/// requests in flight at once to `server.address`/`server.port` in the
+/// current or previous advice interval (Little's law `L`).
+pub const HTTP_CLIENT_POOL_PEAK_IN_FLIGHT: &str = "http.client.pool.peak_in_flight";
+/// `http.client.pool.idle_limit` (gauge, `{connection}`), ours:
+/// `pool_max_idle_per_host` of the client serving `server.address`/
+/// `server.port`; only when set through
+/// [`InstrumentedClientBuilder::pool_max_idle_per_host`](crate::InstrumentedClientBuilder::pool_max_idle_per_host).
+pub const HTTP_CLIENT_POOL_IDLE_LIMIT: &str = "http.client.pool.idle_limit";
+
 // ---------------------------------------------------------------------------
 // Events
 // ---------------------------------------------------------------------------
+
+/// Event on a request span that missed with `all_busy` while the host's peak
+/// in flight exceeded the client's idle limit: carries
+/// [`HTTP_CLIENT_POOL_PEAK_IN_FLIGHT`], [`HTTP_CLIENT_POOL_IDLE_LIMIT`],
+/// [`HTTP_CONNECTION_POOL_MISSES_PER_SECOND`] and
+/// [`HTTP_CONNECTION_POOL_SUGGESTED_IDLE`]. The same advice is logged once
+/// per interval per host (target `reqwest_conntrace`, level WARN).
+pub const EVENT_POOL_ADVICE: &str = "http.connection.pool_advice";
+/// `http.connection.pool.misses_per_second` (double, on [`EVENT_POOL_ADVICE`]):
+/// `all_busy` misses to the host per second in the current interval.
+pub const HTTP_CONNECTION_POOL_MISSES_PER_SECOND: &str = "http.connection.pool.misses_per_second";
+/// `http.connection.pool.suggested_max_idle_per_host` (int, on
+/// [`EVENT_POOL_ADVICE`]): the `pool_max_idle_per_host` that would have kept
+/// the peak's connections: the observed peak in flight.
+pub const HTTP_CONNECTION_POOL_SUGGESTED_IDLE: &str =
+    "http.connection.pool.suggested_max_idle_per_host";
 
 /// Event on `tcp.connect`, one per SYN retransmission waited out, at the
 /// moment it was sent (connect start + 1 s, 3 s, 7 s ...); carries

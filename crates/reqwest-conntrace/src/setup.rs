@@ -2,6 +2,7 @@
 //! exact boundaries the hooks recorded.
 
 use std::net::SocketAddr;
+use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
 use opentelemetry::trace::{SpanBuilder, SpanContext, SpanKind, Status, TraceContextExt, Tracer};
@@ -12,6 +13,7 @@ use crate::attempt::{ConnectAttempt, Phases};
 use crate::handle::Inner;
 use crate::report::{ConnectionSetup, TlsVersion};
 use crate::semconv;
+use crate::tcp::TcpSpanEnd;
 
 /// Facts about a finished connect read from reqwest's `Connected`.
 #[derive(Debug, Clone, Copy)]
@@ -92,7 +94,7 @@ pub(crate) fn emit_phases(
     cx: &Context,
     ending: &Ending<'_>,
     end: Instant,
-) -> ConnectionSetup {
+) -> (ConnectionSetup, Option<TcpSpanEnd>) {
     let tracer = inner.tracer();
     let phases = attempt.phases().clone();
     let setup_span = cx.span();
@@ -188,6 +190,8 @@ pub(crate) fn emit_phases(
         .filter(|t| tunneled && *t >= tcp_start);
     let mut tcp_duration = std::time::Duration::ZERO;
     let mut address_fallback = false;
+    let mut tcp_pending = None;
+    let tcp_facts = Arc::new(OnceLock::new());
     if !dns_failed {
         let tcp_end = tunnel_start.or(phases.tls_started).unwrap_or(end);
         tcp_duration = tcp_end.saturating_duration_since(tcp_start);
@@ -241,12 +245,6 @@ pub(crate) fn emit_phases(
         } else {
             address::syn_retransmits_by_timing(tcp_duration)
         };
-        if syn_retransmits > 0 {
-            attrs.push(KeyValue::new(
-                semconv::HTTP_CONNECTION_TCP_SYN_RETRANSMITS,
-                syn_retransmits as i64,
-            ));
-        }
         let span = tracer.build_with_context(
             SpanBuilder::from_name(semconv::TCP_CONNECT_SPAN)
                 .with_kind(SpanKind::Internal)
@@ -256,20 +254,6 @@ pub(crate) fn emit_phases(
         );
         let tcp_cx = Context::new().with_span(span);
         let tspan = tcp_cx.span();
-        for (n, at) in address::SYN_RETRANSMIT_AT
-            .iter()
-            .take(syn_retransmits)
-            .enumerate()
-        {
-            tspan.add_event_with_timestamp(
-                semconv::EVENT_TCP_SYN_RETRANSMIT,
-                inner.clock.wall(tcp_start + *at),
-                vec![
-                    KeyValue::new(semconv::HTTP_CONNECTION_TCP_SYN_RETRANSMITS, n as i64 + 1),
-                    KeyValue::new(semconv::HTTP_CONNECTION_TCP_RTO, f64::from(1u32 << n)),
-                ],
-            );
-        }
         if let Some(c) = &choice {
             for skipped in &c.skipped {
                 let at = match (skipped.outcome, skipped.gave_up_after) {
@@ -292,7 +276,22 @@ pub(crate) fn emit_phases(
             let (t, m) = failure_or_cancel(&failure_type, &failure_message);
             fail_span(&tspan, t, &m);
         }
-        tspan.end_with_timestamp(inner.clock.wall(tcp_end));
+        let ending = TcpSpanEnd {
+            cx: tcp_cx.clone(),
+            start: inner.clock.wall(tcp_start),
+            end: inner.clock.wall(tcp_end),
+            syn_by_timing: syn_retransmits,
+            facts: tcp_facts.clone(),
+        };
+        // A connected socket is looked up in the kernel before the span
+        // ends (by the caller, off this task); anything else ends now.
+        if established.is_some_and(|e| e.local.is_some() && e.remote.is_some())
+            && inner.kernel.is_available()
+        {
+            tcp_pending = Some(ending);
+        } else {
+            ending.finish(None);
+        }
     }
 
     // CONNECT tunnel through the proxy
@@ -468,7 +467,22 @@ pub(crate) fn emit_phases(
         setup_span.set_status(Status::error(m));
     }
 
-    ConnectionSetup {
+    let failed = established
+        .is_none()
+        .then(|| failure_or_cancel(&failure_type, &failure_message).0);
+    record_metrics(
+        inner,
+        attempt,
+        &phases,
+        dns_duration,
+        failed,
+        end,
+        tls_version,
+        tls_resumed,
+        remote,
+    );
+
+    let setup = ConnectionSetup {
         id: attempt.id,
         started: attempt.started,
         local_addr: established.and_then(|e| e.local),
@@ -489,7 +503,77 @@ pub(crate) fn emit_phases(
         proxied: established.is_some_and(|e| e.proxied) || attempt.client.proxy.is_some(),
         proxy_connect: tunnel_duration,
         address_fallback,
+        tcp_facts,
+    };
+    (setup, tcp_pending)
+}
+
+/// Records `http.client.connection.setup.duration`, `dns.lookup.duration`
+/// and `http.client.connections.opened` for one finished connect.
+#[allow(clippy::too_many_arguments)]
+fn record_metrics(
+    inner: &Inner,
+    attempt: &ConnectAttempt,
+    phases: &Phases,
+    dns_duration: Option<std::time::Duration>,
+    failed: Option<&'static str>,
+    end: Instant,
+    tls_version: Option<TlsVersion>,
+    tls_resumed: Option<bool>,
+    remote: Option<SocketAddr>,
+) {
+    let metrics = &inner.metrics;
+    if let (Some(dns), Some(d)) = (&phases.dns, dns_duration) {
+        let mut attributes = vec![KeyValue::new(semconv::DNS_QUESTION_NAME, dns.name.clone())];
+        match (&dns.error, dns.answered) {
+            (Some((error_type, _)), _) => {
+                attributes.push(KeyValue::new(semconv::ERROR_TYPE, *error_type));
+            }
+            (None, None) => {
+                attributes.push(KeyValue::new(
+                    semconv::ERROR_TYPE,
+                    failed.unwrap_or(semconv::ERROR_TYPE_CANCELLED),
+                ));
+            }
+            (None, Some(_)) => {}
+        }
+        metrics.dns_duration.record(d.as_secs_f64(), &attributes);
     }
+    let mut attributes = Vec::with_capacity(7);
+    if let Some(t) = &attempt.trigger {
+        attributes.extend(crate::metrics::host_attributes(
+            &t.server_address,
+            t.server_port,
+        ));
+        attributes.push(KeyValue::new(semconv::URL_SCHEME, t.scheme.clone()));
+    }
+    if let Some(r) = remote {
+        attributes.push(KeyValue::new(semconv::NETWORK_TYPE, network_type(&r)));
+    }
+    if let Some(v) = tls_version {
+        attributes.push(KeyValue::new(semconv::TLS_PROTOCOL_VERSION, v.as_str()));
+    }
+    if let Some(r) = tls_resumed {
+        attributes.push(KeyValue::new(semconv::TLS_RESUMED, r));
+    }
+    match failed {
+        Some(error_type) => attributes.push(KeyValue::new(semconv::ERROR_TYPE, error_type)),
+        None => {
+            let opened: Vec<KeyValue> = attributes
+                .iter()
+                .filter(|kv| {
+                    kv.key.as_str() != semconv::NETWORK_TYPE
+                        && kv.key.as_str() != semconv::TLS_PROTOCOL_VERSION
+                })
+                .cloned()
+                .collect();
+            metrics.connections_opened.add(1, &opened);
+        }
+    }
+    metrics.setup_duration.record(
+        end.saturating_duration_since(attempt.started).as_secs_f64(),
+        &attributes,
+    );
 }
 
 fn failure_or_cancel(t: &Option<&'static str>, m: &Option<String>) -> (&'static str, String) {

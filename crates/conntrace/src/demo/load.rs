@@ -1,12 +1,13 @@
 //! One demo phase's load: fan-outs of concurrent batch calls started at a
-//! steady rate, each fan-out under a `fanout` span with a `batch` span per
-//! call, so a trace viewer shows which batches paid for new connections.
+//! steady rate, each user request under a `user_request` span running its
+//! batches with `reqwest_conntrace::fan_out` (a `fan_out` span with one
+//! `batch` span per call), so a trace viewer shows which batches paid for
+//! new connections from the `fan_out` span's attributes alone.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use futures::future::join_all;
 use indicatif::ProgressBar;
 use reqwest_middleware::ClientWithMiddleware;
 use tokio::task::JoinSet;
@@ -135,8 +136,8 @@ pub(crate) async fn run_phase(
         }
         let span = tracing::info_span!(
             target: "conntrace",
-            "fanout",
-            otel.name = "fanout",
+            "user_request",
+            otel.name = "user_request",
             demo.phase = phase,
             demo.pool_max_idle_per_host = pool,
             demo.fanout.index = index,
@@ -176,7 +177,9 @@ pub(crate) async fn run_phase(
     run
 }
 
-/// One fan-out: `batches` concurrent calls, waited for together.
+/// One fan-out: `batches` concurrent calls, waited for together (through
+/// the library's `fan_out`, which records per batch whether it paid for a
+/// new connection).
 async fn fanout(
     client: Arc<ClientWithMiddleware>,
     url: Arc<Url>,
@@ -187,15 +190,7 @@ async fn fanout(
     progress: ProgressBar,
 ) -> (Fanout, Vec<BatchCall>) {
     let start = Instant::now();
-    let calls = join_all((0..batches).map(|batch| {
-        let span = tracing::info_span!(
-            target: "conntrace",
-            "batch",
-            otel.name = format!("batch {batch}"),
-            demo.batch.index = batch,
-            demo.batch.pool_miss = Empty,
-            demo.batch.pool_outcome = Empty,
-        );
+    let calls = reqwest_conntrace::fan_out((0..batches).map(|batch| {
         let client = client.clone();
         let url = url.clone();
         let shared = shared.clone();
@@ -207,18 +202,12 @@ async fn fanout(
             let outcome = capture::get(&client, &url).await;
             shared.in_flight.fetch_sub(1, Ordering::Relaxed);
             let row = RequestRow::new(index * batches + batch + 1, phase, start, &outcome);
-            if let Some(outcome) = row.pool_outcome() {
-                let span = tracing::Span::current();
-                span.record("demo.batch.pool_miss", outcome != "idle_hit");
-                span.record("demo.batch.pool_outcome", outcome);
-            }
             BatchCall {
                 fanout: index,
                 batch,
                 row,
             }
         }
-        .instrument(span)
     }))
     .await;
     let latency_ms = ms(start.elapsed());

@@ -114,16 +114,17 @@ fn parse_warmup(text: &str) -> Result<f64, String> {
     }
 }
 
-/// The embedded service B: server plus delay proxy.
+/// The embedded service B: server plus one delay proxy per phase, so each
+/// phase is its own `server.port` in the metrics (gauges and advice per host).
 struct Lab {
     /// The throw-away CA and the server's certificate.
     pki: TestPki,
     /// The HTTPS server (HTTP/1.1 only, fixed think time).
     server: TestServer,
-    /// The delaying proxy in front of it.
-    proxy: DelayProxy,
-    /// The URL of the service through the proxy.
-    url: Url,
+    /// The delaying proxies in front of it, one per phase.
+    proxies: [DelayProxy; 2],
+    /// The URL of the service through each proxy.
+    urls: [Url; 2],
 }
 
 impl Lab {
@@ -137,16 +138,25 @@ impl Lab {
             .start()
             .await
             .context("cannot start the embedded HTTPS server")?;
-        let proxy = DelayProxy::start(server.addr(), Duration::from_millis(args.rtt_ms) / 2)
-            .await
-            .context("cannot start the delay proxy")?;
-        let url = Url::parse(&format!("https://localhost:{}/", proxy.addr().port()))
-            .context("cannot form the server URL")?;
+        let one_way = Duration::from_millis(args.rtt_ms) / 2;
+        let proxies = [
+            DelayProxy::start(server.addr(), one_way)
+                .await
+                .context("cannot start the delay proxy")?,
+            DelayProxy::start(server.addr(), one_way)
+                .await
+                .context("cannot start the delay proxy")?,
+        ];
+        let url = |p: &DelayProxy| {
+            Url::parse(&format!("https://localhost:{}/", p.addr().port()))
+                .context("cannot form the server URL")
+        };
+        let urls = [url(&proxies[0])?, url(&proxies[1])?];
         Ok(Self {
             pki,
             server,
-            proxy,
-            url,
+            proxies,
+            urls,
         })
     }
 }
@@ -157,8 +167,16 @@ impl Lab {
 /// When the embedded server, the client or the span pipeline cannot start.
 pub(crate) async fn run(args: DemoArgs) -> anyhow::Result<ExitCode> {
     let telemetry = Telemetry::init(Some(args.traces_out.clone()))?;
-    let result = run_phases(&args).await;
+    // The handle is built after the pipeline (it takes the global meter
+    // provider) and outlives the final flush, so the last metric
+    // collection still has its gauges.
+    let trace = ConnTrace::builder()
+        .on_request_end(CaptureReports)
+        .pool_advice_interval(Duration::from_secs_f64(args.warmup + args.duration + 60.0))
+        .build();
+    let result = run_phases(&args, &trace).await;
     let telemetry = telemetry.finish().await;
+    drop(trace);
     let (config, phases) = match result {
         Ok(r) => r,
         Err(e) => {
@@ -205,7 +223,10 @@ pub(crate) async fn run(args: DemoArgs) -> anyhow::Result<ExitCode> {
 }
 
 /// Starts the lab and runs both phases.
-async fn run_phases(args: &DemoArgs) -> anyhow::Result<(DemoConfig, Vec<PhaseSummary>)> {
+async fn run_phases(
+    args: &DemoArgs,
+    trace: &ConnTrace,
+) -> anyhow::Result<(DemoConfig, Vec<PhaseSummary>)> {
     let lab = Lab::start(args).await?;
     let load = Load {
         rate: args.rate,
@@ -222,35 +243,39 @@ async fn run_phases(args: &DemoArgs) -> anyhow::Result<(DemoConfig, Vec<PhaseSum
         warmup_s: args.warmup,
         small_pool: args.small_pool,
         right_pool: args.right_pool,
-        url: lab.url.to_string(),
+        url: lab.urls[0].to_string(),
     };
     if !args.json && !args.quiet {
         eprintln!(
             "conntrace demo: {} fan-outs/s x {} batch calls against {} ({} ms RTT, {} ms per response), {} s per phase",
-            args.rate, load.batches, lab.url, args.rtt_ms, args.server_delay_ms, args.duration
+            args.rate, load.batches, lab.urls[0], args.rtt_ms, args.server_delay_ms, args.duration
         );
     }
-    let proxy_addr = lab.proxy.addr();
-    let trace = ConnTrace::builder().on_request_end(CaptureReports).build();
     let tls = TlsSettings::new()
         .built_in_roots(false)
         .add_root_certificate(lab.pki.ca_cert_der());
-    let url = Arc::new(lab.url.clone());
     let server = Arc::new(lab.server);
     let mut phases = Vec::new();
-    for (name, pool) in [
+    for (phase, (name, pool)) in [
         ("small-pool", args.small_pool),
         ("right-pool", args.right_pool),
-    ] {
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        // Each phase has its own proxy port: its own host in the pool
+        // advice and the metrics.
+        let proxy_addr = lab.proxies[phase].addr();
+        let url = Arc::new(lab.urls[phase].clone());
         let client = trace
             .instrument_client(
                 reqwest::Client::builder()
-                    .pool_max_idle_per_host(pool)
                     .resolve("localhost", proxy_addr)
                     .timeout(Duration::from_secs(30))
                     .user_agent(concat!("conntrace-demo/", env!("CARGO_PKG_VERSION"))),
             )
             .tls(tls.clone())
+            .pool_max_idle_per_host(pool)
             .connect_timeout(Duration::from_secs(10))
             .map_reqwest(reqwest::ClientBuilder::http1_only)
             .build_with_middleware()
@@ -273,7 +298,12 @@ async fn run_phases(args: &DemoArgs) -> anyhow::Result<(DemoConfig, Vec<PhaseSum
         let accepted = server
             .accepted_connections()
             .saturating_sub(run.accepted_at_start);
-        phases.push(PhaseSummary::new(name, pool, &load, &run, accepted));
+        let advice = trace
+            .pool_advice()
+            .into_iter()
+            .find(|a| a.server_port == proxy_addr.port())
+            .map(|a| a.to_string());
+        phases.push(PhaseSummary::new(name, pool, &load, &run, accepted, advice));
     }
     Ok((config, phases))
 }

@@ -5,7 +5,7 @@ use serde::Serialize;
 
 use super::load::{Load, PhaseRun};
 use crate::row::{RequestRow, connections};
-use crate::stats::{Distribution, ms, ratio, round3};
+use crate::stats::{Distribution, ms, percentile, ratio, round3};
 use crate::telemetry::TelemetryReport;
 
 /// Pool hits and misses of one batch index over a phase.
@@ -98,6 +98,47 @@ pub(crate) struct PhaseSummary {
     pub(crate) in_flight_mean: f64,
     /// Phase wall time, ms.
     pub(crate) wall_ms: f64,
+    /// The library's pool-size advice for the service (Little's law; the
+    /// line it also logs), `null` when the pool was large enough.
+    pub(crate) advice: Option<String>,
+    /// Fan-out tail math (incident 2).
+    pub(crate) tail: Option<TailMath>,
+}
+
+/// Why a fan-out's p99 is worse than one call's: with `k` parallel calls
+/// the fan-out is as slow as its slowest call, so its p99 sits at the
+/// single call's `0.99^(1/k)` quantile (p99.8 for k = 5).
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct TailMath {
+    /// Parallel calls per fan-out (`k`).
+    pub(crate) batches: usize,
+    /// `0.99^(1/k)`, the single-call quantile the fan-out p99 looks at.
+    pub(crate) quantile: f64,
+    /// Single-call latency at that quantile, ms (the prediction).
+    pub(crate) predicted_fanout_p99_ms: f64,
+    /// Observed fan-out p99, ms.
+    pub(crate) fanout_p99_ms: f64,
+    /// Single-call p99, ms.
+    pub(crate) call_p99_ms: f64,
+}
+
+impl TailMath {
+    /// The tail math of `k` parallel calls whose latencies are `calls` (ms)
+    /// and whose fan-outs took `fanouts` (ms); `None` without data.
+    pub(crate) fn of(k: usize, calls: &[f64], fanouts: &[f64]) -> Option<Self> {
+        let mut sorted: Vec<f64> = calls.iter().copied().filter(|v| v.is_finite()).collect();
+        sorted.sort_by(f64::total_cmp);
+        let mut fan: Vec<f64> = fanouts.iter().copied().filter(|v| v.is_finite()).collect();
+        fan.sort_by(f64::total_cmp);
+        let quantile = 0.99f64.powf(1.0 / k.max(1) as f64);
+        Some(Self {
+            batches: k,
+            quantile: (quantile * 10_000.0).round() / 10_000.0,
+            predicted_fanout_p99_ms: percentile(&sorted, quantile)?,
+            fanout_p99_ms: percentile(&fan, 0.99)?,
+            call_p99_ms: percentile(&sorted, 0.99)?,
+        })
+    }
 }
 
 /// Calls of `rows` by pool outcome.
@@ -115,6 +156,7 @@ impl PhaseSummary {
         load: &Load,
         run: &PhaseRun,
         connections_opened: u64,
+        advice: Option<String>,
     ) -> Self {
         let rows: Vec<&RequestRow> = run.calls.iter().map(|c| &c.row).collect();
         let conns = connections(rows.iter().copied());
@@ -205,6 +247,12 @@ impl PhaseSummary {
                 0.0
             },
             wall_ms: wall,
+            advice,
+            tail: TailMath::of(
+                load.batches,
+                &totals,
+                &run.fanouts.iter().map(|f| f.latency_ms).collect::<Vec<_>>(),
+            ),
         }
     }
 }

@@ -148,6 +148,32 @@ pub(crate) fn print(report: &DemoReport) {
     println!();
     println!("{}", comparison(&report.phases));
     println!();
+    for p in &report.phases {
+        println!(
+            "{} (pool_max_idle_per_host {}): miss ratio {:.0} %, peak in flight {} (measured part)",
+            p.name,
+            p.pool_max_idle_per_host,
+            p.miss_ratio * 100.0,
+            p.in_flight_peak
+        );
+        match &p.advice {
+            Some(a) => println!("  advice: {a}"),
+            None => println!("  advice: none (the idle pool covers the peak in flight)"),
+        }
+        if let Some(t) = &p.tail {
+            println!(
+                "  tail math: fan-out p99 {:.1} ms vs single-call p99 {:.1} ms; with {} parallel calls the fan-out's p99 sits at the single call's p{:.1} = {:.1} ms (0.99^(1/{}) = {:.4})",
+                t.fanout_p99_ms,
+                t.call_p99_ms,
+                t.batches,
+                t.quantile * 100.0,
+                t.predicted_fanout_p99_ms,
+                t.batches,
+                t.quantile
+            );
+        }
+    }
+    println!();
     println!("conclusion: {}", report.conclusion);
     println!();
     println!(
@@ -157,12 +183,13 @@ pub(crate) fn print(report: &DemoReport) {
     let t = &report.telemetry;
     match (t.sink, &t.error) {
         ("file", None) => println!(
-            "traces: {} span(s) written to {} (OTLP JSON; one trace per fan-out: fanout > batch N > GET > http.connection_setup > dns/tcp/tls)",
+            "traces: {} span(s) written to {} (OTLP JSON; one trace per user request: user_request > fan_out > batch > GET > http.connection_setup > dns/tcp/tls); metrics: {}",
             t.spans_written.unwrap_or(0),
-            report.traces_file.as_deref().unwrap_or("")
+            report.traces_file.as_deref().unwrap_or(""),
+            t.metrics_file.as_deref().unwrap_or("")
         ),
         ("otlp", None) => println!(
-            "traces: exported to {} (one trace per fan-out: fanout > batch N > GET > http.connection_setup)",
+            "traces and metrics: exported to {} (one trace per user request: user_request > fan_out > batch > GET > http.connection_setup)",
             t.otlp_endpoint.as_deref().unwrap_or("")
         ),
         _ => {}

@@ -1,0 +1,192 @@
+//! The `conntrace-sock-diag` thread: owns one sock_diag socket (opened on
+//! the first lookup) and answers queued lookups one at a time, running each
+//! lookup's callback with the answer.
+
+use std::io;
+use std::net::SocketAddr;
+use std::panic::{self, AssertUnwindSafe};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{self, Receiver, Sender};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use super::KernelLookup;
+use super::error::{OffReason, QueryError};
+use super::sock_diag::SockDiag;
+
+/// The thread's name (as `ps -T` and panic messages show it).
+pub(crate) const THREAD_NAME: &str = "conntrace-sock-diag";
+
+/// A lookup queued longer than this is answered `TimedOut` without asking
+/// the kernel, so a backlog drains at once instead of piling up.
+const MAX_QUEUE_WAIT: Duration = Duration::from_secs(1);
+
+/// The callback of a queued lookup.
+pub(crate) type Then = Box<dyn FnOnce(KernelLookup) + Send + 'static>;
+
+/// One queued lookup.
+pub(crate) struct Lookup {
+    /// The socket's local address.
+    pub(crate) local: SocketAddr,
+    /// The socket's peer address.
+    pub(crate) remote: SocketAddr,
+    /// When it was queued.
+    pub(crate) queued_at: Instant,
+    /// Runs on the thread with the answer.
+    pub(crate) then: Then,
+}
+
+/// Starts the thread; it ends when every sender of the returned queue is
+/// dropped (after answering what is still queued).
+pub(crate) fn spawn(available: Arc<AtomicBool>) -> io::Result<Sender<Lookup>> {
+    let (queue, lookups) = mpsc::channel();
+    thread::Builder::new()
+        .name(THREAD_NAME.to_owned())
+        .spawn(move || run(&lookups, &available))?;
+    Ok(queue)
+}
+
+/// Marks kernel facts off for good and says why, once (callers reach this
+/// only on the transition to off).
+pub(crate) fn turn_off(available: &AtomicBool, reason: &OffReason) {
+    available.store(false, Ordering::Release);
+    if reason.is_expected() {
+        tracing::debug!(target: "reqwest_conntrace", "kernel TCP facts are off: {reason}");
+    } else {
+        tracing::warn!(
+            target: "reqwest_conntrace",
+            "kernel TCP facts (sock_diag) are off for this ConnTrace: {reason}"
+        );
+    }
+}
+
+/// The thread's loop.
+fn run(lookups: &Receiver<Lookup>, available: &AtomicBool) {
+    let mut kernel = Kernel::Unopened;
+    while let Ok(lookup) = lookups.recv() {
+        let answer = if lookup.queued_at.elapsed() > MAX_QUEUE_WAIT {
+            KernelLookup::TimedOut
+        } else {
+            kernel.lookup(lookup.local, lookup.remote, available, SockDiag::open)
+        };
+        let then = lookup.then;
+        // A panicking callback must not take kernel facts down for everyone.
+        if panic::catch_unwind(AssertUnwindSafe(move || then(answer))).is_err() {
+            tracing::warn!(
+                target: "reqwest_conntrace",
+                "a kernel TCP lookup callback panicked; the sock_diag thread carries on"
+            );
+        }
+    }
+}
+
+/// The thread's sock_diag socket, through its life.
+enum Kernel {
+    /// Not opened yet (no lookup so far).
+    Unopened,
+    /// Open and working.
+    Open(SockDiag),
+    /// Off for good; every lookup answers `Unavailable`.
+    Off,
+}
+
+impl Kernel {
+    /// Answers one lookup, opening the socket with `open` first if needed.
+    fn lookup(
+        &mut self,
+        local: SocketAddr,
+        remote: SocketAddr,
+        available: &AtomicBool,
+        open: impl FnOnce() -> Result<SockDiag, OffReason>,
+    ) -> KernelLookup {
+        if let Kernel::Unopened = self {
+            *self = match open() {
+                Ok(diag) => Kernel::Open(diag),
+                Err(reason) => {
+                    turn_off(available, &reason);
+                    Kernel::Off
+                }
+            };
+        }
+        let Kernel::Open(diag) = self else {
+            return KernelLookup::Unavailable;
+        };
+        match diag.query(local, remote) {
+            Ok(Some(facts)) => KernelLookup::Found(facts),
+            Ok(None) => KernelLookup::NotFound,
+            Err(QueryError::TimedOut(_)) => KernelLookup::TimedOut,
+            Err(error) if !diag.proven() => {
+                turn_off(available, &OffReason::FirstQuery(error));
+                *self = Kernel::Off;
+                KernelLookup::Unavailable
+            }
+            Err(error) => {
+                tracing::debug!(
+                    target: "reqwest_conntrace",
+                    %local, %remote, "kernel TCP lookup failed: {error}"
+                );
+                KernelLookup::Unavailable
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::Write;
+    use std::net::Ipv4Addr;
+    use std::sync::Mutex;
+
+    use super::*;
+
+    /// Collects what a `tracing` fmt subscriber writes.
+    #[derive(Clone, Default)]
+    struct Captured(Arc<Mutex<Vec<u8>>>);
+
+    impl Write for Captured {
+        fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+            self.0.lock().expect("lock").extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn a_failed_open_turns_kernel_facts_off_with_one_warning() {
+        let captured = Captured::default();
+        let writer = captured.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(move || writer.clone())
+            .with_ansi(false)
+            .finish();
+        let available = AtomicBool::new(true);
+        let local = SocketAddr::from((Ipv4Addr::LOCALHOST, 1));
+        let remote = SocketAddr::from((Ipv4Addr::LOCALHOST, 2));
+        let refused = || {
+            Err(OffReason::Socket(io::Error::from(
+                io::ErrorKind::PermissionDenied,
+            )))
+        };
+        let mut kernel = Kernel::Unopened;
+        tracing::subscriber::with_default(subscriber, || {
+            for _ in 0..3 {
+                let lookup = kernel.lookup(local, remote, &available, refused);
+                assert_eq!(lookup, KernelLookup::Unavailable);
+            }
+        });
+        assert!(!available.load(Ordering::Acquire));
+        assert!(matches!(kernel, Kernel::Off));
+        let logs = String::from_utf8(captured.0.lock().expect("lock").clone()).expect("utf-8");
+        let warnings: Vec<&str> = logs.lines().filter(|l| l.contains("WARN")).collect();
+        assert_eq!(warnings.len(), 1, "{logs}");
+        assert!(
+            warnings[0].contains("reqwest_conntrace")
+                && warnings[0].contains("kernel TCP facts (sock_diag) are off")
+                && warnings[0].contains("cannot open a NETLINK_SOCK_DIAG socket"),
+            "{logs}"
+        );
+    }
+}

@@ -1,0 +1,156 @@
+//! The handle's OpenTelemetry metrics: semantic-convention HTTP client and
+//! DNS metrics, and this crate's own pool metrics (names in [`semconv`]).
+//!
+//! Cardinality is bounded by design: attributes are the method, scheme,
+//! server address and port, status code, protocol version, TLS version,
+//! error type and our enumerated values; never a URL, path, peer address or
+//! connection id.
+
+use std::sync::Weak;
+use std::time::Instant;
+
+use opentelemetry::KeyValue;
+use opentelemetry::metrics::{
+    Counter, Histogram, Meter, ObservableGauge, ObservableUpDownCounter, UpDownCounter,
+};
+
+use crate::handle::Inner;
+use crate::semconv;
+
+/// Explicit bucket boundaries (seconds) the HTTP semantic conventions advise
+/// for `http.client.request.duration` (semconv v1.42.0); used for every
+/// duration histogram here.
+pub(crate) const DURATION_BUCKETS: [f64; 14] = [
+    0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+];
+
+/// Every instrument of one handle.
+pub(crate) struct Metrics {
+    pub(crate) request_duration: Histogram<f64>,
+    pub(crate) active_requests: UpDownCounter<i64>,
+    pub(crate) dns_duration: Histogram<f64>,
+    pub(crate) connection_duration: Histogram<f64>,
+    pub(crate) setup_duration: Histogram<f64>,
+    pub(crate) connections_opened: Counter<u64>,
+    pub(crate) pool_misses: Counter<u64>,
+    // Kept alive: the SDK calls their callbacks while they exist.
+    _open_connections: ObservableUpDownCounter<i64>,
+    _peak_in_flight: ObservableGauge<u64>,
+    _idle_limit: ObservableGauge<u64>,
+}
+
+impl std::fmt::Debug for Metrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Metrics").finish_non_exhaustive()
+    }
+}
+
+fn histogram(meter: &Meter, name: &'static str, description: &'static str) -> Histogram<f64> {
+    meter
+        .f64_histogram(name)
+        .with_unit("s")
+        .with_description(description)
+        .with_boundaries(DURATION_BUCKETS.to_vec())
+        .build()
+}
+
+impl Metrics {
+    /// Creates the instruments; the observable ones read `inner` at each
+    /// collection (a `Weak`, so they never keep the handle alive).
+    pub(crate) fn new(meter: &Meter, inner: Weak<Inner>) -> Self {
+        let open_inner = inner.clone();
+        let peak_inner = inner.clone();
+        let limit_inner = inner;
+        Self {
+            request_duration: histogram(
+                meter,
+                semconv::HTTP_CLIENT_REQUEST_DURATION,
+                "Duration of HTTP client requests, to the end of the response body.",
+            ),
+            active_requests: meter
+                .i64_up_down_counter(semconv::HTTP_CLIENT_ACTIVE_REQUESTS)
+                .with_unit("{request}")
+                .with_description("Number of active HTTP requests.")
+                .build(),
+            dns_duration: histogram(
+                meter,
+                semconv::DNS_LOOKUP_DURATION,
+                "Measures the time taken to perform a DNS lookup.",
+            ),
+            connection_duration: histogram(
+                meter,
+                semconv::HTTP_CLIENT_CONNECTION_DURATION,
+                "The duration of the successfully established outbound HTTP connections.",
+            ),
+            setup_duration: histogram(
+                meter,
+                semconv::HTTP_CLIENT_CONNECTION_SETUP_DURATION,
+                "Time from the pool miss to the new connection being ready (DNS, TCP, proxy, TLS).",
+            ),
+            connections_opened: meter
+                .u64_counter(semconv::HTTP_CLIENT_CONNECTIONS_OPENED)
+                .with_unit("{connection}")
+                .with_description("New connections established.")
+                .build(),
+            pool_misses: meter
+                .u64_counter(semconv::HTTP_CLIENT_POOL_MISSES)
+                .with_unit("{request}")
+                .with_description(
+                    "Requests not served by an idle pooled connection, by http.connection.miss_reason.",
+                )
+                .build(),
+            _open_connections: meter
+                .i64_observable_up_down_counter(semconv::HTTP_CLIENT_OPEN_CONNECTIONS)
+                .with_unit("{connection}")
+                .with_description(
+                    "Number of outbound HTTP connections that are currently active or idle on the client.",
+                )
+                .with_callback(move |observer| {
+                    if let Some(inner) = open_inner.upgrade() {
+                        for (attributes, count) in inner.open_connections(Instant::now()) {
+                            observer.observe(count, &attributes);
+                        }
+                    }
+                })
+                .build(),
+            _peak_in_flight: meter
+                .u64_observable_gauge(semconv::HTTP_CLIENT_POOL_PEAK_IN_FLIGHT)
+                .with_unit("{request}")
+                .with_description(
+                    "Peak number of concurrent requests to the host in the current or previous advice interval.",
+                )
+                .with_callback(move |observer| {
+                    if let Some(inner) = peak_inner.upgrade() {
+                        for g in inner.load.gauges(Instant::now()) {
+                            observer.observe(g.peak_in_flight, &host_attributes(&g.server_address, g.server_port));
+                        }
+                    }
+                })
+                .build(),
+            _idle_limit: meter
+                .u64_observable_gauge(semconv::HTTP_CLIENT_POOL_IDLE_LIMIT)
+                .with_unit("{connection}")
+                .with_description(
+                    "pool_max_idle_per_host of the client serving the host, when set through reqwest-conntrace.",
+                )
+                .with_callback(move |observer| {
+                    if let Some(inner) = limit_inner.upgrade() {
+                        for g in inner.load.gauges(Instant::now()) {
+                            if let Some(limit) = g.idle_limit {
+                                observer.observe(limit as u64, &host_attributes(&g.server_address, g.server_port));
+                            }
+                        }
+                    }
+                })
+                .build(),
+        }
+    }
+}
+
+/// `server.address` and `server.port`.
+pub(crate) fn host_attributes(address: &str, port: u16) -> [KeyValue; 2] {
+    [
+        KeyValue::new(semconv::SERVER_ADDRESS, address.to_owned()),
+        KeyValue::new(semconv::SERVER_PORT, i64::from(port)),
+    ]
+}

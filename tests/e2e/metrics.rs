@@ -1,0 +1,284 @@
+//! The handle's OTLP metrics against a loopback server: names, units,
+//! bounded attribute sets, and counts checked against the server's own
+//! connection counters.
+
+use std::time::Duration;
+
+use conntrace_lab::TestServer;
+use reqwest_conntrace::semconv;
+
+use crate::support::*;
+
+/// Attribute keys each metric may carry (the cardinality contract in
+/// `semconv`); anything else, a URL, a path, a peer address or a connection
+/// id above all, fails the test.
+const ALLOWED: &[(&str, &[&str])] = &[
+    (
+        semconv::HTTP_CLIENT_REQUEST_DURATION,
+        &[
+            semconv::HTTP_REQUEST_METHOD,
+            semconv::SERVER_ADDRESS,
+            semconv::SERVER_PORT,
+            semconv::URL_SCHEME,
+            semconv::HTTP_RESPONSE_STATUS_CODE,
+            semconv::ERROR_TYPE,
+            semconv::NETWORK_PROTOCOL_VERSION,
+            semconv::HTTP_CONNECTION_REUSED,
+        ],
+    ),
+    (
+        semconv::HTTP_CLIENT_ACTIVE_REQUESTS,
+        &[
+            semconv::HTTP_REQUEST_METHOD,
+            semconv::SERVER_ADDRESS,
+            semconv::SERVER_PORT,
+            semconv::URL_SCHEME,
+        ],
+    ),
+    (
+        semconv::HTTP_CLIENT_OPEN_CONNECTIONS,
+        &[
+            semconv::HTTP_CONNECTION_STATE,
+            semconv::SERVER_ADDRESS,
+            semconv::SERVER_PORT,
+            semconv::URL_SCHEME,
+            semconv::NETWORK_PROTOCOL_VERSION,
+        ],
+    ),
+    (
+        semconv::HTTP_CLIENT_CONNECTION_DURATION,
+        &[
+            semconv::SERVER_ADDRESS,
+            semconv::SERVER_PORT,
+            semconv::URL_SCHEME,
+            semconv::NETWORK_PROTOCOL_VERSION,
+        ],
+    ),
+    (
+        semconv::HTTP_CLIENT_CONNECTION_SETUP_DURATION,
+        &[
+            semconv::SERVER_ADDRESS,
+            semconv::SERVER_PORT,
+            semconv::URL_SCHEME,
+            semconv::NETWORK_TYPE,
+            semconv::TLS_PROTOCOL_VERSION,
+            semconv::TLS_RESUMED,
+            semconv::ERROR_TYPE,
+        ],
+    ),
+    (
+        semconv::HTTP_CLIENT_CONNECTIONS_OPENED,
+        &[
+            semconv::SERVER_ADDRESS,
+            semconv::SERVER_PORT,
+            semconv::URL_SCHEME,
+            semconv::TLS_RESUMED,
+        ],
+    ),
+    (
+        semconv::HTTP_CLIENT_POOL_MISSES,
+        &[
+            semconv::SERVER_ADDRESS,
+            semconv::SERVER_PORT,
+            semconv::URL_SCHEME,
+            semconv::HTTP_CONNECTION_MISS_REASON,
+        ],
+    ),
+    (
+        semconv::HTTP_CLIENT_POOL_PEAK_IN_FLIGHT,
+        &[semconv::SERVER_ADDRESS, semconv::SERVER_PORT],
+    ),
+    (
+        semconv::HTTP_CLIENT_POOL_IDLE_LIMIT,
+        &[semconv::SERVER_ADDRESS, semconv::SERVER_PORT],
+    ),
+];
+
+fn total(points: &[Point]) -> f64 {
+    points.iter().map(|p| p.value).sum()
+}
+
+fn total_where(points: &[Point], key: &str, value: &str) -> f64 {
+    points
+        .iter()
+        .filter(|p| p.get(key) == Some(value))
+        .map(|p| p.value)
+        .sum()
+}
+
+/// Two sequential requests (cold miss, hit), a burst of four concurrent ones
+/// against an idle limit of one (all_busy misses, connections closed over
+/// the limit), and one refused request. Every metric is checked against the
+/// server's counters and its attribute keys against the contract.
+#[tokio::test]
+async fn metrics_count_hits_misses_and_connections_with_bounded_attributes() {
+    let t = telemetry();
+    let server = TestServer::builder()
+        .delay(Duration::from_millis(50))
+        .start()
+        .await
+        .expect("server");
+    let handle = t.conntrace();
+    let client = handle
+        .instrument_client(reqwest::Client::builder())
+        .pool_max_idle_per_host(1)
+        .build_with_middleware()
+        .expect("client");
+    let url = server.url("/");
+    get_sequentially(&client, &url, 2).await;
+    let burst = (0..4).map(|_| async {
+        let r = client.get(&url).send().await.expect("request");
+        r.bytes().await.expect("body")
+    });
+    futures::future::join_all(burst).await;
+    let refused = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        l.local_addr().expect("addr")
+    };
+    let _ = client
+        .get(format!("http://{refused}/"))
+        .send()
+        .await
+        .expect_err("refused");
+
+    let accepted = server.accepted_connections() as f64;
+    assert!(
+        accepted >= 2.0,
+        "the burst opened connections beyond the first"
+    );
+
+    // Names, units and attribute contract.
+    for (name, allowed) in ALLOWED {
+        let points = t.metric(name);
+        assert!(!points.is_empty(), "{name} exported");
+        for p in &points {
+            for (k, _) in &p.attributes {
+                assert!(allowed.contains(&k.as_str()), "{name} carries {k}");
+            }
+        }
+        let unit = &points[0].unit;
+        if name.ends_with("duration") {
+            assert_eq!(unit, "s", "{name} unit");
+        } else {
+            assert!(
+                unit.starts_with('{'),
+                "{name} has an annotation unit: {unit}"
+            );
+        }
+    }
+
+    // Requests: 7 in all; misses = connections the server accepted.
+    let durations = t.metric(semconv::HTTP_CLIENT_REQUEST_DURATION);
+    assert_eq!(total(&durations), 7.0);
+    assert_eq!(
+        total_where(&durations, semconv::HTTP_CONNECTION_REUSED, "false"),
+        accepted
+    );
+    assert_eq!(
+        total_where(
+            &durations,
+            semconv::ERROR_TYPE,
+            semconv::ERROR_TYPE_CONNECTION_REFUSED
+        ),
+        1.0
+    );
+    assert_eq!(total(&t.metric(semconv::HTTP_CLIENT_ACTIVE_REQUESTS)), 0.0);
+
+    // Connections: opened = accepted; the refused connect is a failed setup.
+    let opened = t.metric(semconv::HTTP_CLIENT_CONNECTIONS_OPENED);
+    assert_eq!(total(&opened), accepted);
+    let setup = t.metric(semconv::HTTP_CLIENT_CONNECTION_SETUP_DURATION);
+    assert_eq!(total(&setup), accepted + 1.0);
+    assert_eq!(
+        total_where(
+            &setup,
+            semconv::ERROR_TYPE,
+            semconv::ERROR_TYPE_CONNECTION_REFUSED
+        ),
+        1.0
+    );
+
+    // Pool misses by reason: one cold, the rest of the misses all_busy.
+    let misses = t.metric(semconv::HTTP_CLIENT_POOL_MISSES);
+    assert_eq!(
+        total_where(&misses, semconv::HTTP_CONNECTION_MISS_REASON, "cold"),
+        1.0
+    );
+    assert!(
+        total_where(&misses, semconv::HTTP_CONNECTION_MISS_REASON, "all_busy") >= accepted - 1.0
+    );
+
+    // The idle limit kept one connection; the others were closed at release
+    // (the server saw those closes) and their lifetimes counted.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let open = t.metric(semconv::HTTP_CLIENT_OPEN_CONNECTIONS);
+    let server_port = server.addr().port().to_string();
+    let to_server: Vec<Point> = open
+        .into_iter()
+        .filter(|p| p.get(semconv::SERVER_PORT) == Some(server_port.as_str()))
+        .collect();
+    assert_eq!(
+        total_where(&to_server, semconv::HTTP_CONNECTION_STATE, "idle"),
+        1.0
+    );
+    assert_eq!(
+        total_where(&to_server, semconv::HTTP_CONNECTION_STATE, "active"),
+        0.0
+    );
+    let closed_by_client = server.closed_connections() as f64;
+    assert_eq!(
+        closed_by_client,
+        accepted - 1.0,
+        "server saw the over-limit closes"
+    );
+    assert_eq!(
+        total(&t.metric(semconv::HTTP_CLIENT_CONNECTION_DURATION)),
+        closed_by_client
+    );
+
+    // Little's law gauges and the advice event on the forced misses.
+    let peak = t.metric(semconv::HTTP_CLIENT_POOL_PEAK_IN_FLIGHT);
+    let peak_to_server = peak
+        .iter()
+        .find(|p| p.get(semconv::SERVER_PORT) == Some(server_port.as_str()))
+        .expect("peak gauge for the server");
+    assert_eq!(peak_to_server.value, 4.0);
+    let limit = t.metric(semconv::HTTP_CLIENT_POOL_IDLE_LIMIT);
+    assert_eq!(limit[0].value, 1.0);
+    let advised: Vec<_> = t
+        .requests()
+        .into_iter()
+        .filter(|s| {
+            s.events
+                .iter()
+                .any(|e| e.name == semconv::EVENT_POOL_ADVICE)
+        })
+        .collect();
+    assert!(!advised.is_empty(), "forced misses carry the pool advice");
+    let event = advised[0]
+        .events
+        .iter()
+        .find(|e| e.name == semconv::EVENT_POOL_ADVICE)
+        .expect("advice event");
+    let suggested = event
+        .attributes
+        .iter()
+        .find(|kv| kv.key.as_str() == semconv::HTTP_CONNECTION_POOL_SUGGESTED_IDLE)
+        .map(|kv| kv.value.to_string());
+    assert_eq!(suggested.as_deref(), Some("4"));
+    let advice = handle.pool_advice();
+    assert_eq!(advice.len(), 1, "one host's pool is too small: {advice:?}");
+    assert_eq!(
+        (
+            advice[0].peak_in_flight,
+            advice[0].idle_limit,
+            advice[0].suggested_max_idle_per_host
+        ),
+        (4, 1, 4)
+    );
+    assert!(
+        advice[0]
+            .to_string()
+            .contains("suggested pool_max_idle_per_host >= 4")
+    );
+}
