@@ -5,8 +5,8 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::Context as _;
-use clap::Args;
-use reqwest_conntrace::{ConnTrace, TlsSettings};
+use clap::{Args, ValueEnum};
+use reqwest_conntrace::{AddressOrder, ConnTrace, TlsSettings};
 use reqwest_middleware::ClientWithMiddleware;
 use url::Url;
 
@@ -34,7 +34,40 @@ impl HttpPolicy {
     }
 }
 
-/// Options shaping the client (TLS trust, name pinning, HTTP version, timeout).
+/// `--address-order` values (the library's [`AddressOrder`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, ValueEnum)]
+pub(crate) enum AddressOrderArg {
+    /// The resolver's order (getaddrinfo applies RFC 6724).
+    #[default]
+    Keep,
+    /// IPv4 addresses first, IPv6 after them as the Happy Eyeballs fallback.
+    Ipv4First,
+    /// IPv6 addresses first, IPv4 after them as the fallback.
+    Ipv6First,
+}
+
+impl AddressOrderArg {
+    /// The library's policy.
+    pub(crate) fn order(self) -> AddressOrder {
+        match self {
+            AddressOrderArg::Keep => AddressOrder::Keep,
+            AddressOrderArg::Ipv4First => AddressOrder::Ipv4First,
+            AddressOrderArg::Ipv6First => AddressOrder::Ipv6First,
+        }
+    }
+
+    /// The name on the command line and in `--json`.
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            AddressOrderArg::Keep => "keep",
+            AddressOrderArg::Ipv4First => "ipv4-first",
+            AddressOrderArg::Ipv6First => "ipv6-first",
+        }
+    }
+}
+
+/// Options shaping the client (TLS trust, name pinning, address order,
+/// HTTP version, timeout).
 #[derive(Debug, Clone, Args)]
 pub(crate) struct ClientOptions {
     /// Trust only the CA certificates in this PEM file instead of the
@@ -48,6 +81,14 @@ pub(crate) struct ClientOptions {
     /// ignored with a warning). [default: none]
     #[arg(long, value_name = "HOST:PORT:ADDR[,ADDR...]", value_parser = resolve::parse)]
     pub(crate) resolve: Vec<ResolveEntry>,
+
+    /// The order the resolved addresses are tried in: keep (the resolver's),
+    /// ipv4-first or ipv6-first (the other family stays the Happy Eyeballs
+    /// fallback, 300 ms later). Where IPv6 drops SYNs, ipv4-first avoids the
+    /// fallback delay (incident 4). Applies to DNS answers, not to --resolve
+    /// addresses, which are tried in the order given.
+    #[arg(long, value_enum, value_name = "ORDER", default_value_t = AddressOrderArg::Keep)]
+    pub(crate) address_order: AddressOrderArg,
 
     /// HTTP/1.1 only: ALPN offers only http/1.1. [default: off; ALPN decides]
     #[arg(long, conflicts_with = "http2")]
@@ -136,6 +177,8 @@ pub(crate) struct ClientSpec {
     pub(crate) timeout: Duration,
     /// `pool_max_idle_per_host`; `None` keeps reqwest's default (unlimited).
     pub(crate) pool_max_idle_per_host: Option<usize>,
+    /// The order resolved addresses are tried in.
+    pub(crate) address_order: AddressOrder,
 }
 
 impl ClientSpec {
@@ -147,9 +190,6 @@ impl ClientSpec {
         let mut builder = reqwest::Client::builder()
             .timeout(self.timeout)
             .user_agent(concat!("conntrace/", env!("CARGO_PKG_VERSION")));
-        if let Some(k) = self.pool_max_idle_per_host {
-            builder = builder.pool_max_idle_per_host(k);
-        }
         for entry in &self.resolve {
             builder = builder.resolve_to_addrs(&entry.host, &entry.socket_addrs());
         }
@@ -158,10 +198,17 @@ impl ClientSpec {
             HttpPolicy::Http1 => builder.http1_only(),
             HttpPolicy::Http2 => builder.http2_prior_knowledge(),
         };
-        trace
+        // Pool settings through the instrumented builder, so the library
+        // knows them (miss reasons, pool advice).
+        let mut instrumented = trace
             .instrument_client(builder)
             .tls(self.tls.clone())
             .connect_timeout(self.timeout)
+            .address_order(self.address_order);
+        if let Some(k) = self.pool_max_idle_per_host {
+            instrumented = instrumented.pool_max_idle_per_host(k);
+        }
+        instrumented
             .build_with_middleware()
             .context("cannot build the HTTP client")
     }

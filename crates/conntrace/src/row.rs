@@ -25,6 +25,8 @@ pub(crate) struct SetupCost {
     pub(crate) tls: Option<Duration>,
     /// Whether the TLS session was resumed.
     pub(crate) tls_resumed: Option<bool>,
+    /// The address that connected was not the first one tried.
+    pub(crate) address_fallback: bool,
 }
 
 /// One request. Connection fields describe the connection that served it;
@@ -46,6 +48,9 @@ pub(crate) struct RequestRow {
     pub(crate) error_type: Option<String>,
     /// Pool hit: the serving connection was ready before the request started.
     pub(crate) reused: Option<bool>,
+    /// Why the request was not an idle hit (`http.connection.miss_reason`);
+    /// `null` on an idle hit or a failed request.
+    pub(crate) miss_reason: Option<&'static str>,
     /// The serving connection's id (`http.connection.id`).
     pub(crate) connection_id: Option<u64>,
     /// This request's own pool miss opened the connection that served it.
@@ -64,6 +69,8 @@ pub(crate) struct RequestRow {
     pub(crate) tcp_ms: Option<f64>,
     /// TLS handshake (misses on https only).
     pub(crate) tls_ms: Option<f64>,
+    /// The connect fell back to a later resolved address (misses only).
+    pub(crate) address_fallback: Option<bool>,
     /// Request start to response headers.
     pub(crate) ttfb_ms: Option<f64>,
     /// Request start to end of body (or failure).
@@ -116,6 +123,7 @@ impl RequestRow {
             error,
             error_type,
             reused: None,
+            miss_reason: None,
             connection_id: None,
             paid_for_connection: None,
             connection_request_count: None,
@@ -125,6 +133,7 @@ impl RequestRow {
             dns_skipped: None,
             tcp_ms: None,
             tls_ms: None,
+            address_fallback: None,
             ttfb_ms: report.and_then(|r| r.time_to_first_byte).map(ms),
             total_ms: ms(report.map_or(outcome.elapsed, |r| r.total)),
             tls_version: None,
@@ -140,6 +149,7 @@ impl RequestRow {
         if let Some(conn) = report.and_then(|r| r.connection.as_ref()) {
             let setup = &conn.setup;
             row.reused = Some(conn.reused);
+            row.miss_reason = conn.miss_reason.map(|m| m.as_str());
             row.connection_id = Some(conn.id);
             row.paid_for_connection = Some(conn.paid_by_this_request);
             row.connection_request_count = Some(conn.request_count);
@@ -150,6 +160,7 @@ impl RequestRow {
                 row.dns_skipped = setup.dns_skipped;
                 row.tcp_ms = Some(ms(setup.tcp));
                 row.tls_ms = setup.tls.map(ms);
+                row.address_fallback = Some(setup.address_fallback);
             }
             row.tls_version = setup.tls_version.map(|v| v.as_str());
             row.tls_resumed = setup.tls_resumed;
@@ -164,6 +175,7 @@ impl RequestRow {
                 tcp: setup.tcp,
                 tls: setup.tls,
                 tls_resumed: setup.tls_resumed,
+                address_fallback: setup.address_fallback,
             });
         }
         row

@@ -133,6 +133,12 @@ pub(crate) async fn run(args: ProbeArgs) -> anyhow::Result<ExitCode> {
     let url = parse_url(&args.url)?;
     let tls = args.client.tls_settings()?;
     let resolve = args.client.resolve_for(&url);
+    if !resolve.is_empty() && args.client.address_order != crate::client::AddressOrderArg::Keep {
+        eprintln!(
+            "warning: --address-order {} does not reorder --resolve addresses (they bypass the resolver): list them in the order to try",
+            args.client.address_order.as_str()
+        );
+    }
     let telemetry = Telemetry::init(args.traces_out.clone())?;
     let trace = ConnTrace::builder().on_request_end(CaptureReports).build();
 
@@ -148,6 +154,7 @@ pub(crate) async fn run(args: ProbeArgs) -> anyhow::Result<ExitCode> {
                 Mode::Fresh => Some(0),
                 Mode::Reuse => args.pool_max_idle_per_host,
             },
+            address_order: args.client.address_order.order(),
         };
         let client = match spec.build(&trace) {
             Ok(c) => c,

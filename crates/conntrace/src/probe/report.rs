@@ -28,6 +28,9 @@ pub(crate) struct ModeTotals {
     pub(crate) new_connections: usize,
     /// Of those, connections whose TLS handshake resumed a session.
     pub(crate) tls_resumed_connections: usize,
+    /// Of those, connections whose connect fell back to a later resolved
+    /// address (an earlier one failed, timed out or lost Happy Eyeballs).
+    pub(crate) address_fallbacks: usize,
     /// Wall-clock time of the whole mode.
     pub(crate) wall_ms: f64,
     /// Sum of the requests' total times.
@@ -68,6 +71,7 @@ impl ModeTotals {
                 .values()
                 .filter(|c| c.tls_resumed == Some(true))
                 .count(),
+            address_fallbacks: conns.values().filter(|c| c.address_fallback).count(),
             wall_ms: ms(wall),
             sum_request_ms: sum_request,
             request_ms: Distribution::of(&totals),
@@ -149,6 +153,8 @@ pub(crate) struct ProbeReport {
     pub(crate) timeout_s: f64,
     /// `--resolve` entries applied.
     pub(crate) resolve: Vec<String>,
+    /// `--address-order`: `keep`, `ipv4-first` or `ipv6-first`.
+    pub(crate) address_order: &'static str,
     /// The modes run, in order.
     pub(crate) modes: Vec<ModeReport>,
     /// Present when both modes ran.
@@ -201,6 +207,7 @@ impl ProbeReport {
                 .filter(|e| e.matches(url))
                 .map(ToString::to_string)
                 .collect(),
+            address_order: args.client.address_order.as_str(),
             total_requests: modes.iter().map(|m| m.totals.requests).sum(),
             failed_requests: modes.iter().map(|m| m.totals.failed).sum(),
             modes,

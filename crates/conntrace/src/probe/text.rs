@@ -6,8 +6,12 @@ use crate::table::{fmt_bool, fmt_ms, fmt_pct, new_table};
 
 /// Prints `report` to stdout.
 pub(crate) fn print(report: &ProbeReport) {
+    let order = match report.address_order {
+        "keep" => String::new(),
+        other => format!(", address order {other}"),
+    };
     println!(
-        "conntrace probe {}: {} request(s) per mode, concurrency {}, HTTP {}",
+        "conntrace probe {}: {} request(s) per mode, concurrency {}, HTTP {}{order}",
         report.url, report.requests_per_mode, report.concurrency, report.http
     );
     for mode in &report.modes {
@@ -101,6 +105,12 @@ fn print_mode(mode: &ModeReport) {
         t.pool_hits,
         t.pool_misses
     );
+    if t.address_fallbacks > 0 {
+        println!(
+            "        {} of {} new connection(s) fell back to a later resolved address (the first failed, timed out or lost Happy Eyeballs): see --address-order",
+            t.address_fallbacks, t.new_connections
+        );
+    }
     println!(
         "        wall {:.1} ms; per request p50 {} ms, p99 {} ms; connection setup {:.1} ms (dns {:.1}, tcp {:.1}, tls {:.1}) = {} of request time",
         t.wall_ms,
