@@ -1,7 +1,8 @@
 //! `conntrace` end to end: the real binary against a real nginx (TLS 1.3,
 //! TLS 1.2, HTTP/2) with a certificate made at test time, exporting OTLP/gRPC
-//! into an in-process receiver that decodes what arrived; plus the demo and
-//! bad-input handling.
+//! into an in-process receiver that decodes what arrived; plus the demo,
+//! bad-input handling and every `conntrace lab` scenario (in `cli/lab.rs`,
+//! part of this one test binary).
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -11,6 +12,9 @@ use std::time::Duration;
 use conntrace_lab::nginx::{Nginx, NginxConfig, NginxListener};
 use conntrace_lab::{OtlpReceiver, ReceivedSpan, TestPki};
 use reqwest_conntrace::semconv;
+
+#[path = "cli/lab.rs"]
+mod lab_scenarios;
 
 fn conntrace() -> tokio::process::Command {
     let mut c = tokio::process::Command::new(env!("CARGO_BIN_EXE_conntrace"));

@@ -95,7 +95,7 @@ pub(super) async fn run(lab: &mut Lab) -> anyhow::Result<Outcome> {
         .await;
     drop(span);
 
-    let spans = lab.spans();
+    let spans = lab.spans().await;
     let mut by_request = spans.run(RUN_REQUEST);
     by_request
         .counters

@@ -70,7 +70,7 @@ pub(super) async fn run(lab: &mut Lab) -> anyhow::Result<Outcome> {
     .await;
     drop(span);
 
-    let spans = lab.spans();
+    let spans = lab.spans().await;
     let mut tunnel = spans.run(RUN_TUNNEL);
     tunnel.counters.insert("proxy_tunnels".into(), tunnels);
     tunnel

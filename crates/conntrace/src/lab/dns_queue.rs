@@ -89,7 +89,7 @@ pub(super) async fn run(lab: &mut Lab) -> anyhow::Result<Outcome> {
         .context("cannot start the small runtime's thread")?;
     rx.await.context("the small runtime's thread died")??;
 
-    let spans = lab.spans();
+    let spans = lab.spans().await;
     let mut queued = spans.run(RUN_QUEUED);
     let mut timed_out = spans.run(RUN_TIMEOUT);
     queued

@@ -152,7 +152,7 @@ pub(super) async fn run(lab: &mut Lab) -> anyhow::Result<Outcome> {
         .instrument(backlog_span);
     futures::join!(far_runs, backlog_run);
 
-    let spans = lab.spans();
+    let spans = lab.spans().await;
     let mut problems = Vec::new();
     let mut views = Vec::new();
     let mut summary = TextTable {

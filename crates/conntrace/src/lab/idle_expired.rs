@@ -55,7 +55,7 @@ pub(super) async fn run(lab: &mut Lab) -> anyhow::Result<Outcome> {
     .await;
     drop(span);
 
-    let mut run = lab.spans().run(RUN);
+    let mut run = lab.spans().await.run(RUN);
     run.counters
         .insert("server_accepted".into(), server.accepted_connections());
     let second = run.requests.get(1);

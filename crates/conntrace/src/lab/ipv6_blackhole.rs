@@ -109,7 +109,7 @@ pub(super) async fn run(lab: &mut Lab) -> anyhow::Result<Outcome> {
     let accepted_keep = server.accepted_connections();
     fetch_parallel(lab, RUN_V4, &pki, &url, AddressOrder::Ipv4First, n).await?;
 
-    let spans = lab.spans();
+    let spans = lab.spans().await;
     let mut keep = spans.run(RUN_KEEP);
     keep.counters
         .insert("server_accepted".into(), accepted_keep);

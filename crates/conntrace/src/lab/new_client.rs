@@ -96,7 +96,7 @@ pub(super) async fn run(lab: &mut Lab) -> anyhow::Result<Outcome> {
     drop(span);
     let end = counters(&server);
 
-    let spans = lab.spans();
+    let spans = lab.spans().await;
     let mut per_request = spans.run(RUN_NEW);
     record(&mut per_request, start, middle);
     let mut shared = spans.run(RUN_SHARED);

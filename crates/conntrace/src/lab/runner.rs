@@ -17,6 +17,9 @@ use super::{
 };
 use crate::telemetry::Telemetry;
 
+/// How long [`Lab::spans`] waits for background connects to finish.
+const SETTLE: Duration = Duration::from_millis(100);
+
 /// The `--json` schema id.
 pub(crate) const SCHEMA: &str = "conntrace.lab/v1";
 
@@ -88,8 +91,11 @@ impl Lab {
         )
     }
 
-    /// Every span ended so far, exported and read back.
-    pub(crate) fn spans(&mut self) -> Spans {
+    /// Every span ended so far, exported and read back, after a short
+    /// pause so connects still finishing in the background (pool-race
+    /// losers) have ended their spans.
+    pub(crate) async fn spans(&mut self) -> Spans {
+        tokio::time::sleep(SETTLE).await;
         Spans::new(self.telemetry.captured_spans())
     }
 }

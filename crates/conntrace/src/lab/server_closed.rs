@@ -80,7 +80,7 @@ pub(super) async fn run(lab: &mut Lab) -> anyhow::Result<Outcome> {
     let closed_stale = two_requests(lab, RUN_STALE, &server, &pki, CLIENT_IDLE).await?;
     let accepted_stale = server.accepted_connections();
     let closed_fixed = two_requests(lab, RUN_FIXED, &server, &pki, CLIENT_IDLE_FIXED).await?;
-    let spans = lab.spans();
+    let spans = lab.spans().await;
     let mut stale = spans.run(RUN_STALE);
     stale
         .counters

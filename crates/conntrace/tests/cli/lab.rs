@@ -1,0 +1,879 @@
+//! `conntrace lab`: every scenario runs as the real binary, exporting
+//! OTLP/gRPC into an in-process receiver; the tests assert the exported
+//! spans' attributes and events (miss reasons, phases, fallbacks, SYN
+//! retransmits, proxies), against the lab servers' own counters from the
+//! `--json` output. The printout is the same spans' verdict, so it is not
+//! what is tested here.
+
+use std::process::Output;
+use std::time::Duration;
+
+use conntrace_lab::{OtlpReceiver, ReceivedEvent, ReceivedSpan};
+use reqwest_conntrace::semconv;
+use serde_json::Value;
+
+use super::{assert_one_line_error, children, conntrace, run, stderr};
+
+/// The CLI's own attribute naming a run on its run span.
+const RUN_ATTRIBUTE: &str = "conntrace.lab.run";
+
+/// Every scenario name, in `--list` order.
+const SCENARIOS: [&str; 10] = [
+    "far-server",
+    "ipv6-blackhole",
+    "idle-expired",
+    "discarded",
+    "server-closed",
+    "new-client",
+    "connect-proxy",
+    "dns-queue",
+    "dead-first-address",
+    "cancelled-handshake",
+];
+
+/// One scenario's `--json` document and the spans the receiver got.
+struct Ran {
+    json: Value,
+    spans: Vec<ReceivedSpan>,
+}
+
+impl Ran {
+    fn run_span(&self, run: &str) -> &ReceivedSpan {
+        self.spans
+            .iter()
+            .find(|s| s.attr_str(RUN_ATTRIBUTE) == Some(run))
+            .unwrap_or_else(|| panic!("no run span {run:?}"))
+    }
+
+    /// The run's request spans, in start order.
+    fn requests(&self, run: &str) -> Vec<&ReceivedSpan> {
+        let mut v: Vec<&ReceivedSpan> = children(&self.spans, self.run_span(run))
+            .into_iter()
+            .filter(|s| s.attr_str(semconv::HTTP_REQUEST_METHOD).is_some())
+            .collect();
+        v.sort_by_key(|s| s.start_unix_nanos());
+        v
+    }
+
+    /// The setup spans a request triggered.
+    fn setups_of(&self, request: &ReceivedSpan) -> Vec<&ReceivedSpan> {
+        let mut v: Vec<&ReceivedSpan> = children(&self.spans, request)
+            .into_iter()
+            .filter(|s| s.name() == semconv::CONNECTION_SETUP_SPAN)
+            .collect();
+        v.sort_by_key(|s| s.start_unix_nanos());
+        v
+    }
+
+    /// Every setup span of the run, in start order.
+    fn setups(&self, run: &str) -> Vec<&ReceivedSpan> {
+        let mut v: Vec<&ReceivedSpan> = self
+            .requests(run)
+            .into_iter()
+            .flat_map(|r| self.setups_of(r))
+            .collect();
+        v.sort_by_key(|s| s.start_unix_nanos());
+        v
+    }
+
+    /// The phase span `name` under `setup`.
+    fn phase(&self, setup: &ReceivedSpan, name: &str) -> Option<&ReceivedSpan> {
+        let v = self.phases(setup, name);
+        assert!(v.len() <= 1, "{} {name} spans under one setup", v.len());
+        v.into_iter().next()
+    }
+
+    fn phases(&self, setup: &ReceivedSpan, name: &str) -> Vec<&ReceivedSpan> {
+        children(&self.spans, setup)
+            .into_iter()
+            .filter(|s| s.name() == name)
+            .collect()
+    }
+
+    /// A counter the lab's servers kept for `run` (from `--json`).
+    fn counter(&self, run: &str, key: &str) -> u64 {
+        self.json["runs"]
+            .as_array()
+            .and_then(|runs| runs.iter().find(|r| r["name"] == run))
+            .and_then(|r| r["counters"][key].as_u64())
+            .unwrap_or_else(|| panic!("no counter {key} for run {run:?}"))
+    }
+}
+
+/// Runs `conntrace lab ARGS --json` with OTLP to a fresh receiver.
+async fn lab(args: &[&str]) -> Ran {
+    let receiver = OtlpReceiver::start().await.expect("receiver");
+    let mut cmd = conntrace();
+    cmd.arg("lab")
+        .args(args)
+        .arg("--json")
+        .env("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.endpoint())
+        .env("OTEL_SERVICE_NAME", "conntrace-lab-test");
+    let out: Output = run(cmd).await;
+    assert!(
+        out.status.success(),
+        "lab {args:?} failed: {}",
+        stderr(&out)
+    );
+    let json: Value = serde_json::from_slice(&out.stdout).expect("--json output is JSON");
+    assert_eq!(json["schema"], "conntrace.lab/v1");
+    assert_eq!(json["scenario"], args[0]);
+    Ran {
+        json,
+        spans: receiver.spans(),
+    }
+}
+
+fn secs(d: Duration) -> f64 {
+    d.as_secs_f64()
+}
+
+fn events(span: &ReceivedSpan, name: &str) -> Vec<ReceivedEvent> {
+    span.events()
+        .into_iter()
+        .filter(|e| e.name == name)
+        .collect()
+}
+
+/// Seconds from the start of `span` to `event`.
+fn offset(span: &ReceivedSpan, event: &ReceivedEvent) -> f64 {
+    event.time_unix_nano.saturating_sub(span.start_unix_nanos()) as f64 / 1e9
+}
+
+fn miss_reasons(requests: &[&ReceivedSpan]) -> Vec<Option<String>> {
+    requests
+        .iter()
+        .map(|r| {
+            r.attr_str(semconv::HTTP_CONNECTION_MISS_REASON)
+                .map(str::to_owned)
+        })
+        .collect()
+}
+
+fn some(s: &str) -> Option<String> {
+    Some(s.to_owned())
+}
+
+/// `--list` names all ten scenarios, one line each with a description;
+/// `--list --json` lists the same.
+#[tokio::test]
+async fn lab_list_names_every_scenario() {
+    let mut cmd = conntrace();
+    cmd.args(["lab", "--list"]);
+    let out = run(cmd).await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), SCENARIOS.len(), "{text}");
+    for (line, name) in lines.iter().zip(SCENARIOS) {
+        let (first, rest) = line.split_once(' ').expect("name and description");
+        assert_eq!(first, name);
+        assert!(rest.trim().len() > 20, "a description: {line:?}");
+    }
+    let mut cmd = conntrace();
+    cmd.args(["lab", "--list", "--json"]);
+    let out = run(cmd).await;
+    let json: Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    let names: Vec<&str> = json["scenarios"]
+        .as_array()
+        .expect("scenarios")
+        .iter()
+        .filter_map(|s| s["name"].as_str())
+        .collect();
+    assert_eq!(names, SCENARIOS);
+}
+
+/// An unknown scenario: one `error:` line naming the valid ones, exit 1.
+#[tokio::test]
+async fn lab_unknown_scenario_gets_one_line_and_exit_1() {
+    let mut cmd = conntrace();
+    cmd.args(["lab", "no-such-scenario"]);
+    let out = run(cmd).await;
+    assert_one_line_error(&out, "unknown scenario");
+    assert_eq!(out.status.code(), Some(1));
+    let err = stderr(&out);
+    for name in SCENARIOS {
+        assert!(err.contains(name), "{err:?} lists {name}");
+    }
+}
+
+/// Incident 3, at 40 ms RTT: a connection per request is a miss every time
+/// with TLS 1.2 costing 3 RTT of setup and TLS 1.3 2 RTT; TLS 1.2
+/// resumption saves one; resumed counts match the servers'; pooled runs set
+/// up one connection; the full accept queue costs one SYN retransmit (1 s),
+/// with the event, the count and the kernel's retransmit count.
+#[tokio::test]
+async fn lab_far_server() {
+    let rtt = 0.040;
+    let ran = lab(&["far-server", "--rtt-ms", "40", "--requests", "3"]).await;
+    for version in ["1.2", "1.3"] {
+        let full_rtts = if version == "1.2" { 3.0 } else { 2.0 };
+        // A connection per request, resumption on.
+        let run = format!("TLS {version}, a connection per request");
+        let reqs = ran.requests(&run);
+        assert_eq!(reqs.len(), 3, "{run}");
+        assert_eq!(
+            miss_reasons(&reqs),
+            vec![
+                some(semconv::MISS_REASON_COLD),
+                some(semconv::MISS_REASON_ALL_BUSY),
+                some(semconv::MISS_REASON_ALL_BUSY)
+            ],
+            "{run}: an idle limit of 0 closes every connection"
+        );
+        assert!(
+            reqs.iter()
+                .all(|r| r.attr_bool(semconv::HTTP_CONNECTION_REUSED) == Some(false))
+        );
+        let setups = ran.setups(&run);
+        assert_eq!(setups.len(), 3);
+        let resumed: Vec<Option<bool>> = setups
+            .iter()
+            .map(|s| s.attr_bool(semconv::TLS_RESUMED))
+            .collect();
+        assert_eq!(resumed, vec![Some(false), Some(true), Some(true)], "{run}");
+        assert_eq!(ran.counter(&run, "server_tls_resumed"), 2);
+        assert_eq!(ran.counter(&run, "server_accepted"), 3);
+        for s in &setups {
+            assert_eq!(s.attr_str(semconv::TLS_PROTOCOL_VERSION), Some(version));
+            assert!(ran.phase(s, semconv::TLS_HANDSHAKE_SPAN).is_some());
+        }
+        let full = secs(setups[0].duration());
+        assert!(
+            full >= 0.9 * full_rtts * rtt && full < (full_rtts + 1.5) * rtt,
+            "{run}: full setup {full} s for {full_rtts} RTT"
+        );
+        let resumed_setup = secs(setups[1].duration());
+        let resumed_rtts = 2.0;
+        assert!(
+            resumed_setup >= 0.9 * resumed_rtts * rtt && resumed_setup < 3.5 * rtt,
+            "{run}: resumed setup {resumed_setup} s"
+        );
+        // Resumption off.
+        let run = format!("TLS {version}, a connection per request, resumption off");
+        let setups = ran.setups(&run);
+        assert_eq!(setups.len(), 3);
+        assert!(
+            setups
+                .iter()
+                .all(|s| s.attr_bool(semconv::TLS_RESUMED) == Some(false)),
+            "{run}"
+        );
+        assert_eq!(ran.counter(&run, "server_tls_resumed"), 0);
+        // Pooled.
+        let run = format!("TLS {version}, pooled");
+        let reqs = ran.requests(&run);
+        assert_eq!(reqs.len(), 3);
+        assert_eq!(
+            miss_reasons(&reqs),
+            vec![some(semconv::MISS_REASON_COLD), None, None]
+        );
+        assert_eq!(ran.setups(&run).len(), 1);
+        assert_eq!(ran.counter(&run, "server_accepted"), 1);
+        for hit in &reqs[1..] {
+            assert_eq!(hit.attr_bool(semconv::HTTP_CONNECTION_REUSED), Some(true));
+            let d = secs(hit.duration());
+            assert!(
+                d >= 0.9 * rtt && d < 2.0 * rtt,
+                "a pooled request costs one RTT: {d}"
+            );
+        }
+    }
+
+    // The full accept queue.
+    let run = "accept queue full";
+    let reqs = ran.requests(run);
+    assert_eq!(reqs.len(), 1);
+    assert_eq!(
+        reqs[0].attr_i64(semconv::HTTP_RESPONSE_STATUS_CODE),
+        Some(200)
+    );
+    let setups = ran.setups(run);
+    assert_eq!(setups.len(), 1);
+    let tcp = ran
+        .phase(setups[0], semconv::TCP_CONNECT_SPAN)
+        .expect("tcp.connect");
+    let took = secs(tcp.duration());
+    assert!(
+        (0.9..=1.5).contains(&took),
+        "one SYN retransmission: tcp.connect {took} s"
+    );
+    assert_eq!(
+        tcp.attr_i64(semconv::HTTP_CONNECTION_TCP_SYN_RETRANSMITS),
+        Some(1)
+    );
+    let syn = events(tcp, semconv::EVENT_TCP_SYN_RETRANSMIT);
+    assert_eq!(syn.len(), 1, "{syn:?}");
+    assert_eq!(
+        syn[0]
+            .attributes
+            .i64(semconv::HTTP_CONNECTION_TCP_SYN_RETRANSMITS),
+        Some(1)
+    );
+    assert_eq!(
+        syn[0].attributes.f64(semconv::HTTP_CONNECTION_TCP_RTO),
+        Some(1.0)
+    );
+    let at = offset(tcp, &syn[0]);
+    assert!((0.95..=1.05).contains(&at), "retransmit at +{at} s");
+    let kernel = tcp.attr_i64(semconv::HTTP_CONNECTION_TCP_RETRANSMITS);
+    assert!(
+        kernel.is_some_and(|k| k >= 1),
+        "the kernel counted the SYN retransmission: {kernel:?}"
+    );
+    assert_eq!(ran.counter(run, "listener_forwarded"), 1);
+    assert_eq!(ran.counter(run, "server_accepted"), 1);
+}
+
+/// Incident 4: with the resolver's order every connect tries ::1 (which
+/// drops SYNs) and falls back to 127.0.0.1 after the 300 ms Happy Eyeballs
+/// delay; with ipv4-first every connect is immediate on the first address.
+#[tokio::test]
+async fn lab_ipv6_blackhole() {
+    let ran = lab(&["ipv6-blackhole"]).await;
+    let run = "resolver order, IPv6 first";
+    let reqs = ran.requests(run);
+    assert_eq!(reqs.len(), 8);
+    assert!(
+        reqs.iter()
+            .all(|r| r.attr_i64(semconv::HTTP_RESPONSE_STATUS_CODE) == Some(200))
+    );
+    let setups = ran.setups(run);
+    assert_eq!(setups.len(), 8, "8 parallel fetches, 8 connects");
+    assert_eq!(ran.counter(run, "server_accepted"), 8);
+    assert_eq!(ran.counter(run, "ipv6_accepted"), 0);
+    for s in &setups {
+        let dns = ran.phase(s, semconv::DNS_LOOKUP_SPAN).expect("dns.lookup");
+        assert_eq!(
+            dns.attr_str(semconv::HTTP_CONNECTION_ADDRESS_ORDER),
+            Some("keep")
+        );
+        assert_eq!(
+            dns.attr_str_array(semconv::DNS_ANSWERS),
+            Some(vec!["::1".to_owned(), "127.0.0.1".to_owned()])
+        );
+        let tcp = ran
+            .phase(s, semconv::TCP_CONNECT_SPAN)
+            .expect("tcp.connect");
+        assert_eq!(
+            tcp.attr_str_array(semconv::HTTP_CONNECTION_ADDRESSES),
+            Some(vec!["::1".to_owned(), "127.0.0.1".to_owned()])
+        );
+        assert_eq!(
+            tcp.attr_i64(semconv::HTTP_CONNECTION_ADDRESS_INDEX),
+            Some(1)
+        );
+        assert_eq!(
+            tcp.attr_bool(semconv::HTTP_CONNECTION_ADDRESS_FALLBACK),
+            Some(true)
+        );
+        assert_eq!(
+            tcp.attr_str(semconv::NETWORK_PEER_ADDRESS),
+            Some("127.0.0.1")
+        );
+        let took = secs(tcp.duration());
+        assert!(
+            (0.29..=0.9).contains(&took),
+            "Happy Eyeballs waits 300 ms: tcp.connect {took} s"
+        );
+        let skipped = events(tcp, semconv::EVENT_TCP_ADDRESS_SKIPPED);
+        assert_eq!(skipped.len(), 1, "{skipped:?}");
+        assert_eq!(
+            skipped[0].attributes.str(semconv::NETWORK_PEER_ADDRESS),
+            Some("::1")
+        );
+        assert_eq!(
+            skipped[0]
+                .attributes
+                .str(semconv::HTTP_CONNECTION_ADDRESS_OUTCOME),
+            Some(semconv::ADDRESS_OUTCOME_OUTRACED)
+        );
+        assert!(events(tcp, semconv::EVENT_TCP_SYN_RETRANSMIT).is_empty());
+        assert_eq!(
+            s.attr_bool(semconv::HTTP_CONNECTION_ADDRESS_FALLBACK),
+            Some(true)
+        );
+        assert_eq!(s.attr_str(semconv::NETWORK_TYPE), Some("ipv4"));
+    }
+
+    let run = "address order ipv4-first";
+    let reqs = ran.requests(run);
+    assert_eq!(reqs.len(), 8);
+    let setups = ran.setups(run);
+    assert!(!setups.is_empty());
+    assert_eq!(
+        ran.counter(run, "server_accepted"),
+        setups.len() as u64,
+        "every connect the spans show reached the server"
+    );
+    for s in &setups {
+        let dns = ran.phase(s, semconv::DNS_LOOKUP_SPAN).expect("dns.lookup");
+        assert_eq!(
+            dns.attr_str(semconv::HTTP_CONNECTION_ADDRESS_ORDER),
+            Some("ipv4_first")
+        );
+        assert_eq!(
+            dns.attr_str_array(semconv::DNS_ANSWERS),
+            Some(vec!["::1".to_owned(), "127.0.0.1".to_owned()]),
+            "answers in the resolver's order"
+        );
+        let tcp = ran
+            .phase(s, semconv::TCP_CONNECT_SPAN)
+            .expect("tcp.connect");
+        assert_eq!(
+            tcp.attr_str_array(semconv::HTTP_CONNECTION_ADDRESSES),
+            Some(vec!["127.0.0.1".to_owned(), "::1".to_owned()])
+        );
+        assert_eq!(
+            tcp.attr_i64(semconv::HTTP_CONNECTION_ADDRESS_INDEX),
+            Some(0)
+        );
+        assert_eq!(
+            tcp.attr_bool(semconv::HTTP_CONNECTION_ADDRESS_FALLBACK),
+            Some(false)
+        );
+        assert!(events(tcp, semconv::EVENT_TCP_ADDRESS_SKIPPED).is_empty());
+        assert!(secs(tcp.duration()) < 0.25, "{:?}", tcp.duration());
+        assert_ne!(
+            s.attr_bool(semconv::HTTP_CONNECTION_ADDRESS_FALLBACK),
+            Some(true)
+        );
+    }
+}
+
+/// A gap longer than the pool idle timeout: the second request is a miss
+/// with idle_expired, the third a hit on the second's connection.
+#[tokio::test]
+async fn lab_idle_expired() {
+    let ran = lab(&["idle-expired"]).await;
+    let run = "gap longer than the pool idle timeout";
+    let reqs = ran.requests(run);
+    assert_eq!(reqs.len(), 3);
+    assert_eq!(
+        miss_reasons(&reqs),
+        vec![
+            some(semconv::MISS_REASON_COLD),
+            some(semconv::MISS_REASON_IDLE_EXPIRED),
+            None
+        ]
+    );
+    let gap = reqs[1]
+        .start_unix_nanos()
+        .saturating_sub(reqs[0].end_unix_nanos()) as f64
+        / 1e9;
+    assert!(
+        gap >= 0.55,
+        "the gap outlasts the 300 ms idle timeout: {gap}"
+    );
+    assert_eq!(
+        reqs[1].attr_bool(semconv::HTTP_CONNECTION_REUSED),
+        Some(false)
+    );
+    assert_eq!(
+        reqs[2].attr_bool(semconv::HTTP_CONNECTION_REUSED),
+        Some(true)
+    );
+    assert_eq!(
+        reqs[2].attr_i64(semconv::HTTP_CONNECTION_ID),
+        reqs[1].attr_i64(semconv::HTTP_CONNECTION_ID)
+    );
+    let idle = reqs[2]
+        .attr_f64(semconv::HTTP_CONNECTION_IDLE_TIME)
+        .expect("a hit carries its idle time");
+    assert!(idle < 0.3, "{idle}");
+    assert_eq!(ran.setups(run).len(), 2);
+    assert_eq!(ran.counter(run, "server_accepted"), 2);
+}
+
+/// A body dropped unread: the next request is a miss with discarded; read
+/// to the end, the following request reuses that connection.
+#[tokio::test]
+async fn lab_discarded() {
+    let ran = lab(&["discarded"]).await;
+    let run = "body dropped unread, then read";
+    let reqs = ran.requests(run);
+    assert_eq!(reqs.len(), 3);
+    let size = |r: &ReceivedSpan| r.attr_i64(semconv::HTTP_RESPONSE_BODY_SIZE);
+    assert!(
+        size(reqs[0]).is_some_and(|b| b < 256 * 1024),
+        "dropped early: {:?}",
+        size(reqs[0])
+    );
+    assert_eq!(size(reqs[1]), Some(256 * 1024));
+    assert_eq!(
+        miss_reasons(&reqs),
+        vec![
+            some(semconv::MISS_REASON_COLD),
+            some(semconv::MISS_REASON_DISCARDED),
+            None
+        ]
+    );
+    assert_eq!(
+        reqs[1].attr_bool(semconv::HTTP_CONNECTION_REUSED),
+        Some(false)
+    );
+    assert_eq!(
+        reqs[2].attr_bool(semconv::HTTP_CONNECTION_REUSED),
+        Some(true)
+    );
+    assert_eq!(
+        reqs[2].attr_i64(semconv::HTTP_CONNECTION_ID),
+        reqs[1].attr_i64(semconv::HTTP_CONNECTION_ID)
+    );
+    assert_eq!(ran.setups(run).len(), 2);
+    assert_eq!(ran.counter(run, "server_accepted"), 2);
+}
+
+/// The server's keep-alive timeout (200 ms) under the client's (90 s): the
+/// second request finds the pooled connection closed by the server (a miss
+/// with closed_by_peer, or a failure on the reused connection with its idle
+/// time); with the client's timeout under the server's, idle_expired.
+#[tokio::test]
+async fn lab_server_closed() {
+    let ran = lab(&["server-closed"]).await;
+    let run = "client idle timeout 90 s, server 200 ms";
+    let reqs = ran.requests(run);
+    assert_eq!(reqs.len(), 2);
+    assert!(ran.counter(run, "server_closed_before_request_2") >= 1);
+    let second = reqs[1];
+    if second.attr_str(semconv::ERROR_TYPE).is_some() {
+        assert_eq!(
+            second.attr_bool(semconv::HTTP_CONNECTION_REUSED),
+            Some(true)
+        );
+        assert!(second.has_attr(semconv::HTTP_CONNECTION_IDLE_TIME));
+    } else {
+        assert_eq!(
+            second.attr_bool(semconv::HTTP_CONNECTION_REUSED),
+            Some(false)
+        );
+        assert_eq!(
+            second.attr_str(semconv::HTTP_CONNECTION_MISS_REASON),
+            Some(semconv::MISS_REASON_CLOSED_BY_PEER)
+        );
+    }
+    let run = "client idle timeout 100 ms, server 200 ms";
+    let reqs = ran.requests(run);
+    assert_eq!(reqs.len(), 2);
+    assert_eq!(
+        miss_reasons(&reqs),
+        vec![
+            some(semconv::MISS_REASON_COLD),
+            some(semconv::MISS_REASON_IDLE_EXPIRED)
+        ]
+    );
+}
+
+/// A new client per request (one handle): cold, then new_client on every
+/// request, each with a full TLS handshake (the server agrees); one shared
+/// client: one connection.
+#[tokio::test]
+async fn lab_new_client() {
+    let ran = lab(&["new-client", "--requests", "4"]).await;
+    let run = "a new client per request";
+    let reqs = ran.requests(run);
+    assert_eq!(reqs.len(), 4);
+    assert_eq!(
+        miss_reasons(&reqs),
+        vec![
+            some(semconv::MISS_REASON_COLD),
+            some(semconv::MISS_REASON_NEW_CLIENT),
+            some(semconv::MISS_REASON_NEW_CLIENT),
+            some(semconv::MISS_REASON_NEW_CLIENT)
+        ]
+    );
+    let setups = ran.setups(run);
+    assert_eq!(setups.len(), 4);
+    for s in &setups {
+        assert_eq!(s.attr_bool(semconv::TLS_RESUMED), Some(false));
+        let tls = ran
+            .phase(s, semconv::TLS_HANDSHAKE_SPAN)
+            .expect("tls.handshake");
+        assert_eq!(
+            events(tls, semconv::EVENT_TLS_CERTIFICATE_VERIFIED).len(),
+            1,
+            "a full handshake verifies the certificate"
+        );
+    }
+    assert_eq!(ran.counter(run, "server_tls_handshakes"), 4);
+    assert_eq!(ran.counter(run, "server_tls_resumed"), 0);
+
+    let run = "one shared client";
+    let reqs = ran.requests(run);
+    assert_eq!(reqs.len(), 4);
+    assert_eq!(
+        miss_reasons(&reqs),
+        vec![some(semconv::MISS_REASON_COLD), None, None, None]
+    );
+    assert_eq!(ran.setups(run).len(), 1);
+    assert_eq!(ran.counter(run, "server_accepted"), 1);
+}
+
+/// Through the CONNECT proxy: one tunnel (the proxy's count) and one setup
+/// span for 20 https requests, proxied, peer = the proxy, server.address =
+/// the target, one proxy.connect before the TLS handshake; plain http is
+/// forwarded over one proxied connection without a proxy.connect.
+#[tokio::test]
+async fn lab_connect_proxy() {
+    let ran = lab(&["connect-proxy"]).await;
+    let proxy: url::Url = ran.json["config"]["proxy"]
+        .as_str()
+        .expect("proxy")
+        .parse()
+        .expect("proxy URL");
+    let target: url::Url = ran.json["config"]["url"]
+        .as_str()
+        .expect("url")
+        .parse()
+        .expect("target URL");
+    let run = "https through a CONNECT tunnel";
+    let reqs = ran.requests(run);
+    assert_eq!(reqs.len(), 20);
+    assert!(
+        reqs[1..]
+            .iter()
+            .all(|r| r.attr_bool(semconv::HTTP_CONNECTION_REUSED) == Some(true))
+    );
+    let setups = ran.setups(run);
+    assert_eq!(setups.len(), 1);
+    let s = setups[0];
+    assert_eq!(s.attr_bool(semconv::HTTP_CONNECTION_PROXIED), Some(true));
+    assert_eq!(s.attr_str(semconv::NETWORK_PEER_ADDRESS), Some("127.0.0.1"));
+    assert_eq!(
+        s.attr_i64(semconv::NETWORK_PEER_PORT),
+        proxy.port().map(i64::from)
+    );
+    assert_eq!(s.attr_str(semconv::SERVER_ADDRESS), target.host_str());
+    assert_eq!(
+        s.attr_i64(semconv::SERVER_PORT),
+        target.port().map(i64::from)
+    );
+    let tunnel = ran
+        .phase(s, semconv::PROXY_CONNECT_SPAN)
+        .expect("one proxy.connect");
+    assert_eq!(tunnel.attr_str(semconv::SERVER_ADDRESS), target.host_str());
+    let tls = ran
+        .phase(s, semconv::TLS_HANDSHAKE_SPAN)
+        .expect("tls.handshake");
+    assert!(tunnel.end_unix_nanos() <= tls.start_unix_nanos());
+    assert_eq!(ran.counter(run, "proxy_tunnels"), 1);
+    assert_eq!(ran.counter(run, "proxy_connections"), 1);
+    assert_eq!(ran.counter(run, "server_accepted"), 1);
+
+    let run = "plain http forwarded";
+    let reqs = ran.requests(run);
+    assert_eq!(reqs.len(), 3);
+    let setups = ran.setups(run);
+    assert_eq!(setups.len(), 1);
+    assert_eq!(
+        setups[0].attr_bool(semconv::HTTP_CONNECTION_PROXIED),
+        Some(true)
+    );
+    assert!(
+        ran.phases(setups[0], semconv::PROXY_CONNECT_SPAN)
+            .is_empty()
+    );
+    assert!(
+        ran.phases(setups[0], semconv::TLS_HANDSHAKE_SPAN)
+            .is_empty()
+    );
+    assert_eq!(ran.counter(run, "proxy_forwarded"), 3);
+    assert_eq!(ran.counter(run, "server_accepted"), 3);
+}
+
+/// DNS behind a saturated blocking pool: dns.lookup_began ~0.8 s after the
+/// lookup was asked; with a 300 ms connect timeout the request and the
+/// setup fail with timeout in dns.lookup, and no tcp.connect starts.
+#[tokio::test]
+async fn lab_dns_queue() {
+    let ran = lab(&["dns-queue"]).await;
+    let run = "lookup queued behind a busy blocking pool";
+    let reqs = ran.requests(run);
+    assert_eq!(reqs.len(), 1);
+    assert_eq!(
+        reqs[0].attr_i64(semconv::HTTP_RESPONSE_STATUS_CODE),
+        Some(200)
+    );
+    let setups = ran.setups(run);
+    assert_eq!(setups.len(), 1);
+    let dns = ran
+        .phase(setups[0], semconv::DNS_LOOKUP_SPAN)
+        .expect("dns.lookup");
+    let began = events(dns, semconv::EVENT_DNS_LOOKUP_BEGAN);
+    assert_eq!(began.len(), 1);
+    let queued = offset(dns, &began[0]);
+    assert!(
+        (0.6..=1.2).contains(&queued),
+        "queued behind the 800 ms blocking task: {queued} s"
+    );
+    assert!(secs(dns.duration()) >= queued);
+
+    let run = "connect timeout shorter than the queueing";
+    let reqs = ran.requests(run);
+    assert_eq!(reqs.len(), 1);
+    assert_eq!(
+        reqs[0].attr_str(semconv::ERROR_TYPE),
+        Some(semconv::ERROR_TYPE_TIMEOUT)
+    );
+    let setups = ran.setups(run);
+    assert_eq!(setups.len(), 1);
+    let s = setups[0];
+    assert_eq!(
+        s.attr_str(semconv::ERROR_TYPE),
+        Some(semconv::ERROR_TYPE_TIMEOUT)
+    );
+    assert_eq!(
+        s.attr_str(semconv::HTTP_CONNECTION_SETUP_OUTCOME),
+        Some(semconv::SETUP_OUTCOME_FAILED)
+    );
+    let took = secs(s.duration());
+    assert!((0.28..=0.6).contains(&took), "the 300 ms timeout: {took}");
+    let dns = ran.phase(s, semconv::DNS_LOOKUP_SPAN).expect("dns.lookup");
+    assert_eq!(
+        dns.attr_str(semconv::ERROR_TYPE),
+        Some(semconv::ERROR_TYPE_TIMEOUT)
+    );
+    assert!(ran.phase(s, semconv::TCP_CONNECT_SPAN).is_none());
+}
+
+/// A dead first address with a 1 s connect timeout: the setup falls back
+/// to the second address after half the timeout; 127.0.0.2 is skipped as
+/// timed_out.
+#[tokio::test]
+async fn lab_dead_first_address() {
+    let ran = lab(&["dead-first-address"]).await;
+    let run = "dead address first";
+    let reqs = ran.requests(run);
+    assert_eq!(reqs.len(), 1);
+    assert_eq!(
+        reqs[0].attr_i64(semconv::HTTP_RESPONSE_STATUS_CODE),
+        Some(200)
+    );
+    let setups = ran.setups(run);
+    assert_eq!(setups.len(), 1);
+    let s = setups[0];
+    assert_eq!(
+        s.attr_bool(semconv::HTTP_CONNECTION_ADDRESS_FALLBACK),
+        Some(true)
+    );
+    assert_eq!(s.attr_str(semconv::NETWORK_PEER_ADDRESS), Some("127.0.0.1"));
+    let tcp = ran
+        .phase(s, semconv::TCP_CONNECT_SPAN)
+        .expect("tcp.connect");
+    assert_eq!(
+        tcp.attr_str_array(semconv::HTTP_CONNECTION_ADDRESSES),
+        Some(vec!["127.0.0.2".to_owned(), "127.0.0.1".to_owned()])
+    );
+    assert_eq!(
+        tcp.attr_i64(semconv::HTTP_CONNECTION_ADDRESS_INDEX),
+        Some(1)
+    );
+    let took = secs(tcp.duration());
+    assert!(
+        (0.45..=0.8).contains(&took),
+        "half of the 1 s connect timeout: {took}"
+    );
+    let skipped = events(tcp, semconv::EVENT_TCP_ADDRESS_SKIPPED);
+    assert_eq!(skipped.len(), 1);
+    assert_eq!(
+        skipped[0].attributes.str(semconv::NETWORK_PEER_ADDRESS),
+        Some("127.0.0.2")
+    );
+    assert_eq!(
+        skipped[0]
+            .attributes
+            .str(semconv::HTTP_CONNECTION_ADDRESS_OUTCOME),
+        Some(semconv::ADDRESS_OUTCOME_TIMED_OUT)
+    );
+    let at = offset(tcp, &skipped[0]);
+    assert!((0.45..=0.6).contains(&at), "given up at +{at} s");
+    assert!(events(tcp, semconv::EVENT_TCP_SYN_RETRANSMIT).is_empty());
+    assert_eq!(ran.counter(run, "dead_accepted"), 0);
+    assert_eq!(ran.counter(run, "server_accepted"), 1);
+}
+
+/// A request timeout mid-handshake: the request fails with timeout, its
+/// connect's setup and tls.handshake end cancelled (TCP had finished), the
+/// next request is a miss; with a connect timeout the setup says timeout.
+#[tokio::test]
+async fn lab_cancelled_handshake() {
+    let ran = lab(&["cancelled-handshake", "--rtt-ms", "100"]).await;
+    let run = "request timeout mid-handshake";
+    let reqs = ran.requests(run);
+    assert_eq!(reqs.len(), 2);
+    assert_eq!(
+        reqs[0].attr_str(semconv::ERROR_TYPE),
+        Some(semconv::ERROR_TYPE_TIMEOUT)
+    );
+    assert!(!reqs[0].has_attr(semconv::HTTP_CONNECTION_REUSED));
+    let first = ran.setups_of(reqs[0]);
+    assert_eq!(first.len(), 1);
+    let s = first[0];
+    assert_eq!(
+        s.attr_str(semconv::ERROR_TYPE),
+        Some(semconv::ERROR_TYPE_CANCELLED)
+    );
+    assert_eq!(
+        s.attr_str(semconv::HTTP_CONNECTION_SETUP_OUTCOME),
+        Some(semconv::SETUP_OUTCOME_CANCELLED)
+    );
+    let took = secs(s.duration());
+    assert!(
+        (0.12..=0.3).contains(&took),
+        "ended at the 125 ms timeout: {took}"
+    );
+    let tcp = ran
+        .phase(s, semconv::TCP_CONNECT_SPAN)
+        .expect("tcp.connect");
+    assert!(!tcp.has_attr(semconv::ERROR_TYPE), "TCP had connected");
+    let tls = ran
+        .phase(s, semconv::TLS_HANDSHAKE_SPAN)
+        .expect("tls.handshake");
+    assert_eq!(
+        tls.attr_str(semconv::ERROR_TYPE),
+        Some(semconv::ERROR_TYPE_CANCELLED)
+    );
+    assert_eq!(
+        reqs[1].attr_i64(semconv::HTTP_RESPONSE_STATUS_CODE),
+        Some(200)
+    );
+    assert_eq!(
+        reqs[1].attr_bool(semconv::HTTP_CONNECTION_REUSED),
+        Some(false)
+    );
+    assert_eq!(
+        reqs[1].attr_str(semconv::HTTP_CONNECTION_MISS_REASON),
+        Some(semconv::MISS_REASON_COLD),
+        "the client never had a connection to the host"
+    );
+    let second = ran.setups_of(reqs[1]);
+    assert_eq!(second.len(), 1);
+    assert!(!second[0].has_attr(semconv::ERROR_TYPE));
+    assert_eq!(ran.counter(run, "proxy_connections"), 2);
+    assert_eq!(ran.counter(run, "server_tls_handshakes"), 1);
+
+    let run = "connect timeout mid-handshake";
+    let reqs = ran.requests(run);
+    assert_eq!(reqs.len(), 1);
+    assert_eq!(
+        reqs[0].attr_str(semconv::ERROR_TYPE),
+        Some(semconv::ERROR_TYPE_TIMEOUT)
+    );
+    let setups = ran.setups(run);
+    assert_eq!(setups.len(), 1);
+    assert_eq!(
+        setups[0].attr_str(semconv::ERROR_TYPE),
+        Some(semconv::ERROR_TYPE_TIMEOUT)
+    );
+    assert_eq!(
+        setups[0].attr_str(semconv::HTTP_CONNECTION_SETUP_OUTCOME),
+        Some(semconv::SETUP_OUTCOME_FAILED)
+    );
+    let tls = ran
+        .phase(setups[0], semconv::TLS_HANDSHAKE_SPAN)
+        .expect("tls.handshake");
+    assert_eq!(
+        tls.attr_str(semconv::ERROR_TYPE),
+        Some(semconv::ERROR_TYPE_TIMEOUT)
+    );
+}
