@@ -10,7 +10,7 @@ use conntrace_lab::{ConnectProxy, HttpVersions, TestServer};
 use reqwest_conntrace::ConnTrace;
 use tracing::Instrument as _;
 
-use super::net::{self, Body};
+use super::net;
 use super::report::Outcome;
 use super::runner::Lab;
 use super::text::{mean, requests_table};
@@ -48,26 +48,18 @@ pub(super) async fn run(lab: &mut Lab) -> anyhow::Result<Outcome> {
     let client = net::build(net::client(&trace, &pki).proxy(proxy.url()))?;
 
     let span = lab.run_span(RUN_TUNNEL);
-    async {
-        for _ in 0..n {
-            net::fetch(&client, &url, None, Body::Read).await;
-        }
-    }
-    .instrument(span.clone())
-    .await;
+    net::fetch_in_turn(&client, &url, n, None)
+        .instrument(span.clone())
+        .await;
     drop(span);
     let tunnels = proxy.tunnels();
     let proxy_connections = proxy.connections();
     let server_accepted = server.accepted_connections();
 
     let span = lab.run_span(RUN_FORWARD);
-    async {
-        for _ in 0..FORWARDED {
-            net::fetch(&client, &plain_url, None, Body::Read).await;
-        }
-    }
-    .instrument(span.clone())
-    .await;
+    net::fetch_in_turn(&client, &plain_url, FORWARDED, None)
+        .instrument(span.clone())
+        .await;
     drop(span);
 
     let spans = lab.spans().await;

@@ -40,8 +40,7 @@ pub(super) async fn run(lab: &mut Lab) -> anyhow::Result<Outcome> {
     let span = lab.run_span(RUN);
     async {
         net::fetch(&client, &url, None, Body::Drop).await;
-        net::fetch(&client, &url, None, Body::Read).await;
-        net::fetch(&client, &url, None, Body::Read).await;
+        net::fetch_in_turn(&client, &url, 2, None).await;
     }
     .instrument(span.clone())
     .await;

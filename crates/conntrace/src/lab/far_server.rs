@@ -139,12 +139,7 @@ pub(super) async fn run(lab: &mut Lab) -> anyhow::Result<Outcome> {
 
     let far_runs = join_all(runs.iter().map(|f| {
         let span = lab.run_span(&f.name);
-        async move {
-            for _ in 0..n {
-                net::fetch(&f.client, &f.url, Some(TIMEOUT), Body::Read).await;
-            }
-        }
-        .instrument(span)
+        net::fetch_in_turn(&f.client, &f.url, n, Some(TIMEOUT)).instrument(span)
     }));
     let backlog_span = lab.run_span(RUN_BACKLOG);
     backlog.release_to(upstream.addr(), RELEASE_AFTER);

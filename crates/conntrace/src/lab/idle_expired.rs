@@ -48,8 +48,7 @@ pub(super) async fn run(lab: &mut Lab) -> anyhow::Result<Outcome> {
     async {
         net::fetch(&client, &url, None, Body::Read).await;
         tokio::time::sleep(GAP).await;
-        net::fetch(&client, &url, None, Body::Read).await;
-        net::fetch(&client, &url, None, Body::Read).await;
+        net::fetch_in_turn(&client, &url, 2, None).await;
     }
     .instrument(span.clone())
     .await;
@@ -80,7 +79,11 @@ pub(super) async fn run(lab: &mut Lab) -> anyhow::Result<Outcome> {
             IDLE_TIMEOUT.as_millis(),
             describe(&run, 2)
         ),
-        format!("request 3, right after it: {}", describe(&run, 3)),
+        format!(
+            "request 3, {} ms after it: {}",
+            net::BETWEEN_REQUESTS.as_millis(),
+            describe(&run, 3)
+        ),
         format!(
             "the server accepted {} connection(s) for {} request(s)",
             server.accepted_connections(),

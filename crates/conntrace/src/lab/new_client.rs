@@ -86,13 +86,9 @@ pub(super) async fn run(lab: &mut Lab) -> anyhow::Result<Outcome> {
     let shared_trace = ConnTrace::new();
     let client = net::build(builder(&shared_trace, &pki))?;
     let span = lab.run_span(RUN_SHARED);
-    async {
-        for _ in 0..n {
-            net::fetch(&client, &url, None, Body::Read).await;
-        }
-    }
-    .instrument(span.clone())
-    .await;
+    net::fetch_in_turn(&client, &url, n, None)
+        .instrument(span.clone())
+        .await;
     drop(span);
     let end = counters(&server);
 
