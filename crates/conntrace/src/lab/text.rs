@@ -188,14 +188,21 @@ pub(crate) fn describe(run: &RunView, index: usize) -> String {
         .connection_id
         .map_or("?".to_owned(), |id| format!("#{id}"));
     let reason = r.miss_reason.as_deref().unwrap_or("none");
+    // The innermost cause of the error chain, e.g. `connection closed
+    // before message completed`.
+    let cause = r
+        .error
+        .as_deref()
+        .and_then(|m| m.rsplit(": ").next())
+        .map_or(String::new(), |c| format!(" ({c})"));
     let what = match (&r.error_type, r.reused) {
         (Some(e), _) => match setup {
             Some(c) => format!(
-                "failed with error.type {e}; its connect ended with error.type {} in {}",
+                "failed with error.type {e}{cause}; its connect ended with error.type {} in {}",
                 c.error_type.as_deref().unwrap_or("none"),
                 c.failed_phase.as_deref().unwrap_or("setup")
             ),
-            None => format!("failed with error.type {e}"),
+            None => format!("failed with error.type {e}{cause}, without a connect of its own"),
         },
         (None, Some(true)) if r.miss_reason.is_none() => match r.idle_ms {
             Some(idle) => format!("pool hit on connection {conn} (idle {idle:.1} ms)"),

@@ -42,6 +42,8 @@ pub(crate) struct RequestView {
     pub(crate) status: Option<i64>,
     /// `error.type`.
     pub(crate) error_type: Option<String>,
+    /// The span status message when it failed (the error chain).
+    pub(crate) error: Option<String>,
     /// `http.connection.reused`.
     pub(crate) reused: Option<bool>,
     /// `http.connection.miss_reason`.
@@ -286,6 +288,7 @@ impl Spans {
                 total_ms: ms_between(r.start_unix_nanos(), r.end_unix_nanos()),
                 status: r.attr_i64(semconv::HTTP_RESPONSE_STATUS_CODE),
                 error_type: string(r, semconv::ERROR_TYPE),
+                error: (!r.status_message().is_empty()).then(|| r.status_message().to_owned()),
                 reused: r.attr_bool(semconv::HTTP_CONNECTION_REUSED),
                 miss_reason: string(r, semconv::HTTP_CONNECTION_MISS_REASON),
                 connection_id: r.attr_i64(semconv::HTTP_CONNECTION_ID),
