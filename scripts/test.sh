@@ -25,7 +25,8 @@ fi
 # binary) that the CLI interop test exports through. Pinned; the test fails
 # (does not skip) without it.
 ROTEL_VERSION=0.0.1a15
-if ! python3 -m pip show rotel 2>/dev/null | grep -qx "Version: $ROTEL_VERSION"; then
+rotel_installed=$(python3 -m pip show rotel 2>/dev/null | sed -n 's/^Version: //p' || true)
+if [ "$rotel_installed" != "$ROTEL_VERSION" ]; then
     echo "== installing rotel==$ROTEL_VERSION (PyPI)"
     python3 -m pip install --quiet --disable-pip-version-check --root-user-action=ignore "rotel==$ROTEL_VERSION"
 fi
