@@ -5,7 +5,7 @@
 //! library's OTLP metrics become in Prometheus.
 //!
 //! Which edit breaks which test (each test's comment says more):
-//! - rename a metric in [`OTEL_METRICS`] only, or in rules.yml / the
+//! - rename a metric in `semconv` (via [`OTEL_METRICS`]) only, or in rules.yml / the
 //!   dashboard only -> `rules_and_dashboard_use_only_exported_names`;
 //! - move the collector's OTLP receiver to another port without publishing
 //!   it -> `collector_receives_otlp_on_the_published_ports`;
@@ -20,131 +20,7 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
-/// How an OTel instrument kind arrives in Prometheus.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Kind {
-    /// Monotonic sum: a Prometheus counter (`_total`).
-    Counter,
-    /// Non-monotonic sum: a Prometheus gauge.
-    UpDownCounter,
-    /// A Prometheus gauge.
-    Gauge,
-    /// Explicit-bucket histogram: `_bucket`, `_sum`, `_count` series.
-    Histogram,
-}
-
-/// One metric the library exports over OTLP.
-struct OtelMetric {
-    name: &'static str,
-    unit: &'static str,
-    kind: Kind,
-    attributes: &'static [&'static str],
-}
-
-/// The OTLP metrics the library exports: the names, units, kinds and
-/// attributes fixed in the "Alert on pool misses" issue. To be replaced by
-/// the library's `semconv` constants once the metrics land; until then this
-/// list is the single source the rules and the dashboard are checked against.
-const OTEL_METRICS: &[OtelMetric] = &[
-    OtelMetric {
-        name: "http.client.request.duration",
-        unit: "s",
-        kind: Kind::Histogram,
-        attributes: &[
-            "http.request.method",
-            "server.address",
-            "server.port",
-            "url.scheme",
-            "http.response.status_code",
-            "error.type",
-            "network.protocol.version",
-            "http.connection.reused",
-        ],
-    },
-    OtelMetric {
-        name: "http.client.active_requests",
-        unit: "{request}",
-        kind: Kind::UpDownCounter,
-        attributes: &[
-            "http.request.method",
-            "server.address",
-            "server.port",
-            "url.scheme",
-        ],
-    },
-    OtelMetric {
-        name: "dns.lookup.duration",
-        unit: "s",
-        kind: Kind::Histogram,
-        attributes: &["dns.question.name", "error.type"],
-    },
-    OtelMetric {
-        name: "http.client.open_connections",
-        unit: "{connection}",
-        kind: Kind::UpDownCounter,
-        attributes: &[
-            "http.connection.state",
-            "server.address",
-            "server.port",
-            "url.scheme",
-            "network.protocol.version",
-        ],
-    },
-    OtelMetric {
-        name: "http.client.connection.duration",
-        unit: "s",
-        kind: Kind::Histogram,
-        attributes: &[
-            "server.address",
-            "server.port",
-            "url.scheme",
-            "network.protocol.version",
-        ],
-    },
-    OtelMetric {
-        name: "http.client.connection.setup.duration",
-        unit: "s",
-        kind: Kind::Histogram,
-        attributes: &[
-            "server.address",
-            "server.port",
-            "url.scheme",
-            "network.type",
-            "tls.protocol.version",
-            "tls.resumed",
-            "error.type",
-        ],
-    },
-    OtelMetric {
-        name: "http.client.connections.opened",
-        unit: "{connection}",
-        kind: Kind::Counter,
-        attributes: &["server.address", "server.port", "url.scheme", "tls.resumed"],
-    },
-    OtelMetric {
-        name: "http.client.pool.misses",
-        unit: "{request}",
-        kind: Kind::Counter,
-        attributes: &[
-            "server.address",
-            "server.port",
-            "url.scheme",
-            "http.connection.miss_reason",
-        ],
-    },
-    OtelMetric {
-        name: "http.client.pool.peak_in_flight",
-        unit: "{request}",
-        kind: Kind::Gauge,
-        attributes: &["server.address", "server.port"],
-    },
-    OtelMetric {
-        name: "http.client.pool.idle_limit",
-        unit: "{connection}",
-        kind: Kind::Gauge,
-        attributes: &["server.address", "server.port"],
-    },
-];
+use crate::contract::{Kind, OTEL_METRICS, OtelMetric};
 
 /// Labels the collector's prometheus exporter adds to every series:
 /// `job` (service.name), `instance` (service.instance.id) and the

@@ -736,6 +736,33 @@ async fn demo_traces_pass_intact_through_a_third_party_collector() {
         rotel.log()
     );
 
+    // Metrics through rotel too: request durations split by reuse, whose
+    // miss count equals the GET spans that were not reused.
+    let durations = receiver
+        .wait_for_metric(
+            semconv::HTTP_CLIENT_REQUEST_DURATION,
+            Duration::from_secs(10),
+        )
+        .await
+        .unwrap_or_else(|| panic!("no request-duration metric via rotel: {}", rotel.log()));
+    let points = durations.histogram_points();
+    assert!(
+        points
+            .iter()
+            .all(|p| p.attributes.bool(semconv::HTTP_CONNECTION_REUSED).is_some()),
+        "every point says hit or miss"
+    );
+    let misses: u64 = points
+        .iter()
+        .filter(|p| p.attributes.bool(semconv::HTTP_CONNECTION_REUSED) == Some(false))
+        .map(|p| p.count)
+        .sum();
+    let missed_gets = requests(&spans)
+        .iter()
+        .filter(|r| r.attr_bool(semconv::HTTP_CONNECTION_REUSED) == Some(false))
+        .count() as u64;
+    assert_eq!(misses, missed_gets, "metric misses = span misses");
+
     // Complete: per phase, the measured fan-outs' batch spans carry exactly
     // the pool outcomes the demo counted in its own report.
     let by_id: HashMap<String, &ReceivedSpan> =
@@ -743,7 +770,7 @@ async fn demo_traces_pass_intact_through_a_third_party_collector() {
     assert_eq!(by_id.len(), spans.len(), "no span arrived twice");
     for phase in report["phases"].as_array().expect("phases") {
         let name = phase["name"].as_str().expect("name");
-        let fanouts: Vec<&ReceivedSpan> = named(&spans, "fanout")
+        let fanouts: Vec<&ReceivedSpan> = named(&spans, "user_request")
             .into_iter()
             .filter(|f| f.attr_str("demo.phase") == Some(name))
             .filter(|f| f.attr_bool("demo.warmup") == Some(false))
@@ -760,35 +787,17 @@ async fn demo_traces_pass_intact_through_a_third_party_collector() {
                 "{name}"
             );
         }
+        // user_request > fan_out (the library's helper) > batch > GET.
         let batches: Vec<&ReceivedSpan> = fanouts
             .iter()
             .flat_map(|f| children(&spans, f))
-            .filter(|b| b.name().starts_with("batch "))
+            .filter(|f| f.name() == "fan_out")
+            .flat_map(|f| children(&spans, f))
+            .filter(|b| b.name() == "batch")
             .collect();
         assert_eq!(
             batches.len() as u64,
             phase["calls"].as_u64().expect("n"),
-            "{name}"
-        );
-        let outcome = |o: &str| {
-            batches
-                .iter()
-                .filter(|b| b.attr_str("demo.batch.pool_outcome") == Some(o))
-                .count() as u64
-        };
-        assert_eq!(
-            outcome("idle_hit"),
-            phase["pool_hits"].as_u64().expect("n"),
-            "{name}"
-        );
-        assert_eq!(
-            outcome("new_connection"),
-            phase["misses_new_connection"].as_u64().expect("n"),
-            "{name}"
-        );
-        assert_eq!(
-            outcome("waited_for_busy"),
-            phase["misses_waited_for_busy"].as_u64().expect("n"),
             "{name}"
         );
         let gets: Vec<&ReceivedSpan> = batches
@@ -797,6 +806,39 @@ async fn demo_traces_pass_intact_through_a_third_party_collector() {
             .filter(|g| g.attr_str(semconv::HTTP_REQUEST_METHOD) == Some("GET"))
             .collect();
         assert_eq!(gets.len(), batches.len(), "{name}: one request per batch");
+        // The demo's outcome counts, read off the GET spans: an idle hit is
+        // reused with no miss reason, a wait for a busy connection reused
+        // with one.
+        let count = |reused: bool, reason: bool| {
+            gets.iter()
+                .filter(|g| g.attr_bool(semconv::HTTP_CONNECTION_REUSED) == Some(reused))
+                .filter(|g| g.has_attr(semconv::HTTP_CONNECTION_MISS_REASON) == reason)
+                .count() as u64
+        };
+        assert_eq!(
+            count(true, false),
+            phase["pool_hits"].as_u64().expect("n"),
+            "{name}"
+        );
+        assert_eq!(
+            count(true, true),
+            phase["misses_waited_for_busy"].as_u64().expect("n"),
+            "{name}"
+        );
+        assert_eq!(count(false, false), 0, "{name}: every miss says why");
+        // A batch is flagged as paying for a new connection exactly when
+        // its GET was not reused.
+        for b in &batches {
+            let get = children(&spans, b)
+                .into_iter()
+                .find(|g| g.attr_str(semconv::HTTP_REQUEST_METHOD).is_some())
+                .expect("the batch's GET");
+            assert_eq!(
+                b.attr_bool(semconv::FAN_OUT_BATCH_NEW_CONNECTION),
+                get.attr_bool(semconv::HTTP_CONNECTION_REUSED).map(|r| !r),
+                "{name}"
+            );
+        }
         let reused_false = gets
             .iter()
             .filter(|g| g.attr_bool(semconv::HTTP_CONNECTION_REUSED) == Some(false))
