@@ -1,6 +1,9 @@
 //! End-to-end tests: real sockets on loopback, spans decoded from what the
-//! SDK exported (in-memory exporter) or what an OTLP receiver decoded.
+//! SDK exported (in-memory exporter) or what an OTLP receiver decoded; and
+//! the docker-compose stack's configuration (`deploy`).
 
+mod contract;
+mod deploy;
 mod fanout;
 mod kernel;
 mod library;

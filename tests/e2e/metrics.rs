@@ -7,92 +7,8 @@ use std::time::Duration;
 use conntrace_lab::TestServer;
 use reqwest_conntrace::semconv;
 
+use crate::contract::OTEL_METRICS;
 use crate::support::*;
-
-/// Attribute keys each metric may carry (the cardinality contract in
-/// `semconv`); anything else, a URL, a path, a peer address or a connection
-/// id above all, fails the test.
-const ALLOWED: &[(&str, &[&str])] = &[
-    (
-        semconv::HTTP_CLIENT_REQUEST_DURATION,
-        &[
-            semconv::HTTP_REQUEST_METHOD,
-            semconv::SERVER_ADDRESS,
-            semconv::SERVER_PORT,
-            semconv::URL_SCHEME,
-            semconv::HTTP_RESPONSE_STATUS_CODE,
-            semconv::ERROR_TYPE,
-            semconv::NETWORK_PROTOCOL_VERSION,
-            semconv::HTTP_CONNECTION_REUSED,
-        ],
-    ),
-    (
-        semconv::HTTP_CLIENT_ACTIVE_REQUESTS,
-        &[
-            semconv::HTTP_REQUEST_METHOD,
-            semconv::SERVER_ADDRESS,
-            semconv::SERVER_PORT,
-            semconv::URL_SCHEME,
-        ],
-    ),
-    (
-        semconv::HTTP_CLIENT_OPEN_CONNECTIONS,
-        &[
-            semconv::HTTP_CONNECTION_STATE,
-            semconv::SERVER_ADDRESS,
-            semconv::SERVER_PORT,
-            semconv::URL_SCHEME,
-            semconv::NETWORK_PROTOCOL_VERSION,
-        ],
-    ),
-    (
-        semconv::HTTP_CLIENT_CONNECTION_DURATION,
-        &[
-            semconv::SERVER_ADDRESS,
-            semconv::SERVER_PORT,
-            semconv::URL_SCHEME,
-            semconv::NETWORK_PROTOCOL_VERSION,
-        ],
-    ),
-    (
-        semconv::HTTP_CLIENT_CONNECTION_SETUP_DURATION,
-        &[
-            semconv::SERVER_ADDRESS,
-            semconv::SERVER_PORT,
-            semconv::URL_SCHEME,
-            semconv::NETWORK_TYPE,
-            semconv::TLS_PROTOCOL_VERSION,
-            semconv::TLS_RESUMED,
-            semconv::ERROR_TYPE,
-        ],
-    ),
-    (
-        semconv::HTTP_CLIENT_CONNECTIONS_OPENED,
-        &[
-            semconv::SERVER_ADDRESS,
-            semconv::SERVER_PORT,
-            semconv::URL_SCHEME,
-            semconv::TLS_RESUMED,
-        ],
-    ),
-    (
-        semconv::HTTP_CLIENT_POOL_MISSES,
-        &[
-            semconv::SERVER_ADDRESS,
-            semconv::SERVER_PORT,
-            semconv::URL_SCHEME,
-            semconv::HTTP_CONNECTION_MISS_REASON,
-        ],
-    ),
-    (
-        semconv::HTTP_CLIENT_POOL_PEAK_IN_FLIGHT,
-        &[semconv::SERVER_ADDRESS, semconv::SERVER_PORT],
-    ),
-    (
-        semconv::HTTP_CLIENT_POOL_IDLE_LIMIT,
-        &[semconv::SERVER_ADDRESS, semconv::SERVER_PORT],
-    ),
-];
 
 fn total(points: &[Point]) -> f64 {
     points.iter().map(|p| p.value).sum()
@@ -108,7 +24,7 @@ fn total_where(points: &[Point], key: &str, value: &str) -> f64 {
 
 /// Two sequential requests (cold miss, hit), a burst of four concurrent ones
 /// against an idle limit of one (all_busy misses, connections closed over
-/// the limit), and one refused request. Every metric is checked against the
+/// the limit), one refused request and one by host name (DNS, cold). Every metric is checked against the
 /// server's counters and its attribute keys against the contract.
 #[tokio::test]
 async fn metrics_count_hits_misses_and_connections_with_bounded_attributes() {
@@ -140,36 +56,32 @@ async fn metrics_count_hits_misses_and_connections_with_bounded_attributes() {
         .send()
         .await
         .expect_err("refused");
+    // One request by name, for a DNS lookup (a new host: a cold miss).
+    let by_name = format!("http://localhost:{}/", server.addr().port());
+    get_sequentially(&client, &by_name, 1).await;
 
     let accepted = server.accepted_connections() as f64;
     assert!(
-        accepted >= 2.0,
+        accepted >= 3.0,
         "the burst opened connections beyond the first"
     );
 
-    // Names, units and attribute contract.
-    for (name, allowed) in ALLOWED {
-        let points = t.metric(name);
-        assert!(!points.is_empty(), "{name} exported");
+    // Names, units, kinds and the attribute contract (contract.rs).
+    for m in OTEL_METRICS {
+        let points = t.metric(m.name);
+        assert!(!points.is_empty(), "{} exported", m.name);
         for p in &points {
+            assert_eq!(p.unit, m.unit, "{} unit", m.name);
+            assert_eq!(p.kind, m.kind, "{} instrument kind", m.name);
             for (k, _) in &p.attributes {
-                assert!(allowed.contains(&k.as_str()), "{name} carries {k}");
+                assert!(m.attributes.contains(&k.as_str()), "{} carries {k}", m.name);
             }
-        }
-        let unit = &points[0].unit;
-        if name.ends_with("duration") {
-            assert_eq!(unit, "s", "{name} unit");
-        } else {
-            assert!(
-                unit.starts_with('{'),
-                "{name} has an annotation unit: {unit}"
-            );
         }
     }
 
-    // Requests: 7 in all; misses = connections the server accepted.
+    // Requests: 8 in all; misses = connections the server accepted.
     let durations = t.metric(semconv::HTTP_CLIENT_REQUEST_DURATION);
-    assert_eq!(total(&durations), 7.0);
+    assert_eq!(total(&durations), 8.0);
     assert_eq!(
         total_where(&durations, semconv::HTTP_CONNECTION_REUSED, "false"),
         accepted
@@ -198,14 +110,19 @@ async fn metrics_count_hits_misses_and_connections_with_bounded_attributes() {
         1.0
     );
 
-    // Pool misses by reason: one cold, the rest of the misses all_busy.
+    // Pool misses by reason: one cold per host, the rest all_busy.
     let misses = t.metric(semconv::HTTP_CLIENT_POOL_MISSES);
     assert_eq!(
         total_where(&misses, semconv::HTTP_CONNECTION_MISS_REASON, "cold"),
-        1.0
+        2.0
     );
     assert!(
-        total_where(&misses, semconv::HTTP_CONNECTION_MISS_REASON, "all_busy") >= accepted - 1.0
+        total_where(&misses, semconv::HTTP_CONNECTION_MISS_REASON, "all_busy") >= accepted - 2.0
+    );
+    let dns = t.metric(semconv::DNS_LOOKUP_DURATION);
+    assert_eq!(
+        total_where(&dns, semconv::DNS_QUESTION_NAME, "localhost"),
+        1.0
     );
 
     // The idle limit kept one connection; the others were closed at release
@@ -215,7 +132,10 @@ async fn metrics_count_hits_misses_and_connections_with_bounded_attributes() {
     let server_port = server.addr().port().to_string();
     let to_server: Vec<Point> = open
         .into_iter()
-        .filter(|p| p.get(semconv::SERVER_PORT) == Some(server_port.as_str()))
+        .filter(|p| {
+            p.get(semconv::SERVER_PORT) == Some(server_port.as_str())
+                && p.get(semconv::SERVER_ADDRESS) == Some("127.0.0.1")
+        })
         .collect();
     assert_eq!(
         total_where(&to_server, semconv::HTTP_CONNECTION_STATE, "idle"),
@@ -228,8 +148,8 @@ async fn metrics_count_hits_misses_and_connections_with_bounded_attributes() {
     let closed_by_client = server.closed_connections() as f64;
     assert_eq!(
         closed_by_client,
-        accepted - 1.0,
-        "server saw the over-limit closes"
+        accepted - 2.0,
+        "server saw the over-limit closes (one idle connection per host kept)"
     );
     assert_eq!(
         total(&t.metric(semconv::HTTP_CLIENT_CONNECTION_DURATION)),
@@ -240,7 +160,10 @@ async fn metrics_count_hits_misses_and_connections_with_bounded_attributes() {
     let peak = t.metric(semconv::HTTP_CLIENT_POOL_PEAK_IN_FLIGHT);
     let peak_to_server = peak
         .iter()
-        .find(|p| p.get(semconv::SERVER_PORT) == Some(server_port.as_str()))
+        .find(|p| {
+            p.get(semconv::SERVER_ADDRESS) == Some("127.0.0.1")
+                && p.get(semconv::SERVER_PORT) == Some(server_port.as_str())
+        })
         .expect("peak gauge for the server");
     assert_eq!(peak_to_server.value, 4.0);
     let limit = t.metric(semconv::HTTP_CLIENT_POOL_IDLE_LIMIT);

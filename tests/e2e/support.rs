@@ -9,6 +9,8 @@ use opentelemetry_sdk::metrics::data::{AggregatedMetrics, MetricData};
 use opentelemetry_sdk::metrics::{InMemoryMetricExporter, PeriodicReader, SdkMeterProvider};
 use opentelemetry_sdk::trace::{InMemorySpanExporter, SdkTracerProvider, SpanData};
 use reqwest_conntrace::{ConnTrace, TlsSettings, otlp, semconv};
+
+use crate::contract::Kind;
 use tracing::subscriber::DefaultGuard;
 use tracing_subscriber::layer::SubscriberExt;
 
@@ -25,6 +27,8 @@ pub(crate) struct Telemetry {
 #[derive(Debug, Clone)]
 pub(crate) struct Point {
     pub(crate) unit: String,
+    /// The instrument kind as the SDK aggregated it.
+    pub(crate) kind: crate::contract::Kind,
     pub(crate) attributes: Vec<(String, String)>,
     /// Sum or gauge value; a histogram's count.
     pub(crate) value: f64,
@@ -84,9 +88,10 @@ impl Telemetry {
             for sm in rm.scope_metrics() {
                 for m in sm.metrics().filter(|m| m.name() == name) {
                     let unit = m.unit().to_owned();
-                    let mut push = |attrs: Vec<&KeyValue>, value: f64| {
+                    let mut push = |kind, attrs: Vec<&KeyValue>, value: f64| {
                         points.push(Point {
                             unit: unit.clone(),
+                            kind,
                             attributes: attrs
                                 .into_iter()
                                 .map(|kv| (kv.key.to_string(), kv.value.to_string()))
@@ -97,22 +102,32 @@ impl Telemetry {
                     match m.data() {
                         AggregatedMetrics::F64(MetricData::Histogram(h)) => {
                             for p in h.data_points() {
-                                push(p.attributes().collect(), p.count() as f64);
+                                push(Kind::Histogram, p.attributes().collect(), p.count() as f64);
                             }
                         }
                         AggregatedMetrics::U64(MetricData::Sum(s)) => {
+                            let kind = if s.is_monotonic() {
+                                Kind::Counter
+                            } else {
+                                Kind::UpDownCounter
+                            };
                             for p in s.data_points() {
-                                push(p.attributes().collect(), p.value() as f64);
+                                push(kind, p.attributes().collect(), p.value() as f64);
                             }
                         }
                         AggregatedMetrics::I64(MetricData::Sum(s)) => {
+                            let kind = if s.is_monotonic() {
+                                Kind::Counter
+                            } else {
+                                Kind::UpDownCounter
+                            };
                             for p in s.data_points() {
-                                push(p.attributes().collect(), p.value() as f64);
+                                push(kind, p.attributes().collect(), p.value() as f64);
                             }
                         }
                         AggregatedMetrics::U64(MetricData::Gauge(g)) => {
                             for p in g.data_points() {
-                                push(p.attributes().collect(), p.value() as f64);
+                                push(Kind::Gauge, p.attributes().collect(), p.value() as f64);
                             }
                         }
                         other => panic!("unexpected aggregation for {name}: {other:?}"),

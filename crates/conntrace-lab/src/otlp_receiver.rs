@@ -3,9 +3,12 @@
 //!
 //! It listens for OTLP/gRPC on one port ([`OtlpReceiver::endpoint`]) and
 //! OTLP/HTTP on another ([`OtlpReceiver::http_endpoint`]: `POST /v1/traces`
-//! and `POST /v1/metrics`, protobuf or JSON bodies, no compression).
+//! and `POST /v1/metrics`, protobuf or JSON bodies). Both accept gzip, as
+//! collectors send it: the OpenTelemetry Collector's and rotel's OTLP
+//! exporters compress with gzip by default.
 
 use std::convert::Infallible;
+use std::io::Read as _;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -31,6 +34,7 @@ use tokio::net::TcpListener;
 use tokio::sync::Notify;
 use tokio::task::{JoinHandle, JoinSet};
 use tokio::time::Instant;
+use tonic::codec::CompressionEncoding;
 
 use crate::received_metric::flatten_resource_metrics;
 use crate::received_span::flatten_resource_spans;
@@ -120,8 +124,14 @@ impl OtlpReceiver {
             .local_addr()
             .map_err(|e| LabError::io("read OTLP/gRPC receiver address", e))?;
         let router = tonic::transport::Server::builder()
-            .add_service(TraceServiceServer::new(GrpcSink(store.clone())))
-            .add_service(MetricsServiceServer::new(GrpcSink(store.clone())));
+            .add_service(
+                TraceServiceServer::new(GrpcSink(store.clone()))
+                    .accept_compressed(CompressionEncoding::Gzip),
+            )
+            .add_service(
+                MetricsServiceServer::new(GrpcSink(store.clone()))
+                    .accept_compressed(CompressionEncoding::Gzip),
+            );
         let grpc_task = tokio::spawn(async move {
             if let Err(e) = router.serve_with_incoming(incoming).await {
                 tracing::warn!(error = %e, "OTLP/gRPC receiver stopped");
@@ -306,13 +316,18 @@ async fn http_export(
             b"POST only\n".to_vec(),
         ));
     }
-    if req.headers().contains_key(http::header::CONTENT_ENCODING) {
-        return Ok(reply(
-            http::StatusCode::UNSUPPORTED_MEDIA_TYPE,
-            TEXT,
-            b"compressed bodies are not supported\n".to_vec(),
-        ));
-    }
+    let gzip = match req.headers().get(http::header::CONTENT_ENCODING) {
+        None => false,
+        Some(v) if v.as_bytes().eq_ignore_ascii_case(b"gzip") => true,
+        Some(v) if v.as_bytes().eq_ignore_ascii_case(b"identity") => false,
+        Some(_) => {
+            return Ok(reply(
+                http::StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                TEXT,
+                b"only gzip bodies are supported\n".to_vec(),
+            ));
+        }
+    };
     let json = req
         .headers()
         .get(http::header::CONTENT_TYPE)
@@ -328,6 +343,19 @@ async fn http_export(
                 e.to_string().into_bytes(),
             ));
         }
+    };
+    let body = if gzip {
+        let mut plain = Vec::new();
+        if let Err(e) = flate2::read::GzDecoder::new(&body[..]).read_to_end(&mut plain) {
+            return Ok(reply(
+                http::StatusCode::BAD_REQUEST,
+                TEXT,
+                format!("bad gzip body: {e}").into_bytes(),
+            ));
+        }
+        Bytes::from(plain)
+    } else {
+        body
     };
     let decoded = match path.as_str() {
         "/v1/traces" => {

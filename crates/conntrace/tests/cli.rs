@@ -1,8 +1,9 @@
 //! `conntrace` end to end: the real binary against a real nginx (TLS 1.3,
 //! TLS 1.2, HTTP/2) with a certificate made at test time, exporting OTLP/gRPC
-//! into an in-process receiver that decodes what arrived; plus the demo,
-//! bad-input handling and every `conntrace lab` scenario (in `cli/lab.rs`,
-//! part of this one test binary).
+//! into an in-process receiver that decodes what arrived; plus the demo, its
+//! traces through a third-party collector (rotel), bad-input handling and
+//! every `conntrace lab` scenario (in `cli/lab.rs`, part of this one test
+//! binary).
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -491,4 +492,445 @@ async fn demo_replays_incident_2_and_writes_otlp_json() {
         .collect();
     limits.sort_by(f64::total_cmp);
     assert_eq!(limits, vec![2.0, 10.0]);
+}
+
+// ---------------------------------------------------------------------------
+// Interop through a third-party collector: rotel (a Rust OTLP collector
+// shipped on PyPI with its binary; scripts/test.sh installs the pinned
+// version). The demo exports OTLP/gRPC to rotel, rotel forwards to our
+// receiver: what arrives must be the same trace the demo reported.
+// ---------------------------------------------------------------------------
+
+/// The rotel collector binary: `$ROTEL_AGENT` when set, else `rotel-agent`
+/// inside the `rotel` Python package that `pip install rotel` put on this
+/// machine. Panics (the test fails, it does not skip) when it is missing.
+fn rotel_agent() -> std::path::PathBuf {
+    if let Some(path) = std::env::var_os("ROTEL_AGENT") {
+        return path.into();
+    }
+    let out = std::process::Command::new("python3")
+        .args([
+            "-c",
+            "import os, rotel; print(os.path.join(os.path.dirname(rotel.__file__), 'rotel-agent'))",
+        ])
+        .output()
+        .expect("python3 runs");
+    assert!(
+        out.status.success(),
+        "rotel is not installed (scripts/test.sh installs it: pip install rotel==0.0.1a15): {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let path = std::path::PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
+    assert!(path.is_file(), "no rotel-agent at {}", path.display());
+    path
+}
+
+/// A loopback port that was free a moment ago (rotel takes fixed ports).
+fn free_port() -> u16 {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    l.local_addr().expect("addr").port()
+}
+
+/// A running rotel, killed on drop (kill_on_drop).
+struct Rotel {
+    _child: tokio::process::Child,
+    grpc_port: u16,
+    _dir: tempfile::TempDir,
+}
+
+impl Rotel {
+    /// Starts the rotel binary `agent` with its OTLP receiver on loopback
+    /// and its OTLP/gRPC exporter sending everything to `export_to`;
+    /// returns once it listens.
+    async fn start(agent: &std::path::Path, export_to: &str) -> Rotel {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let log = dir.path().join("rotel.out");
+        let grpc_port = free_port();
+        let mut cmd = tokio::process::Command::new(agent);
+        cmd.arg("start")
+            .arg("--otlp-grpc-endpoint")
+            .arg(format!("127.0.0.1:{grpc_port}"))
+            .arg("--otlp-http-endpoint")
+            .arg(format!("127.0.0.1:{}", free_port()))
+            .args(["--exporter", "otlp", "--otlp-exporter-protocol", "grpc"])
+            .arg("--otlp-exporter-endpoint")
+            .arg(export_to)
+            // rotel gzips what it exports (0.0.1a15 sends gzip even with
+            // --otlp-exporter-compression none); the lab receiver accepts it.
+            // Its defaults are shared files in /tmp.
+            .arg("--pid-file")
+            .arg(dir.path().join("rotel.pid"))
+            .arg("--log-file")
+            .arg(dir.path().join("rotel.log"))
+            .stdin(std::process::Stdio::null())
+            .stdout(std::fs::File::create(&log).expect("log file"))
+            .stderr(std::fs::File::create(dir.path().join("rotel.err")).expect("log file"))
+            .kill_on_drop(true);
+        let mut child = cmd.spawn().expect("rotel-agent starts");
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Some(status) = child.try_wait().expect("rotel status") {
+                panic!(
+                    "rotel exited ({status}): {}",
+                    std::fs::read_to_string(&log).unwrap_or_default()
+                );
+            }
+            if tokio::net::TcpStream::connect(("127.0.0.1", grpc_port))
+                .await
+                .is_ok()
+            {
+                break;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "rotel did not listen on {grpc_port} in 10 s"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        Rotel {
+            _child: child,
+            grpc_port,
+            _dir: dir,
+        }
+    }
+
+    fn endpoint(&self) -> String {
+        format!("http://127.0.0.1:{}", self.grpc_port)
+    }
+
+    /// rotel's output so far, for failure messages.
+    fn log(&self) -> String {
+        ["rotel.out", "rotel.err", "rotel.log"]
+            .iter()
+            .map(|f| std::fs::read_to_string(self._dir.path().join(f)).unwrap_or_default())
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+}
+
+/// Runs the shortened demo exporting OTLP/gRPC to `endpoint`; returns its
+/// `--json` report.
+async fn demo_exporting_to(endpoint: &str, service: &str) -> serde_json::Value {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut cmd = conntrace();
+    cmd.args([
+        "demo",
+        "--duration",
+        "2",
+        "--warmup",
+        "0.5",
+        "--json",
+        "--quiet",
+        "--traces-out",
+    ])
+    .arg(dir.path().join("unused.json"))
+    .env("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint)
+    .env("OTEL_SERVICE_NAME", service);
+    let out = run(cmd).await;
+    assert!(out.status.success(), "demo failed: {}", stderr(&out));
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    assert_eq!(report["telemetry"]["sink"], "otlp", "{report}");
+    assert!(report["telemetry"]["error"].is_null(), "{report}");
+    report
+}
+
+/// Every span the receiver gets, once nothing new has arrived for 3 s
+/// (rotel batches for 200 ms before it forwards).
+async fn settled_spans(receiver: &OtlpReceiver) -> Vec<ReceivedSpan> {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    let mut seen = 0;
+    loop {
+        let spans = receiver
+            .wait_for_spans(seen + 1, Duration::from_secs(3))
+            .await;
+        if (spans.len() == seen && seen > 0) || tokio::time::Instant::now() >= deadline {
+            return spans;
+        }
+        seen = spans.len();
+    }
+}
+
+/// The OTLP type of an attribute value.
+fn value_type(v: &opentelemetry_proto::tonic::common::v1::any_value::Value) -> &'static str {
+    use opentelemetry_proto::tonic::common::v1::any_value::Value;
+    match v {
+        Value::StringValue(_) => "string",
+        Value::BoolValue(_) => "bool",
+        Value::IntValue(_) => "int",
+        Value::DoubleValue(_) => "double",
+        Value::ArrayValue(_) => "array",
+        Value::KvlistValue(_) => "kvlist",
+        Value::BytesValue(_) => "bytes",
+        Value::StringValueStrindex(_) => "strindex",
+    }
+}
+
+/// Per span name, what every span of that name carries: attribute keys
+/// with their OTLP value types, and event names.
+type Shapes = std::collections::BTreeMap<
+    String,
+    (
+        std::collections::BTreeSet<(String, &'static str)>,
+        std::collections::BTreeSet<String>,
+    ),
+>;
+
+fn shape(
+    span: &ReceivedSpan,
+) -> (
+    std::collections::BTreeSet<(String, &'static str)>,
+    std::collections::BTreeSet<String>,
+) {
+    let attrs = span
+        .attributes()
+        .as_slice()
+        .iter()
+        .filter_map(|kv| {
+            let v = kv.value.as_ref()?.value.as_ref()?;
+            Some((kv.key.clone(), value_type(v)))
+        })
+        .collect();
+    let events = span.events().into_iter().map(|e| e.name).collect();
+    (attrs, events)
+}
+
+/// The shapes common to all spans of each name (the intersection), so
+/// attributes that only some spans have (errors, idle time) drop out.
+fn common_shapes(spans: &[ReceivedSpan]) -> Shapes {
+    let mut out = Shapes::new();
+    for s in spans {
+        let (attrs, events) = shape(s);
+        out.entry(s.name().to_owned())
+            .and_modify(|(a, e)| {
+                a.retain(|x| attrs.contains(x));
+                e.retain(|x| events.contains(x));
+            })
+            .or_insert((attrs, events));
+    }
+    out
+}
+
+fn demo_attr(span: &ReceivedSpan, key: &str) -> String {
+    span.attributes()
+        .display(key)
+        .unwrap_or_else(|| panic!("{} has no {key}", span.name()))
+}
+
+/// The real `conntrace demo` exporting through rotel into the lab
+/// receiver: the spans arrive complete (the counts the demo itself
+/// reported for the same run), as one consistent tree (parents and links
+/// resolve, every connection setup has its phases), with the attribute
+/// types, events, scopes and resource of a direct export (reference run
+/// into a second receiver).
+#[tokio::test]
+async fn demo_traces_pass_intact_through_a_third_party_collector() {
+    let agent = rotel_agent();
+    // Reference: the same demo exporting straight into a receiver.
+    let direct = OtlpReceiver::start().await.expect("receiver");
+    demo_exporting_to(&direct.endpoint(), "conntrace-direct").await;
+    let reference = direct.spans();
+    assert!(!reference.is_empty(), "the direct export arrived");
+
+    let receiver = OtlpReceiver::start().await.expect("receiver");
+    let rotel = Rotel::start(&agent, &receiver.endpoint()).await;
+    let report = demo_exporting_to(&rotel.endpoint(), "conntrace-interop").await;
+    let spans = settled_spans(&receiver).await;
+    assert!(
+        receiver.trace_exports() > 0,
+        "rotel exported nothing to the receiver: {}",
+        rotel.log()
+    );
+
+    // Metrics through rotel too: request durations split by reuse, whose
+    // miss count equals the GET spans that were not reused.
+    let durations = receiver
+        .wait_for_metric(
+            semconv::HTTP_CLIENT_REQUEST_DURATION,
+            Duration::from_secs(10),
+        )
+        .await
+        .unwrap_or_else(|| panic!("no request-duration metric via rotel: {}", rotel.log()));
+    let points = durations.histogram_points();
+    assert!(
+        points
+            .iter()
+            .all(|p| p.attributes.bool(semconv::HTTP_CONNECTION_REUSED).is_some()),
+        "every point says hit or miss"
+    );
+    let misses: u64 = points
+        .iter()
+        .filter(|p| p.attributes.bool(semconv::HTTP_CONNECTION_REUSED) == Some(false))
+        .map(|p| p.count)
+        .sum();
+    let missed_gets = requests(&spans)
+        .iter()
+        .filter(|r| r.attr_bool(semconv::HTTP_CONNECTION_REUSED) == Some(false))
+        .count() as u64;
+    assert_eq!(misses, missed_gets, "metric misses = span misses");
+
+    // Complete: per phase, the measured fan-outs' batch spans carry exactly
+    // the pool outcomes the demo counted in its own report.
+    let by_id: HashMap<String, &ReceivedSpan> =
+        spans.iter().map(|s| (s.span_id_hex(), s)).collect();
+    assert_eq!(by_id.len(), spans.len(), "no span arrived twice");
+    for phase in report["phases"].as_array().expect("phases") {
+        let name = phase["name"].as_str().expect("name");
+        let fanouts: Vec<&ReceivedSpan> = named(&spans, "user_request")
+            .into_iter()
+            .filter(|f| f.attr_str("demo.phase") == Some(name))
+            .filter(|f| f.attr_bool("demo.warmup") == Some(false))
+            .collect();
+        assert_eq!(
+            fanouts.len() as u64,
+            phase["fanouts"].as_u64().expect("n"),
+            "{name}"
+        );
+        for f in &fanouts {
+            assert_eq!(
+                demo_attr(f, "demo.pool_max_idle_per_host"),
+                phase["pool_max_idle_per_host"].to_string(),
+                "{name}"
+            );
+        }
+        // user_request > fan_out (the library's helper) > batch > GET.
+        let batches: Vec<&ReceivedSpan> = fanouts
+            .iter()
+            .flat_map(|f| children(&spans, f))
+            .filter(|f| f.name() == "fan_out")
+            .flat_map(|f| children(&spans, f))
+            .filter(|b| b.name() == "batch")
+            .collect();
+        assert_eq!(
+            batches.len() as u64,
+            phase["calls"].as_u64().expect("n"),
+            "{name}"
+        );
+        let gets: Vec<&ReceivedSpan> = batches
+            .iter()
+            .flat_map(|b| children(&spans, b))
+            .filter(|g| g.attr_str(semconv::HTTP_REQUEST_METHOD) == Some("GET"))
+            .collect();
+        assert_eq!(gets.len(), batches.len(), "{name}: one request per batch");
+        // The demo's outcome counts, read off the GET spans: an idle hit is
+        // reused with no miss reason, a wait for a busy connection reused
+        // with one.
+        let count = |reused: bool, reason: bool| {
+            gets.iter()
+                .filter(|g| g.attr_bool(semconv::HTTP_CONNECTION_REUSED) == Some(reused))
+                .filter(|g| g.has_attr(semconv::HTTP_CONNECTION_MISS_REASON) == reason)
+                .count() as u64
+        };
+        assert_eq!(
+            count(true, false),
+            phase["pool_hits"].as_u64().expect("n"),
+            "{name}"
+        );
+        assert_eq!(
+            count(true, true),
+            phase["misses_waited_for_busy"].as_u64().expect("n"),
+            "{name}"
+        );
+        assert_eq!(count(false, false), 0, "{name}: every miss says why");
+        // A batch is flagged as paying for a new connection exactly when
+        // its GET was not reused.
+        for b in &batches {
+            let get = children(&spans, b)
+                .into_iter()
+                .find(|g| g.attr_str(semconv::HTTP_REQUEST_METHOD).is_some())
+                .expect("the batch's GET");
+            assert_eq!(
+                b.attr_bool(semconv::FAN_OUT_BATCH_NEW_CONNECTION),
+                get.attr_bool(semconv::HTTP_CONNECTION_REUSED).map(|r| !r),
+                "{name}"
+            );
+        }
+        let reused_false = gets
+            .iter()
+            .filter(|g| g.attr_bool(semconv::HTTP_CONNECTION_REUSED) == Some(false))
+            .count() as u64;
+        assert_eq!(
+            reused_false,
+            phase["misses_new_connection"].as_u64().expect("n")
+        );
+        let connections: std::collections::BTreeSet<i64> = gets
+            .iter()
+            .map(|g| {
+                g.attr_i64(semconv::HTTP_CONNECTION_ID)
+                    .expect("connection id")
+            })
+            .collect();
+        assert_eq!(
+            connections.len() as u64,
+            phase["connections_used"].as_u64().expect("n"),
+            "{name}"
+        );
+    }
+
+    // One consistent tree: parents and links resolve within the trace.
+    for s in &spans {
+        if let Some(parent) = s.parent_span_id_hex() {
+            let p = by_id
+                .get(&parent)
+                .unwrap_or_else(|| panic!("{}: parent {parent} missing", s.name()));
+            assert_eq!(p.trace_id_hex(), s.trace_id_hex(), "{}", s.name());
+        }
+        for link in s.links() {
+            let target = by_id
+                .get(&link.span_id_hex)
+                .unwrap_or_else(|| panic!("{}: linked span missing", s.name()));
+            assert_eq!(target.name(), semconv::CONNECTION_SETUP_SPAN);
+            assert_eq!(target.trace_id_hex(), link.trace_id_hex);
+        }
+    }
+    let setups = named(&spans, semconv::CONNECTION_SETUP_SPAN);
+    assert!(!setups.is_empty());
+    for setup in &setups {
+        let parent = setup
+            .parent_span_id_hex()
+            .and_then(|p| by_id.get(&p).copied())
+            .expect("a setup has a parent");
+        assert!(
+            parent.attr_str(semconv::HTTP_REQUEST_METHOD).is_some(),
+            "a setup hangs under the request that started it, not {}",
+            parent.name()
+        );
+        let kids: Vec<&str> = children(&spans, setup).iter().map(|c| c.name()).collect();
+        assert!(kids.contains(&semconv::TCP_CONNECT_SPAN), "{kids:?}");
+        assert!(kids.contains(&semconv::TLS_HANDSHAKE_SPAN), "{kids:?}");
+        // The demo resolves localhost through an override: no DNS phase,
+        // and the setup says why.
+        assert_eq!(
+            kids.contains(&semconv::DNS_LOOKUP_SPAN),
+            !setup.has_attr(semconv::HTTP_CONNECTION_DNS_SKIPPED),
+            "{kids:?}"
+        );
+    }
+
+    // Intact: every span name of the direct export arrives, and each span
+    // carries every attribute (with the same OTLP type) and event that all
+    // spans of its name carry in the direct export.
+    let expected = common_shapes(&reference);
+    let got_names: std::collections::BTreeSet<&str> = spans.iter().map(|s| s.name()).collect();
+    let want_names: std::collections::BTreeSet<&str> =
+        expected.keys().map(String::as_str).collect();
+    assert_eq!(got_names, want_names);
+    for s in &spans {
+        let (attrs, events) = shape(s);
+        let (want_attrs, want_events) = &expected[s.name()];
+        let missing: Vec<_> = want_attrs.difference(&attrs).collect();
+        assert!(
+            missing.is_empty(),
+            "{}: lost or retyped {missing:?}",
+            s.name()
+        );
+        let missing: Vec<_> = want_events.difference(&events).collect();
+        assert!(missing.is_empty(), "{}: lost events {missing:?}", s.name());
+        assert_eq!(s.resource().str("service.name"), Some("conntrace-interop"));
+    }
+    let scopes = |v: &[ReceivedSpan]| -> std::collections::BTreeSet<(String, String)> {
+        v.iter()
+            .map(|s| (s.scope_name().to_owned(), s.scope_version().to_owned()))
+            .collect()
+    };
+    assert_eq!(scopes(&spans), scopes(&reference));
 }

@@ -236,15 +236,27 @@ async fn post(
     content_type: &str,
     body: Vec<u8>,
 ) -> (u16, Bytes) {
+    post_encoded(addr, path, content_type, None, body).await
+}
+
+async fn post_encoded(
+    addr: std::net::SocketAddr,
+    path: &str,
+    content_type: &str,
+    content_encoding: Option<&str>,
+    body: Vec<u8>,
+) -> (u16, Bytes) {
     let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tcp(addr).await))
         .await
         .expect("handshake");
     tokio::spawn(conn);
-    let req = http::Request::post(path)
+    let mut req = http::Request::post(path)
         .header(http::header::HOST, "otlp")
-        .header(http::header::CONTENT_TYPE, content_type)
-        .body(Full::new(Bytes::from(body)))
-        .expect("request");
+        .header(http::header::CONTENT_TYPE, content_type);
+    if let Some(encoding) = content_encoding {
+        req = req.header(http::header::CONTENT_ENCODING, encoding);
+    }
+    let req = req.body(Full::new(Bytes::from(body))).expect("request");
     let resp = sender.send_request(req).await.expect("response");
     let status = resp.status().as_u16();
     (
@@ -253,8 +265,9 @@ async fn post(
     )
 }
 
-/// OTLP/HTTP: protobuf and JSON bodies posted to /v1/traces are decoded;
-/// unknown paths get 404, garbage gets 400.
+/// OTLP/HTTP: protobuf and JSON bodies posted to /v1/traces are decoded,
+/// gzip-compressed too (collectors' default); unknown paths get 404,
+/// garbage gets 400, other encodings 415.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn decodes_otlp_http_protobuf_and_json() {
     let receiver = OtlpReceiver::start().await.expect("receiver");
@@ -281,14 +294,34 @@ async fn decodes_otlp_http_protobuf_and_json() {
     )
     .await;
     assert_eq!(status, 400);
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+    std::io::Write::write_all(&mut gz, &sample_request("gz").encode_to_vec()).expect("gzip");
+    let (status, _) = post_encoded(
+        addr,
+        "/v1/traces",
+        "application/x-protobuf",
+        Some("gzip"),
+        gz.finish().expect("gzip"),
+    )
+    .await;
+    assert_eq!(status, 200);
+    let (status, _) = post_encoded(
+        addr,
+        "/v1/traces",
+        "application/x-protobuf",
+        Some("br"),
+        vec![1, 2, 3],
+    )
+    .await;
+    assert_eq!(status, 415);
 
-    let spans = receiver.wait_for_spans(2, Duration::from_secs(2)).await;
+    let spans = receiver.wait_for_spans(3, Duration::from_secs(2)).await;
     let names: Vec<&str> = spans.iter().map(|s| s.name()).collect();
-    assert_eq!(names, ["pb", "js"]);
+    assert_eq!(names, ["pb", "js", "gz"]);
     assert_eq!(spans[0].trace_id_hex(), "01".repeat(16));
     assert_eq!(spans[1].attr_str("k"), Some("v"));
     assert_eq!(spans[1].duration(), Duration::from_nanos(2_000));
-    assert_eq!(receiver.http_exports(), 2);
+    assert_eq!(receiver.http_exports(), 3);
 }
 
 /// OTLP JSON files: the spec's example document (hex ids, string-encoded
