@@ -270,9 +270,23 @@ pub(super) async fn run(lab: &mut Lab) -> anyhow::Result<Outcome> {
             ));
         }
     }
-    findings.push(
-        "the delay proxy charges the TCP handshake's round trip to the first TLS flight (userspace cannot delay a SYN), so tcp.connect is ~0 ms here and tls.handshake includes that RTT".to_owned(),
-    );
+    let kernel_rtts: Vec<f64> = views
+        .iter()
+        .flat_map(|v| &v.connections)
+        .filter_map(|c| c.tcp.as_ref().and_then(|t| t.kernel.rtt_ms))
+        .collect();
+    let kernel_rtt = if kernel_rtts.is_empty() {
+        String::new()
+    } else {
+        format!(
+            ", and the kernel's smoothed RTT on tcp.connect (http.connection.tcp.rtt) is loopback's, {:.3} ms on average: against a real far server both would show the {} ms",
+            mean(kernel_rtts),
+            rtt.as_millis()
+        )
+    };
+    findings.push(format!(
+        "the delay proxy charges the TCP handshake's round trip to the first TLS flight (userspace cannot delay a SYN), so tcp.connect is ~0 ms here and tls.handshake includes that RTT{kernel_rtt}"
+    ));
 
     let mut queue = spans.run(RUN_BACKLOG);
     queue

@@ -151,7 +151,7 @@ pub(crate) fn notes(c: &ConnectionView) -> String {
         if let Some(n) = t.syn_retransmits.filter(|n| *n > 0) {
             notes.push(format!("{n} SYN retransmit(s)"));
         }
-        if let Some(k) = t.kernel.retransmits {
+        if let Some(k) = t.kernel.retransmits.filter(|k| *k > 0) {
             notes.push(format!("kernel retransmits {k}"));
         }
         if c.address_fallback || t.address_fallback == Some(true) {
