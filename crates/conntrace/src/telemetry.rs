@@ -238,12 +238,15 @@ impl Telemetry {
         };
         // Flushing blocks on the exporter; keep it off the runtime's workers.
         let flushed = tokio::task::spawn_blocking(move || guard.shutdown()).await;
-        let flush_error = match flushed {
-            Ok(Ok(())) => self.flush_error.clone(),
+        let final_error = match flushed {
+            Ok(Ok(())) => None,
             Ok(Err(OtlpError::Export(detail))) => Some(crate::error::export_failure(&detail)),
             Ok(Err(other)) => Some(other.to_string()),
             Err(join) => Some(format!("the flush task failed: {join}")),
         };
+        // The first failure says most: once an intermediate flush failed,
+        // the final one only reports a generic "Failed to flush".
+        let flush_error = self.flush_error.clone().or(final_error);
         if let Some(detail) = flush_error {
             report.error = Some(match &self.endpoint {
                 Some(endpoint) => crate::error::one_line(&format!(

@@ -877,3 +877,29 @@ async fn lab_cancelled_handshake() {
         Some(semconv::ERROR_TYPE_TIMEOUT)
     );
 }
+
+/// Collector down: the scenario still concludes from its in-memory copy of
+/// the spans, then says in one line that the export failed, and exits 1.
+#[tokio::test]
+async fn lab_with_the_collector_down_still_concludes_and_exits_1() {
+    let closed = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        l.local_addr().expect("addr").port()
+    };
+    let mut cmd = conntrace();
+    cmd.args(["lab", "discarded", "--json"])
+        .env(
+            "OTEL_EXPORTER_OTLP_ENDPOINT",
+            format!("http://127.0.0.1:{closed}"),
+        )
+        .env("OTEL_EXPORTER_OTLP_TIMEOUT", "1000");
+    let out = run(cmd).await;
+    assert_one_line_error(&out, "export");
+    assert_eq!(out.status.code(), Some(1));
+    let json: Value = serde_json::from_slice(&out.stdout).expect("--json output is JSON");
+    assert_eq!(
+        json["reproduced"], true,
+        "concluded from the in-memory spans"
+    );
+    assert!(json["telemetry"]["error"].is_string());
+}
