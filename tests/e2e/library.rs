@@ -727,3 +727,57 @@ fn sni_off_on_reqwest_builder_is_refused() {
         .expect_err("refused");
     assert!(err.to_string().contains("tls_sni"), "{err}");
 }
+
+/// A pooled connection that the server closes on the next request (the
+/// keep-alive race of a server timeout): the request fails with
+/// `connection_reset`, and its span still names the connection it went out
+/// on (`reused = true`, the first request's connection id, its idle time).
+#[tokio::test]
+async fn request_failing_on_a_pooled_connection_names_that_connection() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    let t = telemetry();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    // Answers the first request with keep-alive, then reads the second one
+    // and closes without answering.
+    let server = tokio::spawn(async move {
+        let (mut sock, _) = listener.accept().await.expect("accept");
+        let mut buf = vec![0u8; 4096];
+        let _ = sock.read(&mut buf).await.expect("request 1");
+        sock.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
+            .await
+            .expect("response 1");
+        let _ = sock.read(&mut buf).await.expect("request 2");
+        drop(sock);
+    });
+    let client = t.client(reqwest::Client::builder(), None);
+    let url = format!("http://{addr}/");
+    get_sequentially(&client, &url, 1).await;
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let error = client.get(&url).send().await.expect_err("server closed it");
+    assert!(!error.to_string().is_empty());
+    server.await.expect("server task");
+
+    let requests = t.requests();
+    assert_eq!(requests.len(), 2);
+    let first_id = i64_attr(&requests[0], semconv::HTTP_CONNECTION_ID).expect("id");
+    let failed = &requests[1];
+    assert_eq!(
+        str_attr(failed, semconv::ERROR_TYPE).as_deref(),
+        Some(semconv::ERROR_TYPE_CONNECTION_RESET)
+    );
+    assert_eq!(
+        bool_attr(failed, semconv::HTTP_CONNECTION_REUSED),
+        Some(true)
+    );
+    assert_eq!(
+        i64_attr(failed, semconv::HTTP_CONNECTION_ID),
+        Some(first_id)
+    );
+    let idle = f64_attr(failed, semconv::HTTP_CONNECTION_IDLE_TIME).expect("idle time");
+    assert!(idle >= 0.045, "idle for the 50 ms gap: {idle}");
+    assert_eq!(t.setups().len(), 1, "no connect for the failed request");
+}

@@ -180,7 +180,8 @@ impl PoolLoad {
         if all_busy {
             load.forced_misses += 1;
         }
-        let limit = load.idle_limit?;
+        // A limit of 0 is a deliberate choice not to pool: no advice.
+        let limit = load.idle_limit.filter(|l| *l > 0)?;
         if !all_busy || load.peak <= limit as u64 {
             return None;
         }
@@ -210,7 +211,7 @@ impl PoolLoad {
             .iter_mut()
             .filter_map(|((host, port), load)| {
                 self.roll(load, now);
-                let limit = load.idle_limit?;
+                let limit = load.idle_limit.filter(|l| *l > 0)?;
                 (load.forced_misses > 0 && load.peak > limit as u64).then(|| {
                     let elapsed = now
                         .saturating_duration_since(load.interval_start)
@@ -258,7 +259,8 @@ mod tests {
         for _ in 0..5 {
             load.request_started("b", 443, t0);
         }
-        // A hit, or a limit at or above the peak: no advice.
+        // No pooling on purpose, a hit, or a limit at or above the peak: no advice.
+        assert_eq!(load.on_response("b", 443, Some(0), true, t0), None);
         assert_eq!(load.on_response("b", 443, Some(2), false, t0), None);
         assert_eq!(load.on_response("b", 443, Some(5), true, t0), None);
         let first = load

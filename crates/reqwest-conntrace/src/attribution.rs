@@ -64,10 +64,13 @@ pub(crate) fn attribute_response(
     // that connect's reason (even when a freed connection served it first);
     // one served by a connection set up for another request carries that
     // connection's reason; a hit that only waited found everything busy.
-    let idle_hit = reused && wait.is_zero();
+    // A request whose checkout failed (it called the connector) is no idle
+    // hit even when a connection hyper-util was still returning to the pool
+    // (on a spawned task, after the previous body ended) served it at once.
+    let own_miss = state.miss();
+    let idle_hit = reused && wait.is_zero() && own_miss.is_none();
     let miss_reason = (!idle_hit).then(|| {
-        state
-            .miss()
+        own_miss
             .map(|m| m.get())
             .or_else(|| {
                 (!reused)
@@ -164,6 +167,37 @@ pub(crate) fn attribute_response(
         setup: record.setup.clone(),
     };
     Some((usage, record))
+}
+
+/// A request failed with the connection closed under it (`error.type =
+/// connection_reset`) without calling the connector: it went out on a pooled
+/// connection, which the server had closed (a keep-alive race). Records that
+/// connection as far as it can be known (the one hyper-util would have
+/// handed out: the host's most recently released idle connection) on
+/// `span`: `http.connection.reused = true`, `.id`, `.idle_time`, a link to
+/// its setup span; and counts the connection closed by the server.
+pub(crate) fn attribute_failure(inner: &Inner, state: &RequestState, span: &tracing::Span) {
+    if state.miss().is_some() {
+        return;
+    }
+    let Some(record) = inner.pools.likely_pooled(&state.host_key(), state.started) else {
+        return;
+    };
+    let idle = state
+        .started
+        .saturating_duration_since(record.last_activity());
+    span.set_attribute(semconv::HTTP_CONNECTION_REUSED, true);
+    span.set_attribute(semconv::HTTP_CONNECTION_ID, record.id() as i64);
+    span.set_attribute(semconv::HTTP_CONNECTION_IDLE_TIME, secs(idle));
+    span.add_link_with_attributes(
+        record.setup_span.clone(),
+        vec![KeyValue::new(
+            semconv::HTTP_CONNECTION_ID,
+            record.id() as i64,
+        )],
+    );
+    record.mark_peer_closed();
+    inner.connection_closed(&record, Instant::now());
 }
 
 /// Everything needed to end a request: held by the middleware until the

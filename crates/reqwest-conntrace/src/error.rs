@@ -86,6 +86,13 @@ pub(crate) fn classify(err: &(dyn StdError + 'static)) -> &'static str {
                 _ => {}
             }
         }
+        // hyper: the connection closed under the request (a pooled
+        // connection the server had just closed, mid-response EOF).
+        if let Some(h) = e.downcast_ref::<hyper::Error>()
+            && (h.is_incomplete_message() || h.is_closed() || h.is_canceled())
+        {
+            return semconv::ERROR_TYPE_CONNECTION_RESET;
+        }
         if e.is::<DnsError>() {
             return semconv::ERROR_TYPE_DNS;
         }

@@ -15,7 +15,7 @@ use reqwest_middleware::{Middleware, Next, Result};
 use tracing::Instrument;
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 
-use crate::attribution::{EndKind, RequestEnd, attribute_response};
+use crate::attribution::{EndKind, RequestEnd, attribute_failure, attribute_response};
 use crate::body::TracedBody;
 use crate::error::{classify, error_chain_text};
 use crate::handle::ConnTrace;
@@ -286,7 +286,11 @@ impl<M: MakeRequestSpan> Middleware for ConnTraceMiddleware<M> {
                 Ok(wrap_body(response, end))
             }
             Err(error) => {
-                end.fail(classify(&error), error_chain_text(&error));
+                let error_type = classify(&error);
+                if error_type == semconv::ERROR_TYPE_CONNECTION_RESET {
+                    attribute_failure(&inner, &state, &span);
+                }
+                end.fail(error_type, error_chain_text(&error));
                 end.finish(EndKind::Failed);
                 Err(error)
             }

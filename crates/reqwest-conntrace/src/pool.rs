@@ -147,6 +147,32 @@ impl PoolHistory {
         }
     }
 
+    /// The connection a request that failed without calling the connector
+    /// most likely went out on: hyper-util hands out the most recently
+    /// released idle connection of the host, so the one (of any client of
+    /// this handle) with the latest release before `start`, not in use and
+    /// not known closed.
+    pub(crate) fn likely_pooled(
+        &self,
+        host: &HostKey,
+        start: Instant,
+    ) -> Option<Arc<ConnectionRecord>> {
+        let hosts = self.hosts();
+        hosts
+            .get(host)?
+            .connections
+            .iter()
+            .filter(|r| {
+                !r.http2()
+                    && r.in_use() == 0
+                    && !r.is_closed()
+                    && !r.is_discarded()
+                    && r.last_released().is_some_and(|t| t <= start)
+            })
+            .max_by_key(|r| r.last_activity())
+            .cloned()
+    }
+
     /// An HTTP/1.1 response on `record` ended with its body read: the
     /// connection goes back to the pool, unless the client's idle pool for
     /// the host is already full (`pool_max_idle_per_host`), in which case

@@ -192,7 +192,9 @@ pub const HTTP_CONNECTION_TCP_RTT: &str = "http.connection.tcp.rtt";
 /// span): the kernel's RTT variance (`tcpi_rttvar`).
 pub const HTTP_CONNECTION_TCP_RTT_VARIANCE: &str = "http.connection.tcp.rtt_variance";
 /// `http.connection.tcp.congestion_window` (int, segments, `tcp.connect`
-/// span): the sender's congestion window (`tcpi_snd_cwnd`).
+/// span): the sender's congestion window (`tcpi_snd_cwnd`) when the
+/// connection became ready (for https after the TLS handshake's flights, so
+/// it may already exceed the initial window of 10, RFC 6928).
 pub const HTTP_CONNECTION_TCP_CONGESTION_WINDOW: &str = "http.connection.tcp.congestion_window";
 /// `http.connection.tcp.mss` (int, bytes, `tcp.connect` span): the send
 /// maximum segment size (`tcpi_snd_mss`).
@@ -403,7 +405,9 @@ pub const ERROR_TYPE_CANCELLED: &str = "cancelled";
 pub const ERROR_TYPE_DNS: &str = "dns_error";
 /// `error.type`: the peer refused the TCP connection (RST to our SYN).
 pub const ERROR_TYPE_CONNECTION_REFUSED: &str = "connection_refused";
-/// `error.type`: the connection was reset or closed by the peer mid-exchange.
+/// `error.type`: the connection was reset or closed by the peer mid-exchange
+/// (including hyper's "connection closed before message completed": a
+/// pooled connection the server had just closed).
 pub const ERROR_TYPE_CONNECTION_RESET: &str = "connection_reset";
 /// `error.type`: the server's certificate was rejected.
 pub const ERROR_TYPE_TLS_CERTIFICATE: &str = "tls_certificate_invalid";
