@@ -117,10 +117,10 @@ impl<F: Future> Future for Batch<F> {
 /// ```no_run
 /// # async fn run(client: reqwest_middleware::ClientWithMiddleware) {
 /// let ids: Vec<Vec<u32>> = (0..5).map(|b| (b * 100..b * 100 + 100).collect()).collect();
-/// let bodies = reqwest_conntrace::fan_out(ids.iter().map(|batch| {
+/// let responses = reqwest_conntrace::fan_out(ids.iter().map(|batch| {
 ///     let client = client.clone();
-///     let query = format!("{batch:?}");
-///     async move { client.get("https://b.internal/items").query(&[("ids", query)]).send().await }
+///     let url = format!("https://b.internal/items?from={}&count={}", batch[0], batch.len());
+///     async move { client.get(url).send().await }
 /// }))
 /// .await;
 /// # }

@@ -5,17 +5,32 @@
 //! # Span shape
 //! ```text
 //! GET                         request span (client), one per request:
-//!  │                          http.connection.reused / .id / .wait_time /
-//!  │                          .request_count / .age / .idle_time
+//!  │                          http.connection.reused / .miss_reason / .id /
+//!  │                          .wait_time / .request_count / .age / .idle_time
 //!  └─ http.connection_setup   only when this request's pool miss started a connect
 //!      ├─ dns.lookup          absent for IP literals and resolve() overrides
-//!      ├─ tcp.connect
+//!      ├─ tcp.connect         addresses tried, fallback, kernel RTT / cwnd / MSS /
+//!      │                      retransmits (Linux); events tcp.syn_retransmit,
+//!      │                      tcp.address_skipped
+//!      ├─ proxy.connect       https through a proxy set with `.proxy(url)`
 //!      └─ tls.handshake       https only; events tls.server_hello,
 //!                             tls.certificate_verified, tls.server_finished
 //! ```
 //! A request served by a connection another request set up carries a span
 //! link to that connection's `http.connection_setup` span. The full attribute
-//! reference is in [`semconv`] and `docs/REFERENCE.md`.
+//! reference is in [`semconv`] and `docs/REFERENCE.md`; why a request missed
+//! is a [`MissReason`]. [`fan_out`] runs batch futures under a parent span
+//! that says which batches paid for new connections.
+//!
+//! # Metrics
+//! The handle records the HTTP client and DNS semantic-convention metrics
+//! (`http.client.request.duration` with `http.connection.reused`,
+//! `http.client.active_requests`, `http.client.open_connections`,
+//! `http.client.connection.duration`, `dns.lookup.duration`) and its own
+//! (`http.client.connection.setup.duration`, `http.client.connections.opened`,
+//! `http.client.pool.misses` by reason, and the Little's-law gauges
+//! `http.client.pool.peak_in_flight` / `.idle_limit`); see
+//! [`ConnTrace::pool_advice`].
 //!
 //! # Use
 //! ```no_run

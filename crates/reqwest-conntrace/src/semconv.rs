@@ -1,12 +1,16 @@
-//! Every span name, attribute key, event name and enumerated value this crate
-//! emits, in one place.
+//! Every span name, attribute key, metric name, event name and enumerated
+//! value this crate emits, in one place.
 //!
 //! Where an OpenTelemetry semantic convention exists (semantic conventions
 //! v1.42.0, re-exported from [`opentelemetry_semantic_conventions`]) the
-//! constant here is that convention's constant. Everything under
-//! `http.connection.*` except [`HTTP_CONNECTION_STATE`] is this crate's own:
-//! no convention for connection-pool attribution exists (checked against
-//! semantic conventions v1.42.0). These names are stable within a major
+//! constant here is that convention's constant. This crate's own names (no
+//! convention exists for connection-pool attribution, setup phases, kernel
+//! TCP facts or fan-outs; checked against semantic conventions v1.42.0) are:
+//! everything under `http.connection.*` except [`HTTP_CONNECTION_STATE`],
+//! `http.fan_out.*`, the metrics `http.client.connection.setup.duration`,
+//! `http.client.connections.opened` and `http.client.pool.*`, the span names
+//! `http.connection_setup`, `dns.lookup`, `tcp.connect`, `proxy.connect`,
+//! `tls.handshake`, and the events. These names are stable within a major
 //! version of this crate.
 
 use opentelemetry_semantic_conventions::attribute as sc;
