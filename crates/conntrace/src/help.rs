@@ -29,11 +29,12 @@ fn section(heading: &str) -> String {
 /// Environment variables, shown in `--help`.
 pub(crate) const ENV_HELP: &str = "\
 Environment:
-  OTEL_EXPORTER_OTLP_ENDPOINT   export spans over OTLP to this collector (e.g. http://localhost:4317);
+  OTEL_EXPORTER_OTLP_ENDPOINT   export spans and metrics over OTLP to this collector (e.g. http://localhost:4317);
                                 also OTEL_EXPORTER_OTLP_TRACES_ENDPOINT [default: no OTLP export]
   OTEL_EXPORTER_OTLP_PROTOCOL   grpc or http/protobuf [default: grpc]
   OTEL_EXPORTER_OTLP_TIMEOUT    export timeout in ms [default here: 3000, shorter than the SDK's 10000]
-  OTEL_SERVICE_NAME             service name of the spans [default here: conntrace]
+  OTEL_SERVICE_NAME             service name of the spans and metrics [default here: conntrace]
+  OTEL_METRIC_EXPORT_INTERVAL   metrics export interval in ms [default here: 5000, shorter than the SDK's 60000]
   RUST_LOG                      filter of diagnostics logged to stderr [default: warn]
 An export that fails is reported in one line on stderr after the run, and the exit status is then 1.";
 

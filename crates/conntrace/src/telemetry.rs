@@ -30,6 +30,9 @@ use crate::export::{MemoryExporter, MetricStore, SpanStore};
 /// Export timeout used when no `OTEL_EXPORTER_OTLP_*TIMEOUT` is set.
 pub(crate) const DEFAULT_EXPORT_TIMEOUT: Duration = Duration::from_secs(3);
 
+/// Metric export interval when `OTEL_METRIC_EXPORT_INTERVAL` is unset: 5 s.
+pub(crate) const METRIC_EXPORT_INTERVAL: Duration = Duration::from_secs(5);
+
 /// The service name used when the environment names none.
 const SERVICE_NAME: &str = "conntrace";
 
@@ -94,7 +97,8 @@ impl Telemetry {
         if let Some(endpoint) = otlp_endpoint() {
             let (spans, metrics) = otlp_exporters()
                 .with_context(|| format!("cannot set up OTLP export to {endpoint}"))?;
-            let guard = otlp::init_with_exporters(spans, Some(metrics), resource())?;
+            let guard =
+                otlp::init_with_exporters(spans, Some(metrics), resource(), metric_interval())?;
             return Ok(Self {
                 guard: Some(guard),
                 endpoint: Some(endpoint),
@@ -111,6 +115,7 @@ impl Telemetry {
                 MemoryExporter::new(store.clone()),
                 Some(metric_store.clone()),
                 resource(),
+                metric_interval(),
             )?;
             let metrics_path = metrics_path_beside(&path);
             return Ok(Self {
@@ -148,7 +153,8 @@ impl Telemetry {
                 memory,
                 otlp: Some(spans),
             };
-            let guard = otlp::init_with_exporters(tee, Some(metrics), resource())?;
+            let guard =
+                otlp::init_with_exporters(tee, Some(metrics), resource(), metric_interval())?;
             return Ok(Self {
                 guard: Some(guard),
                 endpoint: Some(endpoint),
@@ -162,7 +168,12 @@ impl Telemetry {
         let (guard, file, metrics_file) = match traces_out {
             Some(path) => {
                 let metric_store = MetricStore::default();
-                let guard = otlp::init_with_exporters(tee, Some(metric_store.clone()), resource())?;
+                let guard = otlp::init_with_exporters(
+                    tee,
+                    Some(metric_store.clone()),
+                    resource(),
+                    metric_interval(),
+                )?;
                 let metrics_path = metrics_path_beside(&path);
                 (
                     guard,
@@ -171,7 +182,12 @@ impl Telemetry {
                 )
             }
             None => (
-                otlp::init_with_exporters::<_, MetricStore>(tee, None, resource())?,
+                otlp::init_with_exporters::<_, MetricStore>(
+                    tee,
+                    None,
+                    resource(),
+                    metric_interval(),
+                )?,
                 None,
                 None,
             ),
@@ -311,6 +327,14 @@ impl SdkSpanExporter for Tee {
             otlp.set_resource(resource);
         }
     }
+}
+
+/// How often metrics are exported during a run: `OTEL_METRIC_EXPORT_INTERVAL`
+/// when set (the SDK reads it), else [`METRIC_EXPORT_INTERVAL`], so a
+/// dashboard fills while a demo or lab runs (the SDK's 60 s default would
+/// export a half-minute demo once, at its end).
+fn metric_interval() -> Option<Duration> {
+    (!env_set("OTEL_METRIC_EXPORT_INTERVAL")).then_some(METRIC_EXPORT_INTERVAL)
 }
 
 /// `<dir>/<stem>.metrics.json` beside the traces file `<dir>/<stem>.json`.

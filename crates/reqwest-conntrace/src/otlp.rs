@@ -222,6 +222,7 @@ pub fn init_from_env() -> Result<OtlpGuard, OtlpError> {
         span_exporter_from_env()?,
         Some(metric_exporter_from_env()?),
         Resource::builder().build(),
+        None,
     )
 }
 
@@ -233,14 +234,15 @@ pub fn init_from_env() -> Result<OtlpGuard, OtlpError> {
 pub fn init_with_exporter<E: SdkSpanExporter + 'static>(
     exporter: E,
 ) -> Result<OtlpGuard, OtlpError> {
-    init_with_exporters::<E, MetricExporter>(exporter, None, Resource::builder().build())
+    init_with_exporters::<E, MetricExporter>(exporter, None, Resource::builder().build(), None)
 }
 
 /// As [`init_from_env`] with any span exporter, any metric exporter when
-/// given (read by a periodic reader every `OTEL_METRIC_EXPORT_INTERVAL`
-/// ms, default 60 s; the meter provider is installed globally), and the
-/// resource both providers report (`Resource::builder().build()` reads
-/// `OTEL_SERVICE_NAME` and `OTEL_RESOURCE_ATTRIBUTES`).
+/// given (read by a periodic reader every `metric_interval`, or when `None`
+/// every `OTEL_METRIC_EXPORT_INTERVAL` ms, default 60 s; the meter provider
+/// is installed globally), and the resource both providers report
+/// (`Resource::builder().build()` reads `OTEL_SERVICE_NAME` and
+/// `OTEL_RESOURCE_ATTRIBUTES`).
 ///
 /// # Errors
 /// [`OtlpError::SubscriberAlreadySet`].
@@ -248,6 +250,7 @@ pub fn init_with_exporters<E, M>(
     exporter: E,
     metrics: Option<M>,
     resource: Resource,
+    metric_interval: Option<Duration>,
 ) -> Result<OtlpGuard, OtlpError>
 where
     E: SdkSpanExporter + 'static,
@@ -256,7 +259,10 @@ where
     let meter_provider = metrics.map(|m| {
         SdkMeterProvider::builder()
             .with_resource(resource.clone())
-            .with_reader(PeriodicReader::builder(m).build())
+            .with_reader(match metric_interval {
+                Some(interval) => PeriodicReader::builder(m).with_interval(interval).build(),
+                None => PeriodicReader::builder(m).build(),
+            })
             .build()
     });
     let provider = SdkTracerProvider::builder()
