@@ -89,16 +89,16 @@ pub(crate) struct TelemetryReport {
 
 impl Telemetry {
     /// Sets the pipeline up: OTLP when an endpoint is configured, else the
-    /// file `traces_out` when given, else nothing.
+    /// file `traces_out` when given, else nothing. `quiet`: no log lines on
+    /// stderr (the library's pool advice among them) unless `RUST_LOG` is set.
     ///
     /// # Errors
     /// When the exporter cannot be built or a tracing subscriber exists.
-    pub(crate) fn init(traces_out: Option<PathBuf>) -> anyhow::Result<Self> {
+    pub(crate) fn init(traces_out: Option<PathBuf>, quiet: bool) -> anyhow::Result<Self> {
         if let Some(endpoint) = otlp_endpoint() {
             let (spans, metrics) = otlp_exporters()
                 .with_context(|| format!("cannot set up OTLP export to {endpoint}"))?;
-            let guard =
-                otlp::init_with_exporters(spans, Some(metrics), resource(), metric_interval())?;
+            let guard = otlp::init_with_exporters(spans, Some(metrics), pipeline_options(quiet))?;
             return Ok(Self {
                 guard: Some(guard),
                 endpoint: Some(endpoint),
@@ -114,8 +114,7 @@ impl Telemetry {
             let guard = otlp::init_with_exporters(
                 MemoryExporter::new(store.clone()),
                 Some(metric_store.clone()),
-                resource(),
-                metric_interval(),
+                pipeline_options(quiet),
             )?;
             let metrics_path = metrics_path_beside(&path);
             return Ok(Self {
@@ -143,7 +142,7 @@ impl Telemetry {
     ///
     /// # Errors
     /// As [`init`](Self::init).
-    pub(crate) fn init_capturing(traces_out: Option<PathBuf>) -> anyhow::Result<Self> {
+    pub(crate) fn init_capturing(traces_out: Option<PathBuf>, quiet: bool) -> anyhow::Result<Self> {
         let store = SpanStore::default();
         let memory = MemoryExporter::new(store.clone());
         if let Some(endpoint) = otlp_endpoint() {
@@ -153,8 +152,7 @@ impl Telemetry {
                 memory,
                 otlp: Some(spans),
             };
-            let guard =
-                otlp::init_with_exporters(tee, Some(metrics), resource(), metric_interval())?;
+            let guard = otlp::init_with_exporters(tee, Some(metrics), pipeline_options(quiet))?;
             return Ok(Self {
                 guard: Some(guard),
                 endpoint: Some(endpoint),
@@ -171,8 +169,7 @@ impl Telemetry {
                 let guard = otlp::init_with_exporters(
                     tee,
                     Some(metric_store.clone()),
-                    resource(),
-                    metric_interval(),
+                    pipeline_options(quiet),
                 )?;
                 let metrics_path = metrics_path_beside(&path);
                 (
@@ -182,12 +179,7 @@ impl Telemetry {
                 )
             }
             None => (
-                otlp::init_with_exporters::<_, MetricStore>(
-                    tee,
-                    None,
-                    resource(),
-                    metric_interval(),
-                )?,
+                otlp::init_with_exporters::<_, MetricStore>(tee, None, pipeline_options(quiet))?,
                 None,
                 None,
             ),
@@ -327,6 +319,15 @@ impl SdkSpanExporter for Tee {
             otlp.set_resource(resource);
         }
     }
+}
+
+/// The pipeline's options: [`resource`], [`metric_interval`], and for a
+/// quiet run no log lines on stderr unless `RUST_LOG` asks for them.
+fn pipeline_options(quiet: bool) -> otlp::PipelineOptions {
+    otlp::PipelineOptions::default()
+        .resource(resource())
+        .metric_interval(metric_interval())
+        .default_log_level(if quiet { "off" } else { "warn" })
 }
 
 /// How often metrics are exported during a run: `OTEL_METRIC_EXPORT_INTERVAL`

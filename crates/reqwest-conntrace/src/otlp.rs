@@ -221,8 +221,7 @@ pub fn init_from_env() -> Result<OtlpGuard, OtlpError> {
     init_with_exporters(
         span_exporter_from_env()?,
         Some(metric_exporter_from_env()?),
-        Resource::builder().build(),
-        None,
+        PipelineOptions::default(),
     )
 }
 
@@ -234,28 +233,74 @@ pub fn init_from_env() -> Result<OtlpGuard, OtlpError> {
 pub fn init_with_exporter<E: SdkSpanExporter + 'static>(
     exporter: E,
 ) -> Result<OtlpGuard, OtlpError> {
-    init_with_exporters::<E, MetricExporter>(exporter, None, Resource::builder().build(), None)
+    init_with_exporters::<E, MetricExporter>(exporter, None, PipelineOptions::default())
 }
 
-/// As [`init_from_env`] with any span exporter, any metric exporter when
-/// given (read by a periodic reader every `metric_interval`, or when `None`
-/// every `OTEL_METRIC_EXPORT_INTERVAL` ms, default 60 s; the meter provider
-/// is installed globally), and the resource both providers report
-/// (`Resource::builder().build()` reads `OTEL_SERVICE_NAME` and
-/// `OTEL_RESOURCE_ATTRIBUTES`).
+/// Options of [`init_with_exporters`].
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct PipelineOptions {
+    resource: Resource,
+    metric_interval: Option<Duration>,
+    default_log_level: String,
+}
+
+impl Default for PipelineOptions {
+    fn default() -> Self {
+        Self {
+            resource: Resource::builder().build(),
+            metric_interval: None,
+            default_log_level: "warn".to_owned(),
+        }
+    }
+}
+
+impl PipelineOptions {
+    /// The resource both providers report. Default:
+    /// `Resource::builder().build()` (reads `OTEL_SERVICE_NAME` and
+    /// `OTEL_RESOURCE_ATTRIBUTES`).
+    pub fn resource(mut self, resource: Resource) -> Self {
+        self.resource = resource;
+        self
+    }
+
+    /// How often the periodic reader exports metrics. Default: `None`, i.e.
+    /// `OTEL_METRIC_EXPORT_INTERVAL` ms, else the SDK's 60 s.
+    pub fn metric_interval(mut self, interval: Option<Duration>) -> Self {
+        self.metric_interval = interval;
+        self
+    }
+
+    /// The stderr log layer's filter when `RUST_LOG` is unset (an
+    /// `EnvFilter` directive such as `warn` or `off`; `off` also silences
+    /// this crate's pool advice lines). Default: `warn`.
+    pub fn default_log_level(mut self, directive: impl Into<String>) -> Self {
+        self.default_log_level = directive.into();
+        self
+    }
+}
+
+/// As [`init_from_env`] with any span exporter and, when given, any metric
+/// exporter (read by a periodic reader; the meter provider is installed
+/// globally), set up as `options` say (resource, metric interval, default
+/// log level).
 ///
 /// # Errors
 /// [`OtlpError::SubscriberAlreadySet`].
 pub fn init_with_exporters<E, M>(
     exporter: E,
     metrics: Option<M>,
-    resource: Resource,
-    metric_interval: Option<Duration>,
+    options: PipelineOptions,
 ) -> Result<OtlpGuard, OtlpError>
 where
     E: SdkSpanExporter + 'static,
     M: PushMetricExporter,
 {
+    let PipelineOptions {
+        resource,
+        metric_interval,
+        default_log_level,
+    } = options;
     let meter_provider = metrics.map(|m| {
         SdkMeterProvider::builder()
             .with_resource(resource.clone())
@@ -272,7 +317,8 @@ where
     opentelemetry::global::set_text_map_propagator(
         opentelemetry_sdk::propagation::TraceContextPropagator::new(),
     );
-    let log_filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("warn"));
+    let log_filter = EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| EnvFilter::new(default_log_level.as_str()));
     tracing_subscriber::registry()
         .with(tracing_layer(&provider))
         .with(

@@ -166,7 +166,7 @@ impl Lab {
 /// # Errors
 /// When the embedded server, the client or the span pipeline cannot start.
 pub(crate) async fn run(args: DemoArgs) -> anyhow::Result<ExitCode> {
-    let telemetry = Telemetry::init(Some(args.traces_out.clone()))?;
+    let telemetry = Telemetry::init(Some(args.traces_out.clone()), args.quiet)?;
     // The handle is built after the pipeline (it takes the global meter
     // provider) and outlives the final flush, so the last metric
     // collection still has its gauges.

@@ -126,7 +126,7 @@ pub(crate) async fn run(args: LabArgs) -> anyhow::Result<ExitCode> {
     let Some(scenario) = Scenario::from_name(name) else {
         anyhow::bail!("unknown scenario {name:?}; the scenarios are: {}", names());
     };
-    let telemetry = Telemetry::init_capturing(args.traces_out.clone())?;
+    let telemetry = Telemetry::init_capturing(args.traces_out.clone(), false)?;
     let mut lab = Lab {
         scenario,
         rtt_ms: args.rtt_ms,

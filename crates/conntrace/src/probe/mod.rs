@@ -139,7 +139,7 @@ pub(crate) async fn run(args: ProbeArgs) -> anyhow::Result<ExitCode> {
             args.client.address_order.as_str()
         );
     }
-    let telemetry = Telemetry::init(args.traces_out.clone())?;
+    let telemetry = Telemetry::init(args.traces_out.clone(), false)?;
     let trace = ConnTrace::builder().on_request_end(CaptureReports).build();
 
     let mut modes = Vec::new();
