@@ -10,7 +10,7 @@ use reqwest_conntrace::{AddressOrder, ConnTrace, TlsSettings};
 use reqwest_middleware::ClientWithMiddleware;
 use url::Url;
 
-use crate::resolve::{self, ResolveEntry};
+use crate::resolve::{self, PinnedResolver, ResolveEntry};
 
 /// HTTP version policy.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -76,17 +76,20 @@ pub(crate) struct ClientOptions {
     pub(crate) cacert: Option<PathBuf>,
 
     /// Connect to these addresses for HOST:PORT instead of asking DNS
-    /// (curl's syntax; IPv6 in brackets; addresses tried in the given order;
-    /// repeatable; an entry whose HOST:PORT differs from the URL's is
-    /// ignored with a warning). [default: none]
+    /// (curl's syntax; IPv6 in brackets; repeatable; an entry whose
+    /// HOST:PORT differs from the URL's is ignored with a warning). A static
+    /// resolver answers the name with the addresses in the given order, so
+    /// the connect's dns.lookup span exists (~0 ms), --address-order applies
+    /// and a fallback to a later address shows (address_fallback,
+    /// tcp.address_skipped). [default: none]
     #[arg(long, value_name = "HOST:PORT:ADDR[,ADDR...]", value_parser = resolve::parse)]
     pub(crate) resolve: Vec<ResolveEntry>,
 
     /// The order the resolved addresses are tried in: keep (the resolver's),
     /// ipv4-first or ipv6-first (the other family stays the Happy Eyeballs
     /// fallback, 300 ms later). Where IPv6 drops SYNs, ipv4-first avoids the
-    /// fallback delay (incident 4). Applies to DNS answers, not to --resolve
-    /// addresses, which are tried in the order given.
+    /// fallback delay (incident 4). Applies to DNS answers and to --resolve
+    /// addresses alike.
     #[arg(long, value_enum, value_name = "ORDER", default_value_t = AddressOrderArg::Keep)]
     pub(crate) address_order: AddressOrderArg,
 
@@ -190,9 +193,6 @@ impl ClientSpec {
         let mut builder = reqwest::Client::builder()
             .timeout(self.timeout)
             .user_agent(concat!("conntrace/", env!("CARGO_PKG_VERSION")));
-        for entry in &self.resolve {
-            builder = builder.resolve_to_addrs(&entry.host, &entry.socket_addrs());
-        }
         builder = match self.http {
             HttpPolicy::Auto => builder,
             HttpPolicy::Http1 => builder.http1_only(),
@@ -205,6 +205,12 @@ impl ClientSpec {
             .tls(self.tls.clone())
             .connect_timeout(self.timeout)
             .address_order(self.address_order);
+        // Pinned names through the instrumented resolver (not reqwest's
+        // overrides, which bypass it): the lookup, the address order and
+        // the fallback stay visible.
+        if !self.resolve.is_empty() {
+            instrumented = instrumented.dns_resolver(PinnedResolver::new(&self.resolve));
+        }
         if let Some(k) = self.pool_max_idle_per_host {
             instrumented = instrumented.pool_max_idle_per_host(k);
         }

@@ -1,8 +1,18 @@
 //! `--resolve HOST:PORT:ADDR[,ADDR...]`: curl's syntax for pinning a host
-//! name to addresses, applied through reqwest's `resolve_to_addrs`.
+//! name to addresses, answered by [`PinnedResolver`], a static resolver
+//! handed to the instrumented client's `dns_resolver`. Unlike reqwest's
+//! `resolve_to_addrs` overrides (which bypass the resolver), the pinned
+//! answers go through the library's resolver wrapper: the `dns.lookup` span
+//! (~0 ms) records them, `--address-order` reorders them, and the connect's
+//! address fallback (`http.connection.address_fallback`,
+//! `tcp.address_skipped`) is visible.
 
+use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
 
+use reqwest::dns::{Addrs, Name, Resolve, Resolving};
+use reqwest_conntrace::SystemResolver;
 use url::Url;
 
 /// One parsed `--resolve` entry.
@@ -24,13 +34,58 @@ impl ResolveEntry {
         };
         host.eq_ignore_ascii_case(&self.host) && url.port_or_known_default() == Some(self.port)
     }
+}
 
-    /// The socket addresses to hand to reqwest, in the given order.
-    pub(crate) fn socket_addrs(&self) -> Vec<SocketAddr> {
-        self.addrs
-            .iter()
-            .map(|ip| SocketAddr::new(*ip, self.port))
-            .collect()
+/// A resolver answering the `--resolve` host names from their entries, the
+/// addresses in the order given (like a DNS server returning those records);
+/// every other name goes to the system resolver ([`SystemResolver`]).
+#[derive(Debug, Clone, Default)]
+pub(crate) struct PinnedResolver {
+    /// Lower-cased host name to its addresses, in order.
+    names: Arc<HashMap<String, Vec<IpAddr>>>,
+    /// The resolver for names without an entry.
+    system: SystemResolver,
+}
+
+impl PinnedResolver {
+    /// A resolver answering the hosts of `entries` (entries naming the same
+    /// host add their addresses after the earlier ones').
+    pub(crate) fn new(entries: &[ResolveEntry]) -> Self {
+        let mut names: HashMap<String, Vec<IpAddr>> = HashMap::new();
+        for e in entries {
+            let addrs = names.entry(e.host.to_ascii_lowercase()).or_default();
+            for a in &e.addrs {
+                if !addrs.contains(a) {
+                    addrs.push(*a);
+                }
+            }
+        }
+        Self {
+            names: Arc::new(names),
+            system: SystemResolver,
+        }
+    }
+
+    /// The pinned addresses of `host`, if it has an entry.
+    fn lookup(&self, host: &str) -> Option<Vec<IpAddr>> {
+        self.names.get(&host.to_ascii_lowercase()).cloned()
+    }
+}
+
+impl Resolve for PinnedResolver {
+    fn resolve(&self, name: Name) -> Resolving {
+        match self.lookup(name.as_str()) {
+            // Port 0: hyper-util puts the URL's port in (and the entry's
+            // port is the URL's: entries for other ports are dropped).
+            Some(addrs) => Box::pin(std::future::ready(Ok(Box::new(
+                addrs
+                    .into_iter()
+                    .map(|ip| SocketAddr::new(ip, 0))
+                    .collect::<Vec<_>>()
+                    .into_iter(),
+            ) as Addrs))),
+            None => self.system.resolve(name),
+        }
     }
 }
 
@@ -123,5 +178,26 @@ mod tests {
         assert!(parse("h:80:nope").is_err());
         assert!(parse(":80:1.2.3.4").is_err());
         assert!(parse("*:80:1.2.3.4").is_err());
+    }
+
+    #[tokio::test]
+    async fn pinned_names_answer_in_the_given_order() {
+        let entries = [
+            parse("Example.com:443:[::1],127.0.0.1").expect("entry"),
+            parse("example.com:443:10.0.0.1,127.0.0.1").expect("entry"),
+        ];
+        let resolver = PinnedResolver::new(&entries);
+        let name: Name = "EXAMPLE.com".parse().expect("name");
+        let addrs: Vec<SocketAddr> = resolver.resolve(name).await.expect("pinned").collect();
+        let want: Vec<SocketAddr> = ["[::1]:0", "127.0.0.1:0", "10.0.0.1:0"]
+            .iter()
+            .map(|a| a.parse().expect("addr"))
+            .collect();
+        assert_eq!(addrs, want);
+        // Other names go to the system resolver.
+        let name: Name = "localhost".parse().expect("name");
+        let addrs: Vec<SocketAddr> = resolver.resolve(name).await.expect("system").collect();
+        assert!(addrs.iter().all(|a| a.ip().is_loopback()), "{addrs:?}");
+        assert!(!addrs.is_empty());
     }
 }

@@ -69,7 +69,9 @@ pub(crate) struct RequestRow {
     pub(crate) tcp_ms: Option<f64>,
     /// TLS handshake (misses on https only).
     pub(crate) tls_ms: Option<f64>,
-    /// The connect fell back to a later resolved address (misses only).
+    /// The connect fell back to a later resolved address (misses only;
+    /// `None` also when no address list was known: an IP literal, or a
+    /// connect whose address choice the library could not explain).
     pub(crate) address_fallback: Option<bool>,
     /// Request start to response headers.
     pub(crate) ttfb_ms: Option<f64>,
@@ -160,7 +162,7 @@ impl RequestRow {
                 row.dns_skipped = setup.dns_skipped;
                 row.tcp_ms = Some(ms(setup.tcp));
                 row.tls_ms = setup.tls.map(ms);
-                row.address_fallback = Some(setup.address_fallback);
+                row.address_fallback = fallback_known(setup).then_some(setup.address_fallback);
             }
             row.tls_version = setup.tls_version.map(|v| v.as_str());
             row.tls_resumed = setup.tls_resumed;
@@ -204,6 +206,14 @@ impl RequestRow {
     pub(crate) fn failed(&self) -> bool {
         self.error.is_some()
     }
+}
+
+/// Whether the library could know if `setup`'s connect fell back to a later
+/// address: only when the resolver answered with an address list (not for an
+/// IP literal or a name pinned by reqwest's overrides). The library reports
+/// `address_fallback = false` in those cases too.
+fn fallback_known(setup: &reqwest_conntrace::ConnectionSetup) -> bool {
+    setup.dns_skipped.is_none() && !setup.dns_answers.is_empty()
 }
 
 /// The distinct connections that served `rows`, by id, with their setup cost.

