@@ -46,7 +46,10 @@ pub(crate) struct RequestRow {
     pub(crate) error: Option<String>,
     /// The library's `error.type` (also set for 4xx/5xx statuses).
     pub(crate) error_type: Option<String>,
-    /// Pool hit: the serving connection was ready before the request started.
+    /// The serving connection existed before the request started (the
+    /// library's `http.connection.reused`); not the same as a pool hit: a
+    /// request that waited for a busy connection is reused but a miss (see
+    /// [`pool_outcome`](Self::pool_outcome)).
     pub(crate) reused: Option<bool>,
     /// Why the request was not an idle hit (`http.connection.miss_reason`);
     /// `null` on an idle hit or a failed request.
@@ -184,15 +187,17 @@ impl RequestRow {
     }
 
     /// How the request got its connection: `idle_hit` (an idle pooled
-    /// connection served it at once), `waited_for_busy` (no idle connection:
-    /// it waited for one that was busy or being set up by another request,
-    /// which in hyper-util's pool race also means it started a connect of
-    /// its own that went unused), `new_connection` (it waited for a new
-    /// connection); `None` when unknown (failed request).
+    /// connection served it at once: no wait and no miss reason),
+    /// `waited_for_busy` (no idle connection: it was served by a connection
+    /// that was busy or being set up by another request, after waiting for
+    /// it or with a miss reason from the library, which in hyper-util's pool
+    /// race also means it started a connect of its own that went unused),
+    /// `new_connection` (it waited for a new connection); `None` when
+    /// unknown (failed request).
     pub(crate) fn pool_outcome(&self) -> Option<&'static str> {
         match (self.reused?, self.wait_ms?) {
             (false, _) => Some("new_connection"),
-            (true, w) if w > 0.0 => Some("waited_for_busy"),
+            (true, w) if w > 0.0 || self.miss_reason.is_some() => Some("waited_for_busy"),
             (true, _) => Some("idle_hit"),
         }
     }

@@ -52,7 +52,7 @@ pub(crate) struct PhaseSummary {
     /// Misses served by a new connection (library: `reused = false`).
     pub(crate) misses_new_connection: usize,
     /// Misses served by a connection another call had in use or was
-    /// setting up (library: `reused = true`, `wait > 0`).
+    /// setting up (library: `reused = true` with `wait > 0` or a miss reason).
     pub(crate) misses_waited_for_busy: usize,
     /// `pool_misses / (pool_misses + pool_hits)`.
     pub(crate) miss_ratio: f64,

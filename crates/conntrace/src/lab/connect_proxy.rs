@@ -87,7 +87,7 @@ pub(super) async fn run(lab: &mut Lab) -> anyhow::Result<Outcome> {
     let hits = tunnel
         .requests
         .iter()
-        .filter(|r| r.reused == Some(true))
+        .filter(|r| r.reused == Some(true) && r.miss_reason.is_none())
         .count();
     let proxy_port = i64::from(proxy.addr().port());
     let reproduced = match setup {

@@ -144,7 +144,7 @@ pub(super) async fn run(lab: &mut Lab) -> anyhow::Result<Outcome> {
     let hits = shared
         .requests
         .iter()
-        .filter(|r| r.reused == Some(true))
+        .filter(|r| r.reused == Some(true) && r.miss_reason.is_none())
         .count();
     let findings = vec![
         format!(

@@ -20,10 +20,16 @@ pub(crate) struct ModeTotals {
     pub(crate) succeeded: usize,
     /// Requests that failed.
     pub(crate) failed: usize,
-    /// Requests served by a connection that was ready before they started.
+    /// Idle hits: requests served at once by an idle pooled connection
+    /// (no miss reason, no wait).
     pub(crate) pool_hits: usize,
-    /// Requests that waited for a new connection.
+    /// Requests that found no idle connection (they have a miss reason):
+    /// those that waited for a new connection and those that waited for a
+    /// busy one.
     pub(crate) pool_misses: usize,
+    /// Of the misses, those served by a connection another request was
+    /// using or setting up (`reused = true` with a wait or a miss reason).
+    pub(crate) misses_waited_for_busy: usize,
     /// Distinct connections that served the requests (all opened in this mode).
     pub(crate) new_connections: usize,
     /// Of those, connections whose TLS handshake resumed a session.
@@ -64,8 +70,12 @@ impl ModeTotals {
             requests: rows.len(),
             succeeded: rows.iter().filter(|r| !r.failed()).count(),
             failed: rows.iter().filter(|r| r.failed()).count(),
-            pool_hits: rows.iter().filter(|r| r.reused == Some(true)).count(),
-            pool_misses: rows.iter().filter(|r| r.reused == Some(false)).count(),
+            pool_hits: rows.iter().filter(|r| r.pool_miss() == Some(false)).count(),
+            pool_misses: rows.iter().filter(|r| r.pool_miss() == Some(true)).count(),
+            misses_waited_for_busy: rows
+                .iter()
+                .filter(|r| r.pool_outcome() == Some("waited_for_busy"))
+                .count(),
             new_connections: conns.len(),
             tls_resumed_connections: conns
                 .values()

@@ -70,8 +70,8 @@ fn print_mode(mode: &ModeReport) {
     println!("mode {}: {what}", mode.mode);
     let mut table = new_table(
         &[
-            "#", "dns ms", "tcp ms", "tls ms", "wait ms", "ttfb ms", "total ms", "reused", "conn",
-            "TLS", "resumed", "status",
+            "#", "dns ms", "tcp ms", "tls ms", "wait ms", "ttfb ms", "total ms", "reused", "miss",
+            "conn", "TLS", "resumed", "status",
         ],
         1,
     );
@@ -85,6 +85,7 @@ fn print_mode(mode: &ModeReport) {
             fmt_ms(r.ttfb_ms),
             fmt_ms(Some(r.total_ms)),
             fmt_bool(r.reused).to_owned(),
+            r.miss_reason.unwrap_or("-").to_owned(),
             r.connection_id.map_or("-".to_owned(), |c| format!("#{c}")),
             r.tls_version.unwrap_or("-").to_owned(),
             fmt_bool(r.tls_resumed).to_owned(),
@@ -102,13 +103,21 @@ fn print_mode(mode: &ModeReport) {
         .as_ref()
         .map_or((None, None), |d| (Some(d.p50), Some(d.p99)));
     println!(
-        "totals: {} request(s), {} failed; {} new connection(s) ({} TLS resumed); {} pool hit(s), {} miss(es)",
+        "totals: {} request(s), {} failed; {} new connection(s) ({} TLS resumed); {} idle pool hit(s), {} miss(es){}",
         t.requests,
         t.failed,
         t.new_connections,
         t.tls_resumed_connections,
         t.pool_hits,
-        t.pool_misses
+        t.pool_misses,
+        if t.misses_waited_for_busy > 0 {
+            format!(
+                " ({} waited for a busy connection)",
+                t.misses_waited_for_busy
+            )
+        } else {
+            String::new()
+        }
     );
     if t.address_fallbacks > 0 {
         println!(

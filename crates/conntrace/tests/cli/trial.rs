@@ -166,3 +166,66 @@ async fn probe_resolve_goes_through_the_instrumented_resolver() {
     assert_eq!(r["dns_skipped"], "ip_literal", "{r}");
     assert!(r["address_fallback"].is_null(), "{r}");
 }
+
+/// Hits and misses: a request served by a busy connection it waited for
+/// (reused = true with a miss reason) is a miss, not a hit. Waves of 4 over
+/// HTTP/1.1 with one idle connection kept, through a 50 ms RTT: in the
+/// second wave one request takes the idle connection and finishes long
+/// before the others' new connections are ready, so a waiter gets it.
+#[tokio::test]
+async fn probe_counts_a_wait_for_a_busy_connection_as_a_miss() {
+    let served = serve(&["--rtt-ms", "50"]).await;
+    let ca = served.ca.to_str().expect("utf-8 path").to_owned();
+    let args = [
+        served.url.as_str(),
+        "--cacert",
+        &ca,
+        "--mode",
+        "reuse",
+        "--http1",
+        "-n",
+        "8",
+        "-c",
+        "4",
+        "--pool-max-idle-per-host",
+        "1",
+    ];
+    let json = probe_json(&args).await;
+    let mode = &json["modes"][0];
+    let rows = mode["requests"].as_array().expect("requests");
+    let has_reason = |r: &&Value| !r["miss_reason"].is_null();
+    let idle_hit =
+        |r: &&Value| r["reused"] == true && r["miss_reason"].is_null() && r["wait_ms"] == 0.0;
+    let waited = rows
+        .iter()
+        .filter(|r| r["reused"] == true && has_reason(r))
+        .count();
+    assert!(
+        waited > 0,
+        "no request waited for a busy connection: {rows:?}"
+    );
+    let totals = &mode["totals"];
+    assert_eq!(totals["pool_hits"], rows.iter().filter(idle_hit).count());
+    assert_eq!(
+        totals["pool_misses"],
+        rows.iter().filter(has_reason).count()
+    );
+    assert_eq!(totals["misses_waited_for_busy"], waited);
+    assert_eq!(
+        totals["pool_hits"].as_u64().expect("hits")
+            + totals["pool_misses"].as_u64().expect("misses"),
+        totals["succeeded"].as_u64().expect("succeeded")
+    );
+    // The table shows each miss reason and the same counts.
+    let mut cmd = conntrace();
+    cmd.arg("probe").args(args);
+    let out = run(cmd).await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("all_busy"), "{text}");
+    assert!(text.contains(" miss "), "a miss column: {text}");
+    assert!(
+        text.contains("waited for a busy connection"),
+        "the totals line names them: {text}"
+    );
+}
