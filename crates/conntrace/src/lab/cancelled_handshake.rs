@@ -57,7 +57,7 @@ fn cancelled_in_tls(run: &RunView, setup_error: &str) -> Result<(), String> {
 
 /// Runs the scenario.
 pub(super) async fn run(lab: &mut Lab) -> anyhow::Result<Outcome> {
-    let rtt = lab.rtt(200);
+    let rtt = lab.rtt();
     // The ClientHello reaches the server 1.5 RTT after the connect (the
     // proxy charges the TCP handshake's RTT there) and its answer is back at
     // 2 RTT: 1.25 RTT is mid-handshake.

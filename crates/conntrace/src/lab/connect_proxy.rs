@@ -26,7 +26,7 @@ const FORWARDED: usize = 3;
 
 /// Runs the scenario.
 pub(super) async fn run(lab: &mut Lab) -> anyhow::Result<Outcome> {
-    let n = lab.requests(20);
+    let n = lab.requests();
     let pki = net::pki(HOST)?;
     let server = TestServer::builder()
         .tls(&pki)
@@ -105,6 +105,11 @@ pub(super) async fn run(lab: &mut Lab) -> anyhow::Result<Outcome> {
             c.proxy_connect.len()
         )),
         Some(_) if tunnels != 1 => Err(format!("the proxy opened {tunnels} tunnels")),
+        // The tunnel's reuse is the signal: every request after the first.
+        Some(_) if hits == 0 || hits != n - 1 => Err(format!(
+            "{hits} of {n} request(s) reused the tunnel (expected {})",
+            n - 1
+        )),
         Some(_) => Ok(()),
     };
     let mut findings = vec![format!(

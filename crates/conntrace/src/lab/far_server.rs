@@ -110,9 +110,9 @@ fn setup_ms(run: &RunView, resumed: bool) -> Option<f64> {
 
 /// Runs the scenario.
 pub(super) async fn run(lab: &mut Lab) -> anyhow::Result<Outcome> {
-    let rtt = lab.rtt(150);
+    let rtt = lab.rtt();
     let rtt_ms = rtt.as_secs_f64() * 1e3;
-    let n = lab.requests(3);
+    let n = lab.requests();
     let trace = ConnTrace::new();
     let mut runs = Vec::new();
     for version in ["1.2", "1.3"] {
@@ -227,8 +227,21 @@ pub(super) async fn run(lab: &mut Lab) -> anyhow::Result<Outcome> {
         if !f.resumption && resumed > 0 {
             problems.push(format!("{}: {resumed} resumed without resumption", f.name));
         }
-        if f.resumption && !f.pooled && n > 1 && resumed == 0 {
+        // The signals themselves: a resumed handshake where resumption is
+        // on, and idle hits on the pooled connection.
+        if f.resumption && !f.pooled && resumed == 0 {
             problems.push(format!("{}: no handshake resumed", f.name));
+        }
+        let hits = v
+            .requests
+            .iter()
+            .filter(|r| r.reused == Some(true) && r.miss_reason.is_none())
+            .count();
+        if f.pooled && (hits == 0 || hits != n - 1) {
+            problems.push(format!(
+                "{}: {hits} idle hit(s) of {n} request(s) on the pooled connection",
+                f.name
+            ));
         }
         views.push(v);
     }

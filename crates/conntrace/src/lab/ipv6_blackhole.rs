@@ -82,7 +82,7 @@ fn connects(run: &RunView) -> (usize, usize, f64, f64) {
 
 /// Runs the scenario.
 pub(super) async fn run(lab: &mut Lab) -> anyhow::Result<Outcome> {
-    let n = lab.requests(8);
+    let n = lab.requests();
     let pki = net::pki(HOST)?;
     let (server, blackhole) = net::same_port(
         || async {

@@ -34,6 +34,17 @@ mod view;
 
 pub(crate) use runner::{LabArgs, run};
 
+/// How many requests per run a scenario takes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct RequestCount {
+    /// Without `--requests`.
+    pub(crate) default: u32,
+    /// The fewest that can reproduce the scenario.
+    pub(crate) min: u32,
+    /// Why fewer cannot show it (the end of the error line).
+    pub(crate) why: &'static str,
+}
+
 /// The scenarios, in `--list` order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Scenario {
@@ -125,6 +136,39 @@ impl Scenario {
                 "a request timeout (and a connect timeout) fires mid TLS handshake: the abandoned connect's spans end cancelled / timeout, the next request is a miss"
             }
         }
+    }
+
+    /// The default `--rtt-ms` of a scenario that emulates a round-trip
+    /// time; `None` for the others, which reject `--rtt-ms`.
+    pub(crate) fn default_rtt_ms(self) -> Option<u64> {
+        match self {
+            Scenario::FarServer => Some(150),
+            Scenario::CancelledHandshake => Some(200),
+            _ => None,
+        }
+    }
+
+    /// The default and the smallest `--requests` of a scenario whose request
+    /// count is a parameter, the smallest being the fewest requests whose
+    /// spans can still show what the scenario replays; `None` for the
+    /// others, which reject `--requests`.
+    pub(crate) fn requests(self) -> Option<RequestCount> {
+        let (default, min, why) = match self {
+            Scenario::FarServer => (
+                3,
+                2,
+                "a second request is what reuses a connection or resumes a TLS session",
+            ),
+            Scenario::Ipv6Blackhole => (8, 1, "one fetch shows the fallback"),
+            Scenario::NewClient => (
+                5,
+                2,
+                "the first request is cold, new_client misses start at the second",
+            ),
+            Scenario::ConnectProxy => (20, 2, "the tunnel is reused from the second request on"),
+            _ => return None,
+        };
+        Some(RequestCount { default, min, why })
     }
 
     /// The scenario named `name`, if any.

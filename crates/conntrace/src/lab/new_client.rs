@@ -56,7 +56,7 @@ fn record(run: &mut RunView, before: [u64; 3], after: [u64; 3]) {
 
 /// Runs the scenario.
 pub(super) async fn run(lab: &mut Lab) -> anyhow::Result<Outcome> {
-    let n = lab.requests(5);
+    let n = lab.requests();
     let pki = net::pki(HOST)?;
     let server = TestServer::builder()
         .tls(&pki)
@@ -111,7 +111,19 @@ pub(super) async fn run(lab: &mut Lab) -> anyhow::Result<Outcome> {
         .count();
     let new_client = count(&per_request, semconv::MISS_REASON_NEW_CLIENT);
     let cold = count(&per_request, semconv::MISS_REASON_COLD);
-    let reproduced = if per_request.requests.len() != n {
+    let hits = shared
+        .requests
+        .iter()
+        .filter(|r| r.reused == Some(true) && r.miss_reason.is_none())
+        .count();
+    // The signal itself must be there: at least one new_client miss, and a
+    // shared client that reused its connection.
+    let reproduced = if new_client == 0 {
+        Err(format!(
+            "no request missed with new_client ({} request span(s))",
+            per_request.requests.len()
+        ))
+    } else if per_request.requests.len() != n {
         Err(format!(
             "{} request spans for {n} requests",
             per_request.requests.len()
@@ -130,6 +142,11 @@ pub(super) async fn run(lab: &mut Lab) -> anyhow::Result<Outcome> {
         Err(format!(
             "{full} of {n} handshakes were full (tls.resumed = false)"
         ))
+    } else if shared.connections.len() != 1 || hits != n - 1 {
+        Err(format!(
+            "the shared client opened {} connection(s) and had {hits} idle hit(s) of {n}",
+            shared.connections.len()
+        ))
     } else {
         Ok(())
     };
@@ -141,11 +158,6 @@ pub(super) async fn run(lab: &mut Lab) -> anyhow::Result<Outcome> {
             .iter()
             .filter_map(|c| c.tls.as_ref().map(|t| t.ms)),
     );
-    let hits = shared
-        .requests
-        .iter()
-        .filter(|r| r.reused == Some(true) && r.miss_reason.is_none())
-        .count();
     let findings = vec![
         format!(
             "a new client per request: {n} request(s), {} new connection(s), miss reasons {cold} cold + {new_client} new_client",

@@ -32,17 +32,19 @@ pub(crate) struct LabArgs {
     pub(crate) scenario: Option<String>,
 
     /// List the scenarios, one line each, and exit.
-    #[arg(long)]
+    #[arg(long, conflicts_with_all = ["scenario", "rtt_ms", "requests", "traces_out"])]
     pub(crate) list: bool,
 
     /// Emulated round-trip time to the far server, ms (far-server: default
-    /// 150; cancelled-handshake: default 200). Shorter runs faster.
+    /// 150; cancelled-handshake: default 200; the other scenarios take no
+    /// --rtt-ms). Shorter runs faster.
     #[arg(long, value_name = "MS",
           value_parser = clap::value_parser!(u64).range(1..=2_000))]
     pub(crate) rtt_ms: Option<u64>,
 
-    /// Requests per run (far-server: 3, new-client: 5, connect-proxy: 20,
-    /// ipv6-blackhole: parallel fetches, 8).
+    /// Requests per run (far-server: default 3, at least 2; new-client: 5,
+    /// at least 2; connect-proxy: 20, at least 2; ipv6-blackhole: parallel
+    /// fetches, 8; the other scenarios take no --requests).
     #[arg(long, value_name = "N",
           value_parser = clap::value_parser!(u32).range(1..=200))]
     pub(crate) requests: Option<u32>,
@@ -69,14 +71,20 @@ pub(crate) struct Lab {
 }
 
 impl Lab {
-    /// The emulated RTT: `--rtt-ms`, else `default_ms`.
-    pub(crate) fn rtt(&self, default_ms: u64) -> Duration {
-        Duration::from_millis(self.rtt_ms.unwrap_or(default_ms))
+    /// The emulated RTT: `--rtt-ms`, else the scenario's default.
+    pub(crate) fn rtt(&self) -> Duration {
+        Duration::from_millis(
+            self.rtt_ms
+                .or(self.scenario.default_rtt_ms())
+                .unwrap_or_default(),
+        )
     }
 
-    /// Requests per run: `--requests`, else `default`.
-    pub(crate) fn requests(&self, default: usize) -> usize {
-        self.requests.map_or(default, |n| n as usize)
+    /// Requests per run: `--requests`, else the scenario's default.
+    pub(crate) fn requests(&self) -> usize {
+        self.requests
+            .or(self.scenario.requests().map(|r| r.default))
+            .unwrap_or(1) as usize
     }
 
     /// The span a run's requests are children of (attribute
@@ -126,6 +134,7 @@ pub(crate) async fn run(args: LabArgs) -> anyhow::Result<ExitCode> {
     let Some(scenario) = Scenario::from_name(name) else {
         anyhow::bail!("unknown scenario {name:?}; the scenarios are: {}", names());
     };
+    check_parameters(scenario, &args)?;
     let telemetry = Telemetry::init_capturing(args.traces_out.clone(), false)?;
     let mut lab = Lab {
         scenario,
@@ -194,6 +203,31 @@ pub(crate) async fn run(args: LabArgs) -> anyhow::Result<ExitCode> {
         true,
         report.telemetry.error.as_deref(),
     ))
+}
+
+/// Refuses `--rtt-ms` and `--requests` where the scenario ignores them, and
+/// a `--requests` too small to show what the scenario replays.
+///
+/// # Errors
+/// One line naming the scenario and the parameter (and the minimum).
+fn check_parameters(scenario: Scenario, args: &LabArgs) -> anyhow::Result<()> {
+    let name = scenario.name();
+    if args.rtt_ms.is_some() && scenario.default_rtt_ms().is_none() {
+        anyhow::bail!("{name} takes no --rtt-ms");
+    }
+    if let Some(n) = args.requests {
+        let Some(count) = scenario.requests() else {
+            anyhow::bail!("{name} takes no --requests");
+        };
+        if n < count.min {
+            anyhow::bail!(
+                "{name} needs --requests {} or more (got {n}): {}",
+                count.min,
+                count.why
+            );
+        }
+    }
+    Ok(())
 }
 
 /// `--list`: one line per scenario, or JSON.

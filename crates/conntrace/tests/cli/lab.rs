@@ -197,6 +197,63 @@ async fn lab_unknown_scenario_gets_one_line_and_exit_1() {
     }
 }
 
+/// Parameters that make reproduction impossible or that a scenario ignores
+/// are refused up front, one line each: a --requests below the scenario's
+/// minimum names the minimum; --rtt-ms and --requests where the scenario
+/// has no use for them name the scenario and the option.
+#[tokio::test]
+async fn lab_refuses_parameters_it_cannot_use() {
+    for (args, expect) in [
+        (
+            &["new-client", "--requests", "1"][..],
+            "new-client needs --requests 2 or more",
+        ),
+        (
+            &["far-server", "--requests", "1"][..],
+            "far-server needs --requests 2 or more",
+        ),
+        (
+            &["connect-proxy", "--requests", "1"][..],
+            "connect-proxy needs --requests 2 or more",
+        ),
+        (
+            &["idle-expired", "--rtt-ms", "5"][..],
+            "idle-expired takes no --rtt-ms",
+        ),
+        (
+            &["dns-queue", "--requests", "3"][..],
+            "dns-queue takes no --requests",
+        ),
+        (
+            &["new-client", "--rtt-ms", "5"][..],
+            "new-client takes no --rtt-ms",
+        ),
+        (
+            &["cancelled-handshake", "--requests", "2"][..],
+            "cancelled-handshake takes no --requests",
+        ),
+    ] {
+        let mut cmd = conntrace();
+        cmd.arg("lab").args(args).arg("--json");
+        let out = run(cmd).await;
+        assert_one_line_error(&out, expect);
+        assert!(out.stdout.is_empty(), "{args:?}: nothing ran");
+    }
+}
+
+/// The smallest accepted --requests still reproduces, from the spans.
+#[tokio::test]
+async fn lab_minimum_requests_still_reproduce() {
+    for scenario in ["new-client", "connect-proxy"] {
+        let ran = lab(&[scenario, "--requests", "2"]).await;
+        assert_eq!(
+            ran.json["reproduced"], true,
+            "{scenario}: {}",
+            ran.json["not_reproduced_because"]
+        );
+    }
+}
+
 /// Incident 3, at 40 ms RTT: a connection per request is a miss every time
 /// with TLS 1.2 costing 3 RTT of setup and TLS 1.3 2 RTT; TLS 1.2
 /// resumption saves one; resumed counts match the servers'; pooled runs set
