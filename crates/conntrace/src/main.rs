@@ -29,7 +29,8 @@ mod telemetry;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use clap::{Parser, Subcommand};
+use clap::error::ErrorKind;
+use clap::{CommandFactory as _, Parser, Subcommand};
 
 /// Shows, per HTTP request, whether it reused a pooled connection or paid
 /// for a new one, and what each new connection's DNS, TCP and TLS phases cost.
@@ -66,7 +67,10 @@ enum Command {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(err) => return argument_error(&err),
+    };
     // A panic is a bug: say so in one line instead of a backtrace.
     std::panic::set_hook(Box::new(|info| {
         let what = info
@@ -115,5 +119,86 @@ fn main() -> ExitCode {
             eprintln!("error: {}", error::anyhow_line(&e));
             ExitCode::FAILURE
         }
+    }
+}
+
+/// Reports a command-line parsing failure. `--help`, `--version` and the
+/// help shown for a missing subcommand are clap's own, unchanged; any other
+/// argument error becomes one line, `error: <clap's message> (<tip>); see
+/// conntrace <subcommand> --help`, with exit status 2.
+fn argument_error(err: &clap::Error) -> ExitCode {
+    let code = u8::try_from(err.exit_code()).unwrap_or(2);
+    if matches!(
+        err.kind(),
+        ErrorKind::DisplayHelp
+            | ErrorKind::DisplayVersion
+            | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand
+    ) {
+        let _ = err.print();
+        return ExitCode::from(code);
+    }
+    eprintln!(
+        "error: {}; see {} --help",
+        one_line_clap_message(&err.render().to_string()),
+        command_path()
+    );
+    ExitCode::from(2)
+}
+
+/// clap's rendered error as one line: its first paragraph (the message,
+/// with the argument list some messages put on the lines after it) and its
+/// tips in parentheses; the usage lines are left out.
+fn one_line_clap_message(rendered: &str) -> String {
+    let mut paragraphs = rendered.split("\n\n");
+    let message = paragraphs.next().unwrap_or_default();
+    let message = error::one_line(message.trim().trim_start_matches("error:"));
+    let tips: Vec<String> = rendered
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("tip:"))
+        .map(error::one_line)
+        .collect();
+    if tips.is_empty() {
+        message
+    } else {
+        format!("{message} ({})", tips.join("; "))
+    }
+}
+
+/// `conntrace` and, when the command line names one, the subcommand.
+fn command_path() -> String {
+    let command = Cli::command();
+    let sub = std::env::args().skip(1).find_map(|a| {
+        command
+            .get_subcommands()
+            .find(|s| s.get_name() == a)
+            .map(|s| s.get_name().to_owned())
+    });
+    match sub {
+        Some(sub) => format!("conntrace {sub}"),
+        None => "conntrace".to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn clap_errors_become_one_line() {
+        let rendered = "error: the following required arguments were not provided:\n  <URL>\n\nUsage: conntrace probe <URL>\n\nFor more information, try '--help'.\n";
+        assert_eq!(
+            one_line_clap_message(rendered),
+            "the following required arguments were not provided: <URL>"
+        );
+        let rendered = "error: unrecognized subcommand 'prob'\n\n  tip: a similar subcommand exists: 'probe'\n\nUsage: conntrace <COMMAND>\n";
+        assert_eq!(
+            one_line_clap_message(rendered),
+            "unrecognized subcommand 'prob' (a similar subcommand exists: 'probe')"
+        );
+    }
+
+    #[test]
+    fn the_command_line_is_valid() {
+        Cli::command().debug_assert();
     }
 }

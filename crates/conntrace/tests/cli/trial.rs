@@ -10,7 +10,7 @@ use reqwest_conntrace::semconv;
 use serde_json::Value;
 use tokio::io::{AsyncBufReadExt as _, BufReader};
 
-use super::{conntrace, named, run, stderr};
+use super::{assert_one_line_error, conntrace, named, run, stderr};
 
 /// A running `conntrace serve` (killed on drop).
 struct Served {
@@ -228,4 +228,72 @@ async fn probe_counts_a_wait_for_a_busy_connection_as_a_miss() {
         text.contains("waited for a busy connection"),
         "the totals line names them: {text}"
     );
+}
+
+/// Every argument error is one `error:` line pointing at the subcommand's
+/// help, exit status 2; --help and --version are clap's, unchanged.
+#[tokio::test]
+async fn argument_errors_are_one_line_with_exit_2() {
+    for (args, expect, help) in [
+        (
+            &["probe", "http://x/", "--requests", "0"][..],
+            "invalid value '0' for '--requests <n>'",
+            "see conntrace probe --help",
+        ),
+        (
+            &["probe"][..],
+            "required arguments were not provided: <url>",
+            "see conntrace probe --help",
+        ),
+        (
+            &["prob"][..],
+            "a similar subcommand exists: 'probe'",
+            "see conntrace --help",
+        ),
+        (
+            &["lab", "--list", "bogus"][..],
+            "'--list' cannot be used with",
+            "see conntrace lab --help",
+        ),
+        (
+            &["demo", "--rate", "0"][..],
+            "invalid value '0' for '--rate",
+            "see conntrace demo --help",
+        ),
+        (
+            &["probe", "http://x/", "--http1", "--http2"][..],
+            "'--http1' cannot be used with '--http2'",
+            "see conntrace probe --help",
+        ),
+    ] {
+        let mut cmd = conntrace();
+        cmd.args(args);
+        let out = run(cmd).await;
+        assert_one_line_error(&out, expect);
+        assert_one_line_error(&out, help);
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        assert!(out.stdout.is_empty(), "{args:?}");
+    }
+    let mut cmd = conntrace();
+    cmd.arg("--version");
+    let out = run(cmd).await;
+    assert!(out.status.success());
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        format!("conntrace {}\n", env!("CARGO_PKG_VERSION"))
+    );
+    let mut cmd = conntrace();
+    cmd.args(["probe", "--help"]);
+    let out = run(cmd).await;
+    assert!(out.status.success());
+    let help = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        help.contains("Usage: conntrace probe [OPTIONS] <URL>"),
+        "{help}"
+    );
+    assert!(
+        help.contains("conntrace probe --json"),
+        "the schema: {help}"
+    );
+    assert_eq!(stderr(&out), "");
 }
