@@ -26,11 +26,13 @@ pub(crate) struct ServeArgs {
 
     /// Emulated round-trip time in ms, through a delaying TCP proxy in front
     /// of the server (0: no proxy).
-    #[arg(long, value_name = "MS", default_value_t = 0)]
+    #[arg(long, value_name = "MS", default_value_t = 0,
+          value_parser = clap::value_parser!(u64).range(0..=10_000))]
     pub(crate) rtt_ms: u64,
 
     /// Server think time added to every response, ms.
-    #[arg(long, value_name = "MS", default_value_t = 0)]
+    #[arg(long, value_name = "MS", default_value_t = 0,
+          value_parser = clap::value_parser!(u64).range(0..=10_000))]
     pub(crate) delay_ms: u64,
 
     /// TLS versions accepted.
@@ -41,8 +43,8 @@ pub(crate) struct ServeArgs {
     #[arg(long, value_enum, default_value_t = HttpArg::Both)]
     pub(crate) http: HttpArg,
 
-    /// Plain HTTP instead of HTTPS.
-    #[arg(long)]
+    /// Plain HTTP instead of HTTPS (so no TLS options).
+    #[arg(long, conflicts_with_all = ["tls", "no_resumption", "ca_out"])]
     pub(crate) plain: bool,
 
     /// Disable TLS session resumption on the server.

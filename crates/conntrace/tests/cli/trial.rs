@@ -261,6 +261,16 @@ async fn argument_errors_are_one_line_with_exit_2() {
             "see conntrace demo --help",
         ),
         (
+            &["serve", "--plain", "--tls", "1.2"][..],
+            "'--plain' cannot be used with '--tls <tls>'",
+            "see conntrace serve --help",
+        ),
+        (
+            &["serve", "--rtt-ms", "20000"][..],
+            "20000 is not in 0..=10000",
+            "see conntrace serve --help",
+        ),
+        (
             &["probe", "http://x/", "--http1", "--http2"][..],
             "'--http1' cannot be used with '--http2'",
             "see conntrace probe --help",
