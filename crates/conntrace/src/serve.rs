@@ -86,7 +86,9 @@ pub(crate) enum HttpArg {
     Both,
 }
 
-/// Runs the server until Ctrl-C.
+/// Runs the server until Ctrl-C. Prints the URL to use on the first line
+/// (`https://localhost:PORT/`, or the bracketed address when bound to IPv6),
+/// then the CA file and, for IPv6, the `--resolve` that reaches it by name.
 ///
 /// # Errors
 /// When the server or proxy cannot start or the CA file cannot be written.
@@ -132,15 +134,24 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
     };
     let addr = proxy.as_ref().map_or(server.addr(), DelayProxy::addr);
     let scheme = if args.plain { "http" } else { "https" };
+    // The certificate covers localhost, 127.0.0.1 and ::1. Bound to IPv6,
+    // the URL names the address: `localhost` may resolve to 127.0.0.1 only.
     let host = match (args.plain, addr.ip()) {
-        (false, _) => "localhost".to_owned(),
+        (_, IpAddr::V6(ip)) => format!("[{ip}]"),
+        (false, IpAddr::V4(_)) => "localhost".to_owned(),
         (true, IpAddr::V4(ip)) => ip.to_string(),
-        (true, IpAddr::V6(ip)) => format!("[{ip}]"),
     };
     let mut out = std::io::stdout();
     writeln!(out, "{scheme}://{host}:{}/", addr.port())?;
     if !args.plain {
         writeln!(out, "ca: {}", args.ca_out.display())?;
+    }
+    if let IpAddr::V6(ip) = addr.ip() {
+        writeln!(
+            out,
+            "by name: {scheme}://localhost:{port}/ --resolve localhost:{port}:[{ip}]",
+            port = addr.port()
+        )?;
     }
     if let Some(p) = &proxy {
         writeln!(

@@ -307,3 +307,34 @@ async fn argument_errors_are_one_line_with_exit_2() {
     );
     assert_eq!(stderr(&out), "");
 }
+
+/// `serve --bind ::1` prints a URL that reaches it (the bracketed address,
+/// not `localhost`, which may resolve to 127.0.0.1 only), and the probe
+/// succeeds against it as printed; so does the `--resolve` it suggests.
+#[tokio::test]
+async fn serve_on_ipv6_prints_a_url_that_reaches_it() {
+    let served = serve(&["--bind", "::1"]).await;
+    let p = served.port;
+    assert_eq!(served.url, format!("https://[::1]:{p}/"));
+    let ca = served.ca.to_str().expect("utf-8 path").to_owned();
+    let json = probe_json(&[&served.url, "--cacert", &ca, "-n", "1", "--mode", "fresh"]).await;
+    assert_eq!(json["modes"][0]["requests"][0]["status"], 200);
+    let by_name = format!("https://localhost:{p}/");
+    let pin = format!("localhost:{p}:[::1]");
+    let json = probe_json(&[
+        &by_name,
+        "--resolve",
+        &pin,
+        "--cacert",
+        &ca,
+        "-n",
+        "1",
+        "--mode",
+        "fresh",
+    ])
+    .await;
+    assert_eq!(
+        json["modes"][0]["requests"][0]["peer_address"],
+        format!("[::1]:{p}")
+    );
+}
