@@ -47,6 +47,43 @@ pub(crate) fn otlp_endpoint() -> Option<String> {
     .find(|v| !v.trim().is_empty())
 }
 
+/// The endpoint variables the OTLP exporters read.
+const ENDPOINT_VARIABLES: [&str; 3] = [
+    "OTEL_EXPORTER_OTLP_ENDPOINT",
+    "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+    "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT",
+];
+
+/// Checks every set OTLP endpoint variable: an `http://` or `https://` URL
+/// with a host. (The exporter would otherwise take `not-a-url` for a host
+/// name and complain about https.)
+///
+/// # Errors
+/// One line naming the variable and its value.
+pub(crate) fn check_endpoints() -> anyhow::Result<()> {
+    for key in ENDPOINT_VARIABLES {
+        let Ok(value) = std::env::var(key) else {
+            continue;
+        };
+        if value.trim().is_empty() {
+            continue;
+        }
+        check_endpoint(key, &value)?;
+    }
+    Ok(())
+}
+
+/// Checks one endpoint value; see [`check_endpoints`].
+fn check_endpoint(key: &str, value: &str) -> anyhow::Result<()> {
+    let valid = url::Url::parse(value.trim()).is_ok_and(|u| {
+        matches!(u.scheme(), "http" | "https") && u.host_str().is_some_and(|h| !h.is_empty())
+    });
+    if !valid {
+        anyhow::bail!("{key} {value:?} is not an http:// URL (e.g. http://localhost:4317)");
+    }
+    Ok(())
+}
+
 /// Whether the environment variable `key` is set to a non-empty value.
 fn env_set(key: &str) -> bool {
     std::env::var_os(key).is_some_and(|v| !v.is_empty())
@@ -93,9 +130,11 @@ impl Telemetry {
     /// stderr (the library's pool advice among them) unless `RUST_LOG` is set.
     ///
     /// # Errors
-    /// When the exporter cannot be built or a tracing subscriber exists.
+    /// When an OTLP endpoint variable is not an http(s) URL, the exporter
+    /// cannot be built or a tracing subscriber exists.
     pub(crate) fn init(traces_out: Option<PathBuf>, quiet: bool) -> anyhow::Result<Self> {
         if let Some(endpoint) = otlp_endpoint() {
+            check_endpoints()?;
             let (spans, metrics) = otlp_exporters()
                 .with_context(|| format!("cannot set up OTLP export to {endpoint}"))?;
             let guard = otlp::init_with_exporters(spans, Some(metrics), pipeline_options(quiet))?;
@@ -146,6 +185,7 @@ impl Telemetry {
         let store = SpanStore::default();
         let memory = MemoryExporter::new(store.clone());
         if let Some(endpoint) = otlp_endpoint() {
+            check_endpoints()?;
             let (spans, metrics) = otlp_exporters()
                 .with_context(|| format!("cannot set up OTLP export to {endpoint}"))?;
             let tee = Tee {
@@ -408,4 +448,37 @@ fn otlp_exporters() -> anyhow::Result<(SpanExporter, MetricExporter)> {
     }
     .context("invalid OTLP metric exporter settings")?;
     Ok((spans, metrics))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn endpoints_must_be_http_urls_with_a_host() {
+        let key = "OTEL_EXPORTER_OTLP_ENDPOINT";
+        for ok in [
+            "http://localhost:4317",
+            "https://collector.example:4318/",
+            "http://[::1]:4317",
+        ] {
+            assert!(check_endpoint(key, ok).is_ok(), "{ok}");
+        }
+        for bad in [
+            "not-a-url",
+            "localhost:4317",
+            "grpc://x:4317",
+            "http://",
+            "file:///tmp/x",
+        ] {
+            let err = check_endpoint(key, bad).map_err(|e| e.to_string());
+            assert_eq!(
+                err,
+                Err(format!(
+                    "{key} {bad:?} is not an http:// URL (e.g. http://localhost:4317)"
+                )),
+                "{bad}"
+            );
+        }
+    }
 }

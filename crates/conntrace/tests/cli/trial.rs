@@ -338,3 +338,30 @@ async fn serve_on_ipv6_prints_a_url_that_reaches_it() {
         format!("[::1]:{p}")
     );
 }
+
+/// An OTLP endpoint that is not an http(s) URL is named in one line before
+/// anything runs; an https one keeps the exporter's own message (no TLS
+/// support built in).
+#[tokio::test]
+async fn a_bad_otlp_endpoint_is_named() {
+    let mut cmd = conntrace();
+    cmd.args(["probe", "http://127.0.0.1:1/", "-n", "1"])
+        .env("OTEL_EXPORTER_OTLP_ENDPOINT", "not-a-url");
+    let out = run(cmd).await;
+    assert_one_line_error(&out, "");
+    assert_eq!(
+        stderr(&out).trim(),
+        "error: OTEL_EXPORTER_OTLP_ENDPOINT \"not-a-url\" is not an http:// URL (e.g. http://localhost:4317)"
+    );
+    let mut cmd = conntrace();
+    cmd.args(["lab", "idle-expired"])
+        .env("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "localhost:4317");
+    assert_one_line_error(
+        &run(cmd).await,
+        "otel_exporter_otlp_traces_endpoint \"localhost:4317\" is not an http:// url",
+    );
+    let mut cmd = conntrace();
+    cmd.args(["probe", "http://127.0.0.1:1/", "-n", "1"])
+        .env("OTEL_EXPORTER_OTLP_ENDPOINT", "https://localhost:4317");
+    assert_one_line_error(&run(cmd).await, "no tls feature");
+}
