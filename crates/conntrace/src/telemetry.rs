@@ -25,7 +25,7 @@ use opentelemetry_sdk::trace::{SpanData, SpanExporter as SdkSpanExporter};
 use reqwest_conntrace::otlp::{self, OtlpError, OtlpGuard};
 use serde::Serialize;
 
-use crate::export::{MemoryExporter, MetricStore, SpanStore};
+use crate::export::{MemoryExporter, MetricStore, OutputFile, SpanStore};
 
 /// Export timeout used when no `OTEL_EXPORTER_OTLP_*TIMEOUT` is set.
 pub(crate) const DEFAULT_EXPORT_TIMEOUT: Duration = Duration::from_secs(3);
@@ -96,10 +96,11 @@ pub(crate) struct Telemetry {
     guard: Option<OtlpGuard>,
     /// The OTLP endpoint, when exporting over OTLP.
     endpoint: Option<String>,
-    /// The traces file and the spans to write into it.
-    file: Option<(PathBuf, SpanStore)>,
-    /// The metrics file and the metrics to write into it.
-    metrics_file: Option<(PathBuf, MetricStore)>,
+    /// The traces file (checked writable at the start) and the spans to
+    /// write into it.
+    file: Option<(OutputFile, SpanStore)>,
+    /// The metrics file beside it and the metrics to write into it.
+    metrics_file: Option<(OutputFile, MetricStore)>,
     /// Every exported span, kept in memory for the command to read back
     /// (`conntrace lab` prints its conclusions from them).
     capture: Option<SpanStore>,
@@ -148,6 +149,7 @@ impl Telemetry {
             });
         }
         if let Some(path) = traces_out {
+            let (traces, metrics) = output_files(&path)?;
             let store = SpanStore::default();
             let metric_store = MetricStore::default();
             let guard = otlp::init_with_exporters(
@@ -155,12 +157,11 @@ impl Telemetry {
                 Some(metric_store.clone()),
                 pipeline_options(quiet),
             )?;
-            let metrics_path = metrics_path_beside(&path);
             return Ok(Self {
                 guard: Some(guard),
                 endpoint: None,
-                file: Some((path, store)),
-                metrics_file: Some((metrics_path, metric_store)),
+                file: Some((traces, store)),
+                metrics_file: Some((metrics, metric_store)),
                 capture: None,
                 flush_error: None,
             });
@@ -205,17 +206,17 @@ impl Telemetry {
         let tee = Tee { memory, otlp: None };
         let (guard, file, metrics_file) = match traces_out {
             Some(path) => {
+                let (traces, metrics) = output_files(&path)?;
                 let metric_store = MetricStore::default();
                 let guard = otlp::init_with_exporters(
                     tee,
                     Some(metric_store.clone()),
                     pipeline_options(quiet),
                 )?;
-                let metrics_path = metrics_path_beside(&path);
                 (
                     guard,
-                    Some((path, store.clone())),
-                    Some((metrics_path, metric_store)),
+                    Some((traces, store.clone())),
+                    Some((metrics, metric_store)),
                 )
             }
             None => (
@@ -266,19 +267,9 @@ impl Telemetry {
                 (None, None) => "none",
             },
             otlp_endpoint: self.endpoint.clone(),
-            traces_file: self.file.as_ref().map(|(p, _)| {
-                std::path::absolute(p)
-                    .unwrap_or_else(|_| p.clone())
-                    .display()
-                    .to_string()
-            }),
+            traces_file: self.file.as_ref().map(|(f, _)| absolute(f.path())),
             spans_written: None,
-            metrics_file: self.metrics_file.as_ref().map(|(p, _)| {
-                std::path::absolute(p)
-                    .unwrap_or_else(|_| p.clone())
-                    .display()
-                    .to_string()
-            }),
+            metrics_file: self.metrics_file.as_ref().map(|(f, _)| absolute(f.path())),
             error: None,
         };
         let Some(guard) = self.guard else {
@@ -303,14 +294,14 @@ impl Telemetry {
                 None => crate::error::one_line(&format!("could not flush spans: {detail}")),
             });
         }
-        if let Some((path, store)) = self.file {
-            match store.write_json(&path) {
+        if let Some((mut file, store)) = self.file {
+            match store.write_json(&mut file) {
                 Ok(n) => report.spans_written = Some(n),
                 Err(e) => report.error = Some(crate::error::anyhow_line(&e)),
             }
         }
-        if let Some((path, store)) = self.metrics_file
-            && let Err(e) = store.write_json(&path)
+        if let Some((mut file, store)) = self.metrics_file
+            && let Err(e) = store.write_json(&mut file)
         {
             report.error = Some(crate::error::anyhow_line(&e));
         }
@@ -376,6 +367,25 @@ fn pipeline_options(quiet: bool) -> otlp::PipelineOptions {
 /// export a half-minute demo once, at its end).
 fn metric_interval() -> Option<Duration> {
     (!env_set("OTEL_METRIC_EXPORT_INTERVAL")).then_some(METRIC_EXPORT_INTERVAL)
+}
+
+/// `path` made absolute, for output.
+fn absolute(path: &std::path::Path) -> String {
+    std::path::absolute(path)
+        .unwrap_or_else(|_| path.to_path_buf())
+        .display()
+        .to_string()
+}
+
+/// The traces file at `traces` and the metrics file beside it, both checked
+/// writable now, before the run.
+///
+/// # Errors
+/// `cannot write traces file ...` (or metrics file) and why.
+fn output_files(traces: &std::path::Path) -> anyhow::Result<(OutputFile, OutputFile)> {
+    let file = OutputFile::create(traces, "traces")?;
+    let metrics = OutputFile::create(&metrics_path_beside(traces), "metrics")?;
+    Ok((file, metrics))
 }
 
 /// `<dir>/<stem>.metrics.json` beside the traces file `<dir>/<stem>.json`.

@@ -365,3 +365,61 @@ async fn a_bad_otlp_endpoint_is_named() {
         .env("OTEL_EXPORTER_OTLP_ENDPOINT", "https://localhost:4317");
     assert_one_line_error(&run(cmd).await, "no tls feature");
 }
+
+/// An unwritable --traces-out fails at the start, naming the file: the
+/// probe of a refused port never runs (its error would say "refused").
+#[tokio::test]
+async fn an_unwritable_traces_file_fails_before_the_run() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let traces = dir.path().join("no-such-dir").join("t.json");
+    let mut cmd = conntrace();
+    cmd.args(["probe", "http://127.0.0.1:1/", "-n", "1", "--traces-out"])
+        .arg(&traces);
+    let out = run(cmd).await;
+    assert_one_line_error(
+        &out,
+        &format!("cannot write traces file {}", traces.display()).to_lowercase(),
+    );
+    assert!(!stderr(&out).contains("refused"), "{}", stderr(&out));
+    // A directory where the file should be.
+    let mut cmd = conntrace();
+    cmd.args(["lab", "idle-expired", "--traces-out"])
+        .arg(dir.path());
+    assert_one_line_error(&run(cmd).await, "is a directory");
+}
+
+/// Two runs writing the same traces path at once: each renames a whole
+/// document into place, so the file (and the metrics beside it) parses,
+/// and no temporary file is left behind.
+#[tokio::test]
+async fn concurrent_runs_never_leave_a_corrupt_traces_file() {
+    let served = serve(&["--plain"]).await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let traces = dir.path().join("t.json");
+    let probe = |n: &str| {
+        let mut cmd = conntrace();
+        cmd.args(["probe", served.url.as_str(), "-n", n, "--traces-out"])
+            .arg(&traces);
+        run(cmd)
+    };
+    let (a, b) = tokio::join!(probe("20"), probe("3"));
+    assert!(a.status.success(), "{}", stderr(&a));
+    assert!(b.status.success(), "{}", stderr(&b));
+    let spans = conntrace_lab::spans_from_otlp_json(
+        &std::fs::read_to_string(&traces).expect("traces file"),
+    )
+    .expect("a whole OTLP JSON document");
+    // One run's spans, not a mix: fresh + reuse requests of 20 or of 3.
+    let requests = super::requests(&spans).len();
+    assert!(requests == 40 || requests == 6, "{requests} request spans");
+    conntrace_lab::metrics_from_otlp_json(
+        &std::fs::read_to_string(dir.path().join("t.metrics.json")).expect("metrics file"),
+    )
+    .expect("a whole OTLP JSON metrics document");
+    let mut names: Vec<String> = std::fs::read_dir(dir.path())
+        .expect("read dir")
+        .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    assert_eq!(names, ["t.json", "t.metrics.json"]);
+}
