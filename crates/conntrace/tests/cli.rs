@@ -424,6 +424,13 @@ async fn demo_replays_incident_2_and_writes_otlp_json() {
     let json: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
     let phases = json["phases"].as_array().expect("phases");
     assert_eq!(phases.len(), 2);
+    // Each phase names its own URL: one delay-proxy port per phase.
+    let urls: Vec<&str> = phases
+        .iter()
+        .map(|p| p["url"].as_str().expect("phase url"))
+        .collect();
+    assert_ne!(urls[0], urls[1], "two hosts");
+    assert_eq!(json["config"]["urls"], serde_json::json!(urls));
     let small = phases[0]["miss_ratio"].as_f64().expect("ratio");
     let right = phases[1]["miss_ratio"].as_f64().expect("ratio");
     assert!(small > right, "small pool {small} vs right-sized {right}");

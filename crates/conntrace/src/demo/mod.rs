@@ -61,11 +61,12 @@ pub(crate) struct DemoArgs {
     pub(crate) warmup: f64,
 
     /// Idle-pool size (pool_max_idle_per_host) of the first phase: smaller
-    /// than the in-flight concurrency.
+    /// than the in-flight concurrency; at least 1 and below --right-pool.
     #[arg(long, value_name = "K", default_value_t = 2)]
     pub(crate) small_pool: usize,
 
-    /// Idle-pool size of the second phase: at least the in-flight concurrency.
+    /// Idle-pool size of the second phase: at least the in-flight
+    /// concurrency; above --small-pool.
     #[arg(long, value_name = "K", default_value_t = 10)]
     pub(crate) right_pool: usize,
 
@@ -166,6 +167,7 @@ impl Lab {
 /// # Errors
 /// When the embedded server, the client or the span pipeline cannot start.
 pub(crate) async fn run(args: DemoArgs) -> anyhow::Result<ExitCode> {
+    check_pools(&args)?;
     let telemetry = Telemetry::init(Some(args.traces_out.clone()), args.quiet)?;
     // The handle is built after the pipeline (it takes the global meter
     // provider) and outlives the final flush, so the last metric
@@ -222,6 +224,22 @@ pub(crate) async fn run(args: DemoArgs) -> anyhow::Result<ExitCode> {
     ))
 }
 
+/// The demo compares a small idle pool with a larger one: `1 <= --small-pool
+/// < --right-pool`.
+///
+/// # Errors
+/// One line naming both values.
+fn check_pools(args: &DemoArgs) -> anyhow::Result<()> {
+    if args.small_pool < 1 || args.small_pool >= args.right_pool {
+        anyhow::bail!(
+            "--small-pool must be at least 1 and below --right-pool (got --small-pool {} and --right-pool {})",
+            args.small_pool,
+            args.right_pool
+        );
+    }
+    Ok(())
+}
+
 /// Starts the lab and runs both phases.
 async fn run_phases(
     args: &DemoArgs,
@@ -244,11 +262,18 @@ async fn run_phases(
         small_pool: args.small_pool,
         right_pool: args.right_pool,
         url: lab.urls[0].to_string(),
+        urls: lab.urls.iter().map(ToString::to_string).collect(),
     };
     if !args.json && !args.quiet {
         eprintln!(
-            "conntrace demo: {} fan-outs/s x {} batch calls against {} ({} ms RTT, {} ms per response), {} s per phase",
-            args.rate, load.batches, lab.urls[0], args.rtt_ms, args.server_delay_ms, args.duration
+            "conntrace demo: {} fan-outs/s x {} batch calls against {} (small-pool) then {} (right-pool), one service behind two delay-proxy ports ({} ms RTT, {} ms per response), {} s per phase",
+            args.rate,
+            load.batches,
+            lab.urls[0],
+            lab.urls[1],
+            args.rtt_ms,
+            args.server_delay_ms,
+            args.duration
         );
     }
     let tls = TlsSettings::new()
@@ -303,7 +328,15 @@ async fn run_phases(
             .into_iter()
             .find(|a| a.server_port == proxy_addr.port())
             .map(|a| a.to_string());
-        phases.push(PhaseSummary::new(name, pool, &load, &run, accepted, advice));
+        phases.push(PhaseSummary::new(
+            name,
+            url.to_string(),
+            pool,
+            &load,
+            &run,
+            accepted,
+            advice,
+        ));
     }
     Ok((config, phases))
 }

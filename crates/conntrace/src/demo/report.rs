@@ -37,6 +37,10 @@ pub(crate) struct BatchIndexStats {
 pub(crate) struct PhaseSummary {
     /// `small-pool` or `right-pool`.
     pub(crate) name: &'static str,
+    /// The URL the phase's calls went to: the service through the phase's
+    /// own delay-proxy port, so each phase is its own host (`server.port`)
+    /// in the metrics and the pool advice.
+    pub(crate) url: String,
     /// The client's idle-pool size per host.
     pub(crate) pool_max_idle_per_host: usize,
     /// Fan-outs (user requests) run.
@@ -152,6 +156,7 @@ impl PhaseSummary {
     /// Summarizes `run`.
     pub(crate) fn new(
         name: &'static str,
+        url: String,
         pool: usize,
         load: &Load,
         run: &PhaseRun,
@@ -209,6 +214,7 @@ impl PhaseSummary {
         let fanouts_with_miss = run.fanouts.iter().filter(|f| f.misses > 0).count();
         PhaseSummary {
             name,
+            url,
             pool_max_idle_per_host: pool,
             fanouts: run.fanouts.len(),
             calls: run.calls.len(),
@@ -276,8 +282,12 @@ pub(crate) struct DemoConfig {
     pub(crate) small_pool: usize,
     /// Idle-pool size of the second phase.
     pub(crate) right_pool: usize,
-    /// The URL the batch calls go to (the delay proxy in front of the server).
+    /// The first phase's URL (see `urls`).
     pub(crate) url: String,
+    /// The URL of each phase, in order: the same service behind two delay
+    /// proxies, one port per phase, so each phase is its own host in the
+    /// metrics and the pool advice.
+    pub(crate) urls: Vec<String>,
 }
 
 /// Small pool versus right-sized pool.

@@ -135,8 +135,15 @@ pub(crate) fn print(report: &DemoReport) {
         "conntrace demo: incident 2, a fan-out whose idle pool is smaller than its in-flight concurrency"
     );
     println!(
-        "  service: {} (HTTP/1.1 over TLS, {} ms per response) behind a {} ms RTT loopback delay proxy",
-        c.url, c.server_delay_ms, c.rtt_ms
+        "  service: HTTP/1.1 over TLS, {} ms per response, behind a {} ms RTT loopback delay proxy with one port per phase (each phase its own host in the metrics and advice): {}",
+        c.server_delay_ms,
+        c.rtt_ms,
+        report
+            .phases
+            .iter()
+            .map(|p| format!("{} {}", p.name, p.url))
+            .collect::<Vec<_>>()
+            .join(", ")
     );
     println!(
         "  load: {} user requests/s, each a fan-out of {} concurrent batch calls; {} s measured per phase after {} s of warm-up",
@@ -150,8 +157,9 @@ pub(crate) fn print(report: &DemoReport) {
     println!();
     for p in &report.phases {
         println!(
-            "{} (pool_max_idle_per_host {}): miss ratio {:.0} %, peak in flight {} (measured part)",
+            "{} ({}, pool_max_idle_per_host {}): miss ratio {:.0} %, peak in flight {} (measured part)",
             p.name,
+            p.url,
             p.pool_max_idle_per_host,
             p.miss_ratio * 100.0,
             p.in_flight_peak

@@ -423,3 +423,27 @@ async fn concurrent_runs_never_leave_a_corrupt_traces_file() {
     names.sort();
     assert_eq!(names, ["t.json", "t.metrics.json"]);
 }
+
+/// The demo refuses pool sizes it cannot compare, before it starts.
+#[tokio::test]
+async fn demo_refuses_pools_it_cannot_compare() {
+    for (small, right) in [("0", "10"), ("5", "5"), ("8", "4")] {
+        let mut cmd = conntrace();
+        cmd.args([
+            "demo",
+            "--json",
+            "--small-pool",
+            small,
+            "--right-pool",
+            right,
+        ]);
+        let out = run(cmd).await;
+        assert_one_line_error(
+            &out,
+            &format!(
+                "--small-pool must be at least 1 and below --right-pool (got --small-pool {small} and --right-pool {right})"
+            ),
+        );
+        assert!(out.stdout.is_empty());
+    }
+}
