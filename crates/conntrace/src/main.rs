@@ -106,19 +106,45 @@ fn main() -> ExitCode {
     };
     let result = runtime.block_on(async move {
         match cli.command {
-            Command::Probe(args) => probe::run(args).await,
-            Command::Demo(args) => demo::run(args).await,
-            Command::Lab(args) => lab::run(args).await,
-            Command::Serve(args) => serve::run(args).await,
+            Command::Probe(args) => until_interrupted(probe::run(args)).await,
+            Command::Demo(args) => until_interrupted(demo::run(args)).await,
+            Command::Lab(args) => until_interrupted(lab::run(args)).await,
+            // serve runs until Ctrl-C by design and reports on it itself.
+            Command::Serve(args) => Some(serve::run(args).await),
         }
     });
     runtime.shutdown_timeout(Duration::from_secs(1));
     match result {
-        Ok(code) => code,
-        Err(e) => {
+        Some(Ok(code)) => code,
+        Some(Err(e)) => {
             eprintln!("error: {}", error::anyhow_line(&e));
             ExitCode::FAILURE
         }
+        None => ExitCode::from(INTERRUPTED),
+    }
+}
+
+/// Exit status of a run stopped by Ctrl-C: 128 + SIGINT, as a shell reports it.
+const INTERRUPTED: u8 = 130;
+
+/// Runs `run` until it ends or Ctrl-C arrives. On Ctrl-C: clears the
+/// progress bars, prints `error: interrupted`, drops the run (its traces
+/// files are not written) and returns `None`.
+async fn until_interrupted<F: Future>(run: F) -> Option<F::Output> {
+    let mut run = std::pin::pin!(run);
+    tokio::select! {
+        // Ctrl-C first: its handler is installed before the run starts.
+        biased;
+        signal = tokio::signal::ctrl_c() => {
+            if signal.is_err() {
+                // No signal handling here: just run to the end.
+                return Some(run.await);
+            }
+            progress::clear_all();
+            eprintln!("error: interrupted");
+            None
+        }
+        out = &mut run => Some(out),
     }
 }
 

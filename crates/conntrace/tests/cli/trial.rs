@@ -447,3 +447,79 @@ async fn demo_refuses_pools_it_cannot_compare() {
         assert!(out.stdout.is_empty());
     }
 }
+
+/// Sends SIGINT to `child` (as Ctrl-C does) and returns its output.
+async fn interrupt(child: tokio::process::Child) -> std::process::Output {
+    let pid = child.id().expect("running").to_string();
+    let status = std::process::Command::new("kill")
+        .args(["-INT", &pid])
+        .status()
+        .expect("kill runs");
+    assert!(status.success());
+    tokio::time::timeout(Duration::from_secs(20), child.wait_with_output())
+        .await
+        .expect("exits soon after Ctrl-C")
+        .expect("output")
+}
+
+/// Ctrl-C during demo, lab and probe: one line `error: interrupted` on
+/// stderr (after whatever the run had printed there), exit 130, nothing on
+/// stdout, and no traces file or temporary file left behind.
+#[tokio::test]
+async fn ctrl_c_is_one_line_and_exit_130() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let traces = dir.path().join("t.json");
+
+    // demo: interrupted once its start line is out (the handler is
+    // installed before the run starts).
+    let mut cmd = conntrace();
+    cmd.args(["demo", "--duration", "60", "--traces-out"])
+        .arg(&traces)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    let mut child = cmd.spawn().expect("demo starts");
+    let stderr_pipe = child.stderr.take().expect("stderr");
+    let mut lines = BufReader::new(stderr_pipe).lines();
+    let first = tokio::time::timeout(Duration::from_secs(30), lines.next_line())
+        .await
+        .expect("the demo's start line")
+        .expect("read")
+        .expect("a line");
+    assert!(first.starts_with("conntrace demo:"), "{first}");
+    let out = interrupt(child).await;
+    let mut rest = Vec::new();
+    while let Ok(Some(l)) = lines.next_line().await {
+        rest.push(l);
+    }
+    let errors: Vec<&String> = rest.iter().filter(|l| l.starts_with("error:")).collect();
+    assert_eq!(errors, ["error: interrupted"], "{rest:?}");
+    assert_eq!(rest.last().map(String::as_str), Some("error: interrupted"));
+    assert_eq!(out.status.code(), Some(130));
+    assert!(out.stdout.is_empty());
+
+    // lab and probe (against a server that takes 10 s to answer): nothing
+    // on stderr before the error line.
+    let served = serve(&["--plain", "--delay-ms", "10000"]).await;
+    for args in [
+        vec!["lab", "far-server"],
+        vec!["probe", served.url.as_str(), "-n", "1"],
+    ] {
+        let mut cmd = conntrace();
+        cmd.args(&args)
+            .arg("--traces-out")
+            .arg(&traces)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped());
+        let child = cmd.spawn().expect("starts");
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        let out = interrupt(child).await;
+        assert_eq!(stderr(&out), "error: interrupted\n", "{args:?}");
+        assert_eq!(out.status.code(), Some(130), "{args:?}");
+        assert!(out.stdout.is_empty(), "{args:?}");
+    }
+    let left: Vec<_> = std::fs::read_dir(dir.path())
+        .expect("read dir")
+        .map(|e| e.expect("entry").file_name())
+        .collect();
+    assert!(left.is_empty(), "{left:?}");
+}
