@@ -128,7 +128,8 @@ fn parse_url(text: &str) -> anyhow::Result<Url> {
 ///
 /// # Errors
 /// Bad arguments, a client that cannot be built, or a first request that
-/// fails (nothing to measure then).
+/// fails (nothing to measure then; with `--json` the document, holding that
+/// failed request, is printed first).
 pub(crate) async fn run(args: ProbeArgs) -> anyhow::Result<ExitCode> {
     let url = parse_url(&args.url)?;
     let tls = args.client.tls_settings()?;
@@ -137,7 +138,10 @@ pub(crate) async fn run(args: ProbeArgs) -> anyhow::Result<ExitCode> {
     let trace = ConnTrace::builder().on_request_end(CaptureReports).build();
 
     let mut modes = Vec::new();
+    // A client that could not be built: no report.
     let mut fatal = None;
+    // A first request that failed: the report so far, then this error.
+    let mut stopped = None;
     for mode in args.mode.modes() {
         let spec = ClientSpec {
             tls: tls.clone(),
@@ -171,20 +175,25 @@ pub(crate) async fn run(args: ProbeArgs) -> anyhow::Result<ExitCode> {
             .await;
         let wall = started.elapsed();
         drop(client);
-        if let Some(first) = rows.first().filter(|r| r.failed()) {
-            fatal = Some(anyhow::anyhow!(
+        let first_failed = rows.first().filter(|r| r.failed()).map(|first| {
+            anyhow::anyhow!(
                 "request 1 ({} mode) failed: {}",
                 mode.as_str(),
                 first.error.as_deref().unwrap_or("unknown error")
-            ));
-            break;
-        }
+            )
+        });
         modes.push(ModeReport::new(
             mode,
             spec.pool_max_idle_per_host,
             rows,
             wall,
         ));
+        // Nothing to measure when the very first request failed: stop, and
+        // report that request (in --json too) and the error.
+        if let Some(e) = first_failed {
+            stopped = Some(e);
+            break;
+        }
     }
 
     let telemetry = telemetry.finish().await;
@@ -195,6 +204,18 @@ pub(crate) async fn run(args: ProbeArgs) -> anyhow::Result<ExitCode> {
         return Err(e);
     }
     let report = ProbeReport::new(&url, &args, modes, telemetry);
+    if let Some(e) = stopped {
+        if args.json {
+            println!(
+                "{}",
+                serde_json::to_string_pretty(&report).context("cannot serialize the report")?
+            );
+        }
+        if let Some(t) = &report.telemetry.error {
+            eprintln!("error: {t}");
+        }
+        return Err(e);
+    }
     if args.json {
         println!(
             "{}",

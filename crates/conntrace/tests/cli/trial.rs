@@ -523,3 +523,34 @@ async fn ctrl_c_is_one_line_and_exit_130() {
         .collect();
     assert!(left.is_empty(), "{left:?}");
 }
+
+/// probe --json whose first request fails still prints the document, with
+/// the failure recorded; stderr has the one error line; exit 1.
+#[tokio::test]
+async fn probe_json_records_a_failed_first_request() {
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        l.local_addr().expect("addr").port()
+    };
+    let mut cmd = conntrace();
+    cmd.args([
+        "probe",
+        &format!("http://127.0.0.1:{port}/"),
+        "-n",
+        "3",
+        "--json",
+    ]);
+    let out = run(cmd).await;
+    assert_one_line_error(&out, "request 1 (fresh mode) failed: connection refused");
+    assert_eq!(out.status.code(), Some(1));
+    let json: Value = serde_json::from_slice(&out.stdout).expect("--json output is JSON");
+    assert_eq!(json["schema"], "conntrace.probe/v1");
+    let modes = json["modes"].as_array().expect("modes");
+    assert_eq!(modes.len(), 1, "stopped after the failing mode");
+    let requests = modes[0]["requests"].as_array().expect("requests");
+    assert_eq!(requests.len(), 1);
+    assert_eq!(requests[0]["error_type"], "connection_refused");
+    assert!(requests[0]["status"].is_null());
+    assert_eq!(json["failed_requests"], 1);
+    assert!(json["comparison"].is_null());
+}
