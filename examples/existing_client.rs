@@ -2,7 +2,7 @@
 //!
 //! The integration is four steps (marked 1-4 below): set up the OpenTelemetry
 //! pipeline, keep your builder with its options, hand it to
-//! [`ConnTrace::instrument`], and wrap the client with the conntrace
+//! [`ConnTrace::instrument_client`], and wrap the client with the conntrace
 //! middleware. Every request span then says whether it reused a pooled
 //! connection (`http.connection.reused`, `.wait_time`, `.idle_time`, ...) and
 //! every new connection is an `http.connection_setup` span with `dns.lookup`,
