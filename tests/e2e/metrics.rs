@@ -204,4 +204,22 @@ async fn metrics_count_hits_misses_and_connections_with_bounded_attributes() {
             .to_string()
             .contains("suggested pool_max_idle_per_host >= 4")
     );
+
+    // Dropping the client closes its pool: the kernel sees the sockets go,
+    // and the host's open-connection series reports 0 rather than vanishing.
+    drop(client);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let _ = t.metric(semconv::HTTP_CLIENT_OPEN_CONNECTIONS); // kernel sweep
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let after = t.metric(semconv::HTTP_CLIENT_OPEN_CONNECTIONS);
+    let idle_after: Vec<&Point> = after
+        .iter()
+        .filter(|p| {
+            p.get(semconv::SERVER_PORT) == Some(server_port.as_str())
+                && p.get(semconv::SERVER_ADDRESS) == Some("127.0.0.1")
+                && p.get(semconv::HTTP_CONNECTION_STATE) == Some("idle")
+        })
+        .collect();
+    assert_eq!(idle_after.len(), 1, "the series is still reported");
+    assert_eq!(idle_after[0].value, 0.0, "no connection open any more");
 }

@@ -77,6 +77,9 @@ pub(crate) struct Inner {
     pub(crate) metrics: Metrics,
     /// The kernel's view of sockets (sock_diag), one thread per handle.
     pub(crate) kernel: KernelView,
+    /// Attribute sets `http.client.open_connections` has reported, so a
+    /// set whose connections all closed reports 0 instead of vanishing.
+    open_sets: std::sync::Mutex<Vec<Vec<KeyValue>>>,
     clients_built: AtomicU64,
     pub(crate) clock: Clock,
     tracer: TracerSource,
@@ -194,6 +197,17 @@ impl Inner {
                 None => counts.push((attributes, 1)),
             }
         }
+        let mut seen = self.open_sets.lock().unwrap_or_else(|e| e.into_inner());
+        for (attributes, _) in &counts {
+            if !seen.contains(attributes) && seen.len() < MAX_OPEN_SETS {
+                seen.push(attributes.clone());
+            }
+        }
+        for attributes in seen.iter() {
+            if !counts.iter().any(|(a, _)| a == attributes) {
+                counts.push((attributes.clone(), 0));
+            }
+        }
         counts
     }
 
@@ -202,6 +216,9 @@ impl Inner {
         self.clients_built.fetch_add(1, Ordering::Relaxed);
     }
 }
+
+/// Most attribute sets remembered for reporting 0 open connections.
+const MAX_OPEN_SETS: usize = 4096;
 
 /// `server.address`, `server.port`, `url.scheme`, `network.protocol.version`
 /// of a connection (no peer address: bounded cardinality).
@@ -348,6 +365,7 @@ impl ConnTraceBuilder {
                 load: PoolLoad::new(self.advice_interval),
                 metrics: Metrics::new(&meter, weak.clone()),
                 kernel: KernelView::new(),
+                open_sets: std::sync::Mutex::new(Vec::new()),
                 clients_built: AtomicU64::new(0),
                 clock: Clock::new(),
                 tracer: self.tracer,
