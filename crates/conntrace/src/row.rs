@@ -165,7 +165,7 @@ impl RequestRow {
                 row.dns_skipped = setup.dns_skipped;
                 row.tcp_ms = Some(ms(setup.tcp));
                 row.tls_ms = setup.tls.map(ms);
-                row.address_fallback = fallback_known(setup).then_some(setup.address_fallback);
+                row.address_fallback = setup.address_fallback;
             }
             row.tls_version = setup.tls_version.map(|v| v.as_str());
             row.tls_resumed = setup.tls_resumed;
@@ -180,7 +180,7 @@ impl RequestRow {
                 tcp: setup.tcp,
                 tls: setup.tls,
                 tls_resumed: setup.tls_resumed,
-                address_fallback: setup.address_fallback,
+                address_fallback: setup.address_fallback == Some(true),
             });
         }
         row
@@ -211,14 +211,6 @@ impl RequestRow {
     pub(crate) fn failed(&self) -> bool {
         self.error.is_some()
     }
-}
-
-/// Whether the library could know if `setup`'s connect fell back to a later
-/// address: only when the resolver answered with an address list (not for an
-/// IP literal or a name pinned by reqwest's overrides). The library reports
-/// `address_fallback = false` in those cases too.
-fn fallback_known(setup: &reqwest_conntrace::ConnectionSetup) -> bool {
-    setup.dns_skipped.is_none() && !setup.dns_answers.is_empty()
 }
 
 /// The distinct connections that served `rows`, by id, with their setup cost.

@@ -64,9 +64,11 @@ pub struct ConnectionSetup {
     /// CONNECT round trip through the proxy (`proxy.connect` span); `None`
     /// when not tunneled.
     pub proxy_connect: Option<Duration>,
-    /// The address that connected was not the first one tried
-    /// (`http.connection.address_fallback`).
-    pub address_fallback: bool,
+    /// Whether the address that connected was not the first one tried
+    /// (`http.connection.address_fallback`); `None` when the connector's
+    /// address list is unknown (DNS skipped: an IP literal or a reqwest
+    /// `resolve` override; a proxy; a failed connect).
+    pub address_fallback: Option<bool>,
     /// Filled when the kernel answers (see [`tcp_facts`](Self::tcp_facts)).
     pub(crate) tcp_facts: Arc<OnceLock<TcpFacts>>,
 }

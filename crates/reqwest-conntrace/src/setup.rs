@@ -190,6 +190,7 @@ pub(crate) fn emit_phases(
         .filter(|t| tunneled && *t >= tcp_start);
     let mut tcp_duration = std::time::Duration::ZERO;
     let mut address_fallback = false;
+    let mut address_known = false;
     let mut tcp_pending = None;
     let tcp_facts = Arc::new(OnceLock::new());
     if !dns_failed {
@@ -228,6 +229,7 @@ pub(crate) fn emit_phases(
             }
         }
         if let Some(c) = &choice {
+            address_known = true;
             address_fallback = c.index > 0;
             attrs.push(KeyValue::new(
                 semconv::HTTP_CONNECTION_ADDRESS_INDEX,
@@ -502,7 +504,7 @@ pub(crate) fn emit_phases(
         http2: established.is_some_and(|e| e.http2),
         proxied: established.is_some_and(|e| e.proxied) || attempt.client.proxy.is_some(),
         proxy_connect: tunnel_duration,
-        address_fallback,
+        address_fallback: address_known.then_some(address_fallback),
         tcp_facts,
     };
     (setup, tcp_pending)
