@@ -5,13 +5,20 @@
 //!   no tracing subscriber installed (what a user pays before export is set up),
 //! - `instrumented_recording`: instrumented, with the tracing-opentelemetry
 //!   layer and an SDK tracer provider recording every span (no exporter, so
-//!   the network cost of export is not measured).
+//!   the network cost of export is not measured),
+//! - `instrumented_recording_metrics`: as above plus an SDK meter provider
+//!   aggregating every metric (a periodic reader whose hour-long interval
+//!   never fires during the run; the exporter discards).
 //!
 //! Run: `cargo bench -p reqwest-conntrace --bench overhead`.
 
 use std::sync::OnceLock;
 
 use conntrace_lab::TestServer;
+use opentelemetry_sdk::error::OTelSdkResult;
+use opentelemetry_sdk::metrics::data::ResourceMetrics;
+use opentelemetry_sdk::metrics::exporter::PushMetricExporter;
+use opentelemetry_sdk::metrics::{PeriodicReader, SdkMeterProvider, Temporality};
 use opentelemetry_sdk::trace::SdkTracerProvider;
 use reqwest_conntrace::{ConnTrace, otlp};
 use tracing_subscriber::layer::SubscriberExt;
@@ -93,4 +100,55 @@ fn instrumented_recording(bencher: divan::Bencher<'_, '_>) {
             r.bytes().await.expect("body")
         })
     });
+}
+
+#[divan::bench]
+fn instrumented_recording_metrics(bencher: divan::Bencher<'_, '_>) {
+    let f = fixture();
+    let provider = SdkTracerProvider::builder().build();
+    let meters = SdkMeterProvider::builder()
+        .with_reader(
+            PeriodicReader::builder(Discard)
+                .with_interval(std::time::Duration::from_secs(3600))
+                .build(),
+        )
+        .build();
+    let subscriber = tracing_subscriber::registry().with(otlp::tracing_layer(&provider));
+    let _guard = tracing::subscriber::set_default(subscriber);
+    let client = ConnTrace::builder()
+        .tracer_provider(&provider)
+        .meter_provider(&meters)
+        .build()
+        .instrument_client(reqwest::Client::builder())
+        .build_with_middleware()
+        .expect("client");
+    bencher.bench_local(|| {
+        f.runtime.block_on(async {
+            let r = client.get(&f.url).send().await.expect("ok");
+            r.bytes().await.expect("body")
+        })
+    });
+}
+
+/// A metric exporter that drops everything (the bench measures recording,
+/// not export).
+#[derive(Debug)]
+struct Discard;
+
+impl PushMetricExporter for Discard {
+    async fn export(&self, _metrics: &ResourceMetrics) -> OTelSdkResult {
+        Ok(())
+    }
+
+    fn force_flush(&self) -> OTelSdkResult {
+        Ok(())
+    }
+
+    fn shutdown_with_timeout(&self, _timeout: std::time::Duration) -> OTelSdkResult {
+        Ok(())
+    }
+
+    fn temporality(&self) -> Temporality {
+        Temporality::Cumulative
+    }
 }
