@@ -781,3 +781,69 @@ async fn request_failing_on_a_pooled_connection_names_that_connection() {
     assert!(idle >= 0.045, "idle for the 50 ms gap: {idle}");
     assert_eq!(t.setups().len(), 1, "no connect for the failed request");
 }
+
+/// HTTP/2 with no idle pooling (`pool_max_idle_per_host(0)`): hyper-util
+/// closes each connection once its last stream ends, so every later request
+/// is a miss with `all_busy` (the idle limit), never `closed_by_peer`.
+#[tokio::test]
+async fn http2_without_idle_pooling_misses_are_the_idle_limit_not_the_server() {
+    let t = telemetry();
+    let pki = TestPki::localhost().expect("pki");
+    // The server runs on its own runtime thread, as a remote server would:
+    // it then often closes its side right after hyper-util drops the
+    // connection, before our socket is gone, which the kernel view shows
+    // as a close by the peer (on the test's single thread it never does).
+    let (ready, addr) = std::sync::mpsc::channel();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<std::sync::mpsc::Sender<u64>>();
+    let server_pki = pki.clone();
+    let server_thread = std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .expect("server runtime");
+        rt.block_on(async move {
+            let server = tls_server(&server_pki, TlsVersions::Both, HttpVersions::Both).await;
+            ready.send(server.url("/")).expect("send url");
+            if let Ok(reply) = stopped.await {
+                let _ = reply.send(server.accepted_connections());
+            }
+        });
+    });
+    let url = addr.recv().expect("server url");
+    let client = t
+        .conntrace()
+        .instrument_client(reqwest::Client::builder())
+        .tls(trust(&pki))
+        .pool_max_idle_per_host(0)
+        .build_with_middleware()
+        .expect("client");
+    get_sequentially(&client, &url, 10).await;
+    let reasons: Vec<Option<String>> = t
+        .requests()
+        .iter()
+        .map(|r| str_attr(r, semconv::HTTP_CONNECTION_MISS_REASON))
+        .collect();
+    assert_eq!(reasons[0].as_deref(), Some(semconv::MISS_REASON_COLD));
+    for r in &reasons[1..] {
+        assert_eq!(
+            r.as_deref(),
+            Some(semconv::MISS_REASON_ALL_BUSY),
+            "{reasons:?}"
+        );
+    }
+    let (reply, accepted) = std::sync::mpsc::channel();
+    stop.send(reply).expect("server still running");
+    assert_eq!(
+        accepted.recv().expect("count"),
+        10,
+        "a connection per request"
+    );
+    server_thread.join().expect("server thread");
+    assert!(
+        t.requests()
+            .iter()
+            .all(|r| str_attr(r, semconv::NETWORK_PROTOCOL_VERSION).as_deref() == Some("2")),
+        "HTTP/2 throughout"
+    );
+}

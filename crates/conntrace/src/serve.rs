@@ -55,9 +55,12 @@ pub(crate) struct ServeArgs {
     #[arg(long, value_name = "MS", default_value_t = 0)]
     pub(crate) idle_timeout_ms: u64,
 
-    /// Where to write the test CA certificate (PEM) for --cacert.
-    #[arg(long, value_name = "PATH", default_value = "conntrace-lab-ca.pem")]
-    pub(crate) ca_out: PathBuf,
+    /// Where to write the test CA certificate (PEM) for --cacert, once the
+    /// server is listening (each server makes its own CA, so two servers
+    /// must not share the file). [default: conntrace-lab-ca-PORT.pem, PORT
+    /// being the printed URL's]
+    #[arg(long, value_name = "PATH")]
+    pub(crate) ca_out: Option<PathBuf>,
 }
 
 /// `--tls` values.
@@ -116,8 +119,6 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
     let pki = TestPki::localhost().context("cannot generate the test certificates")?;
     if !args.plain {
         builder = builder.tls(&pki);
-        std::fs::write(&args.ca_out, pki.ca_cert_pem())
-            .with_context(|| format!("cannot write {}", args.ca_out.display()))?;
     }
     let server = builder
         .start()
@@ -141,10 +142,21 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
         (false, IpAddr::V4(_)) => "localhost".to_owned(),
         (true, IpAddr::V4(ip)) => ip.to_string(),
     };
+    // Written only once the server listens (a server that failed to start
+    // leaves a running one's CA alone), via a temporary file and a rename.
+    let ca_path = (!args.plain).then(|| {
+        args.ca_out
+            .clone()
+            .unwrap_or_else(|| PathBuf::from(format!("conntrace-lab-ca-{}.pem", addr.port())))
+    });
+    if let Some(path) = &ca_path {
+        write_atomically(path, pki.ca_cert_pem().as_bytes())
+            .with_context(|| format!("cannot write {}", path.display()))?;
+    }
     let mut out = std::io::stdout();
     writeln!(out, "{scheme}://{host}:{}/", addr.port())?;
-    if !args.plain {
-        writeln!(out, "ca: {}", args.ca_out.display())?;
+    if let Some(path) = &ca_path {
+        writeln!(out, "ca: {}", path.display())?;
     }
     if let IpAddr::V6(ip) = addr.ip() {
         writeln!(
@@ -174,4 +186,20 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
         server.tls_resumed_handshakes()
     );
     Ok(ExitCode::SUCCESS)
+}
+
+/// Writes `bytes` to a temporary file beside `path` and renames it over
+/// `path`, so a reader never sees a half-written certificate.
+fn write_atomically(path: &std::path::Path, bytes: &[u8]) -> std::io::Result<()> {
+    let tmp = path.with_file_name(format!(
+        ".{}.tmp-{}",
+        path.file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default(),
+        std::process::id()
+    ));
+    std::fs::write(&tmp, bytes)?;
+    std::fs::rename(&tmp, path).inspect_err(|_| {
+        let _ = std::fs::remove_file(&tmp);
+    })
 }

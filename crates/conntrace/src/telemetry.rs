@@ -81,6 +81,13 @@ fn check_endpoint(key: &str, value: &str) -> anyhow::Result<()> {
     if !valid {
         anyhow::bail!("{key} {value:?} is not an http:// URL (e.g. http://localhost:4317)");
     }
+    // This build's exporters have no TLS: say so here rather than let the
+    // exporter suggest cargo features the user cannot enable.
+    if value.trim().starts_with("https://") {
+        anyhow::bail!(
+            "{key} {value:?}: https endpoints are not supported by this build; export to a local collector over http:// (e.g. http://localhost:4317, see docker-compose.yml) and let it forward over TLS"
+        );
+    }
     Ok(())
 }
 
@@ -467,13 +474,16 @@ mod tests {
     #[test]
     fn endpoints_must_be_http_urls_with_a_host() {
         let key = "OTEL_EXPORTER_OTLP_ENDPOINT";
-        for ok in [
-            "http://localhost:4317",
-            "https://collector.example:4318/",
-            "http://[::1]:4317",
-        ] {
+        for ok in ["http://localhost:4317", "http://[::1]:4317"] {
             assert!(check_endpoint(key, ok).is_ok(), "{ok}");
         }
+        let https = check_endpoint(key, "https://collector.example:4318/")
+            .map_err(|e| e.to_string())
+            .expect_err("no TLS in this build");
+        assert!(
+            https.contains("https endpoints are not supported"),
+            "{https}"
+        );
         for bad in [
             "not-a-url",
             "localhost:4317",

@@ -310,14 +310,7 @@ impl RequestEnd {
             match kind {
                 EndKind::Complete => {
                     record.mark_released(now);
-                    // Over the idle limit hyper closes it; that stays a
-                    // belief (the release order hyper saw may differ) until
-                    // the kernel confirms it or a response proves it wrong.
-                    if !record.http2()
-                        && let Some(host) = &record.host
-                    {
-                        self.inner.pools.on_released(host, record, now);
-                    }
+                    self.released_to_pool(record, now);
                 }
                 // An HTTP/1.1 response dropped mid-body cannot go back to the
                 // pool: hyper closes the connection.
@@ -325,7 +318,11 @@ impl RequestEnd {
                     record.mark_discarded(now);
                     self.inner.connection_closed(record, now);
                 }
-                _ => record.mark_released(now),
+                // HTTP/2: the stream ended, the connection lives on.
+                _ => {
+                    record.mark_released(now);
+                    self.released_to_pool(record, now);
+                }
             }
         }
         self.record_metrics(now);
@@ -351,6 +348,20 @@ impl RequestEnd {
 }
 
 impl RequestEnd {
+    /// The connection carries no request any more (HTTP/1.1: its response
+    /// ended; HTTP/2: its last open stream did): it goes back to the pool,
+    /// unless the client's idle pool for the host is full, in which case
+    /// hyper-util closes it. That stays a belief (the release order hyper
+    /// saw may differ) until the kernel confirms it or a response proves it
+    /// wrong.
+    fn released_to_pool(&self, record: &ConnectionRecord, now: Instant) {
+        if record.in_use() == 0
+            && let Some(host) = &record.host
+        {
+            self.inner.pools.on_released(host, record, now);
+        }
+    }
+
     fn record_metrics(&self, now: Instant) {
         let metrics = &self.inner.metrics;
         metrics.active_requests.add(-1, &self.base_attributes);

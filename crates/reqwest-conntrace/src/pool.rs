@@ -173,10 +173,10 @@ impl PoolHistory {
             .cloned()
     }
 
-    /// An HTTP/1.1 response on `record` ended with its body read: the
-    /// connection goes back to the pool, unless the client's idle pool for
-    /// the host is already full (`pool_max_idle_per_host`), in which case
-    /// hyper-util closes it.
+    /// `record` carries no request any more (an HTTP/1.1 body read to its
+    /// end, an HTTP/2 connection's last stream ended): it goes back to the
+    /// pool, unless the client's idle pool for the host is already full
+    /// (`pool_max_idle_per_host`), in which case hyper-util closes it.
     /// Returns `true` when it marked the connection over the limit.
     pub(crate) fn on_released(
         &self,
@@ -197,7 +197,6 @@ impl PoolHistory {
             .filter(|r| {
                 r.id() != record.id()
                     && r.client.id == record.client.id
-                    && !r.http2()
                     && r.in_use() == 0
                     && !r.is_discarded()
                     && !r.is_over_idle_limit()

@@ -113,9 +113,14 @@ impl ModeArg {
 
 /// Parses and checks the URL.
 fn parse_url(text: &str) -> anyhow::Result<Url> {
-    let url = Url::parse(text).with_context(|| format!("invalid URL {text:?}"))?;
+    let url = Url::parse(text)
+        .with_context(|| format!("invalid URL {text:?} (a URL starts with http:// or https://)"))?;
     match url.scheme() {
         "http" | "https" => {}
+        // `localhost:8443` parses with the scheme `localhost`.
+        _ if url.cannot_be_a_base() || !text.contains("://") => anyhow::bail!(
+            "invalid URL {text:?}: no http:// or https:// (did you mean https://{text}/?)"
+        ),
         other => anyhow::bail!("unsupported URL scheme {other:?} in {text:?}: use http or https"),
     }
     if url.host_str().is_none_or(str::is_empty) {

@@ -340,8 +340,7 @@ async fn serve_on_ipv6_prints_a_url_that_reaches_it() {
 }
 
 /// An OTLP endpoint that is not an http(s) URL is named in one line before
-/// anything runs; an https one keeps the exporter's own message (no TLS
-/// support built in).
+/// anything runs; an https one says this build exports over http:// only.
 #[tokio::test]
 async fn a_bad_otlp_endpoint_is_named() {
     let mut cmd = conntrace();
@@ -363,7 +362,10 @@ async fn a_bad_otlp_endpoint_is_named() {
     let mut cmd = conntrace();
     cmd.args(["probe", "http://127.0.0.1:1/", "-n", "1"])
         .env("OTEL_EXPORTER_OTLP_ENDPOINT", "https://localhost:4317");
-    assert_one_line_error(&run(cmd).await, "no tls feature");
+    assert_one_line_error(
+        &run(cmd).await,
+        "https endpoints are not supported by this build",
+    );
 }
 
 /// An unwritable --traces-out fails at the start, naming the file: the
