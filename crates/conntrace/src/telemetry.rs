@@ -426,42 +426,37 @@ fn otlp_exporters() -> anyhow::Result<(SpanExporter, MetricExporter)> {
             && !env_set("OTEL_EXPORTER_OTLP_TIMEOUT"))
         .then_some(DEFAULT_EXPORT_TIMEOUT)
     };
+    // The environment's timeout wins when set: the builder reads it then.
+    fn with_default<B: WithExportConfig>(builder: B, timeout: Option<Duration>) -> B {
+        match timeout {
+            Some(t) => builder.with_timeout(t),
+            None => builder,
+        }
+    }
     let spans = match otlp::protocol_from_env()? {
         Protocol::Grpc => {
-            let b = SpanExporter::builder().with_tonic();
-            match timeout("TRACES") {
-                Some(t) => b.with_timeout(t).build(),
-                None => b.build(),
-            }
+            with_default(SpanExporter::builder().with_tonic(), timeout("TRACES")).build()
         }
-        _ => {
-            let b = SpanExporter::builder()
+        _ => with_default(
+            SpanExporter::builder()
                 .with_http()
-                .with_protocol(Protocol::HttpBinary);
-            match timeout("TRACES") {
-                Some(t) => b.with_timeout(t).build(),
-                None => b.build(),
-            }
-        }
+                .with_protocol(Protocol::HttpBinary),
+            timeout("TRACES"),
+        )
+        .build(),
     }
     .context("invalid OTLP exporter settings")?;
     let metrics = match otlp::metrics_protocol_from_env()? {
         Protocol::Grpc => {
-            let b = MetricExporter::builder().with_tonic();
-            match timeout("METRICS") {
-                Some(t) => b.with_timeout(t).build(),
-                None => b.build(),
-            }
+            with_default(MetricExporter::builder().with_tonic(), timeout("METRICS")).build()
         }
-        _ => {
-            let b = MetricExporter::builder()
+        _ => with_default(
+            MetricExporter::builder()
                 .with_http()
-                .with_protocol(Protocol::HttpBinary);
-            match timeout("METRICS") {
-                Some(t) => b.with_timeout(t).build(),
-                None => b.build(),
-            }
-        }
+                .with_protocol(Protocol::HttpBinary),
+            timeout("METRICS"),
+        )
+        .build(),
     }
     .context("invalid OTLP metric exporter settings")?;
     Ok((spans, metrics))

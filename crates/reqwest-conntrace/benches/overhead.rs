@@ -69,22 +69,15 @@ fn plain(bencher: divan::Bencher<'_, '_>) {
 
 #[divan::bench]
 fn instrumented_no_subscriber(bencher: divan::Bencher<'_, '_>) {
-    let f = fixture();
     let client = ConnTrace::new()
         .instrument_client(reqwest::Client::builder())
         .build_with_middleware()
         .expect("client");
-    bencher.bench_local(|| {
-        f.runtime.block_on(async {
-            let r = client.get(&f.url).send().await.expect("ok");
-            r.bytes().await.expect("body")
-        })
-    });
+    get_repeatedly(bencher, &client);
 }
 
 #[divan::bench]
 fn instrumented_recording(bencher: divan::Bencher<'_, '_>) {
-    let f = fixture();
     let provider = SdkTracerProvider::builder().build();
     let subscriber = tracing_subscriber::registry().with(otlp::tracing_layer(&provider));
     let _guard = tracing::subscriber::set_default(subscriber);
@@ -94,17 +87,11 @@ fn instrumented_recording(bencher: divan::Bencher<'_, '_>) {
         .instrument_client(reqwest::Client::builder())
         .build_with_middleware()
         .expect("client");
-    bencher.bench_local(|| {
-        f.runtime.block_on(async {
-            let r = client.get(&f.url).send().await.expect("ok");
-            r.bytes().await.expect("body")
-        })
-    });
+    get_repeatedly(bencher, &client);
 }
 
 #[divan::bench]
 fn instrumented_recording_metrics(bencher: divan::Bencher<'_, '_>) {
-    let f = fixture();
     let provider = SdkTracerProvider::builder().build();
     let meters = SdkMeterProvider::builder()
         .with_reader(
@@ -122,12 +109,7 @@ fn instrumented_recording_metrics(bencher: divan::Bencher<'_, '_>) {
         .instrument_client(reqwest::Client::builder())
         .build_with_middleware()
         .expect("client");
-    bencher.bench_local(|| {
-        f.runtime.block_on(async {
-            let r = client.get(&f.url).send().await.expect("ok");
-            r.bytes().await.expect("body")
-        })
-    });
+    get_repeatedly(bencher, &client);
 }
 
 /// A metric exporter that drops everything (the bench measures recording,
@@ -151,4 +133,18 @@ impl PushMetricExporter for Discard {
     fn temporality(&self) -> Temporality {
         Temporality::Cumulative
     }
+}
+
+/// Measures one GET of the fixture's URL (body read) per iteration.
+fn get_repeatedly(
+    bencher: divan::Bencher<'_, '_>,
+    client: &reqwest_middleware::ClientWithMiddleware,
+) {
+    let f = fixture();
+    bencher.bench_local(|| {
+        f.runtime.block_on(async {
+            let r = client.get(&f.url).send().await.expect("ok");
+            r.bytes().await.expect("body")
+        })
+    });
 }

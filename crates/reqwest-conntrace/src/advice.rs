@@ -11,6 +11,8 @@ use std::collections::HashMap;
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+use crate::pool::HostKey;
+
 /// Hosts tracked per handle; when full, the one idle the longest is dropped.
 const MAX_HOSTS: usize = 1024;
 
@@ -96,7 +98,7 @@ pub(crate) struct HostGauges {
 /// Per-host load of one handle.
 #[derive(Debug)]
 pub(crate) struct PoolLoad {
-    hosts: Mutex<HashMap<(String, u16), HostLoad>>,
+    hosts: Mutex<HashMap<HostKey, HostLoad>>,
     interval: Duration,
 }
 
@@ -108,7 +110,7 @@ impl PoolLoad {
         }
     }
 
-    fn hosts(&self) -> MutexGuard<'_, HashMap<(String, u16), HostLoad>> {
+    fn hosts(&self) -> MutexGuard<'_, HashMap<HostKey, HostLoad>> {
         self.hosts.lock().unwrap_or_else(|e| e.into_inner())
     }
 
@@ -121,11 +123,11 @@ impl PoolLoad {
         }
     }
 
-    /// A request to `host:port` started.
-    pub(crate) fn request_started(&self, host: &str, port: u16, now: Instant) {
+    /// A request to `host` started.
+    pub(crate) fn request_started(&self, host: &HostKey, now: Instant) {
         let mut hosts = self.hosts();
-        if hosts.len() >= MAX_HOSTS
-            && !hosts.contains_key(&(host.to_owned(), port))
+        if !hosts.contains_key(host)
+            && hosts.len() >= MAX_HOSTS
             && let Some(oldest) = hosts
                 .iter()
                 .filter(|(_, l)| l.in_flight == 0)
@@ -134,45 +136,51 @@ impl PoolLoad {
         {
             hosts.remove(&oldest);
         }
-        let load = hosts
-            .entry((host.to_owned(), port))
-            .or_insert_with(|| HostLoad {
-                in_flight: 0,
-                peak: 0,
-                previous_peak: 0,
-                idle_limit: None,
-                forced_misses: 0,
-                interval_start: now,
-                advised: None,
-                last_seen: now,
-            });
+        // Cloning the key only for a host not seen yet.
+        if !hosts.contains_key(host) {
+            hosts.insert(
+                host.clone(),
+                HostLoad {
+                    in_flight: 0,
+                    peak: 0,
+                    previous_peak: 0,
+                    idle_limit: None,
+                    forced_misses: 0,
+                    interval_start: now,
+                    advised: None,
+                    last_seen: now,
+                },
+            );
+        }
+        let Some(load) = hosts.get_mut(host) else {
+            return;
+        };
         self.roll(load, now);
         load.in_flight += 1;
         load.peak = load.peak.max(load.in_flight);
         load.last_seen = now;
     }
 
-    /// A request to `host:port` ended.
-    pub(crate) fn request_ended(&self, host: &str, port: u16) {
-        if let Some(load) = self.hosts().get_mut(&(host.to_owned(), port)) {
+    /// A request to `host` ended.
+    pub(crate) fn request_ended(&self, host: &HostKey) {
+        if let Some(load) = self.hosts().get_mut(host) {
             load.in_flight = load.in_flight.saturating_sub(1);
         }
     }
 
-    /// A response from `host:port` was attributed; `all_busy` says whether it
+    /// A response from `host` was attributed; `all_busy` says whether it
     /// missed because every connection was busy. Returns the advice when the
     /// peak in flight this interval exceeds the idle limit and such misses
     /// happened.
     pub(crate) fn on_response(
         &self,
-        host: &str,
-        port: u16,
+        host: &HostKey,
         idle_limit: Option<usize>,
         all_busy: bool,
         now: Instant,
     ) -> Option<AdviceCheck> {
         let mut hosts = self.hosts();
-        let load = hosts.get_mut(&(host.to_owned(), port))?;
+        let load = hosts.get_mut(host)?;
         self.roll(load, now);
         if idle_limit.is_some() {
             load.idle_limit = idle_limit;
@@ -209,7 +217,7 @@ impl PoolLoad {
         let mut hosts = self.hosts();
         hosts
             .iter_mut()
-            .filter_map(|((host, port), load)| {
+            .filter_map(|(key, load)| {
                 self.roll(load, now);
                 let limit = load.idle_limit.filter(|l| *l > 0)?;
                 (load.forced_misses > 0 && load.peak > limit as u64).then(|| {
@@ -218,8 +226,8 @@ impl PoolLoad {
                         .as_secs_f64()
                         .max(1.0);
                     PoolAdvice {
-                        server_address: host.clone(),
-                        server_port: *port,
+                        server_address: key.host.clone(),
+                        server_port: key.port,
                         peak_in_flight: load.peak,
                         idle_limit: limit,
                         misses_per_second: load.forced_misses as f64 / elapsed,
@@ -235,11 +243,11 @@ impl PoolLoad {
         let mut hosts = self.hosts();
         hosts
             .iter_mut()
-            .map(|((host, port), load)| {
+            .map(|(key, load)| {
                 self.roll(load, now);
                 HostGauges {
-                    server_address: host.clone(),
-                    server_port: *port,
+                    server_address: key.host.clone(),
+                    server_port: key.port,
                     peak_in_flight: load.peak.max(load.previous_peak),
                     idle_limit: load.idle_limit,
                 }
@@ -256,22 +264,27 @@ mod tests {
     fn advice_needs_forced_misses_above_the_limit_and_logs_once_per_interval() {
         let load = PoolLoad::new(Duration::from_secs(60));
         let t0 = Instant::now();
+        let b = HostKey {
+            scheme: "https".to_owned(),
+            host: "b".to_owned(),
+            port: 443,
+        };
         for _ in 0..5 {
-            load.request_started("b", 443, t0);
+            load.request_started(&b, t0);
         }
         // No pooling on purpose, a hit, or a limit at or above the peak: no advice.
-        assert_eq!(load.on_response("b", 443, Some(0), true, t0), None);
-        assert_eq!(load.on_response("b", 443, Some(2), false, t0), None);
-        assert_eq!(load.on_response("b", 443, Some(5), true, t0), None);
+        assert_eq!(load.on_response(&b, Some(0), true, t0), None);
+        assert_eq!(load.on_response(&b, Some(2), false, t0), None);
+        assert_eq!(load.on_response(&b, Some(5), true, t0), None);
         let first = load
-            .on_response("b", 443, Some(2), true, t0)
+            .on_response(&b, Some(2), true, t0)
             .expect("peak 5 > limit 2 with a forced miss");
         assert_eq!(
             (first.peak_in_flight, first.idle_limit, first.log_now),
             (5, 2, true)
         );
         let second = load
-            .on_response("b", 443, None, true, t0 + Duration::from_secs(1))
+            .on_response(&b, None, true, t0 + Duration::from_secs(1))
             .expect("still advised");
         assert!(!second.log_now, "logged once per interval");
         let gauges = load.gauges(t0);

@@ -11,7 +11,6 @@ use tracing_opentelemetry::OpenTelemetrySpanExt;
 
 use crate::clock::secs;
 use crate::handle::Inner;
-use crate::metrics::host_attributes;
 use crate::miss::MissReason;
 use crate::registry::ConnectionRecord;
 use crate::report::{ConnectionUse, RequestReport};
@@ -94,8 +93,7 @@ pub(crate) fn attribute_response(
     }
     if let Some(reason) = miss_reason {
         span.set_attribute(semconv::HTTP_CONNECTION_MISS_REASON, reason.as_str());
-        let mut attributes = host_attributes(&state.server_address, state.server_port).to_vec();
-        attributes.push(KeyValue::new(semconv::URL_SCHEME, state.scheme.clone()));
+        let mut attributes = state.host.attributes();
         attributes.push(KeyValue::new(
             semconv::HTTP_CONNECTION_MISS_REASON,
             reason.as_str(),
@@ -103,8 +101,7 @@ pub(crate) fn attribute_response(
         inner.metrics.pool_misses.add(1, &attributes);
     }
     if let Some(advice) = inner.load.on_response(
-        &state.server_address,
-        state.server_port,
+        &state.host,
         record.client.max_idle_per_host,
         miss_reason == Some(MissReason::AllBusy),
         now,
@@ -132,8 +129,8 @@ pub(crate) fn attribute_response(
         );
         if advice.log_now {
             let line = crate::advice::PoolAdvice {
-                server_address: state.server_address.clone(),
-                server_port: state.server_port,
+                server_address: state.host.host.clone(),
+                server_port: state.host.port,
                 peak_in_flight: advice.peak_in_flight,
                 idle_limit: advice.idle_limit,
                 misses_per_second: advice.misses_per_second,
@@ -180,7 +177,7 @@ pub(crate) fn attribute_failure(inner: &Inner, state: &RequestState, span: &trac
     if state.miss().is_some() {
         return;
     }
-    let Some(record) = inner.pools.likely_pooled(&state.host_key(), state.started) else {
+    let Some(record) = inner.pools.likely_pooled(&state.host, state.started) else {
         return;
     };
     let idle = state
@@ -249,17 +246,13 @@ impl RequestEnd {
         method: http::Method,
         url: String,
     ) -> Self {
-        let mut base_attributes =
-            host_attributes(&state.server_address, state.server_port).to_vec();
-        base_attributes.push(KeyValue::new(semconv::URL_SCHEME, state.scheme.clone()));
+        let mut base_attributes = state.host.attributes();
         base_attributes.push(KeyValue::new(
             semconv::HTTP_REQUEST_METHOD,
             crate::middleware::method_attribute(&method),
         ));
         inner.metrics.active_requests.add(1, &base_attributes);
-        inner
-            .load
-            .request_started(&state.server_address, state.server_port, state.started);
+        inner.load.request_started(&state.host, state.started);
         Self {
             inner,
             state,
@@ -365,9 +358,7 @@ impl RequestEnd {
     fn record_metrics(&self, now: Instant) {
         let metrics = &self.inner.metrics;
         metrics.active_requests.add(-1, &self.base_attributes);
-        self.inner
-            .load
-            .request_ended(&self.state.server_address, self.state.server_port);
+        self.inner.load.request_ended(&self.state.host);
         let mut attributes = self.base_attributes.clone();
         if let Some(status) = self.status {
             attributes.push(KeyValue::new(

@@ -118,7 +118,7 @@ where
         let miss = trigger.as_ref().map(|t| {
             let slot = match inner
                 .pools
-                .classify_miss(&t.host_key(), &self.client, Instant::now())
+                .classify_miss(&t.host, &self.client, Instant::now())
             {
                 MissVerdict::Decided(reason) => Arc::new(MissSlot::decided(reason)),
                 MissVerdict::AskKernel {
@@ -329,7 +329,7 @@ fn on_connected<T: Connection>(
             .lookup_then(local, remote, move |lookup| pending.finish(Some(&lookup)));
     }
     let end = inner.clock.wall(now);
-    let host = attempt.trigger.as_ref().map(|t| t.host_key());
+    let host = attempt.trigger.as_ref().map(|t| t.host.clone());
     let record = Arc::new(ConnectionRecord::new(
         report,
         setup::span_context(&cx),

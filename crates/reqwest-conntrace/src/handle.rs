@@ -225,9 +225,7 @@ const MAX_OPEN_SETS: usize = 4096;
 pub(crate) fn connection_attributes(record: &ConnectionRecord) -> Vec<KeyValue> {
     let mut attributes = Vec::with_capacity(5);
     if let Some(host) = &record.host {
-        attributes.push(KeyValue::new(semconv::SERVER_ADDRESS, host.host.clone()));
-        attributes.push(KeyValue::new(semconv::SERVER_PORT, i64::from(host.port)));
-        attributes.push(KeyValue::new(semconv::URL_SCHEME, host.scheme.clone()));
+        attributes.extend(host.attributes());
     }
     attributes.push(KeyValue::new(
         semconv::NETWORK_PROTOCOL_VERSION,

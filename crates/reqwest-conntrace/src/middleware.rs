@@ -19,6 +19,7 @@ use crate::attribution::{EndKind, RequestEnd, attribute_failure, attribute_respo
 use crate::body::TracedBody;
 use crate::error::{classify, error_chain_text};
 use crate::handle::ConnTrace;
+use crate::pool::HostKey;
 use crate::redact::redact_url;
 use crate::request::{RequestScope, RequestState};
 use crate::semconv;
@@ -231,9 +232,7 @@ impl<M: MakeRequestSpan> Middleware for ConnTraceMiddleware<M> {
 
         let state = Arc::new(RequestState::new(
             inner.next_request_id(),
-            scheme,
-            host,
-            port,
+            HostKey { scheme, host, port },
         ));
         let mut end = RequestEnd::new(
             inner.clone(),

@@ -139,7 +139,13 @@ impl Drop for OtlpGuard {
 /// # Errors
 /// [`OtlpError::UnsupportedProtocol`] for any other value.
 pub fn protocol_from_env() -> Result<Protocol, OtlpError> {
-    let value = std::env::var("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")
+    signal_protocol_from_env("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")
+}
+
+/// The protocol named by `signal_key` or `OTEL_EXPORTER_OTLP_PROTOCOL`;
+/// `grpc` when neither is set.
+fn signal_protocol_from_env(signal_key: &str) -> Result<Protocol, OtlpError> {
+    let value = std::env::var(signal_key)
         .or_else(|_| std::env::var("OTEL_EXPORTER_OTLP_PROTOCOL"))
         .unwrap_or_else(|_| "grpc".to_owned());
     match value.trim() {
@@ -155,14 +161,7 @@ pub fn protocol_from_env() -> Result<Protocol, OtlpError> {
 /// # Errors
 /// [`OtlpError::UnsupportedProtocol`] for any other value.
 pub fn metrics_protocol_from_env() -> Result<Protocol, OtlpError> {
-    let value = std::env::var("OTEL_EXPORTER_OTLP_METRICS_PROTOCOL")
-        .or_else(|_| std::env::var("OTEL_EXPORTER_OTLP_PROTOCOL"))
-        .unwrap_or_else(|_| "grpc".to_owned());
-    match value.trim() {
-        "grpc" | "" => Ok(Protocol::Grpc),
-        "http/protobuf" => Ok(Protocol::HttpBinary),
-        other => Err(OtlpError::UnsupportedProtocol(other.to_owned())),
-    }
+    signal_protocol_from_env("OTEL_EXPORTER_OTLP_METRICS_PROTOCOL")
 }
 
 fn install_ring_for_http_exporter() {

@@ -13,9 +13,12 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
+use opentelemetry::KeyValue;
+
 use crate::client::{ClientState, NEW_CLIENT_WINDOW};
 use crate::miss::MissReason;
 use crate::registry::ConnectionRecord;
+use crate::semconv;
 
 /// A pool key as hyper-util keys its pool: scheme, host, port.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -23,6 +26,17 @@ pub(crate) struct HostKey {
     pub(crate) scheme: String,
     pub(crate) host: String,
     pub(crate) port: u16,
+}
+
+impl HostKey {
+    /// `server.address`, `server.port`, `url.scheme`.
+    pub(crate) fn attributes(&self) -> Vec<KeyValue> {
+        vec![
+            KeyValue::new(semconv::SERVER_ADDRESS, self.host.clone()),
+            KeyValue::new(semconv::SERVER_PORT, i64::from(self.port)),
+            KeyValue::new(semconv::URL_SCHEME, self.scheme.clone()),
+        ]
+    }
 }
 
 /// Connections remembered per host (most recent first out when full).

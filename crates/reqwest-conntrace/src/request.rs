@@ -19,9 +19,8 @@ use crate::semconv;
 pub(crate) struct RequestState {
     pub(crate) id: u64,
     pub(crate) started: Instant,
-    pub(crate) scheme: String,
-    pub(crate) server_address: String,
-    pub(crate) server_port: u16,
+    /// The URL's scheme, host (`server.address`) and port: the pool key.
+    pub(crate) host: HostKey,
     trigger: Mutex<TriggerState>,
     /// Why the first connect this request triggered was needed.
     miss: Mutex<Option<Arc<MissSlot>>>,
@@ -55,25 +54,14 @@ pub(crate) struct PendingSetup {
 }
 
 impl RequestState {
-    pub(crate) fn new(id: u64, scheme: String, server_address: String, server_port: u16) -> Self {
+    pub(crate) fn new(id: u64, host: HostKey) -> Self {
         Self {
             id,
             started: Instant::now(),
-            scheme,
-            server_address,
-            server_port,
+            host,
             trigger: Mutex::new(TriggerState::default()),
             miss: Mutex::new(None),
             batch: crate::fanout::current(),
-        }
-    }
-
-    /// The pool key of the request's URL.
-    pub(crate) fn host_key(&self) -> HostKey {
-        HostKey {
-            scheme: self.scheme.clone(),
-            host: self.server_address.clone(),
-            port: self.server_port,
         }
     }
 

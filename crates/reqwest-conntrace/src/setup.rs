@@ -37,15 +37,7 @@ pub(crate) fn start_setup_span(
         attempt.id as i64,
     )];
     if let Some(t) = &attempt.trigger {
-        attributes.push(KeyValue::new(
-            semconv::SERVER_ADDRESS,
-            t.server_address.clone(),
-        ));
-        attributes.push(KeyValue::new(
-            semconv::SERVER_PORT,
-            i64::from(t.server_port),
-        ));
-        attributes.push(KeyValue::new(semconv::URL_SCHEME, t.scheme.clone()));
+        attributes.extend(t.host.attributes());
     }
     let builder = SpanBuilder::from_name(semconv::CONNECTION_SETUP_SPAN)
         .with_kind(SpanKind::Internal)
@@ -67,7 +59,7 @@ fn dns_skipped(attempt: &ConnectAttempt, phases: &Phases) -> Option<&'static str
     let proxy_host = attempt.client.proxy.as_ref().and_then(|p| p.host_str());
     let host = match proxy_host {
         Some(h) => h,
-        None => attempt.trigger.as_ref()?.server_address.as_str(),
+        None => attempt.trigger.as_ref()?.host.host.as_str(),
     };
     let bare = host.trim_start_matches('[').trim_end_matches(']');
     Some(if bare.parse::<std::net::IpAddr>().is_ok() {
@@ -113,7 +105,7 @@ pub(crate) fn emit_phases(
     let sni = attempt
         .trigger
         .as_ref()
-        .map(|t| t.server_address.clone())
+        .map(|t| t.host.host.clone())
         .or_else(|| phases.dns.as_ref().map(|d| d.name.clone()));
 
     let fail_span =
@@ -183,7 +175,7 @@ pub(crate) fn emit_phases(
         && attempt
             .trigger
             .as_ref()
-            .is_some_and(|t| t.scheme == "https");
+            .is_some_and(|t| t.host.scheme == "https");
     let tunnel_start = phases
         .tls_started
         .and(phases.tunnel_started)
@@ -301,14 +293,7 @@ pub(crate) fn emit_phases(
     if let (Some(start), Some(tls_start)) = (tunnel_start, phases.tls_started) {
         let mut attrs = Vec::new();
         if let Some(t) = &attempt.trigger {
-            attrs.push(KeyValue::new(
-                semconv::SERVER_ADDRESS,
-                t.server_address.clone(),
-            ));
-            attrs.push(KeyValue::new(
-                semconv::SERVER_PORT,
-                i64::from(t.server_port),
-            ));
+            attrs.extend(crate::metrics::host_attributes(&t.host.host, t.host.port));
         }
         if let Some(r) = remote {
             attrs.push(KeyValue::new(
@@ -543,11 +528,7 @@ fn record_metrics(
     }
     let mut attributes = Vec::with_capacity(7);
     if let Some(t) = &attempt.trigger {
-        attributes.extend(crate::metrics::host_attributes(
-            &t.server_address,
-            t.server_port,
-        ));
-        attributes.push(KeyValue::new(semconv::URL_SCHEME, t.scheme.clone()));
+        attributes.extend(t.host.attributes());
     }
     if let Some(r) = remote {
         attributes.push(KeyValue::new(semconv::NETWORK_TYPE, network_type(&r)));
