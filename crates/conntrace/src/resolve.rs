@@ -66,6 +66,17 @@ impl PinnedResolver {
         }
     }
 
+    /// A resolver answering `name` with `addrs`, in that order (the lab's
+    /// host names; the port comes from the URL).
+    pub(crate) fn single(name: &str, addrs: &[IpAddr]) -> Self {
+        let mut names = HashMap::new();
+        names.insert(name.to_ascii_lowercase(), addrs.to_vec());
+        Self {
+            names: Arc::new(names),
+            system: SystemResolver,
+        }
+    }
+
     /// The pinned addresses of `host`, if it has an entry.
     fn lookup(&self, host: &str) -> Option<Vec<IpAddr>> {
         self.names.get(&host.to_ascii_lowercase()).cloned()

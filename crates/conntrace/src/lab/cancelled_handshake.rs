@@ -10,15 +10,16 @@ use std::net::{IpAddr, Ipv4Addr};
 use std::time::Duration;
 
 use anyhow::Context as _;
-use conntrace_lab::{DelayProxy, HttpVersions, TestPki, TestServer};
+use conntrace_lab::{DelayProxy, TestPki};
 use reqwest_conntrace::{ConnTrace, InstrumentedClientBuilder, semconv};
 use tracing::Instrument as _;
 
-use super::net::{self, Body, StaticResolver};
+use super::net::{self, Body};
 use super::report::Outcome;
 use super::runner::Lab;
 use super::text::{describe, requests_table};
 use super::view::RunView;
+use crate::resolve::PinnedResolver;
 
 /// The lab host name.
 const HOST: &str = "slow-handshake.lab.test";
@@ -30,7 +31,7 @@ const RUN_CONNECT: &str = "connect timeout mid-handshake";
 const NEXT_TIMEOUT: Duration = Duration::from_secs(10);
 
 fn builder(trace: &ConnTrace, pki: &TestPki) -> InstrumentedClientBuilder {
-    net::client(trace, pki).dns_resolver(StaticResolver::new(
+    net::client(trace, pki).dns_resolver(PinnedResolver::single(
         HOST,
         &[IpAddr::V4(Ipv4Addr::LOCALHOST)],
     ))
@@ -63,12 +64,7 @@ pub(super) async fn run(lab: &mut Lab) -> anyhow::Result<Outcome> {
     // 2 RTT: 1.25 RTT is mid-handshake.
     let cut = rtt * 5 / 4;
     let pki = net::pki(HOST)?;
-    let server = TestServer::builder()
-        .tls(&pki)
-        .http_versions(HttpVersions::Http1Only)
-        .start()
-        .await
-        .context("cannot start the lab server")?;
+    let server = net::start(net::https_server(&pki)).await?;
     let proxy = DelayProxy::start(server.addr(), rtt / 2)
         .await
         .context("cannot start the delay proxy")?;

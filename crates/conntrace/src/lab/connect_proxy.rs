@@ -28,12 +28,7 @@ const FORWARDED: usize = 3;
 pub(super) async fn run(lab: &mut Lab) -> anyhow::Result<Outcome> {
     let n = lab.requests();
     let pki = net::pki(HOST)?;
-    let server = TestServer::builder()
-        .tls(&pki)
-        .http_versions(HttpVersions::Http1Only)
-        .start()
-        .await
-        .context("cannot start the lab server")?;
+    let server = net::start(net::https_server(&pki)).await?;
     let plain = TestServer::builder()
         .http_versions(HttpVersions::Http1Only)
         .start()

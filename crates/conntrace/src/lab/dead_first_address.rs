@@ -10,14 +10,15 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::time::Duration;
 
 use anyhow::Context as _;
-use conntrace_lab::{FullBacklogListener, HttpVersions, TestServer};
+use conntrace_lab::FullBacklogListener;
 use reqwest_conntrace::{ConnTrace, semconv};
 use tracing::Instrument as _;
 
-use super::net::{self, Body, StaticResolver};
+use super::net::{self, Body};
 use super::report::Outcome;
 use super::runner::Lab;
 use super::text::{describe, requests_table};
+use crate::resolve::PinnedResolver;
 
 /// The lab host name.
 const HOST: &str = "dead-first.lab.test";
@@ -33,12 +34,7 @@ pub(super) async fn run(lab: &mut Lab) -> anyhow::Result<Outcome> {
     let pki = net::pki(HOST)?;
     let (server, dead) = net::same_port(
         || async {
-            let server = TestServer::builder()
-                .tls(&pki)
-                .http_versions(HttpVersions::Http1Only)
-                .start()
-                .await
-                .context("cannot start the lab server")?;
+            let server = net::start(net::https_server(&pki)).await?;
             let port = server.addr().port();
             Ok((server, port))
         },
@@ -54,7 +50,7 @@ pub(super) async fn run(lab: &mut Lab) -> anyhow::Result<Outcome> {
     let trace = ConnTrace::new();
     let client = net::build(
         net::client(&trace, &pki)
-            .dns_resolver(StaticResolver::new(
+            .dns_resolver(PinnedResolver::single(
                 HOST,
                 &[IpAddr::V4(DEAD), IpAddr::V4(Ipv4Addr::LOCALHOST)],
             ))

@@ -5,15 +5,14 @@
 
 use std::net::{IpAddr, Ipv4Addr};
 
-use anyhow::Context as _;
-use conntrace_lab::{HttpVersions, TestServer};
 use reqwest_conntrace::{ConnTrace, semconv};
 use tracing::Instrument as _;
 
-use super::net::{self, Body, StaticResolver};
+use super::net::{self, Body};
 use super::report::Outcome;
 use super::runner::Lab;
 use super::text::{describe, miss_fix, requests_table};
+use crate::resolve::PinnedResolver;
 
 /// The lab host name.
 const HOST: &str = "discarded.lab.test";
@@ -25,18 +24,15 @@ const RUN: &str = "body dropped unread, then read";
 /// Runs the scenario.
 pub(super) async fn run(lab: &mut Lab) -> anyhow::Result<Outcome> {
     let pki = net::pki(HOST)?;
-    let server = TestServer::builder()
-        .tls(&pki)
-        .http_versions(HttpVersions::Http1Only)
-        .start()
-        .await
-        .context("cannot start the lab server")?;
+    let server = net::start(net::https_server(&pki)).await?;
     let url = format!("https://{HOST}:{}/bytes/{BODY_BYTES}", server.addr().port());
     let trace = ConnTrace::new();
-    let client = net::build(net::client(&trace, &pki).dns_resolver(StaticResolver::new(
-        HOST,
-        &[IpAddr::V4(Ipv4Addr::LOCALHOST)],
-    )))?;
+    let client = net::build(
+        net::client(&trace, &pki).dns_resolver(PinnedResolver::single(
+            HOST,
+            &[IpAddr::V4(Ipv4Addr::LOCALHOST)],
+        )),
+    )?;
     let span = lab.run_span(RUN);
     async {
         net::fetch(&client, &url, None, Body::Drop).await;

@@ -15,11 +15,12 @@ use reqwest_conntrace::ConnTrace;
 use reqwest_middleware::ClientWithMiddleware;
 use tracing::Instrument as _;
 
-use super::net::{self, Body, StaticResolver};
+use super::net::{self, Body};
 use super::report::{Outcome, TextTable};
 use super::runner::Lab;
 use super::text::{mean, requests_table};
 use super::view::RunView;
+use crate::resolve::PinnedResolver;
 use crate::table::fmt_pct;
 
 /// The lab host name.
@@ -72,7 +73,7 @@ async fn far(
     let proxy = DelayProxy::start(server.addr(), rtt / 2)
         .await
         .context("cannot start the delay proxy")?;
-    let mut builder = net::client(trace, &pki).dns_resolver(StaticResolver::new(
+    let mut builder = net::client(trace, &pki).dns_resolver(PinnedResolver::single(
         HOST,
         &[IpAddr::V4(Ipv4Addr::LOCALHOST)],
     ));
@@ -131,10 +132,9 @@ pub(super) async fn run(lab: &mut Lab) -> anyhow::Result<Outcome> {
     let mut backlog = FullBacklogListener::start(SocketAddr::from((Ipv4Addr::LOCALHOST, 0)))
         .await
         .context("cannot fill a listener's accept queue")?;
-    let backlog_client = net::build(net::client(&trace, &pki).dns_resolver(StaticResolver::new(
-        HOST,
-        &[IpAddr::V4(Ipv4Addr::LOCALHOST)],
-    )))?;
+    let backlog_client = net::build(net::client(&trace, &pki).dns_resolver(
+        PinnedResolver::single(HOST, &[IpAddr::V4(Ipv4Addr::LOCALHOST)]),
+    ))?;
     let backlog_url = format!("https://{HOST}:{}/", backlog.addr().port());
 
     let far_runs = join_all(runs.iter().map(|f| {

@@ -8,16 +8,17 @@
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
 use anyhow::Context as _;
-use conntrace_lab::{FullBacklogListener, HttpVersions, TestPki, TestServer};
+use conntrace_lab::{FullBacklogListener, TestPki};
 use futures::future::join_all;
 use reqwest_conntrace::{AddressOrder, ConnTrace, semconv};
 use tracing::Instrument as _;
 
-use super::net::{self, Body, StaticResolver};
+use super::net::{self, Body};
 use super::report::Outcome;
 use super::runner::Lab;
 use super::text::{mean, requests_table};
 use super::view::RunView;
+use crate::resolve::PinnedResolver;
 
 /// The lab host name.
 const HOST: &str = "dual-stack.lab.test";
@@ -38,7 +39,7 @@ async fn fetch_parallel(
     let trace = ConnTrace::new();
     let client = net::build(
         net::client(&trace, pki)
-            .dns_resolver(StaticResolver::new(
+            .dns_resolver(PinnedResolver::single(
                 HOST,
                 &[
                     IpAddr::V6(Ipv6Addr::LOCALHOST),
@@ -86,12 +87,7 @@ pub(super) async fn run(lab: &mut Lab) -> anyhow::Result<Outcome> {
     let pki = net::pki(HOST)?;
     let (server, blackhole) = net::same_port(
         || async {
-            let server = TestServer::builder()
-                .tls(&pki)
-                .http_versions(HttpVersions::Http1Only)
-                .start()
-                .await
-                .context("cannot start the lab server")?;
+            let server = net::start(net::https_server(&pki)).await?;
             let port = server.addr().port();
             Ok((server, port))
         },

@@ -1,55 +1,29 @@
-//! Loopback plumbing shared by the scenarios: lab host names answered by a
-//! static resolver (so the address-order policy and the `dns.lookup` span
-//! apply, unlike reqwest's `resolve()` overrides), certificates for them,
-//! and requests.
+//! Loopback plumbing shared by the scenarios: certificates for the lab host
+//! names (answered by [`PinnedResolver`](crate::resolve::PinnedResolver), so
+//! the address-order policy and the `dns.lookup` span apply, unlike
+//! reqwest's `resolve()` overrides), the lab's HTTPS server, clients and
+//! requests.
 
-use std::collections::HashMap;
-use std::net::{IpAddr, SocketAddr};
-use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context as _;
 use conntrace_lab::TestPki;
-use reqwest::dns::{Addrs, Name, Resolve, Resolving};
 use reqwest_conntrace::{ConnTrace, InstrumentedClientBuilder, TlsSettings};
 use reqwest_middleware::ClientWithMiddleware;
 
-/// A resolver answering lab names from a fixed table, in the table's
-/// order, like a DNS server returning those records. Other names fail.
-#[derive(Debug, Clone, Default)]
-pub(crate) struct StaticResolver {
-    names: Arc<HashMap<String, Vec<IpAddr>>>,
+/// The lab's HTTPS server on loopback: `pki`'s certificate, HTTP/1.1 only
+/// (one request per connection at a time, so pool attribution is exact).
+pub(crate) fn https_server(pki: &TestPki) -> conntrace_lab::TestServerBuilder {
+    conntrace_lab::TestServer::builder()
+        .tls(pki)
+        .http_versions(conntrace_lab::HttpVersions::Http1Only)
 }
 
-impl StaticResolver {
-    /// A resolver answering `name` with `addrs` (port taken from the URL).
-    pub(crate) fn new(name: &str, addrs: &[IpAddr]) -> Self {
-        let mut names = HashMap::new();
-        names.insert(name.to_owned(), addrs.to_vec());
-        Self {
-            names: Arc::new(names),
-        }
-    }
-}
-
-impl Resolve for StaticResolver {
-    fn resolve(&self, name: Name) -> Resolving {
-        let found = self.names.get(name.as_str()).cloned();
-        let asked = name.as_str().to_owned();
-        Box::pin(async move {
-            match found {
-                // Port 0: hyper-util puts the URL's port in.
-                Some(addrs) => Ok(Box::new(
-                    addrs
-                        .into_iter()
-                        .map(|ip| SocketAddr::new(ip, 0))
-                        .collect::<Vec<_>>()
-                        .into_iter(),
-                ) as Addrs),
-                None => Err(format!("{asked} is not a lab name").into()),
-            }
-        })
-    }
+/// Starts `builder`, naming the lab server in the error.
+pub(crate) async fn start(
+    builder: conntrace_lab::TestServerBuilder,
+) -> anyhow::Result<conntrace_lab::TestServer> {
+    builder.start().await.context("cannot start the lab server")
 }
 
 /// A throw-away CA and a certificate for `host` and the loopback names.

@@ -6,16 +6,16 @@
 
 use std::net::{IpAddr, Ipv4Addr};
 
-use anyhow::Context as _;
-use conntrace_lab::{HttpVersions, TestPki, TestServer};
+use conntrace_lab::{TestPki, TestServer};
 use reqwest_conntrace::{ConnTrace, semconv};
 use tracing::Instrument as _;
 
-use super::net::{self, Body, StaticResolver};
+use super::net::{self, Body};
 use super::report::Outcome;
 use super::runner::Lab;
 use super::text::{mean, miss_fix, requests_table};
 use super::view::RunView;
+use crate::resolve::PinnedResolver;
 
 /// The lab host name.
 const HOST: &str = "new-client.lab.test";
@@ -25,7 +25,7 @@ const RUN_NEW: &str = "a new client per request";
 const RUN_SHARED: &str = "one shared client";
 
 fn builder(trace: &ConnTrace, pki: &TestPki) -> reqwest_conntrace::InstrumentedClientBuilder {
-    net::client(trace, pki).dns_resolver(StaticResolver::new(
+    net::client(trace, pki).dns_resolver(PinnedResolver::single(
         HOST,
         &[IpAddr::V4(Ipv4Addr::LOCALHOST)],
     ))
@@ -58,12 +58,7 @@ fn record(run: &mut RunView, before: [u64; 3], after: [u64; 3]) {
 pub(super) async fn run(lab: &mut Lab) -> anyhow::Result<Outcome> {
     let n = lab.requests();
     let pki = net::pki(HOST)?;
-    let server = TestServer::builder()
-        .tls(&pki)
-        .http_versions(HttpVersions::Http1Only)
-        .start()
-        .await
-        .context("cannot start the lab server")?;
+    let server = net::start(net::https_server(&pki)).await?;
     let url = format!("https://{HOST}:{}/", server.addr().port());
 
     // One handle, a client per request.

@@ -8,16 +8,16 @@
 use std::net::{IpAddr, Ipv4Addr};
 use std::time::Duration;
 
-use anyhow::Context as _;
-use conntrace_lab::{HttpVersions, TestServer};
+use conntrace_lab::TestServer;
 use reqwest_conntrace::{ConnTrace, semconv};
 use tracing::Instrument as _;
 
-use super::net::{self, Body, StaticResolver};
+use super::net::{self, Body};
 use super::report::Outcome;
 use super::runner::Lab;
 use super::text::{describe, miss_fix, requests_table};
 use super::view::RunView;
+use crate::resolve::PinnedResolver;
 
 /// The lab host name.
 const HOST: &str = "server-closed.lab.test";
@@ -47,7 +47,7 @@ async fn two_requests(
     let trace = ConnTrace::new();
     let client = net::build(
         net::client(&trace, pki)
-            .dns_resolver(StaticResolver::new(
+            .dns_resolver(PinnedResolver::single(
                 HOST,
                 &[IpAddr::V4(Ipv4Addr::LOCALHOST)],
             ))
@@ -70,13 +70,7 @@ async fn two_requests(
 /// Runs the scenario.
 pub(super) async fn run(lab: &mut Lab) -> anyhow::Result<Outcome> {
     let pki = net::pki(HOST)?;
-    let server = TestServer::builder()
-        .tls(&pki)
-        .http_versions(HttpVersions::Http1Only)
-        .idle_timeout(Some(SERVER_IDLE))
-        .start()
-        .await
-        .context("cannot start the lab server")?;
+    let server = net::start(net::https_server(&pki).idle_timeout(Some(SERVER_IDLE))).await?;
     let closed_stale = two_requests(lab, RUN_STALE, &server, &pki, CLIENT_IDLE).await?;
     let accepted_stale = server.accepted_connections();
     let closed_fixed = two_requests(lab, RUN_FIXED, &server, &pki, CLIENT_IDLE_FIXED).await?;
