@@ -118,20 +118,14 @@ pub(crate) struct DnsError {
     pub(crate) source: io::Error,
 }
 
-/// The full text of an error and its sources, `": "`-joined, for
+/// The full text of an error and its sources, `": "`-joined and redacted
+/// with `redaction` (reqwest errors rebuilt from their redacted URL), for
 /// `exception.message` and span status descriptions.
-pub(crate) fn error_chain_text(err: &(dyn StdError + 'static)) -> String {
-    let mut text = err.to_string();
-    let mut current = err.source();
-    while let Some(e) = current {
-        let s = e.to_string();
-        if !text.contains(&s) {
-            text.push_str(": ");
-            text.push_str(&s);
-        }
-        current = e.source();
-    }
-    text
+pub(crate) fn error_chain_text(
+    redaction: &crate::redact::UrlRedaction,
+    err: &(dyn StdError + 'static),
+) -> String {
+    redaction.error_text(err)
 }
 
 #[cfg(test)]

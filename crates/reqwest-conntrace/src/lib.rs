@@ -89,7 +89,7 @@ pub use middleware::{
     ConnTraceMiddleware, DefaultMakeRequestSpan, MakeRequestSpan, UseCurrentSpan,
 };
 pub use miss::MissReason;
-pub use redact::redact_url;
+pub use redact::{DEFAULT_REDACTED_QUERY_KEYS, UrlRedaction, redact_url};
 pub use report::{
     ConnectionSetup, ConnectionUse, DefaultOnRequestEnd, OnRequestEnd, RequestReport, TlsVersion,
 };
