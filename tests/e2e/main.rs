@@ -4,6 +4,7 @@
 
 mod contract;
 mod deploy;
+mod dropin;
 mod fanout;
 mod kernel;
 mod library;
