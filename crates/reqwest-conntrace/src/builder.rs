@@ -61,12 +61,43 @@ impl std::fmt::Debug for InstrumentedClientBuilder {
     }
 }
 
+/// A reqwest 0.13 `ClientBuilder`: what
+/// [`ConnTrace::instrument_client`] takes. This crate instruments reqwest
+/// 0.13 (and reqwest-middleware 0.5) only; the trait exists so that a
+/// builder from another reqwest version fails to compile with a message
+/// naming that requirement instead of a bare type mismatch between two
+/// `ClientBuilder`s.
+///
+/// ```compile_fail
+/// struct ClientBuilder; // e.g. reqwest 0.12's
+/// reqwest_conntrace::ConnTrace::new().instrument_client(ClientBuilder);
+/// ```
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` is not a reqwest 0.13 `ClientBuilder`: reqwest-conntrace instruments reqwest 0.13 and reqwest-middleware 0.5",
+    label = "expected a `reqwest::ClientBuilder` from reqwest 0.13",
+    note = "two reqwest versions in one build (see `cargo tree -i reqwest`) mean the app is on another reqwest: upgrade it to reqwest 0.13 and reqwest-middleware 0.5"
+)]
+pub trait ReqwestClientBuilder {
+    /// The builder itself.
+    fn into_reqwest(self) -> reqwest::ClientBuilder;
+}
+
+impl ReqwestClientBuilder for reqwest::ClientBuilder {
+    fn into_reqwest(self) -> reqwest::ClientBuilder {
+        self
+    }
+}
+
 impl ConnTrace {
-    /// Starts instrumenting `builder`; see [`InstrumentedClientBuilder`].
-    pub fn instrument_client(&self, builder: reqwest::ClientBuilder) -> InstrumentedClientBuilder {
+    /// Starts instrumenting `builder` (a reqwest 0.13 `ClientBuilder`); see
+    /// [`InstrumentedClientBuilder`].
+    pub fn instrument_client(
+        &self,
+        builder: impl ReqwestClientBuilder,
+    ) -> InstrumentedClientBuilder {
         InstrumentedClientBuilder {
             trace: self.clone(),
-            builder,
+            builder: builder.into_reqwest(),
             tls: TlsSettings::default(),
             resolver: None,
             connect_timeout: None,

@@ -40,7 +40,9 @@ pub const DEFAULT_POOL_ADVICE_INTERVAL: Duration = Duration::from_secs(60);
 /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
 /// let conntrace = reqwest_conntrace::ConnTrace::new();
 /// let client = conntrace
-///     .instrument_client(reqwest::Client::builder().pool_max_idle_per_host(8))
+///     .instrument_client(reqwest::Client::builder())
+///     // pool settings here, not on reqwest's builder (which cannot be read back)
+///     .pool_max_idle_per_host(8)
 ///     .build_with_middleware()?;
 /// let response = client.get("https://example.com/").send().await?;
 /// # Ok(()) }
