@@ -225,10 +225,13 @@ impl UrlRedaction {
                 }
             }
             out.push_str(&rest[..scheme_start]);
-            if scheme_start == sep {
-                out.push_str(&rest[sep..end]);
-            } else {
-                out.push_str(&self.redact_str(&rest[scheme_start..end]));
+            let raw = &rest[scheme_start..end];
+            match Url::parse(raw) {
+                // Nothing to redact: keep the text as written (no
+                // normalisation such as an added trailing `/`).
+                Ok(url) if self.redact(&url) == url.as_str() => out.push_str(raw),
+                _ if scheme_start == sep => out.push_str(raw),
+                _ => out.push_str(&self.redact_str(raw)),
             }
             rest = &rest[end..];
         }
@@ -378,6 +381,10 @@ mod tests {
             "error for url (https://REDACTED:REDACTED@h/x?sig=REDACTED&a=1). next http://h2/?token=REDACTED"
         );
         assert_eq!(r.redact_text("no url: here"), "no url: here");
+        assert_eq!(
+            r.redact_text("(e.g. http://localhost:4317)"),
+            "(e.g. http://localhost:4317)"
+        );
         assert_eq!(r.redact_text("weird ://x"), "weird ://x");
     }
 
