@@ -220,3 +220,39 @@ async fn partial_chain_trusts_a_pinned_leaf_or_self_signed_certificate() {
         );
     }
 }
+
+/// A verifier of the user's own (here webpki with the test CA, what
+/// reqwest builds for `tls_certs_only` + `add_crl`) is used and wrapped:
+/// the request succeeds with the `tls.certificate_verified` event, and the
+/// same verifier with another CA rejects with the rejection event.
+#[tokio::test]
+async fn own_certificate_verifier_is_wrapped_by_the_hooks() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let t = telemetry();
+    let pki = TestPki::localhost().expect("pki");
+    let other = TestPki::untrusted_other().expect("pki");
+    let s = server(&pki, TlsVersions::Tls13Only, HttpVersions::Http1Only).await;
+    for (trusted, ok) in [(&pki, true), (&other, false)] {
+        let mut roots = rustls::RootCertStore::empty();
+        roots.add(trusted.ca_cert_der()).expect("root");
+        let verifier = rustls::client::WebPkiServerVerifier::builder(std::sync::Arc::new(roots))
+            .build()
+            .expect("verifier");
+        let client = t
+            .conntrace()
+            .instrument_client(reqwest::Client::builder())
+            .tls(TlsSettings::new().certificate_verifier(verifier))
+            .build_with_middleware()
+            .expect("client");
+        assert_eq!(client.get(s.url("/")).send().await.is_ok(), ok);
+    }
+    let handshakes = t.named(semconv::TLS_HANDSHAKE_SPAN);
+    let event = |name: &str| {
+        handshakes
+            .iter()
+            .filter(|h| h.events.iter().any(|e| e.name == name))
+            .count()
+    };
+    assert_eq!(event(semconv::EVENT_TLS_CERTIFICATE_VERIFIED), 1);
+    assert_eq!(event(semconv::EVENT_TLS_CERTIFICATE_REJECTED), 1);
+}

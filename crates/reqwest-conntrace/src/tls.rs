@@ -53,6 +53,7 @@ pub struct TlsSettings {
     partial_chain: bool,
     accept_invalid_certs: bool,
     key_log_file: bool,
+    verifier: Option<Arc<dyn ServerCertVerifier>>,
     provider: Option<Arc<CryptoProvider>>,
 }
 
@@ -70,6 +71,7 @@ impl fmt::Debug for TlsSettings {
             .field("sni", &self.sni)
             .field("partial_chain", &self.partial_chain)
             .field("accept_invalid_certs", &self.accept_invalid_certs)
+            .field("custom_verifier", &self.verifier.is_some())
             .finish()
     }
 }
@@ -89,6 +91,7 @@ impl Default for TlsSettings {
             partial_chain: false,
             accept_invalid_certs: false,
             key_log_file: false,
+            verifier: None,
             provider: None,
         }
     }
@@ -197,6 +200,21 @@ impl TlsSettings {
         self
     }
 
+    /// Verifies server certificates with `verifier` instead of the
+    /// platform's roots and the added ones: the way to carry over what
+    /// reqwest's builder would build from options this crate has no setter
+    /// for, e.g. CRLs (`add_crl`, `tls_crls_only`:
+    /// `rustls::client::WebPkiServerVerifier::builder(roots).with_crls(crls).build()`)
+    /// or an own trust policy. The handshake hooks wrap it (verification is
+    /// timed, rejections are events); [`partial_chain`](Self::partial_chain)
+    /// still trusts pinned end-entity certificates first, and
+    /// [`danger_accept_invalid_certs`](Self::danger_accept_invalid_certs)
+    /// replaces it. Default: none (platform verifier with the added roots).
+    pub fn certificate_verifier(mut self, verifier: Arc<dyn ServerCertVerifier>) -> Self {
+        self.verifier = Some(verifier);
+        self
+    }
+
     /// Writes the TLS secrets to the file named by `SSLKEYLOGFILE` (NSS key
     /// log format, for Wireshark), as reqwest's `tls_sslkeylogfile` does;
     /// the handshake is timed all the same. Default: `false` (no secret
@@ -246,7 +264,9 @@ impl TlsSettings {
                 "min_version is above max_version".to_owned(),
             )));
         }
-        let inner: Arc<dyn ServerCertVerifier> = if self.built_in_roots {
+        let inner: Arc<dyn ServerCertVerifier> = if let Some(v) = &self.verifier {
+            v.clone()
+        } else if self.built_in_roots {
             Arc::new(
                 rustls_platform_verifier::Verifier::new_with_extra_roots(
                     self.extra_roots.iter().cloned(),
