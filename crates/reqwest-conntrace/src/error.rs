@@ -37,9 +37,18 @@ pub enum BuildError {
     /// is not an `http://host[:port]` URL (credentials redacted).
     #[error("invalid proxy URL `{0}`: expected http://host[:port]")]
     InvalidProxy(String),
-    /// reqwest refused to build the client.
-    #[error("reqwest: {0}")]
-    Reqwest(#[from] reqwest::Error),
+    /// reqwest refused to build the client. The message is the error's
+    /// chain through the crate's redaction (reqwest's own text may carry a
+    /// URL with credentials); the error is kept for inspection and is not
+    /// exposed as `source()`, so chain printers do not print it unredacted.
+    #[error("reqwest: {}", crate::redact::UrlRedaction::standard().error_text(.0))]
+    Reqwest(reqwest::Error),
+}
+
+impl From<reqwest::Error> for BuildError {
+    fn from(err: reqwest::Error) -> Self {
+        Self::Reqwest(err)
+    }
 }
 
 /// Classifies an error chain into a low-cardinality `error.type` value (one
