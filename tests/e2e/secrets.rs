@@ -1,7 +1,8 @@
 //! Secrets never leave through the telemetry: a URL carrying a distinct
 //! secret in its user name, its password and the value of every
 //! redacted query key is requested once per outcome (success, DNS failure,
-//! refused, TLS rejection, connect timeout, proxy failure, HTTP/2 error),
+//! refused, TLS rejection, connect timeout, proxy failure, a CONNECT
+//! tunnel through a proxy with credentials, HTTP/2 error),
 //! and every exported byte (spans with their attributes, events, links and
 //! status; metrics; the library's log lines; the `RequestReport`s handed to
 //! the callback) is searched for the secrets.
@@ -197,6 +198,24 @@ async fn no_secret_reaches_any_exported_byte_on_success_or_any_failure() {
         .await
         .expect_err("proxy");
     outcomes.push("proxy");
+
+    // Through a CONNECT proxy with credentials, to the TLS server.
+    let proxy = conntrace_lab::ConnectProxy::start().await.expect("proxy");
+    let client = build(trust(&pki), plain)
+        .proxy(format!(
+            "http://{MARK}proxyuser:{MARK}proxypass@{}",
+            proxy.addr()
+        ))
+        .build_with_middleware()
+        .expect("client");
+    let response = client
+        .get(secret_url("https", &format!("localhost:{tls_port}")))
+        .send()
+        .await
+        .expect("through the proxy");
+    response.bytes().await.expect("body");
+    assert_eq!(proxy.tunnels(), 1, "the request went through the proxy");
+    outcomes.push("proxy tunnel");
 
     // HTTP/2 by prior knowledge against an HTTP/1.1-only server.
     let client = build(trust(&pki), |b| b.http2_prior_knowledge())
