@@ -55,20 +55,22 @@ async fn main() -> Result<(), Box<dyn Error>> {
 
     // 2. The builder your code already has, options and all: they are kept.
     let builder = reqwest::Client::builder()
-        .pool_max_idle_per_host(4)
-        .pool_idle_timeout(Duration::from_secs(90))
         .timeout(Duration::from_secs(10))
         .user_agent("conntrace-example/0.1");
 
     // 3. Instrument it. Options the instrumentation must see go on the
-    //    instrumented builder instead of reqwest's: the connect timeout (so a
+    //    instrumented builder instead of reqwest's: the pool settings (reqwest's
+    //    builder cannot be read back, and the miss reasons, the idle-limit
+    //    gauge and the pool advice need them), the connect timeout (so a
     //    connect abandoned at it reads `error.type = timeout`), the DNS
-    //    resolver, and TLS options (reqwest ignores its own once it is handed
-    //    the instrumented rustls config; `build` refuses them). Here: trust
-    //    only the test CA. A real client keeps `TlsSettings::default()`.
+    //    resolver, and root certificates and client identities (reqwest's
+    //    builder hides them; the TLS options it shows are carried over).
+    //    Here: trust only the test CA. A real client keeps `TlsSettings::default()`.
     let conntrace = ConnTrace::builder().on_request_end(print_report).build();
     let client = conntrace
         .instrument_client(builder)
+        .pool_max_idle_per_host(4)
+        .pool_idle_timeout(Some(Duration::from_secs(90)))
         .connect_timeout(Duration::from_secs(3))
         .tls(
             TlsSettings::new()

@@ -705,29 +705,6 @@ async fn connect_timeout_is_reported_as_timeout() {
     accept.abort();
 }
 
-/// A TLS option set on reqwest's builder would be silently replaced by the
-/// instrumented rustls config: building refuses it with a clear error.
-#[test]
-fn tls_option_on_reqwest_builder_is_refused() {
-    let err = reqwest_conntrace::ConnTrace::new()
-        .instrument_client(
-            reqwest::Client::builder().tls_version_min(reqwest::tls::Version::TLS_1_3),
-        )
-        .build()
-        .expect_err("refused");
-    assert!(err.to_string().contains("tls_version_min"), "{err}");
-}
-
-/// `tls_sni(false)` on reqwest's builder would be silently replaced too.
-#[test]
-fn sni_off_on_reqwest_builder_is_refused() {
-    let err = reqwest_conntrace::ConnTrace::new()
-        .instrument_client(reqwest::Client::builder().tls_sni(false))
-        .build()
-        .expect_err("refused");
-    assert!(err.to_string().contains("tls_sni"), "{err}");
-}
-
 /// A pooled connection that the server closes on the next request (the
 /// keep-alive race of a server timeout): the request fails with
 /// `connection_reset`, and its span still names the connection it went out

@@ -4,8 +4,10 @@
 
 mod contract;
 mod deploy;
+mod dropin;
 mod fanout;
 mod kernel;
 mod library;
 mod metrics;
+mod secrets;
 mod support;

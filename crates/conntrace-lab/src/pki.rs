@@ -112,6 +112,37 @@ impl TestPki {
         })
     }
 
+    /// A self-signed `CA:TRUE` certificate used as the server's own, the
+    /// usual one-line `openssl req -x509 -newkey ... -subj /CN=localhost`
+    /// certificate (with `localhost`, `127.0.0.1`, `::1` as alternative
+    /// names): [`ca_cert_pem`](Self::ca_cert_pem) and
+    /// [`leaf_cert_pem`](Self::leaf_cert_pem) are that one certificate,
+    /// and the server presents it alone.
+    ///
+    /// # Errors
+    /// [`LabError::Certificate`] when rcgen fails (in practice never).
+    pub fn self_signed_localhost() -> Result<TestPki, LabError> {
+        let names = ["localhost", "127.0.0.1", "::1"];
+        let owned: Vec<String> = names.iter().map(|n| (*n).to_owned()).collect();
+        let mut params = CertificateParams::new(owned.clone())?;
+        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        params.distinguished_name.push(
+            DnType::CommonName,
+            format!("localhost self-signed {}", unique_id()),
+        );
+        let key = KeyPair::generate()?;
+        let cert = params.self_signed(&key)?;
+        Ok(TestPki {
+            names: owned,
+            ca_der: cert.der().clone(),
+            ca_pem: cert.pem(),
+            leaf_der: cert.der().clone(),
+            leaf_pem: cert.pem(),
+            key_der: key.serialize_der(),
+            key_pem: key.serialize_pem(),
+        })
+    }
+
     /// Generates a CA and a leaf valid for `localhost`, `127.0.0.1` and `::1`.
     ///
     /// # Errors
@@ -152,6 +183,9 @@ impl TestPki {
 
     /// The chain a server presents: the leaf, then the CA certificate (DER).
     pub fn leaf_chain_der(&self) -> Vec<CertificateDer<'static>> {
+        if self.leaf_der == self.ca_der {
+            return vec![self.leaf_der.clone()];
+        }
         vec![self.leaf_der.clone(), self.ca_der.clone()]
     }
 

@@ -70,10 +70,19 @@ impl AddressOrderArg {
 /// HTTP version, timeout).
 #[derive(Debug, Clone, Args)]
 pub(crate) struct ClientOptions {
-    /// Trust only the CA certificates in this PEM file instead of the
-    /// system's roots (like curl's --cacert). [default: system roots]
+    /// Trust only the certificates in this PEM file instead of the system's
+    /// roots, as curl's --cacert does: CA certificates, and also a pinned
+    /// certificate the server presents as its own (a self-signed one from
+    /// `openssl req -x509`, or a leaf: curl's partial chain). The host name
+    /// is still checked. [default: system roots]
     #[arg(long, value_name = "FILE")]
     pub(crate) cacert: Option<PathBuf>,
+
+    /// Accept any server certificate (curl's -k): the TLS handshake is still
+    /// made and timed, and its span says `http.connection.tls.verification_skipped`.
+    /// [default: off]
+    #[arg(short = 'k', long)]
+    pub(crate) insecure: bool,
 
     /// Connect to these addresses for HOST:PORT instead of asking DNS
     /// (curl's syntax; IPv6 in brackets; repeatable; an entry whose
@@ -97,9 +106,9 @@ pub(crate) struct ClientOptions {
     #[arg(long, conflicts_with = "http2")]
     pub(crate) http1: bool,
 
-    /// HTTP/2 only, by prior knowledge: h2c on http://; on https:// ALPN still
-    /// offers h2 and http/1.1 but the client speaks h2 regardless, so a
-    /// server that does not speak HTTP/2 fails. [default: off; ALPN decides]
+    /// HTTP/2 only, by prior knowledge: h2c on http://; on https:// ALPN
+    /// offers only h2, so a server without HTTP/2 refuses the handshake.
+    /// [default: off; ALPN decides]
     #[arg(long)]
     pub(crate) http2: bool,
 
@@ -131,18 +140,22 @@ impl ClientOptions {
         }
     }
 
-    /// Reads `--cacert` once: the TLS settings every client of a run shares.
+    /// Reads `--cacert` once and applies `-k`: the TLS settings every
+    /// client of a run shares.
     ///
     /// # Errors
-    /// When the file cannot be read or holds no PEM certificate.
+    /// When the file cannot be read or holds no PEM certificate: a bad
+    /// command line ([`crate::error::Usage`], exit 2).
     pub(crate) fn tls_settings(&self) -> anyhow::Result<TlsSettings> {
+        let tls = TlsSettings::new().danger_accept_invalid_certs(self.insecure);
         let Some(path) = &self.cacert else {
-            return Ok(TlsSettings::new());
+            return Ok(tls);
         };
         let pem = std::fs::read(path)
-            .with_context(|| format!("cannot read --cacert {}", path.display()))?;
-        TlsSettings::new()
-            .built_in_roots(false)
+            .with_context(|| format!("cannot read --cacert {}", path.display()))
+            .map_err(crate::error::usage)?;
+        tls.built_in_roots(false)
+            .partial_chain(true)
             .add_root_certificates_pem(&pem)
             .with_context(|| {
                 format!(
@@ -150,6 +163,24 @@ impl ClientOptions {
                     path.display()
                 )
             })
+            .map_err(crate::error::usage)
+    }
+
+    /// A failed request's one-line message, with the fix that depends on
+    /// these options: under `--http2`, a connection that broke once
+    /// connected (hyper's `SendRequest`, a reset) most likely met a server
+    /// without HTTP/2 (its h2c error text varies: `channel closed`,
+    /// `broken pipe`).
+    pub(crate) fn explain(&self, message: &str) -> String {
+        if self.http2
+            && !message.contains("; fix:")
+            && (message.contains("SendRequest") || message.contains("connection reset"))
+        {
+            return format!(
+                "{message}; fix: the server may not speak HTTP/2 (h2c by prior knowledge on http://); drop --http2"
+            );
+        }
+        message.to_owned()
     }
 
     /// The `--resolve` entries that apply to `url`; warns on stderr about the others.

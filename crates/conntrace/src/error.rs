@@ -3,23 +3,36 @@
 
 use std::error::Error as StdError;
 
-/// The error's text and its sources, `": "`-joined, each source's text
-/// left out when an outer message already contains it.
-pub(crate) fn chain_text(err: &(dyn StdError + 'static)) -> String {
-    let mut text = err.to_string();
-    let mut current = err.source();
-    while let Some(e) = current {
-        let s = e.to_string();
-        if !s.is_empty() && !text.contains(&s) {
-            text.push_str(": ");
-            text.push_str(&s);
-        }
-        current = e.source();
+use reqwest_conntrace::UrlRedaction;
+
+/// A bad command line found after parsing (a URL that is not one, an
+/// unknown scenario, an unreadable `--cacert`): `main` prints it as one
+/// line pointing to `--help` and exits 2, as for clap's own errors.
+#[derive(Debug)]
+pub(crate) struct Usage(pub(crate) String);
+
+impl std::fmt::Display for Usage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
     }
-    one_line(&text)
 }
 
-/// An `anyhow` error as one line (context first, then causes).
+impl StdError for Usage {}
+
+/// Marks `err` as a bad command line (exit 2); its one-line text is kept.
+pub(crate) fn usage(err: anyhow::Error) -> anyhow::Error {
+    anyhow::Error::new(Usage(anyhow_line(&err)))
+}
+
+/// The error's text and its sources, `": "`-joined, each source's text
+/// left out when an outer message already contains it; redacted by the
+/// library's one redaction (reqwest errors rebuilt from their redacted URL).
+pub(crate) fn chain_text(err: &(dyn StdError + 'static)) -> String {
+    one_line(&UrlRedaction::new().error_text(err))
+}
+
+/// An `anyhow` error as one line (context first, then causes), every URL
+/// in it redacted.
 pub(crate) fn anyhow_line(err: &anyhow::Error) -> String {
     let mut text = err.to_string();
     for cause in err.chain().skip(1) {
@@ -29,7 +42,7 @@ pub(crate) fn anyhow_line(err: &anyhow::Error) -> String {
             text.push_str(&s);
         }
     }
-    one_line(&text)
+    one_line(&UrlRedaction::new().redact_text(&text))
 }
 
 /// Collapses line breaks so a message stays on one line.
@@ -50,10 +63,54 @@ pub(crate) fn request_failure(err: &(dyn StdError + 'static), error_type: Option
         _ => None,
     };
     let chain = chain_text(err);
-    match lead {
+    let text = match lead {
         Some(lead) => format!("{lead}: {chain}"),
         None => chain,
+    };
+    match fix(&text) {
+        Some(fix) => format!("{text}; fix: {fix}"),
+        None => text,
     }
+}
+
+/// What to do about a failed request, from its error text: the causes a
+/// curl user meets (plain HTTP to a TLS port, HTTP/2 forced on a server
+/// without it, a certificate not trusted here).
+fn fix(text: &str) -> Option<&'static str> {
+    const CAUSES: &[(&str, &str)] = &[
+        (
+            "invalid HTTP version parsed",
+            "the server did not answer in HTTP/1.x; if that port speaks TLS, use https://",
+        ),
+        (
+            "NoApplicationProtocol",
+            "the server does not offer HTTP/2 (ALPN h2); drop --http2",
+        ),
+        (
+            "http2 error",
+            "the server did not speak HTTP/2; drop --http2 (on http:// it means h2c by prior knowledge)",
+        ),
+        (
+            "UnknownIssuer",
+            "the certificate is not signed by a CA trusted here; pass that CA (or the server's own certificate) with --cacert FILE, or skip verification with -k",
+        ),
+        (
+            "CaUsedAsEndEntity",
+            "the server presents a CA certificate as its own; pass that certificate with --cacert FILE, or skip verification with -k",
+        ),
+        (
+            "NotValidForName",
+            "the certificate does not name this host; use a name it was issued for, or skip verification with -k",
+        ),
+        (
+            "Expired",
+            "the certificate has expired (or the clock is wrong); skip verification with -k to probe anyway",
+        ),
+    ];
+    CAUSES
+        .iter()
+        .find(|(cause, _)| text.contains(cause))
+        .map(|(_, fix)| *fix)
 }
 
 /// Tidies an OpenTelemetry export error's debug-style text, e.g.

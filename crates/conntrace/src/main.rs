@@ -116,10 +116,16 @@ fn main() -> ExitCode {
     runtime.shutdown_timeout(Duration::from_secs(1));
     match result {
         Some(Ok(code)) => code,
-        Some(Err(e)) => {
-            eprintln!("error: {}", error::anyhow_line(&e));
-            ExitCode::FAILURE
-        }
+        Some(Err(e)) => match e.downcast_ref::<error::Usage>() {
+            Some(usage) => {
+                eprintln!("error: {usage}; see {} --help", command_path());
+                ExitCode::from(2)
+            }
+            None => {
+                eprintln!("error: {}", error::anyhow_line(&e));
+                ExitCode::FAILURE
+            }
+        },
         None => ExitCode::from(INTERRUPTED),
     }
 }

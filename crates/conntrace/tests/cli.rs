@@ -21,6 +21,9 @@ mod lab_scenarios;
 #[path = "cli/trial.rs"]
 mod trial;
 
+#[path = "cli/curl.rs"]
+mod curl;
+
 fn conntrace() -> tokio::process::Command {
     let mut c = tokio::process::Command::new(env!("CARGO_BIN_EXE_conntrace"));
     c.env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")

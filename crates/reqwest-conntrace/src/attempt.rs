@@ -45,6 +45,8 @@ pub(crate) struct Phases {
     pub(crate) server_finished: Option<Instant>,
     /// Certificate verification: when, and the error text if rejected.
     pub(crate) cert_verified: Option<(Instant, Option<String>)>,
+    /// The certificate was accepted unverified (`danger_accept_invalid_certs`).
+    pub(crate) cert_verification_skipped: bool,
     /// Version learnt from the handshake (signature check or key schedule).
     pub(crate) tls_version: Option<TlsVersion>,
     /// Start of the latest poll of the connect future, and of the one before.

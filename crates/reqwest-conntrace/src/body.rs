@@ -51,7 +51,8 @@ where
                 }
             }
             Poll::Ready(Some(Err(e))) => {
-                this.end.fail(classify(e), error_chain_text(e));
+                let text = error_chain_text(&this.end.inner.redaction, e);
+                this.end.fail(classify(e), text);
                 this.end.finish(EndKind::Failed);
             }
             Poll::Ready(None) => this.end.finish(EndKind::Complete),

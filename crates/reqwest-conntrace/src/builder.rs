@@ -21,11 +21,14 @@ use crate::tls::TlsSettings;
 ///
 /// Options this crate must know or must own are set here rather than on
 /// reqwest's builder: TLS options (reqwest ignores its own TLS options once
-/// given a preconfigured rustls config; `build` refuses a builder whose
-/// `tls_version_min`/`max`, `tls_danger_*` or `tls_sni(false)` are set there,
-/// but root certificates, `tls_certs_only` and client identities added to
-/// reqwest's builder cannot be seen and are ignored: add them through
-/// [`TlsSettings`]), the DNS
+/// given a preconfigured rustls config; `build` carries over the ones
+/// reqwest's builder shows, `tls_version_min`/`max`,
+/// `tls_danger_accept_invalid_certs`, `tls_sni`, `tls_sslkeylogfile`,
+/// `http1_only` and `http2_prior_knowledge` (ALPN), and refuses
+/// `tls_danger_accept_invalid_hostnames`; root certificates,
+/// `tls_certs_only`, CRLs and client identities added to reqwest's builder
+/// are not visible through reqwest's public API and do not reach the
+/// instrumented client: add them through [`TlsSettings`]), the DNS
 /// resolver (reqwest's builder cannot hand it back to be wrapped), and the
 /// connect timeout (to tell a timed-out connect from a cancelled one).
 pub struct InstrumentedClientBuilder {
@@ -58,12 +61,43 @@ impl std::fmt::Debug for InstrumentedClientBuilder {
     }
 }
 
+/// A reqwest 0.13 `ClientBuilder`: what
+/// [`ConnTrace::instrument_client`] takes. This crate instruments reqwest
+/// 0.13 (and reqwest-middleware 0.5) only; the trait exists so that a
+/// builder from another reqwest version fails to compile with a message
+/// naming that requirement instead of a bare type mismatch between two
+/// `ClientBuilder`s.
+///
+/// ```compile_fail
+/// struct ClientBuilder; // e.g. reqwest 0.12's
+/// reqwest_conntrace::ConnTrace::new().instrument_client(ClientBuilder);
+/// ```
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` is not a reqwest 0.13 `ClientBuilder`: reqwest-conntrace instruments reqwest 0.13 and reqwest-middleware 0.5",
+    label = "expected a `reqwest::ClientBuilder` from reqwest 0.13",
+    note = "two reqwest versions in one build (see `cargo tree -i reqwest`) mean the app is on another reqwest: upgrade it to reqwest 0.13 and reqwest-middleware 0.5"
+)]
+pub trait ReqwestClientBuilder {
+    /// The builder itself.
+    fn into_reqwest(self) -> reqwest::ClientBuilder;
+}
+
+impl ReqwestClientBuilder for reqwest::ClientBuilder {
+    fn into_reqwest(self) -> reqwest::ClientBuilder {
+        self
+    }
+}
+
 impl ConnTrace {
-    /// Starts instrumenting `builder`; see [`InstrumentedClientBuilder`].
-    pub fn instrument_client(&self, builder: reqwest::ClientBuilder) -> InstrumentedClientBuilder {
+    /// Starts instrumenting `builder` (a reqwest 0.13 `ClientBuilder`); see
+    /// [`InstrumentedClientBuilder`].
+    pub fn instrument_client(
+        &self,
+        builder: impl ReqwestClientBuilder,
+    ) -> InstrumentedClientBuilder {
         InstrumentedClientBuilder {
             trace: self.clone(),
-            builder,
+            builder: builder.into_reqwest(),
             tls: TlsSettings::default(),
             resolver: None,
             connect_timeout: None,
@@ -75,14 +109,59 @@ impl ConnTrace {
     }
 }
 
-/// reqwest `ClientBuilder` fields (from its `Debug` output) that a
-/// preconfigured rustls config silently overrides.
-const TLS_FIELDS_ON_REQWEST: &[&str] = &[
-    "tls_version_min",
-    "tls_version_max",
-    "tls_danger_accept_invalid_certs",
-    "tls_danger_accept_invalid_hostnames",
-];
+/// Reads the TLS options reqwest's `ClientBuilder` shows in its `Debug`
+/// output and carries them over to `tls`. reqwest applies none of its TLS
+/// options to a preconfigured rustls config, so each one it shows is either
+/// carried over here or refused with [`BuildError::TlsOptionOnReqwestBuilder`].
+fn carry_over_tls(described: &str, mut tls: TlsSettings) -> Result<TlsSettings, BuildError> {
+    use crate::report::TlsVersion;
+    let version = |field: &str| -> Result<Option<TlsVersion>, BuildError> {
+        let Some(at) = described.find(&format!("{field}: Version(")) else {
+            return Ok(None);
+        };
+        let rest = &described[at + field.len() + ": Version(".len()..];
+        match rest.split(')').next() {
+            Some("Tls1_2") => Ok(Some(TlsVersion::Tls12)),
+            Some("Tls1_3") => Ok(Some(TlsVersion::Tls13)),
+            // TLS 1.0/1.1: rustls offers neither.
+            _ => Err(BuildError::TlsOptionOnReqwestBuilder(
+                if field == "tls_version_min" {
+                    "tls_version_min (below TLS 1.2)"
+                } else {
+                    "tls_version_max (below TLS 1.2)"
+                },
+            )),
+        }
+    };
+    if let Some(v) = version("tls_version_min")? {
+        tls = tls.min_version(v);
+    }
+    if let Some(v) = version("tls_version_max")? {
+        tls = tls.max_version(v);
+    }
+    if described.contains("tls_danger_accept_invalid_hostnames: true") {
+        return Err(BuildError::TlsOptionOnReqwestBuilder(
+            "tls_danger_accept_invalid_hostnames",
+        ));
+    }
+    if described.contains("tls_danger_accept_invalid_certs: true") {
+        tls = tls.danger_accept_invalid_certs(true);
+    }
+    // reqwest always prints tls_sni; only `false` was set by the user.
+    if described.contains("tls_sni: false") {
+        tls = tls.sni(false);
+    }
+    if described.contains("tls_sslkeylogfile: true") {
+        tls = tls.key_log_file(true);
+    }
+    if described.contains("http1_only: true") {
+        tls = tls.http1_only(true);
+    }
+    if described.contains("http2_prior_knowledge: true") {
+        tls = tls.http2_only(true);
+    }
+    Ok(tls)
+}
 
 impl InstrumentedClientBuilder {
     /// TLS options of the client. Default: [`TlsSettings::default`].
@@ -161,20 +240,7 @@ impl InstrumentedClientBuilder {
     /// on reqwest's builder instead of [`TlsSettings`], or reqwest fails.
     pub fn build(self) -> Result<reqwest::Client, BuildError> {
         let described = format!("{:?}", self.builder);
-        if let Some(field) = TLS_FIELDS_ON_REQWEST
-            .iter()
-            .find(|f| described.contains(&format!("{f}:")))
-        {
-            return Err(BuildError::TlsOptionOnReqwestBuilder(field));
-        }
-        // reqwest always prints tls_sni; only `false` was set by the user.
-        if described.contains("tls_sni: false") {
-            return Err(BuildError::TlsOptionOnReqwestBuilder("tls_sni"));
-        }
-        let mut tls = self.tls;
-        if described.contains("http1_only: true") {
-            tls = tls.http1_only(true);
-        }
+        let tls = carry_over_tls(&described, self.tls)?;
         let config = tls.build_config()?;
         let resolver = match self.resolver {
             Some(r) => TracedResolver::new(r),

@@ -290,7 +290,7 @@ where
                         &attempt,
                         &span_cx,
                         classify(e),
-                        error_chain_text(e),
+                        error_chain_text(&inner.redaction, e),
                         now,
                     );
                 }

@@ -160,7 +160,10 @@ impl Resolve for TracedResolver {
                 Err(e) => {
                     if let Some(d) = a.phases().dns.as_mut() {
                         d.answered = Some(answered);
-                        d.error = Some((classify(e.as_ref()), error_chain_text(e.as_ref())));
+                        d.error = Some((
+                            classify(e.as_ref()),
+                            error_chain_text(crate::redact::UrlRedaction::standard(), e.as_ref()),
+                        ));
                     }
                     Err(e)
                 }

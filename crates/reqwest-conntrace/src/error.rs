@@ -37,9 +37,18 @@ pub enum BuildError {
     /// is not an `http://host[:port]` URL (credentials redacted).
     #[error("invalid proxy URL `{0}`: expected http://host[:port]")]
     InvalidProxy(String),
-    /// reqwest refused to build the client.
-    #[error("reqwest: {0}")]
-    Reqwest(#[from] reqwest::Error),
+    /// reqwest refused to build the client. The message is the error's
+    /// chain through the crate's redaction (reqwest's own text may carry a
+    /// URL with credentials); the error is kept for inspection and is not
+    /// exposed as `source()`, so chain printers do not print it unredacted.
+    #[error("reqwest: {}", crate::redact::UrlRedaction::standard().error_text(.0))]
+    Reqwest(reqwest::Error),
+}
+
+impl From<reqwest::Error> for BuildError {
+    fn from(err: reqwest::Error) -> Self {
+        Self::Reqwest(err)
+    }
 }
 
 /// Classifies an error chain into a low-cardinality `error.type` value (one
@@ -118,20 +127,14 @@ pub(crate) struct DnsError {
     pub(crate) source: io::Error,
 }
 
-/// The full text of an error and its sources, `": "`-joined, for
+/// The full text of an error and its sources, `": "`-joined and redacted
+/// with `redaction` (reqwest errors rebuilt from their redacted URL), for
 /// `exception.message` and span status descriptions.
-pub(crate) fn error_chain_text(err: &(dyn StdError + 'static)) -> String {
-    let mut text = err.to_string();
-    let mut current = err.source();
-    while let Some(e) = current {
-        let s = e.to_string();
-        if !text.contains(&s) {
-            text.push_str(": ");
-            text.push_str(&s);
-        }
-        current = e.source();
-    }
-    text
+pub(crate) fn error_chain_text(
+    redaction: &crate::redact::UrlRedaction,
+    err: &(dyn StdError + 'static),
+) -> String {
+    redaction.error_text(err)
 }
 
 #[cfg(test)]

@@ -16,6 +16,7 @@ use crate::clock::Clock;
 use crate::kernel::{KernelLookup, KernelView};
 use crate::metrics::Metrics;
 use crate::pool::PoolHistory;
+use crate::redact::UrlRedaction;
 use crate::registry::{ConnectionRecord, Registry};
 use crate::report::{DefaultOnRequestEnd, OnRequestEnd};
 use crate::semconv;
@@ -39,7 +40,9 @@ pub const DEFAULT_POOL_ADVICE_INTERVAL: Duration = Duration::from_secs(60);
 /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
 /// let conntrace = reqwest_conntrace::ConnTrace::new();
 /// let client = conntrace
-///     .instrument_client(reqwest::Client::builder().pool_max_idle_per_host(8))
+///     .instrument_client(reqwest::Client::builder())
+///     // pool settings here, not on reqwest's builder (which cannot be read back)
+///     .pool_max_idle_per_host(8)
 ///     .build_with_middleware()?;
 /// let response = client.get("https://example.com/").send().await?;
 /// # Ok(()) }
@@ -84,6 +87,8 @@ pub(crate) struct Inner {
     pub(crate) clock: Clock,
     tracer: TracerSource,
     pub(crate) on_request_end: Box<dyn OnRequestEnd>,
+    /// The redaction of every URL and error text this handle exports.
+    pub(crate) redaction: UrlRedaction,
 }
 
 fn scope() -> InstrumentationScope {
@@ -282,6 +287,7 @@ pub struct ConnTraceBuilder {
     advice_interval: Duration,
     capacity: usize,
     on_request_end: Box<dyn OnRequestEnd>,
+    redaction: UrlRedaction,
 }
 
 impl std::fmt::Debug for ConnTraceBuilder {
@@ -300,6 +306,7 @@ impl Default for ConnTraceBuilder {
             advice_interval: DEFAULT_POOL_ADVICE_INTERVAL,
             capacity: DEFAULT_REGISTRY_CAPACITY,
             on_request_end: Box::new(DefaultOnRequestEnd),
+            redaction: UrlRedaction::default(),
         }
     }
 }
@@ -351,6 +358,16 @@ impl ConnTraceBuilder {
         self
     }
 
+    /// How URLs and error texts are redacted before they are exported
+    /// (`url.full`, span status, `exception.message`) or handed out
+    /// ([`RequestReport::url`](crate::RequestReport::url)): add query keys,
+    /// or redact every query value. Default: [`UrlRedaction::default`]
+    /// (credentials and the [`DEFAULT_REDACTED_QUERY_KEYS`](crate::DEFAULT_REDACTED_QUERY_KEYS)).
+    pub fn url_redaction(mut self, redaction: UrlRedaction) -> Self {
+        self.redaction = redaction;
+        self
+    }
+
     /// The handle.
     pub fn build(self) -> ConnTrace {
         let meter = self
@@ -368,6 +385,7 @@ impl ConnTraceBuilder {
                 clock: Clock::new(),
                 tracer: self.tracer,
                 on_request_end: self.on_request_end,
+                redaction: self.redaction,
             }),
         }
     }

@@ -37,7 +37,9 @@
 //! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
 //! let conntrace = reqwest_conntrace::ConnTrace::new();
 //! let client = conntrace
-//!     .instrument_client(reqwest::Client::builder().pool_max_idle_per_host(8))
+//!     .instrument_client(reqwest::Client::builder())
+//!     // pool settings here, not on reqwest's builder (which cannot be read back)
+//!     .pool_max_idle_per_host(8)
 //!     .build_with_middleware()?;
 //! client.get("https://example.com/").send().await?.text().await?;
 //! # Ok(()) }
@@ -76,7 +78,7 @@ mod tcp;
 mod tls;
 
 pub use advice::PoolAdvice;
-pub use builder::InstrumentedClientBuilder;
+pub use builder::{InstrumentedClientBuilder, ReqwestClientBuilder};
 pub use connector::{ConnectFuture, ConnectService, ConnectorLayer};
 pub use dns::{AddressOrder, SystemResolver, TracedResolver};
 pub use error::BuildError;
@@ -89,7 +91,7 @@ pub use middleware::{
     ConnTraceMiddleware, DefaultMakeRequestSpan, MakeRequestSpan, UseCurrentSpan,
 };
 pub use miss::MissReason;
-pub use redact::redact_url;
+pub use redact::{DEFAULT_REDACTED_QUERY_KEYS, UrlRedaction, redact_url};
 pub use report::{
     ConnectionSetup, ConnectionUse, DefaultOnRequestEnd, OnRequestEnd, RequestReport, TlsVersion,
 };

@@ -20,7 +20,6 @@ use crate::body::TracedBody;
 use crate::error::{classify, error_chain_text};
 use crate::handle::ConnTrace;
 use crate::pool::HostKey;
-use crate::redact::redact_url;
 use crate::request::{RequestScope, RequestState};
 use crate::semconv;
 
@@ -215,7 +214,7 @@ impl<M: MakeRequestSpan> Middleware for ConnTraceMiddleware<M> {
             None => String::new(),
         };
         let port = url.port().unwrap_or_else(|| default_port(&scheme));
-        let full = redact_url(url);
+        let full = inner.redaction.redact(url);
         if records_http {
             let method = req.method().as_str();
             if is_known_method(method) {
@@ -289,7 +288,7 @@ impl<M: MakeRequestSpan> Middleware for ConnTraceMiddleware<M> {
                 if error_type == semconv::ERROR_TYPE_CONNECTION_RESET {
                     attribute_failure(&inner, &state, &span);
                 }
-                end.fail(error_type, error_chain_text(&error));
+                end.fail(error_type, error_chain_text(&inner.redaction, &error));
                 end.finish(EndKind::Failed);
                 Err(error)
             }

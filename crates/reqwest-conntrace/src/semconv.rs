@@ -150,6 +150,12 @@ pub const HTTP_CONNECTION_PROXIED: &str = "http.connection.proxied";
 /// `http.connection.tls.resumption_offered` (bool, `tls.handshake` span):
 /// the client offered a cached TLS session (ticket or session id).
 pub const HTTP_CONNECTION_TLS_RESUMPTION_OFFERED: &str = "http.connection.tls.resumption_offered";
+/// `http.connection.tls.verification_skipped` (bool, `tls.handshake` span,
+/// present only when `true`): the server's certificate was accepted without
+/// verification (`TlsSettings::danger_accept_invalid_certs`, the CLI's
+/// `-k`); the `tls.certificate_verified` event is absent then.
+pub const HTTP_CONNECTION_TLS_VERIFICATION_SKIPPED: &str =
+    "http.connection.tls.verification_skipped";
 
 /// `http.connection.miss_reason` (string, request span): why the request
 /// was not served by an idle pooled connection; one of the `MISS_REASON_*`

@@ -335,6 +335,12 @@ pub(crate) fn emit_phases(
         if let Some(name) = &sni {
             attrs.push(KeyValue::new(semconv::SERVER_ADDRESS, name.clone()));
         }
+        if phases.cert_verification_skipped {
+            attrs.push(KeyValue::new(
+                semconv::HTTP_CONNECTION_TLS_VERIFICATION_SKIPPED,
+                true,
+            ));
+        }
         if let Some(e) = established {
             attrs.push(KeyValue::new(semconv::TLS_RESUMED, resumed));
             attrs.push(KeyValue::new(
@@ -368,6 +374,7 @@ pub(crate) fn emit_phases(
             );
         }
         match &phases.cert_verified {
+            Some((_, None)) if phases.cert_verification_skipped => {}
             Some((t, None)) => tspan.add_event_with_timestamp(
                 semconv::EVENT_TLS_CERTIFICATE_VERIFIED,
                 inner.clock.wall(*t),

@@ -47,8 +47,13 @@ pub struct TlsSettings {
     min_version: TlsVersion,
     max_version: TlsVersion,
     http1_only: bool,
+    http2_only: bool,
     resumption: bool,
     sni: bool,
+    partial_chain: bool,
+    accept_invalid_certs: bool,
+    key_log_file: bool,
+    verifier: Option<Arc<dyn ServerCertVerifier>>,
     provider: Option<Arc<CryptoProvider>>,
 }
 
@@ -61,8 +66,12 @@ impl fmt::Debug for TlsSettings {
             .field("min_version", &self.min_version)
             .field("max_version", &self.max_version)
             .field("http1_only", &self.http1_only)
+            .field("http2_only", &self.http2_only)
             .field("resumption", &self.resumption)
             .field("sni", &self.sni)
+            .field("partial_chain", &self.partial_chain)
+            .field("accept_invalid_certs", &self.accept_invalid_certs)
+            .field("custom_verifier", &self.verifier.is_some())
             .finish()
     }
 }
@@ -76,8 +85,13 @@ impl Default for TlsSettings {
             min_version: TlsVersion::Tls12,
             max_version: TlsVersion::Tls13,
             http1_only: false,
+            http2_only: false,
             resumption: true,
             sni: true,
+            partial_chain: false,
+            accept_invalid_certs: false,
+            key_log_file: false,
+            verifier: None,
             provider: None,
         }
     }
@@ -151,6 +165,65 @@ impl TlsSettings {
         self
     }
 
+    /// Offers only `h2` in ALPN, as reqwest does for a client built with
+    /// `http2_prior_knowledge` (set automatically then), so a server without
+    /// HTTP/2 refuses the handshake (`no_application_protocol`) instead of
+    /// failing the first request. Default: `false`.
+    pub fn http2_only(mut self, on: bool) -> Self {
+        self.http2_only = on;
+        self
+    }
+
+    /// Trusts an added root certificate also when the server presents it
+    /// as its own end-entity certificate (a pinned self-signed certificate,
+    /// `CA:TRUE` or not, or a pinned leaf): the certificate must be
+    /// byte-identical to an added one and name the server; its validity
+    /// dates are not checked. Chains ending at an added intermediate are
+    /// trusted either way (the anchor is its name and key). This is what
+    /// curl does with `--cacert` (OpenSSL's `X509_V_FLAG_PARTIAL_CHAIN`,
+    /// set by curl since 7.68.0). Default: `false` (reqwest's behaviour:
+    /// such certificates fail with `CaUsedAsEndEntity` or `UnknownIssuer`).
+    pub fn partial_chain(mut self, on: bool) -> Self {
+        self.partial_chain = on;
+        self
+    }
+
+    /// Accepts any server certificate, expired, self-signed or for another
+    /// name (curl's `-k/--insecure`, reqwest's
+    /// `tls_danger_accept_invalid_certs`). The handshake's signatures are
+    /// still checked against the presented key, the TLS phase is still
+    /// timed, and the `tls.handshake` span carries
+    /// `http.connection.tls.verification_skipped = true` instead of the
+    /// `tls.certificate_verified` event. Default: `false`.
+    pub fn danger_accept_invalid_certs(mut self, on: bool) -> Self {
+        self.accept_invalid_certs = on;
+        self
+    }
+
+    /// Verifies server certificates with `verifier` instead of the
+    /// platform's roots and the added ones: the way to carry over what
+    /// reqwest's builder would build from options this crate has no setter
+    /// for, e.g. CRLs (`add_crl`, `tls_crls_only`:
+    /// `rustls::client::WebPkiServerVerifier::builder(roots).with_crls(crls).build()`)
+    /// or an own trust policy. The handshake hooks wrap it (verification is
+    /// timed, rejections are events); [`partial_chain`](Self::partial_chain)
+    /// still trusts pinned end-entity certificates first, and
+    /// [`danger_accept_invalid_certs`](Self::danger_accept_invalid_certs)
+    /// replaces it. Default: none (platform verifier with the added roots).
+    pub fn certificate_verifier(mut self, verifier: Arc<dyn ServerCertVerifier>) -> Self {
+        self.verifier = Some(verifier);
+        self
+    }
+
+    /// Writes the TLS secrets to the file named by `SSLKEYLOGFILE` (NSS key
+    /// log format, for Wireshark), as reqwest's `tls_sslkeylogfile` does;
+    /// the handshake is timed all the same. Default: `false` (no secret
+    /// leaves rustls).
+    pub fn key_log_file(mut self, on: bool) -> Self {
+        self.key_log_file = on;
+        self
+    }
+
     /// TLS session resumption (TLS 1.3 tickets, RFC 8446 §2.2; TLS 1.2
     /// session ids and tickets). Default: `true`.
     pub fn session_resumption(mut self, on: bool) -> Self {
@@ -191,7 +264,9 @@ impl TlsSettings {
                 "min_version is above max_version".to_owned(),
             )));
         }
-        let inner: Arc<dyn ServerCertVerifier> = if self.built_in_roots {
+        let inner: Arc<dyn ServerCertVerifier> = if let Some(v) = &self.verifier {
+            v.clone()
+        } else if self.built_in_roots {
             Arc::new(
                 rustls_platform_verifier::Verifier::new_with_extra_roots(
                     self.extra_roots.iter().cloned(),
@@ -213,16 +288,33 @@ impl TlsSettings {
             .build()
             .map_err(|e| BuildError::Verifier(e.to_string()))?
         };
+        let inner: Arc<dyn ServerCertVerifier> = if self.accept_invalid_certs {
+            Arc::new(AcceptAnyCertificate {
+                provider: provider.clone(),
+            })
+        } else if self.partial_chain && !self.extra_roots.is_empty() {
+            Arc::new(PinnedEndEntity {
+                pinned: self.extra_roots.clone(),
+                inner,
+            })
+        } else {
+            inner
+        };
         let builder = ClientConfig::builder_with_provider(provider)
             .with_protocol_versions(&versions)?
             .dangerous()
-            .with_custom_certificate_verifier(Arc::new(VerifierHook { inner }));
+            .with_custom_certificate_verifier(Arc::new(VerifierHook {
+                inner,
+                skipped: self.accept_invalid_certs,
+            }));
         let mut config = match &self.identity {
             Some((chain, key)) => builder.with_client_auth_cert(chain.clone(), key.clone_key())?,
             None => builder.with_no_client_auth(),
         };
         config.alpn_protocols = if self.http1_only {
             vec![b"http/1.1".to_vec()]
+        } else if self.http2_only {
+            vec![b"h2".to_vec()]
         } else {
             vec![b"h2".to_vec(), b"http/1.1".to_vec()]
         };
@@ -233,7 +325,9 @@ impl TlsSettings {
             Arc::new(NoSessionStore)
         };
         config.resumption = Resumption::store(Arc::new(SessionStoreHook { inner: store }));
-        config.key_log = Arc::new(KeyLogHook);
+        config.key_log = Arc::new(KeyLogHook {
+            file: self.key_log_file.then(rustls::KeyLogFile::new),
+        });
         Ok(config)
     }
 }
@@ -319,13 +413,20 @@ impl ClientSessionStore for SessionStoreHook {
 
 /// Key log that never takes a secret: `will_log` answers `false` after noting
 /// which TLS 1.3 stage was reached; TLS 1.2's direct `log` is dropped unread.
+/// With `file` (the user asked for `SSLKEYLOGFILE`), secrets go there only.
 #[derive(Debug)]
-struct KeyLogHook;
+struct KeyLogHook {
+    file: Option<rustls::KeyLogFile>,
+}
 
 impl KeyLog for KeyLogHook {
-    fn log(&self, label: &str, _client_random: &[u8], _secret: &[u8]) {
-        // Only TLS 1.2 reaches here (1.3 asks will_log first and we say no).
-        // The secret is not read, copied or stored.
+    fn log(&self, label: &str, client_random: &[u8], secret: &[u8]) {
+        // Without a key log file only TLS 1.2 reaches here (1.3 asks
+        // will_log first and we say no). The secret is not read, copied or
+        // stored here.
+        if let Some(file) = &self.file {
+            file.log(label, client_random, secret);
+        }
         if label == "CLIENT_RANDOM" {
             attempt::with_current(|a| {
                 let mut p = a.phases();
@@ -351,7 +452,7 @@ impl KeyLog for KeyLogHook {
                 _ => {}
             }
         });
-        false
+        self.file.is_some()
     }
 }
 
@@ -359,6 +460,8 @@ impl KeyLog for KeyLogHook {
 #[derive(Debug)]
 struct VerifierHook {
     inner: Arc<dyn ServerCertVerifier>,
+    /// The inner verifier accepts anything (`danger_accept_invalid_certs`).
+    skipped: bool,
 }
 
 impl ServerCertVerifier for VerifierHook {
@@ -379,7 +482,9 @@ impl ServerCertVerifier for VerifierHook {
         );
         let at = Instant::now();
         attempt::with_current(|a| {
-            a.phases().cert_verified = Some((at, result.as_ref().err().map(|e| e.to_string())));
+            let mut p = a.phases();
+            p.cert_verified = Some((at, result.as_ref().err().map(|e| e.to_string())));
+            p.cert_verification_skipped = self.skipped;
         });
         result
     }
@@ -414,5 +519,112 @@ impl ServerCertVerifier for VerifierHook {
 
     fn root_hint_subjects(&self) -> Option<&[rustls::DistinguishedName]> {
         self.inner.root_hint_subjects()
+    }
+}
+
+/// Accepts an end-entity certificate byte-identical to a pinned one when it
+/// names the server; anything else goes to the inner verifier.
+#[derive(Debug)]
+struct PinnedEndEntity {
+    pinned: Vec<CertificateDer<'static>>,
+    inner: Arc<dyn ServerCertVerifier>,
+}
+
+impl ServerCertVerifier for PinnedEndEntity {
+    fn verify_server_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        server_name: &ServerName<'_>,
+        ocsp_response: &[u8],
+        now: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        if self
+            .pinned
+            .iter()
+            .any(|p| p.as_ref() == end_entity.as_ref())
+        {
+            let parsed = rustls::server::ParsedCertificate::try_from(end_entity)?;
+            rustls::client::verify_server_name(&parsed, server_name)?;
+            return Ok(ServerCertVerified::assertion());
+        }
+        self.inner
+            .verify_server_cert(end_entity, intermediates, server_name, ocsp_response, now)
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.inner.verify_tls12_signature(message, cert, dss)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.inner.verify_tls13_signature(message, cert, dss)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.inner.supported_verify_schemes()
+    }
+}
+
+/// Accepts every certificate; still checks the handshake signatures with
+/// the provider's algorithms (a peer must hold the key it presents).
+#[derive(Debug)]
+struct AcceptAnyCertificate {
+    provider: Arc<CryptoProvider>,
+}
+
+impl ServerCertVerifier for AcceptAnyCertificate {
+    fn verify_server_cert(
+        &self,
+        _end_entity: &CertificateDer<'_>,
+        _intermediates: &[CertificateDer<'_>],
+        _server_name: &ServerName<'_>,
+        _ocsp_response: &[u8],
+        _now: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        Ok(ServerCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(
+            message,
+            cert,
+            dss,
+            &self.provider.signature_verification_algorithms,
+        )
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(
+            message,
+            cert,
+            dss,
+            &self.provider.signature_verification_algorithms,
+        )
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.provider
+            .signature_verification_algorithms
+            .supported_schemes()
     }
 }

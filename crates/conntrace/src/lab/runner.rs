@@ -126,15 +126,18 @@ pub(crate) async fn run(args: LabArgs) -> anyhow::Result<ExitCode> {
             .join(", ")
     };
     let Some(name) = args.scenario.as_deref() else {
-        anyhow::bail!(
+        return Err(crate::error::usage(anyhow::anyhow!(
             "name a scenario to run: {} (conntrace lab --list describes them)",
             names()
-        );
+        )));
     };
     let Some(scenario) = Scenario::from_name(name) else {
-        anyhow::bail!("unknown scenario {name:?}; the scenarios are: {}", names());
+        return Err(crate::error::usage(anyhow::anyhow!(
+            "unknown scenario {name:?}; the scenarios are: {}",
+            names()
+        )));
     };
-    check_parameters(scenario, &args)?;
+    check_parameters(scenario, &args).map_err(crate::error::usage)?;
     let telemetry = Telemetry::init_capturing(args.traces_out.clone(), false)?;
     let mut lab = Lab {
         scenario,

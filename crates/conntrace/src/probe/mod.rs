@@ -136,7 +136,7 @@ fn parse_url(text: &str) -> anyhow::Result<Url> {
 /// fails (nothing to measure then; with `--json` the document, holding that
 /// failed request, is printed first).
 pub(crate) async fn run(args: ProbeArgs) -> anyhow::Result<ExitCode> {
-    let url = parse_url(&args.url)?;
+    let url = parse_url(&args.url).map_err(crate::error::usage)?;
     let tls = args.client.tls_settings()?;
     let resolve = args.client.resolve_for(&url);
     let telemetry = Telemetry::init(args.traces_out.clone(), false)?;
@@ -184,7 +184,8 @@ pub(crate) async fn run(args: ProbeArgs) -> anyhow::Result<ExitCode> {
             anyhow::anyhow!(
                 "request 1 ({} mode) failed: {}",
                 mode.as_str(),
-                first.error.as_deref().unwrap_or("unknown error")
+                args.client
+                    .explain(first.error.as_deref().unwrap_or("unknown error"))
             )
         });
         modes.push(ModeReport::new(

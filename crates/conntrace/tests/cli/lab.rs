@@ -183,14 +183,15 @@ async fn lab_list_names_every_scenario() {
     assert_eq!(names, SCENARIOS);
 }
 
-/// An unknown scenario: one `error:` line naming the valid ones, exit 1.
+/// An unknown scenario: one `error:` line naming the valid ones, exit 2
+/// (a bad command line).
 #[tokio::test]
-async fn lab_unknown_scenario_gets_one_line_and_exit_1() {
+async fn lab_unknown_scenario_gets_one_line_and_exit_2() {
     let mut cmd = conntrace();
     cmd.args(["lab", "no-such-scenario"]);
     let out = run(cmd).await;
     assert_one_line_error(&out, "unknown scenario");
-    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(out.status.code(), Some(2));
     let err = stderr(&out);
     for name in SCENARIOS {
         assert!(err.contains(name), "{err:?} lists {name}");

@@ -1,0 +1,258 @@
+//! Wrapping a client changes nothing but the telemetry: each TLS option a
+//! user may put on reqwest's builder gives the instrumented client the
+//! outcome the plain client has, or `build` names the option; the curl-like
+//! trust options of `TlsSettings` (partial chain, insecure) do what curl does.
+
+use conntrace_lab::{HttpVersions, TestPki, TestServer, TlsVersions};
+use reqwest::tls::Version;
+use reqwest_conntrace::{TlsSettings, semconv};
+
+use crate::support::*;
+
+async fn server(pki: &TestPki, tls: TlsVersions, http: HttpVersions) -> TestServer {
+    TestServer::builder()
+        .tls(pki)
+        .tls_versions(tls)
+        .http_versions(http)
+        .start()
+        .await
+        .expect("test server starts")
+}
+
+/// The same builder options, once plain (trusting `pki`'s CA through
+/// reqwest) and once instrumented (trusting it through `TlsSettings`):
+/// whether a GET of `url` succeeds, for each.
+async fn outcomes(
+    t: &Telemetry,
+    pki: &TestPki,
+    url: &str,
+    options: fn(reqwest::ClientBuilder) -> reqwest::ClientBuilder,
+) -> (bool, bool) {
+    let ca = reqwest::Certificate::from_der(pki.ca_cert_der().as_ref()).expect("ca");
+    let plain = options(reqwest::Client::builder().tls_certs_only([ca]))
+        .build()
+        .expect("plain client");
+    let plain_ok = match plain.get(url).send().await {
+        Ok(r) => r.bytes().await.is_ok(),
+        Err(_) => false,
+    };
+    let instrumented = t.client(options(reqwest::Client::builder()), Some(pki));
+    let instrumented_ok = match instrumented.get(url).send().await {
+        Ok(r) => r.bytes().await.is_ok(),
+        Err(_) => false,
+    };
+    (plain_ok, instrumented_ok)
+}
+
+/// `tls_version_min(1.3)` on reqwest's builder: a TLS 1.2-only server
+/// fails for both clients, a TLS 1.3 one serves both.
+#[tokio::test]
+async fn tls_version_min_on_reqwest_builder_is_carried_over() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let t = telemetry();
+    let pki = TestPki::localhost().expect("pki");
+    let old = server(&pki, TlsVersions::Tls12Only, HttpVersions::Http1Only).await;
+    let new = server(&pki, TlsVersions::Tls13Only, HttpVersions::Http1Only).await;
+    let min13 = |b: reqwest::ClientBuilder| b.tls_version_min(Version::TLS_1_3);
+    assert_eq!(
+        outcomes(&t, &pki, &old.url("/"), min13).await,
+        (false, false)
+    );
+    assert_eq!(outcomes(&t, &pki, &new.url("/"), min13).await, (true, true));
+}
+
+/// `tls_version_max(1.2)`: both clients speak TLS 1.2 to a server offering
+/// both, and the span says 1.2.
+#[tokio::test]
+async fn tls_version_max_on_reqwest_builder_is_carried_over() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let t = telemetry();
+    let pki = TestPki::localhost().expect("pki");
+    let both = server(&pki, TlsVersions::Both, HttpVersions::Http1Only).await;
+    let max12 = |b: reqwest::ClientBuilder| b.tls_version_max(Version::TLS_1_2);
+    assert_eq!(
+        outcomes(&t, &pki, &both.url("/"), max12).await,
+        (true, true)
+    );
+    let tls = t.named(semconv::TLS_HANDSHAKE_SPAN);
+    assert_eq!(
+        str_attr(&tls[0], semconv::TLS_PROTOCOL_VERSION).as_deref(),
+        Some("1.2")
+    );
+}
+
+/// `http2_prior_knowledge` over https against an HTTP/1.1-only server:
+/// both clients fail (ALPN offers only `h2`, as reqwest's own config does);
+/// against an HTTP/2 server both succeed.
+#[tokio::test]
+async fn http2_prior_knowledge_on_reqwest_builder_offers_only_h2() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let t = telemetry();
+    let pki = TestPki::localhost().expect("pki");
+    let h1 = server(&pki, TlsVersions::Tls13Only, HttpVersions::Http1Only).await;
+    let h2 = server(&pki, TlsVersions::Tls13Only, HttpVersions::Both).await;
+    let prior = |b: reqwest::ClientBuilder| b.http2_prior_knowledge();
+    assert_eq!(
+        outcomes(&t, &pki, &h1.url("/"), prior).await,
+        (false, false)
+    );
+    assert_eq!(outcomes(&t, &pki, &h2.url("/"), prior).await, (true, true));
+}
+
+/// `tls_sni(false)` and `tls_sslkeylogfile(true)` on reqwest's builder no
+/// longer fail `build`; requests succeed as with the plain client.
+#[tokio::test]
+async fn sni_and_key_log_options_on_reqwest_builder_are_carried_over() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let t = telemetry();
+    let pki = TestPki::localhost().expect("pki");
+    let s = server(&pki, TlsVersions::Tls13Only, HttpVersions::Http1Only).await;
+    let no_sni = |b: reqwest::ClientBuilder| b.tls_sni(false);
+    assert_eq!(outcomes(&t, &pki, &s.url("/"), no_sni).await, (true, true));
+    let key_log = |b: reqwest::ClientBuilder| b.tls_sslkeylogfile(true);
+    assert_eq!(outcomes(&t, &pki, &s.url("/"), key_log).await, (true, true));
+}
+
+/// `tls_danger_accept_invalid_certs(true)` on reqwest's builder, no CA
+/// trusted: both clients get 200; the handshake is still measured and says
+/// verification was skipped.
+#[tokio::test]
+async fn accept_invalid_certs_on_reqwest_builder_is_carried_over_and_visible() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let t = telemetry();
+    let pki = TestPki::localhost().expect("pki");
+    let s = server(&pki, TlsVersions::Tls13Only, HttpVersions::Http1Only).await;
+    let plain = reqwest::Client::builder()
+        .tls_danger_accept_invalid_certs(true)
+        .build()
+        .expect("plain");
+    assert_eq!(
+        plain.get(s.url("/")).send().await.expect("plain").status(),
+        200
+    );
+    let client = t.client(
+        reqwest::Client::builder().tls_danger_accept_invalid_certs(true),
+        None,
+    );
+    assert_eq!(
+        client
+            .get(s.url("/"))
+            .send()
+            .await
+            .expect("instrumented")
+            .status(),
+        200
+    );
+    let tls = &t.named(semconv::TLS_HANDSHAKE_SPAN)[0];
+    assert_eq!(
+        bool_attr(tls, semconv::HTTP_CONNECTION_TLS_VERIFICATION_SKIPPED),
+        Some(true)
+    );
+    assert!(
+        !tls.events
+            .iter()
+            .any(|e| e.name == semconv::EVENT_TLS_CERTIFICATE_VERIFIED),
+        "nothing was verified"
+    );
+    assert!(duration(tls) > std::time::Duration::ZERO);
+}
+
+/// `tls_danger_accept_invalid_hostnames`, which the instrumented client
+/// cannot honour, fails `build` naming the option.
+#[test]
+fn accept_invalid_hostnames_on_reqwest_builder_is_refused_by_name() {
+    let err = reqwest_conntrace::ConnTrace::new()
+        .instrument_client(reqwest::Client::builder().tls_danger_accept_invalid_hostnames(true))
+        .build()
+        .expect_err("refused");
+    assert!(
+        err.to_string()
+            .contains("tls_danger_accept_invalid_hostnames"),
+        "{err}"
+    );
+}
+
+/// curl's `--cacert` trust: a leaf certificate trusted as itself (partial
+/// chain), and a self-signed `CA:TRUE` certificate used as the server's own.
+/// Without `partial_chain` both fail as reqwest does (`UnknownIssuer`,
+/// `CaUsedAsEndEntity`).
+#[tokio::test]
+async fn partial_chain_trusts_a_pinned_leaf_or_self_signed_certificate() {
+    let t = telemetry();
+    let chained = TestPki::localhost().expect("pki");
+    let self_signed = TestPki::self_signed_localhost().expect("pki");
+    for pki in [&chained, &self_signed] {
+        let s = server(pki, TlsVersions::Tls13Only, HttpVersions::Http1Only).await;
+        let pinned = |partial| {
+            TlsSettings::new()
+                .built_in_roots(false)
+                .partial_chain(partial)
+                .add_root_certificates_pem(pki.leaf_cert_pem().as_bytes())
+                .expect("pem")
+        };
+        let strict = t
+            .conntrace()
+            .instrument_client(reqwest::Client::builder())
+            .tls(pinned(false))
+            .build_with_middleware()
+            .expect("client");
+        strict
+            .get(s.url("/"))
+            .send()
+            .await
+            .expect_err("not a chain");
+        let curl_like = t
+            .conntrace()
+            .instrument_client(reqwest::Client::builder().resolve("other.test", s.addr()))
+            .tls(pinned(true))
+            .build_with_middleware()
+            .expect("client");
+        let response = curl_like.get(s.url("/")).send().await.expect("pinned");
+        assert_eq!(response.status(), 200);
+        // The name is still checked.
+        let by_other_name = curl_like
+            .get(s.url("/").replace("localhost", "other.test"))
+            .send()
+            .await;
+        assert!(
+            by_other_name.is_err(),
+            "other.test is not in the certificate"
+        );
+    }
+}
+
+/// A verifier of the user's own (here webpki with the test CA, what
+/// reqwest builds for `tls_certs_only` + `add_crl`) is used and wrapped:
+/// the request succeeds with the `tls.certificate_verified` event, and the
+/// same verifier with another CA rejects with the rejection event.
+#[tokio::test]
+async fn own_certificate_verifier_is_wrapped_by_the_hooks() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let t = telemetry();
+    let pki = TestPki::localhost().expect("pki");
+    let other = TestPki::untrusted_other().expect("pki");
+    let s = server(&pki, TlsVersions::Tls13Only, HttpVersions::Http1Only).await;
+    for (trusted, ok) in [(&pki, true), (&other, false)] {
+        let mut roots = rustls::RootCertStore::empty();
+        roots.add(trusted.ca_cert_der()).expect("root");
+        let verifier = rustls::client::WebPkiServerVerifier::builder(std::sync::Arc::new(roots))
+            .build()
+            .expect("verifier");
+        let client = t
+            .conntrace()
+            .instrument_client(reqwest::Client::builder())
+            .tls(TlsSettings::new().certificate_verifier(verifier))
+            .build_with_middleware()
+            .expect("client");
+        assert_eq!(client.get(s.url("/")).send().await.is_ok(), ok);
+    }
+    let handshakes = t.named(semconv::TLS_HANDSHAKE_SPAN);
+    let event = |name: &str| {
+        handshakes
+            .iter()
+            .filter(|h| h.events.iter().any(|e| e.name == name))
+            .count()
+    };
+    assert_eq!(event(semconv::EVENT_TLS_CERTIFICATE_VERIFIED), 1);
+    assert_eq!(event(semconv::EVENT_TLS_CERTIFICATE_REJECTED), 1);
+}
