@@ -156,22 +156,30 @@ pub(crate) struct Row {
     /// Span end.
     pub(crate) end_ms: f64,
     /// Request: `http.connection.wait_time`, ms.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) wait_ms: Option<f64>,
     /// Request: `http.connection.miss_reason`.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) miss_reason: Option<String>,
     /// Request: `error.type`; connection: its `error.type`.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) error_type: Option<String>,
     /// `http.connection.id` (the serving one for a request).
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) connection_id: Option<i64>,
     /// Request: index into [`Page::spans`] of the setup span of the
     /// connection that served it, when that span is drawn.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) served_by: Option<usize>,
     /// Request: `child` (its own connect served it) or `link` (a span link
     /// to another request's connect).
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) served_how: Option<&'static str>,
     /// Connection: `http.connection.setup.outcome` (`null` when absent).
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) outcome: Option<String>,
     /// Connection: its phases, in start order.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
     pub(crate) phases: Vec<PhaseBar>,
     /// Request: the span id its link to the serving connection points at
     /// (resolved into `served_by` when that span is drawn).
@@ -191,6 +199,7 @@ pub(crate) struct PhaseBar {
     /// Phase span end.
     pub(crate) end_ms: f64,
     /// Its `error.type`.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) error_type: Option<String>,
 }
 
@@ -206,14 +215,18 @@ pub(crate) struct SpanInfo {
     /// Duration, ms.
     pub(crate) duration_ms: f64,
     /// Status: `error: message` or `null`.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) status: Option<String>,
     /// Attributes as `[key, value, key, value, ...]` indices into
     /// [`Page::strings`] (values rendered as text).
     pub(crate) attrs: Vec<u32>,
     /// Events: name, ms after the group's start, attributes as text.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
     pub(crate) events: Vec<EventInfo>,
-    /// Links: the linked span ids and the link's attributes as text.
-    pub(crate) links: Vec<String>,
+    /// Links: the linked span id and the link's attributes as text, an
+    /// index into [`Page::strings`].
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub(crate) links: Vec<u32>,
 }
 
 /// A span event, for the hover.
@@ -223,8 +236,9 @@ pub(crate) struct EventInfo {
     pub(crate) name: String,
     /// Time, ms after the group's start.
     pub(crate) at_ms: f64,
-    /// Attributes, `key=value` joined by `, `.
-    pub(crate) attrs: String,
+    /// Attributes, `key=value` joined by `, `, an index into
+    /// [`Page::strings`].
+    pub(crate) attrs: u32,
 }
 
 /// How many traces per group the timeline draws by default.
@@ -364,7 +378,11 @@ impl<'a> TraceParts<'a> {
             start: sorted.first().map_or(0, |s| s.start_unix_nanos()),
             end: sorted.iter().map(|s| s.end_unix_nanos()).max().unwrap_or(0),
             requests: sorted.iter().copied().filter(|s| is_request(s)).collect(),
-            connections: sorted.iter().copied().filter(|s| is_connection(s)).collect(),
+            connections: sorted
+                .iter()
+                .copied()
+                .filter(|s| is_connection(s))
+                .collect(),
         }
     }
 }
@@ -572,7 +590,7 @@ impl RowBuilder<'_, '_> {
             .map(|e| EventInfo {
                 name: e.name.clone(),
                 at_ms: rel_ms(e.time_unix_nano, self.t0),
-                attrs: text(&e.attributes),
+                attrs: self.strings.intern(&text(&e.attributes)),
             })
             .collect();
         let links = s
@@ -580,11 +598,12 @@ impl RowBuilder<'_, '_> {
             .iter()
             .map(|l| {
                 let attrs = text(&l.attributes);
-                if attrs.is_empty() {
+                let link = if attrs.is_empty() {
                     l.span_id_hex.clone()
                 } else {
                     format!("{} ({attrs})", l.span_id_hex)
-                }
+                };
+                self.strings.intern(&link)
             })
             .collect();
         let status = match s.status_code() {
@@ -678,8 +697,7 @@ impl RowBuilder<'_, '_> {
             }
             if rows[request_at].served_by.is_none()
                 && let Some(link) = r.links().into_iter().find(|l| {
-                    serving.is_some()
-                        && l.attributes.i64(semconv::HTTP_CONNECTION_ID) == serving
+                    serving.is_some() && l.attributes.i64(semconv::HTTP_CONNECTION_ID) == serving
                 })
             {
                 rows[request_at].served_how = Some("link");

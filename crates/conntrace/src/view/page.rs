@@ -83,8 +83,8 @@ mod tests {
 
     #[test]
     fn span_values_cannot_break_out_of_the_page() {
-        let json = script_safe_json(&serde_json::json!({"v": "</script><script>alert(1)"}))
-            .expect("json");
+        let json =
+            script_safe_json(&serde_json::json!({"v": "</script><script>alert(1)"})).expect("json");
         assert!(!json.contains('<'), "{json}");
         let back: serde_json::Value = serde_json::from_str(&json).expect("still JSON");
         assert_eq!(back["v"], "</script><script>alert(1)");
@@ -106,6 +106,9 @@ mod tests {
         for remote in ["src=\"http", "href=\"http", "@import", "url(http"] {
             assert!(!html.contains(remote), "no network access: {remote}");
         }
-        assert!(html.contains("Copyright 2010-2026 Mike Bostock"), "D3's licence kept");
+        assert!(
+            html.contains("Copyright 2010-2026 Mike Bostock"),
+            "D3's licence kept"
+        );
     }
 }

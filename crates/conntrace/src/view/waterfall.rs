@@ -145,7 +145,9 @@ fn bar(parts: &[(Segment, f64)], ms_per_cell: f64, width: usize, colour: bool) -
 
 /// What the request's pool outcome was, for the right of the bar.
 fn outcome(r: &RequestRow) -> String {
-    let conn = r.connection_id.map_or(String::new(), |c| format!(" conn #{c}"));
+    let conn = r
+        .connection_id
+        .map_or(String::new(), |c| format!(" conn #{c}"));
     if r.failed() {
         return format!("failed: {}", r.error_type.as_deref().unwrap_or("error"));
     }
@@ -167,7 +169,10 @@ pub(crate) fn render(modes: &[(&str, &[RequestRow])], width: usize, colour: bool
         .fold(0.0_f64, f64::max);
     let label_width = modes
         .iter()
-        .flat_map(|(m, rows)| rows.iter().map(move |r| m.len() + 1 + r.index.to_string().len()))
+        .flat_map(|(m, rows)| {
+            rows.iter()
+                .map(move |r| m.len() + 1 + r.index.to_string().len())
+        })
         .max()
         .unwrap_or(4);
     // label, " |", bar, "| ", total (10), "  ", outcome (~32)

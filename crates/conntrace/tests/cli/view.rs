@@ -283,7 +283,11 @@ async fn demo_page_in_a_browser_shows_what_its_spans_say() {
                 .collect()
         };
         assert_eq!(got("request"), want_requests, "{name}: request rows");
-        assert_eq!(got("connection"), want_connections, "{name}: connection rows");
+        assert_eq!(
+            got("connection"),
+            want_connections,
+            "{name}: connection rows"
+        );
         assert_eq!(
             row_ids.len(),
             6 + want_requests.len() + want_connections.len(),
@@ -371,7 +375,10 @@ async fn demo_page_in_a_browser_shows_what_its_spans_say() {
                 (n("index"), (n("calls"), n("misses")))
             })
             .collect();
-        assert_eq!(page_cells, report_cells, "{name}: heat strip vs the demo's report");
+        assert_eq!(
+            page_cells, report_cells,
+            "{name}: heat strip vs the demo's report"
+        );
 
         // Calls in flight: the peak the spans give, against the idle limit.
         let chart = elements(overview, "<svg class=\"inflight\"");
@@ -400,8 +407,10 @@ async fn demo_page_in_a_browser_shows_what_its_spans_say() {
 }
 
 /// `conntrace view` on a file of 10,000+ spans (a longer demo's traces
-/// file) with every trace drawn: the page renders (its script's own time
-/// is printed), shows every measured fan-out, and stays small (printed).
+/// file): the page renders (its script's own time and the browser's are
+/// printed), draws the first six measured fan-outs per phase while its heat
+/// strip counts every request of the file, and stays small (printed; under
+/// 1 MiB: only the drawn spans' attributes are embedded).
 #[tokio::test]
 async fn view_renders_a_10000_span_file() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -410,9 +419,9 @@ async fn view_renders_a_10000_span_file() {
     cmd.args([
         "demo",
         "--rate",
-        "70",
+        "40",
         "--duration",
-        "5",
+        "7",
         "--warmup",
         "0.5",
         "--quiet",
@@ -422,23 +431,20 @@ async fn view_renders_a_10000_span_file() {
     .arg(&traces);
     let out = run(cmd).await;
     assert!(out.status.success(), "demo failed: {}", stderr(&out));
-    let spans = conntrace_lab::spans_from_otlp_json(
-        &std::fs::read_to_string(&traces).expect("traces"),
-    )
-    .expect("OTLP JSON");
+    let spans =
+        conntrace_lab::spans_from_otlp_json(&std::fs::read_to_string(&traces).expect("traces"))
+            .expect("OTLP JSON");
     assert!(spans.len() >= 10_000, "{} spans", spans.len());
-    let measured = spans
+    let spans = Spans::new(spans);
+    let measured_requests: usize = ["small-pool", "right-pool"]
         .iter()
-        .filter(|s| s.name() == "user_request" && s.attr_bool("demo.warmup") == Some(false))
-        .count();
+        .flat_map(|p| spans.fanouts(p))
+        .map(|f| spans.requests_under(f).len())
+        .sum();
 
     let page = artefacts().join("view-10k.html");
     let mut cmd = conntrace();
-    cmd.arg("view")
-        .arg(&traces)
-        .arg("--html")
-        .arg(&page)
-        .args(["--max-traces", "0"]);
+    cmd.arg("view").arg(&traces).arg("--html").arg(&page);
     let out = run(cmd).await;
     assert!(out.status.success(), "view failed: {}", stderr(&out));
     assert!(
@@ -448,11 +454,21 @@ async fn view_renders_a_10000_span_file() {
     );
     let bytes = std::fs::metadata(&page).expect("page").len();
     let json_bytes = std::fs::metadata(&traces).expect("traces").len();
+    let opened = std::time::Instant::now();
     let dom = rendered_dom(&page).await;
+    let browser_ms = opened.elapsed().as_millis();
+    assert_eq!(dom.matches("<g class=\"trace\"").count(), 12, "6 per phase");
+    let heat_calls: usize = elements(&dom, "<g class=\"heat-batch\"")
+        .iter()
+        .map(|(tag, _)| {
+            attr(tag, "data-calls")
+                .and_then(|v| v.parse::<usize>().ok())
+                .expect("calls")
+        })
+        .sum();
     assert_eq!(
-        dom.matches("<g class=\"trace\"").count(),
-        measured,
-        "every measured fan-out drawn"
+        heat_calls, measured_requests,
+        "the heat strip counts every request"
     );
     let render_ms: u64 = dom
         .split("data-render-ms=\"")
@@ -461,15 +477,15 @@ async fn view_renders_a_10000_span_file() {
         .and_then(|v| v.parse().ok())
         .expect("the page records its render time");
     eprintln!(
-        "view: {} spans ({} KiB of OTLP JSON) -> page of {} KiB, drawn in {render_ms} ms",
-        spans.len(),
+        "view: {} spans ({} KiB of OTLP JSON) -> page of {} KiB; script drew it in {render_ms} ms, chromium start to DOM dump {browser_ms} ms",
+        spans.all.len(),
         json_bytes / 1024,
         bytes / 1024
     );
-    assert!(
-        bytes < json_bytes,
-        "the page ({bytes} B) is smaller than the OTLP JSON it shows ({json_bytes} B)"
-    );
+    assert!(bytes < 1024 * 1024, "the page stays small: {bytes} bytes");
+    // Not a speed goal (that is the printed figure): catches a drawing
+    // that grows quadratically with the number of spans.
+    assert!(render_ms < 30_000, "drawing took {render_ms} ms");
 }
 
 /// `conntrace probe --waterfall` with stdout not a terminal: plain text
@@ -489,8 +505,15 @@ async fn probe_waterfall_is_plain_text_off_a_terminal() {
         .await
         .expect("server");
     let mut cmd = conntrace();
-    cmd.args(["probe", &server.url("/"), "--requests", "3", "--waterfall", "--cacert"])
-        .arg(&files.ca);
+    cmd.args([
+        "probe",
+        &server.url("/"),
+        "--requests",
+        "3",
+        "--waterfall",
+        "--cacert",
+    ])
+    .arg(&files.ca);
     let out = run(cmd).await;
     assert!(out.status.success(), "probe failed: {}", stderr(&out));
     let text = String::from_utf8_lossy(&out.stdout).into_owned();
@@ -516,13 +539,22 @@ async fn probe_waterfall_is_plain_text_off_a_terminal() {
         );
         match i {
             0 => assert!(tail.contains("miss cold, new conn #"), "{line}"),
-            1..=3 => assert!(tail.contains("miss ") && tail.contains(", new conn #"), "{line}"),
+            1..=3 => assert!(
+                tail.contains("miss ") && tail.contains(", new conn #"),
+                "{line}"
+            ),
             _ => assert!(tail.contains("idle hit conn #"), "{line}"),
         }
         if i < 4 {
-            assert!(bar.contains('s'), "a TLS handshake in a new connection: {line}");
+            assert!(
+                bar.contains('s'),
+                "a TLS handshake in a new connection: {line}"
+            );
         } else {
-            assert!(!bar.contains('s') && !bar.contains('t'), "no connect on a hit: {line}");
+            assert!(
+                !bar.contains('s') && !bar.contains('t'),
+                "no connect on a hit: {line}"
+            );
         }
     }
     assert!(

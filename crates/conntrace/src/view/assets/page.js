@@ -12,7 +12,9 @@
   const heat = d3.scaleSequential(d3.interpolateReds).domain([0, 1]);
   const ROW = 14, STEP = 18, TRACE_GAP = 10, LEFT = 118, RIGHT = 200, TOP = 24;
 
-  const fmtMs = (v) => (v >= 1000 ? d3.format(".2f")(v / 1000) + " s" : d3.format(".1f")(v) + " ms");
+  const f2 = d3.format(".2f"), f1 = d3.format(".1f");
+  const fmtMs = (v) => (v >= 1000 ? f2(v / 1000) + " s" : f1(v) + " ms");
+  const DIAMOND = d3.symbol(d3.symbolDiamond, 60)();
   const pct = d3.format(".0%");
   const plural = (n, one, many) => n + " " + (n === 1 ? one : many);
 
@@ -150,7 +152,8 @@
     const width = Math.max(480, col.node().clientWidth || 640);
     let height = TOP;
     for (const t of g.shown) height += t.rows.length * STEP + TRACE_GAP;
-    const svg = col.append("svg").attr("class", "timeline").attr("width", width).attr("height", height + 4);
+    // Built detached and attached once: no style work while it grows.
+    const svg = d3.create("svg").attr("class", "timeline").attr("width", width).attr("height", height + 4);
     const x = d3.scaleLinear([g.shown_from_ms, g.shown_from_ms + windowMs], [LEFT, width - RIGHT]);
     svg.append("g").attr("class", "axis").attr("transform", "translate(0," + (TOP - 4) + ")")
       .call(d3.axisTop(x).ticks(Math.max(2, Math.floor((width - LEFT - RIGHT) / 80)))
@@ -185,6 +188,7 @@
         .attr("d", link({ source: [x(readyAt), rowY.get(row.served_by)], target: [x(had), y] }));
     }
     svg.node().appendChild(links.node()); // on top of the bars
+    col.node().appendChild(svg.node());
   }
 
   function drawRow(tg, row, y, x, t) {
@@ -215,11 +219,11 @@
         g.append("path").attr("class", "miss-marker").attr("data-reason", row.miss_reason)
           .attr("data-span", row.span)
           .attr("transform", "translate(" + (x0 - 7) + "," + y + ")")
-          .attr("d", d3.symbol(d3.symbolDiamond, 60)());
+          .attr("d", DIAMOND);
       }
     } else {
       bar("connection", x0, x1, ROW);
-      g.selectAll("rect.phase").data(row.phases).join("rect")
+      g.selectAll("rect.phase").data(row.phases || []).join("rect")
         .attr("class", (p) => "phase phase-" + p.phase + (p.error_type ? " failed-phase" : ""))
         .attr("data-span", (p) => p.span)
         .attr("fill", (p) => phaseColour(p.phase))
@@ -250,13 +254,17 @@
     const attrs = [["span id", span.id]];
     for (let i = 0; i + 1 < span.attrs.length; i += 2) attrs.push([page.strings[span.attrs[i]], page.strings[span.attrs[i + 1]]]);
     table.selectAll("tr").data(attrs).join("tr").selectAll("td").data((d) => d).join("td").text((d) => d);
-    if (span.events.length) {
+    const events = span.events || [], links = span.links || [];
+    if (events.length) {
       tip.append("div").attr("class", "tt-section").text("events");
-      for (const e of span.events) tip.append("div").text(fmtMs(e.at_ms) + " " + e.name + (e.attrs ? " (" + e.attrs + ")" : ""));
+      for (const e of events) {
+        const attrs = page.strings[e.attrs];
+        tip.append("div").text(fmtMs(e.at_ms) + " " + e.name + (attrs ? " (" + attrs + ")" : ""));
+      }
     }
-    if (span.links.length) {
+    if (links.length) {
       tip.append("div").attr("class", "tt-section").text("links");
-      for (const l of span.links) tip.append("div").text(l);
+      for (const l of links) tip.append("div").text(page.strings[l]);
     }
     tip.style("display", "block");
     const w = tip.node().offsetWidth, h = tip.node().offsetHeight;
