@@ -743,3 +743,207 @@ impl RowBuilder<'_, '_> {
         row
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::{Value, json};
+
+    /// An OTLP JSON span: ids as hex, times in ms after a fixed epoch.
+    fn span(
+        trace: &str,
+        id: &str,
+        parent: &str,
+        name: &str,
+        from_ms: u64,
+        to_ms: u64,
+        attrs: Value,
+    ) -> Value {
+        let ns = |ms: u64| (1_700_000_000_000_000_000u64 + ms * 1_000_000).to_string();
+        let attributes: Vec<Value> = attrs
+            .as_object()
+            .map(|o| {
+                o.iter()
+                    .map(|(k, v)| {
+                        let value = match v {
+                            Value::Bool(b) => json!({"boolValue": b}),
+                            Value::Number(n) if n.is_f64() => json!({"doubleValue": n}),
+                            Value::Number(n) => json!({"intValue": n.to_string()}),
+                            other => json!({"stringValue": other.as_str().unwrap_or_default()}),
+                        };
+                        json!({"key": k, "value": value})
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        json!({
+            "traceId": trace.repeat(32 / trace.len()),
+            "spanId": id.repeat(16 / id.len()),
+            "parentSpanId": if parent.is_empty() { String::new() } else { parent.repeat(16 / parent.len()) },
+            "name": name, "kind": 1,
+            "startTimeUnixNano": ns(from_ms), "endTimeUnixNano": ns(to_ms),
+            "attributes": attributes, "events": [], "links": [],
+        })
+    }
+
+    fn spans(list: Vec<Value>) -> Vec<ReceivedSpan> {
+        let doc = json!({"resourceSpans": [{"resource": {"attributes": []},
+            "scopeSpans": [{"scope": {"name": "t"}, "spans": list}]}]});
+        conntrace_lab::spans_from_otlp_json(&doc.to_string()).expect("OTLP JSON")
+    }
+
+    /// Warm-up traces are left out, demo phases group, misses count per
+    /// batch, requests in flight step, a request's own connect and a span
+    /// link both resolve to the drawn setup span, a failed request counts.
+    #[test]
+    fn spans_become_groups_rows_and_counts() {
+        let mut list = vec![
+            // A warm-up fan-out: left out.
+            span(
+                "a",
+                "a1",
+                "",
+                "user_request",
+                0,
+                50,
+                json!({"demo.phase": "p", "demo.warmup": true}),
+            ),
+            span(
+                "a",
+                "a2",
+                "a1",
+                "GET",
+                1,
+                40,
+                json!({"http.request.method": "GET", "http.connection.miss_reason": "cold"}),
+            ),
+            // A measured fan-out of two batches.
+            span(
+                "b",
+                "b1",
+                "",
+                "user_request",
+                0,
+                120,
+                json!({"demo.phase": "p", "demo.warmup": false, "demo.fanout.index": "1", "demo.pool_max_idle_per_host": "2"}),
+            ),
+            span("b", "b2", "b1", "fan_out", 1, 119, json!({})),
+            span(
+                "b",
+                "b3",
+                "b2",
+                "batch",
+                2,
+                115,
+                json!({"http.fan_out.batch.index": 0}),
+            ),
+            span(
+                "b",
+                "b4",
+                "b3",
+                "GET",
+                10,
+                110,
+                json!({"http.request.method": "GET", "http.connection.miss_reason": "cold", "http.connection.reused": false, "http.connection.id": 1, "http.connection.wait_time": 0.03}),
+            ),
+            span(
+                "b",
+                "b5",
+                "b4",
+                "http.connection_setup",
+                11,
+                40,
+                json!({"http.connection.id": 1, "http.connection.setup.outcome": "used"}),
+            ),
+            span("b", "b6", "b5", "tcp.connect", 11, 20, json!({})),
+            span("b", "b7", "b5", "tls.handshake", 20, 40, json!({})),
+            span(
+                "b",
+                "b8",
+                "b2",
+                "batch",
+                2,
+                100,
+                json!({"http.fan_out.batch.index": 1}),
+            ),
+            span(
+                "b",
+                "b9",
+                "b8",
+                "GET",
+                20,
+                60,
+                json!({"http.request.method": "GET", "http.connection.reused": true, "http.connection.id": 1, "http.connection.wait_time": 0.0}),
+            ),
+            // A probe mode with one failed request.
+            span("c", "c1", "", "probe fresh", 500, 600, json!({})),
+            span(
+                "c",
+                "c2",
+                "c1",
+                "GET",
+                510,
+                590,
+                json!({"http.request.method": "GET", "error.type": "timeout"}),
+            ),
+        ];
+        // The hit links to connection 1's setup span.
+        list[10]["links"] = json!([{"traceId": "b".repeat(32), "spanId": "b5".repeat(8),
+            "attributes": [{"key": "http.connection.id", "value": {"intValue": "1"}}]}]);
+        let page = build("t", &spans(list), 0);
+        assert_eq!(page.spans_total, 13);
+        assert_eq!(page.warmup_traces, 1);
+        let names: Vec<&str> = page.groups.iter().map(|g| g.name.as_str()).collect();
+        assert_eq!(names, ["user_request p", "probe fresh"]);
+
+        let g = &page.groups[0];
+        assert_eq!((g.traces, g.requests, g.misses, g.failed), (1, 2, 1, 0));
+        assert_eq!(g.idle_limit, Some(2));
+        let cells: Vec<(usize, usize, usize)> = g
+            .batches
+            .iter()
+            .map(|b| (b.index, b.calls, b.misses))
+            .collect();
+        assert_eq!(cells, [(0, 1, 1), (1, 1, 0)]);
+        assert_eq!(
+            g.in_flight,
+            [
+                [0.0, 0.0],
+                [10.0, 1.0],
+                [20.0, 2.0],
+                [60.0, 1.0],
+                [110.0, 0.0]
+            ]
+        );
+        assert_eq!(g.in_flight_peak, 2);
+
+        let rows = &g.shown[0].rows;
+        let kinds: Vec<&str> = rows.iter().map(|r| r.kind).collect();
+        assert_eq!(kinds, ["root", "request", "connection", "request"]);
+        assert_eq!(rows[0].label, "user_request 1");
+        assert_eq!(rows[1].label, "batch 0");
+        assert_eq!(rows[1].wait_ms, Some(30.0));
+        assert_eq!(rows[1].miss_reason.as_deref(), Some("cold"));
+        let setup = rows[2].span;
+        assert_eq!(page.spans[setup].name, "http.connection_setup");
+        assert_eq!(
+            (rows[1].served_by, rows[1].served_how),
+            (Some(setup), Some("child"))
+        );
+        assert_eq!(
+            (rows[3].served_by, rows[3].served_how),
+            (Some(setup), Some("link"))
+        );
+        let phases: Vec<(&str, f64, f64)> = rows[2]
+            .phases
+            .iter()
+            .map(|p| (p.phase, p.start_ms, p.end_ms))
+            .collect();
+        assert_eq!(phases, [("tcp", 11.0, 20.0), ("tls", 20.0, 40.0)]);
+
+        let probe = &page.groups[1];
+        assert_eq!((probe.requests, probe.misses, probe.failed), (1, 0, 1));
+        assert_eq!(probe.idle_limit, None);
+        assert_eq!(probe.shown[0].rows[1].label, "GET #1");
+    }
+}

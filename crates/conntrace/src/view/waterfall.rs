@@ -226,3 +226,43 @@ pub(crate) fn print(modes: &[(&str, &[RequestRow])]) {
         println!("{line}");
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Each phase takes the cells from its rounded start to its rounded
+    /// end, so the bar is as long as the total; the rest is blank.
+    #[test]
+    fn bars_are_drawn_to_scale() {
+        let parts = [
+            (Segment::Tcp, 10.0),
+            (Segment::Tls, 20.0),
+            (Segment::Wait, 0.0),
+            (Segment::Server, 60.0),
+            (Segment::Body, 10.0),
+        ];
+        let drawn = bar(&parts, 2.0, 60, false);
+        let want = format!(
+            "{}{}{}{}{}",
+            "t".repeat(5),
+            "s".repeat(10),
+            "r".repeat(30),
+            "b".repeat(5),
+            " ".repeat(10)
+        );
+        assert_eq!(drawn, want);
+        // A phase shorter than half a cell vanishes; the total stays.
+        let drawn = bar(
+            &[(Segment::Dns, 0.4), (Segment::Server, 9.6)],
+            1.0,
+            12,
+            false,
+        );
+        assert_eq!(drawn, format!("{}  ", "r".repeat(10)));
+        // Coloured: escape codes, the same cells.
+        let coloured = bar(&parts, 2.0, 60, true);
+        assert!(coloured.contains('\u{1b}'));
+        assert_eq!(console::strip_ansi_codes(&coloured).chars().count(), 60);
+    }
+}

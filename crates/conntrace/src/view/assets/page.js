@@ -109,7 +109,7 @@
   function drawInFlight(div, g, width) {
     div.append("div").attr("class", "sub").text("requests in flight over time"
       + (g.idle_limit != null ? " against the idle limit (pool_max_idle_per_host)" : " (the spans do not record the idle limit)"));
-    const height = 120, m = { top: 8, right: 70, bottom: 20, left: 30 };
+    const height = 120, m = { top: 8, right: 92, bottom: 20, left: 30 };
     const svg = div.append("svg").attr("class", "inflight").attr("width", width).attr("height", height)
       .attr("data-peak", g.in_flight_peak);
     const x = d3.scaleLinear([0, Math.max(1, g.duration_ms)], [m.left, width - m.right]);
