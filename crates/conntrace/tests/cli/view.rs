@@ -404,6 +404,44 @@ async fn demo_page_in_a_browser_shows_what_its_spans_say() {
     chromium(&page, &[&format!("--screenshot={}", png.display())]).await;
     let size = std::fs::metadata(&png).expect("screenshot written").len();
     assert!(size > 20_000, "a real picture: {size} bytes");
+
+    // Hover: the pointer over the first missing request's bar shows that
+    // span's attributes (a copy of the page with a mouse move dispatched).
+    let (first_miss, reason) = {
+        let column = section(&dom, "column", "user_request small-pool");
+        let (tag, _) = elements(column, "<g class=\"row request\"")
+            .into_iter()
+            .find(|(tag, _)| attr(tag, "data-miss").is_some())
+            .expect("a missing request in the small pool");
+        (
+            attr(tag, "data-span-id").expect("id").to_owned(),
+            attr(tag, "data-miss").expect("reason").to_owned(),
+        )
+    };
+    let hover = artefacts().join("demo-hover.html");
+    let html = std::fs::read_to_string(&page).expect("page");
+    let script = format!(
+        "<script>const bar = document.querySelector('g.row[data-span-id=\"{first_miss}\"] rect.bar.response'); const box = bar.getBoundingClientRect(); bar.dispatchEvent(new MouseEvent('mousemove', {{bubbles: true, clientX: box.x + 2, clientY: box.y + 2}}));</script></body>"
+    );
+    std::fs::write(&hover, html.replacen("</body>", &script, 1)).expect("hover page");
+    let dom = rendered_dom(&hover).await;
+    let tip_at = dom.find("<div id=\"tooltip\"").expect("tooltip");
+    let tip = &dom[tip_at..tip_at + dom[tip_at..].find("</table>").expect("attribute table")];
+    assert!(tip.contains("display: block"), "shown: {tip}");
+    assert!(tip.contains(&format!("<td>{first_miss}</td>")), "{tip}");
+    assert!(
+        tip.contains(&format!(
+            "<td>{}</td><td>{reason}</td>",
+            semconv::HTTP_CONNECTION_MISS_REASON
+        )),
+        "{tip}"
+    );
+    let span = spans.get(&first_miss);
+    for key in span.attributes().keys() {
+        assert!(tip.contains(&format!("<td>{key}</td>")), "{key} in {tip}");
+    }
+    let png = artefacts().join("demo-hover.png");
+    chromium(&hover, &[&format!("--screenshot={}", png.display())]).await;
 }
 
 /// `conntrace view` on a file of 10,000+ spans (a longer demo's traces

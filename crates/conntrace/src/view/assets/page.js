@@ -137,7 +137,7 @@
     svg.append("g").attr("class", "axis").attr("transform", "translate(0," + (height - m.bottom) + ")")
       .call(d3.axisBottom(x).ticks(Math.max(2, Math.floor(width / 90))).tickFormat((v) => fmtMs(v)));
     svg.append("g").attr("class", "axis").attr("transform", "translate(" + m.left + ",0)")
-      .call(d3.axisLeft(y).ticks(4).tickFormat(d3.format("d")));
+      .call(d3.axisLeft(y).tickValues(y.ticks(4).filter(Number.isInteger)).tickFormat(d3.format("d")));
   }
 
   // Timeline: per group a column; the shown traces on one time axis, the
@@ -197,8 +197,10 @@
       .attr("data-span-id", span.id);
     if (row.miss_reason) g.attr("data-miss", row.miss_reason);
     if (row.connection_id != null) g.attr("data-connection-id", row.connection_id);
+    // Labels fit left of the time axis; the whole name is in the hover.
+    const label = row.label.length > 19 ? row.label.slice(0, 18) + "…" : row.label;
     g.append("text").attr("class", "row-label" + (row.kind === "root" ? " trace-label" : ""))
-      .attr("x", row.kind === "connection" ? 14 : 2).attr("y", y + 4).text(row.label);
+      .attr("x", row.kind === "connection" ? 14 : 2).attr("y", y + 4).attr("data-span", row.span).text(label);
     const x0 = x(row.start_ms), x1 = Math.max(x(row.end_ms), x0 + 1);
     const bar = (cls, a, b, h) => g.append("rect").attr("class", "bar " + cls)
       .attr("x", a).attr("y", y - h / 2).attr("width", Math.max(1, b - a)).attr("height", h)
