@@ -137,8 +137,8 @@ pub(crate) struct TraceView {
     pub(crate) label: String,
     /// Misses among its requests.
     pub(crate) misses: usize,
-    /// Its rows, top to bottom: the root, then each request followed by
-    /// the connections it started.
+    /// Its rows, top to bottom: the root (unless it is a request), then
+    /// each request followed by the connections it started.
     pub(crate) rows: Vec<Row>,
 }
 
@@ -653,7 +653,12 @@ impl RowBuilder<'_, '_> {
             Some(n) => format!("{} {n}", t.root.name()),
             None => t.root.name().to_owned(),
         };
-        let mut rows = vec![self.row("root", t.root, label.clone())];
+        // A trace whose root is itself a request (an application without
+        // a span around its calls) starts with that request's row.
+        let mut rows = Vec::new();
+        if !is_request(t.root) {
+            rows.push(self.row("root", t.root, label.clone()));
+        }
         let mut placed = std::collections::HashSet::new();
         let mut misses = 0;
         for (i, r) in t.requests.iter().enumerate() {

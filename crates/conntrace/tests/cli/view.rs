@@ -609,3 +609,45 @@ async fn probe_waterfall_is_plain_text_off_a_terminal() {
         "the scale and legend: {text}"
     );
 }
+
+/// `conntrace view` reads what an OpenTelemetry Collector's file exporter
+/// writes (JSON lines, one ExportTraceServiceRequest each, fields left out,
+/// the request and its connection in different lines) into the same page,
+/// and refuses a file that is not OTLP JSON with one line and exit 1.
+#[tokio::test]
+async fn view_reads_collector_json_lines_and_rejects_other_files() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let lines =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/cli/collector-file-exporter.jsonl");
+    let page = artefacts().join("collector.html");
+    let mut cmd = conntrace();
+    cmd.arg("view").arg(&lines).arg("--html").arg(&page);
+    let out = run(cmd).await;
+    assert!(out.status.success(), "view failed: {}", stderr(&out));
+    let dom = rendered_dom(&page).await;
+    let rows = elements(&dom, "<g class=\"row ");
+    let kinds: Vec<&str> = rows
+        .iter()
+        .map(|(tag, _)| attr(tag, "class").expect("class"))
+        .collect();
+    assert_eq!(
+        kinds,
+        ["row request", "row connection"],
+        "a request root is not drawn twice"
+    );
+    assert!(rows[0].1.contains("data-reason=\"cold\""), "{}", rows[0].1);
+    assert_eq!(rows[1].1.matches("class=\"phase phase-tls").count(), 1);
+    assert!(dom.contains("data-from=\"eee19b7ec3c1b174\" data-to=\"eee19b7ec3c1b175\""));
+
+    let not_otlp = dir.path().join("notes.json");
+    std::fs::write(&not_otlp, "{\"hello\": [1, 2]}\nnot json\n").expect("write");
+    let mut cmd = conntrace();
+    cmd.arg("view")
+        .arg(&not_otlp)
+        .arg("--html")
+        .arg(dir.path().join("x.html"));
+    let out = run(cmd).await;
+    super::assert_one_line_error(&out, "not an otlp json traces file");
+    assert_eq!(out.status.code(), Some(1));
+    assert!(!dir.path().join("x.html").exists(), "no page for bad input");
+}
