@@ -231,7 +231,7 @@ pub(crate) async fn run(args: DemoArgs) -> anyhow::Result<ExitCode> {
             "demo: fan-outs of {} calls, idle pool {} vs {}, {} ms RTT",
             c.batches, c.small_pool, c.right_pool, c.rtt_ms
         );
-        html.write(&title, &spans)?;
+        html.write(&title, &spans, args.quiet)?;
     }
     let mut ok = true;
     let failed: usize = report.phases.iter().map(|p| p.failed_calls).sum();

@@ -200,7 +200,7 @@ pub(crate) async fn run(args: LabArgs) -> anyhow::Result<ExitCode> {
         text::print(&report, &tables);
     }
     if let (Some(html), Some(spans)) = (html, spans) {
-        html.write(&format!("lab {}", scenario.name()), &spans)?;
+        html.write(&format!("lab {}", scenario.name()), &spans, false)?;
     }
     if let Some(why) = &report.not_reproduced_because {
         eprintln!(

@@ -254,7 +254,7 @@ pub(crate) async fn run(args: ProbeArgs) -> anyhow::Result<ExitCode> {
         }
     }
     if let (Some(html), Some(spans)) = (html, spans) {
-        html.write(&format!("probe {}", report.url), &spans)?;
+        html.write(&format!("probe {}", report.url), &spans, false)?;
     }
     let mut ok = true;
     if report.failed_requests > 0 {

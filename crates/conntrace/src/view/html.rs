@@ -87,13 +87,20 @@ impl HtmlOutput {
     }
 
     /// [`write_with`](Self::write_with) the default number of traces per
-    /// group, then says on stderr where the page went.
+    /// group, then, unless `quiet`, says on stderr where the page went.
     ///
     /// # Errors
     /// `cannot write html file <path>: <why>`.
-    pub(crate) fn write(self, title: &str, spans: &[ReceivedSpan]) -> anyhow::Result<()> {
+    pub(crate) fn write(
+        self,
+        title: &str,
+        spans: &[ReceivedSpan],
+        quiet: bool,
+    ) -> anyhow::Result<()> {
         let written = self.write_with(title, spans, DEFAULT_SHOWN_TRACES)?;
-        eprintln!("{}", written.line(spans.len()));
+        if !quiet {
+            eprintln!("{}", written.line(spans.len()));
+        }
         Ok(())
     }
 }

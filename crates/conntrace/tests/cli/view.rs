@@ -227,7 +227,7 @@ async fn demo_page_in_a_browser_shows_what_its_spans_say() {
     .arg(&page);
     let out = run(cmd).await;
     assert!(out.status.success(), "demo failed: {}", stderr(&out));
-    assert!(stderr(&out).contains("page: "), "{}", stderr(&out));
+    assert!(stderr(&out).is_empty(), "--quiet: {}", stderr(&out));
     let report: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
     let spans = Spans::new(
         conntrace_lab::spans_from_otlp_json(&std::fs::read_to_string(&traces).expect("traces"))
@@ -560,7 +560,9 @@ async fn probe_waterfall_is_plain_text_off_a_terminal() {
     let url = format!("https://localhost:{}/", proxy.addr().port());
     let mut cmd = conntrace();
     cmd.args(["probe", &url, "--requests", "3", "--waterfall", "--cacert"])
-        .arg(&files.ca);
+        .arg(&files.ca)
+        .arg("--html")
+        .arg(artefacts().join("probe.html"));
     let out = run(cmd).await;
     assert!(out.status.success(), "probe failed: {}", stderr(&out));
     let text = String::from_utf8_lossy(&out.stdout).into_owned();
@@ -607,6 +609,57 @@ async fn probe_waterfall_is_plain_text_off_a_terminal() {
     assert!(
         text.contains("waterfall (one cell = "),
         "the scale and legend: {text}"
+    );
+    // --html: a column per mode, a row per request, and as many
+    // connections with a TLS bar as the server accepted.
+    let dom = rendered_dom(&artefacts().join("probe.html")).await;
+    for (mode, requests, connections) in [("fresh", 3, 3), ("reuse", 3, 1)] {
+        let column = section(&dom, "column", &format!("probe {mode}"));
+        let rows = elements(column, "<g class=\"row ");
+        let count = |kind: &str| {
+            rows.iter()
+                .filter(|(tag, _)| attr(tag, "class") == Some(kind))
+                .count()
+        };
+        assert_eq!(count("row request"), requests, "{mode}");
+        assert_eq!(count("row connection"), connections, "{mode}");
+        assert_eq!(
+            column.matches("class=\"phase phase-tls").count(),
+            connections,
+            "{mode}"
+        );
+    }
+}
+
+/// `conntrace lab connect-proxy --html`: the tunnel's `proxy.connect`
+/// phase is drawn once per tunnel the proxy counted.
+#[tokio::test]
+async fn lab_page_draws_the_proxy_phase() {
+    let page = artefacts().join("lab-connect-proxy.html");
+    let mut cmd = conntrace();
+    cmd.args([
+        "lab",
+        "connect-proxy",
+        "--requests",
+        "3",
+        "--json",
+        "--html",
+    ])
+    .arg(&page);
+    let out = run(cmd).await;
+    assert!(out.status.success(), "lab failed: {}", stderr(&out));
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    let tunnels: u64 = report["runs"]
+        .as_array()
+        .expect("runs")
+        .iter()
+        .filter_map(|r| r["counters"]["proxy_tunnels"].as_u64())
+        .sum();
+    assert!(tunnels > 0, "{report}");
+    let dom = rendered_dom(&page).await;
+    assert_eq!(
+        dom.matches("class=\"phase phase-proxy").count() as u64,
+        tunnels
     );
 }
 
