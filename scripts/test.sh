@@ -12,6 +12,8 @@ command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ] || need_apt+=(nginx)
 # `ss` checks the sock_diag lookups of reqwest-conntrace's kernel module.
 command -v ss >/dev/null 2>&1 || [ -x /usr/bin/ss ] || need_apt+=(iproute2)
 command -v promtool >/dev/null 2>&1 || need_apt+=(prometheus)
+# Headless Chromium opens the `--html` pages in crates/conntrace/tests/cli/view.rs.
+command -v chromium >/dev/null 2>&1 || need_apt+=(chromium)
 if [ ${#need_apt[@]} -gt 0 ]; then
     echo "== installing ${need_apt[*]} (Debian packages)"
     if [ "$(id -u)" -ne 0 ]; then sudo=sudo; else sudo=; fi

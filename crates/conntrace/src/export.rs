@@ -107,6 +107,21 @@ impl OutputFile {
     }
 }
 
+impl OutputFile {
+    /// Writes `bytes` (a whole document) into the temporary file, then
+    /// renames it over the target.
+    ///
+    /// # Errors
+    /// `cannot write <what> file <path>: <why>`.
+    pub(crate) fn write_bytes(&mut self, bytes: &[u8]) -> anyhow::Result<()> {
+        let context = || format!("cannot write {} file {}", self.what, self.path.display());
+        std::fs::write(&self.temp, bytes).with_context(context)?;
+        std::fs::rename(&self.temp, &self.path).with_context(context)?;
+        self.done = true;
+        Ok(())
+    }
+}
+
 impl Drop for OutputFile {
     fn drop(&mut self) {
         if !self.done {

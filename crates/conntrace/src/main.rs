@@ -25,6 +25,7 @@ mod serve;
 mod stats;
 mod table;
 mod telemetry;
+mod view;
 
 use std::process::ExitCode;
 use std::time::Duration;
@@ -64,6 +65,11 @@ enum Command {
     /// Run a loopback HTTPS test server (optionally behind a delaying proxy)
     /// until Ctrl-C; prints its URL and writes its CA certificate for --cacert.
     Serve(serve::ServeArgs),
+    /// Turn an OTLP JSON traces file (written by conntrace or a
+    /// collector's file exporter) into one self-contained HTML page: a
+    /// timeline of traces with connection phases, misses and links, miss
+    /// rates per batch, calls in flight against the idle limit.
+    View(view::ViewArgs),
 }
 
 fn main() -> ExitCode {
@@ -111,6 +117,7 @@ fn main() -> ExitCode {
             Command::Lab(args) => until_interrupted(lab::run(args)).await,
             // serve runs until Ctrl-C by design and reports on it itself.
             Command::Serve(args) => Some(serve::run(args).await),
+            Command::View(args) => Some(view::run(&args)),
         }
     });
     runtime.shutdown_timeout(Duration::from_secs(1));

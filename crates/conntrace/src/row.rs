@@ -23,6 +23,8 @@ pub(crate) struct SetupCost {
     pub(crate) tcp: Duration,
     /// TLS handshake (`None` for plain HTTP).
     pub(crate) tls: Option<Duration>,
+    /// Proxy CONNECT round trip (`None` when not tunneled).
+    pub(crate) proxy: Option<Duration>,
     /// Whether the TLS session was resumed.
     pub(crate) tls_resumed: Option<bool>,
     /// The address that connected was not the first one tried.
@@ -179,6 +181,7 @@ impl RequestRow {
                 dns: setup.dns,
                 tcp: setup.tcp,
                 tls: setup.tls,
+                proxy: setup.proxy_connect,
                 tls_resumed: setup.tls_resumed,
                 address_fallback: setup.address_fallback == Some(true),
             });

@@ -4,7 +4,8 @@
 //! traces through a third-party collector (rotel), bad-input handling and
 //! every `conntrace lab` scenario (in `cli/lab.rs`, part of this one test
 //! binary); the fixes from a new-user trial against `conntrace serve` (in
-//! `cli/trial.rs`).
+//! `cli/trial.rs`); the HTML pages in headless Chromium and the probe's
+//! waterfall (in `cli/view.rs`).
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -23,6 +24,9 @@ mod trial;
 
 #[path = "cli/curl.rs"]
 mod curl;
+
+#[path = "cli/view.rs"]
+mod view;
 
 fn conntrace() -> tokio::process::Command {
     let mut c = tokio::process::Command::new(env!("CARGO_BIN_EXE_conntrace"));

@@ -89,6 +89,10 @@ pub(crate) struct DemoArgs {
     /// bar is also hidden when stderr is not a terminal).
     #[arg(short, long)]
     pub(crate) quiet: bool,
+
+    /// The page of the run's traces (a few fan-outs of each phase side by side).
+    #[command(flatten)]
+    pub(crate) html: crate::view::HtmlArg,
 }
 
 /// Parses a positive rate per second.
@@ -172,7 +176,11 @@ pub(crate) async fn run(args: DemoArgs) -> anyhow::Result<ExitCode> {
     // advice would be logged at the first forced miss of the warm-up, with
     // numbers that contradict the measured summary, which prints the same
     // advice from the whole phase.
-    let telemetry = Telemetry::init(Some(args.traces_out.clone()), true)?;
+    let html = args.html.open()?;
+    let mut telemetry = match html {
+        Some(_) => Telemetry::init_capturing(Some(args.traces_out.clone()), true)?,
+        None => Telemetry::init(Some(args.traces_out.clone()), true)?,
+    };
     // The handle is built after the pipeline (it takes the global meter
     // provider) and outlives the final flush, so the last metric
     // collection still has its gauges.
@@ -181,6 +189,7 @@ pub(crate) async fn run(args: DemoArgs) -> anyhow::Result<ExitCode> {
         .pool_advice_interval(Duration::from_secs_f64(args.warmup + args.duration + 60.0))
         .build();
     let result = run_phases(&args, &trace).await;
+    let spans = html.as_ref().map(|_| telemetry.captured_spans());
     let telemetry = telemetry.finish().await;
     drop(trace);
     let (config, phases) = match result {
@@ -215,6 +224,14 @@ pub(crate) async fn run(args: DemoArgs) -> anyhow::Result<ExitCode> {
         );
     } else {
         text::print(&report);
+    }
+    if let (Some(html), Some(spans)) = (html, spans) {
+        let c = &report.config;
+        let title = format!(
+            "demo: fan-outs of {} calls, idle pool {} vs {}, {} ms RTT",
+            c.batches, c.small_pool, c.right_pool, c.rtt_ms
+        );
+        html.write(&title, &spans, args.quiet)?;
     }
     let mut ok = true;
     let failed: usize = report.phases.iter().map(|p| p.failed_calls).sum();

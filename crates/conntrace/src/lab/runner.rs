@@ -32,7 +32,7 @@ pub(crate) struct LabArgs {
     pub(crate) scenario: Option<String>,
 
     /// List the scenarios, one line each, and exit.
-    #[arg(long, conflicts_with_all = ["scenario", "rtt_ms", "requests", "traces_out"])]
+    #[arg(long, conflicts_with_all = ["scenario", "rtt_ms", "requests", "traces_out", "html"])]
     pub(crate) list: bool,
 
     /// Emulated round-trip time to the far server, ms (far-server: default
@@ -58,6 +58,10 @@ pub(crate) struct LabArgs {
     /// OTEL_EXPORTER_OTLP_ENDPOINT is set). [default: no file]
     #[arg(long, value_name = "PATH")]
     pub(crate) traces_out: Option<PathBuf>,
+
+    /// The page of the run's traces.
+    #[command(flatten)]
+    pub(crate) html: crate::view::HtmlArg,
 }
 
 /// A scenario in progress: its settings, the span pipeline and the spans
@@ -138,6 +142,7 @@ pub(crate) async fn run(args: LabArgs) -> anyhow::Result<ExitCode> {
         )));
     };
     check_parameters(scenario, &args).map_err(crate::error::usage)?;
+    let html = args.html.open()?;
     let telemetry = Telemetry::init_capturing(args.traces_out.clone(), false)?;
     let mut lab = Lab {
         scenario,
@@ -157,6 +162,7 @@ pub(crate) async fn run(args: LabArgs) -> anyhow::Result<ExitCode> {
         Scenario::DeadFirstAddress => dead_first_address::run(&mut lab).await,
         Scenario::CancelledHandshake => cancelled_handshake::run(&mut lab).await,
     };
+    let spans = html.as_ref().map(|_| lab.telemetry.captured_spans());
     let telemetry = lab.telemetry.finish().await;
     let outcome = match result {
         Ok(o) => o,
@@ -195,6 +201,9 @@ pub(crate) async fn run(args: LabArgs) -> anyhow::Result<ExitCode> {
         );
     } else {
         text::print(&report, &tables);
+    }
+    if let (Some(html), Some(spans)) = (html, spans) {
+        html.write(&format!("lab {}", scenario.name()), &spans, false)?;
     }
     if let Some(why) = &report.not_reproduced_because {
         eprintln!(

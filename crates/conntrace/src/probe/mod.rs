@@ -68,6 +68,16 @@ pub(crate) struct ProbeArgs {
     /// OTEL_EXPORTER_OTLP_ENDPOINT is set). [default: no file]
     #[arg(long, value_name = "PATH")]
     pub(crate) traces_out: Option<PathBuf>,
+
+    /// After each table, print per request a bar of its phases (dns | tcp |
+    /// proxy | tls | wait for a connection | server | body) scaled to the
+    /// terminal width, with the miss reason beside it.
+    #[arg(long, conflicts_with = "json")]
+    pub(crate) waterfall: bool,
+
+    /// The page of the run's traces.
+    #[command(flatten)]
+    pub(crate) html: crate::view::HtmlArg,
 }
 
 /// `--mode` values.
@@ -139,7 +149,11 @@ pub(crate) async fn run(args: ProbeArgs) -> anyhow::Result<ExitCode> {
     let url = parse_url(&args.url).map_err(crate::error::usage)?;
     let tls = args.client.tls_settings()?;
     let resolve = args.client.resolve_for(&url);
-    let telemetry = Telemetry::init(args.traces_out.clone(), false)?;
+    let html = args.html.open()?;
+    let mut telemetry = match html {
+        Some(_) => Telemetry::init_capturing(args.traces_out.clone(), false)?,
+        None => Telemetry::init(args.traces_out.clone(), false)?,
+    };
     let trace = ConnTrace::builder().on_request_end(CaptureReports).build();
 
     let mut modes = Vec::new();
@@ -202,6 +216,7 @@ pub(crate) async fn run(args: ProbeArgs) -> anyhow::Result<ExitCode> {
         }
     }
 
+    let spans = html.as_ref().map(|_| telemetry.captured_spans());
     let telemetry = telemetry.finish().await;
     if let Some(e) = fatal {
         if let Some(t) = &telemetry.error {
@@ -229,6 +244,18 @@ pub(crate) async fn run(args: ProbeArgs) -> anyhow::Result<ExitCode> {
         );
     } else {
         text::print(&report);
+        if args.waterfall {
+            let modes: Vec<(&str, &[RequestRow])> = report
+                .modes
+                .iter()
+                .map(|m| (m.mode, m.requests.as_slice()))
+                .collect();
+            println!();
+            crate::view::waterfall::print(&modes);
+        }
+    }
+    if let (Some(html), Some(spans)) = (html, spans) {
+        html.write(&format!("probe {}", report.url), &spans, false)?;
     }
     let mut ok = true;
     if report.failed_requests > 0 {

@@ -1,0 +1,280 @@
+// Draws the page from the model in #page-data (built by conntrace from the
+// exported spans) with D3: scales, axes, shapes and data joins.
+"use strict";
+(function () {
+  const started = performance.now();
+  const page = JSON.parse(document.getElementById("page-data").textContent);
+  const PHASES = ["dns", "tcp", "proxy", "tls"];
+  // Tableau 10 (d3.schemeTableau10): purple, orange, brown, blue.
+  const phaseColour = d3.scaleOrdinal(PHASES, [
+    d3.schemeTableau10[6], d3.schemeTableau10[1], d3.schemeTableau10[8], d3.schemeTableau10[0],
+  ]);
+  const heat = d3.scaleSequential(d3.interpolateReds).domain([0, 1]);
+  const ROW = 14, STEP = 18, TRACE_GAP = 10, LEFT = 118, RIGHT = 200, TOP = 24;
+
+  const f2 = d3.format(".2f"), f1 = d3.format(".1f");
+  const fmtMs = (v) => (v >= 1000 ? f2(v / 1000) + " s" : f1(v) + " ms");
+  const DIAMOND = d3.symbol(d3.symbolDiamond, 60)();
+  const pct = d3.format(".0%");
+  const plural = (n, one, many) => n + " " + (n === 1 ? one : many);
+
+  // Summary and legend.
+  const groups = page.groups;
+  const summary = [
+    plural(page.spans_total, "span", "spans") + " in " + plural(page.traces_total, "trace", "traces"),
+    plural(groups.length, "group", "groups"),
+  ];
+  if (page.warmup_traces) summary.push(plural(page.warmup_traces, "warm-up trace", "warm-up traces") + " left out (demo.warmup = true)");
+  if (page.other_traces) summary.push(plural(page.other_traces, "trace", "traces") + " without HTTP spans not drawn");
+  summary.push("made by conntrace " + page.version);
+  d3.select("#summary").text(summary.join("; "));
+
+  const legend = d3.select("#legend");
+  const swatch = (cls, fill, text) => {
+    const item = legend.append("span").attr("class", "item legend-" + cls);
+    const svg = item.append("svg").attr("width", 22).attr("height", 12);
+    if (cls === "miss") {
+      svg.append("path").attr("class", "miss-marker").attr("transform", "translate(11,6)")
+        .attr("d", d3.symbol(d3.symbolDiamond, 50)());
+    } else if (cls === "link") {
+      svg.append("path").attr("class", "link").attr("d", "M1,10 C11,10 11,2 21,2");
+    } else {
+      const r = svg.append("rect").attr("x", 1).attr("y", 1).attr("width", 20).attr("height", 10)
+        .attr("class", "bar " + cls);
+      if (fill) r.attr("fill", fill);
+    }
+    item.append("span").text(text);
+  };
+  const defs = d3.select("body").append("svg").attr("width", 0).attr("height", 0)
+    .style("position", "absolute").append("defs");
+  defs.append("pattern").attr("id", "hatch").attr("patternUnits", "userSpaceOnUse")
+    .attr("width", 5).attr("height", 5).attr("patternTransform", "rotate(45)")
+    .call((p) => {
+      p.append("rect").attr("width", 5).attr("height", 5).attr("fill", "#e4e7ee");
+      p.append("line").attr("x1", 0).attr("y1", 0).attr("x2", 0).attr("y2", 5)
+        .attr("stroke", "#a5adbb").attr("stroke-width", 2);
+    });
+  swatch("phase-dns", phaseColour("dns"), "DNS (dns.lookup)");
+  swatch("phase-tcp", phaseColour("tcp"), "TCP connect");
+  swatch("phase-proxy", phaseColour("proxy"), "proxy CONNECT");
+  swatch("phase-tls", phaseColour("tls"), "TLS handshake");
+  swatch("wait", null, "wait for a connection");
+  swatch("response", null, "server + body");
+  swatch("root", null, "trace root");
+  swatch("miss", null, "pool miss (reason beside the bar)");
+  swatch("link", null, "served by this connection");
+
+  // Overview: per group, the per-batch miss rates and calls in flight.
+  // Every container first, so each measures its share of the row.
+  const overview = d3.select("#overview");
+  const overviewDivs = groups.map((g) => overview.append("div").attr("class", "group").attr("data-group", g.name));
+  const timeline = d3.select("#timeline");
+  const columns = groups.map((g) => timeline.append("div").attr("class", "column").attr("data-group", g.name));
+  groups.forEach((g, i) => {
+    const div = overviewDivs[i];
+    div.append("h2").text(g.name).append("span").attr("class", "sub")
+      .text("  " + g.hosts.join(", ") + " · " + plural(g.traces, "trace", "traces") + ", "
+        + plural(g.requests, "request", "requests") + ", " + plural(g.misses, "miss", "misses")
+        + (g.requests ? " (" + pct(g.misses / g.requests) + ")" : "")
+        + (g.failed ? ", " + g.failed + " failed" : ""));
+    const width = Math.max(400, div.node().clientWidth || 520);
+    drawHeat(div, g, width);
+    drawInFlight(div, g, width);
+  });
+
+  function drawHeat(div, g, width) {
+    div.append("div").attr("class", "sub").text("miss rate per batch position (fan-out batch index, else request position in its trace)");
+    const n = g.batches.length;
+    const cell = Math.max(6, Math.min(56, (width - 60) / Math.max(1, n)));
+    const svg = div.append("svg").attr("class", "heat").attr("width", width).attr("height", 46);
+    const cells = svg.selectAll("g.heat-batch").data(g.batches).join("g")
+      .attr("class", "heat-batch")
+      .attr("data-batch", (b) => b.index)
+      .attr("data-calls", (b) => b.calls)
+      .attr("data-misses", (b) => b.misses)
+      .attr("transform", (b, i) => "translate(" + (i * cell) + ",0)");
+    cells.append("rect").attr("class", "heat-cell").attr("width", cell).attr("height", 26)
+      .attr("fill", (b) => heat(b.miss_ratio));
+    cells.filter(() => cell >= 30).append("text").attr("x", cell / 2).attr("y", 17)
+      .attr("text-anchor", "middle").attr("class", "heat-text")
+      .style("fill", (b) => (b.miss_ratio > 0.55 ? "#fff" : "#1d2330"))
+      .text((b) => pct(b.miss_ratio));
+    cells.filter((b, i) => cell >= 30 || i % Math.ceil(30 / cell) === 0).append("text")
+      .attr("x", cell / 2).attr("y", 40).attr("text-anchor", "middle").attr("class", "note")
+      .text((b) => (cell >= 30 ? "b" : "") + b.index);
+    cells.append("title").text((b) => "batch " + b.index + ": " + b.misses + " of " + b.calls
+      + " missed" + (b.misses ? " (" + Object.entries(b.reasons).map(([k, v]) => k + " " + v).join(", ") + ")" : ""));
+  }
+
+  function drawInFlight(div, g, width) {
+    div.append("div").attr("class", "sub").text("requests in flight over time"
+      + (g.idle_limit != null ? " against the idle limit (pool_max_idle_per_host)" : " (the spans do not record the idle limit)"));
+    const height = 120, m = { top: 8, right: 92, bottom: 20, left: 30 };
+    const svg = div.append("svg").attr("class", "inflight").attr("width", width).attr("height", height)
+      .attr("data-peak", g.in_flight_peak);
+    const x = d3.scaleLinear([0, Math.max(1, g.duration_ms)], [m.left, width - m.right]);
+    const top = Math.max(g.in_flight_peak, g.idle_limit != null ? g.idle_limit : 0, 1);
+    const y = d3.scaleLinear([0, top * 1.15], [height - m.bottom, m.top]).nice();
+    svg.append("rect").attr("class", "shown-window")
+      .attr("x", x(g.shown_from_ms)).attr("y", m.top)
+      .attr("width", Math.max(1, x(g.shown_to_ms) - x(g.shown_from_ms)))
+      .attr("height", height - m.top - m.bottom)
+      .append("title").text("the traces drawn below");
+    const pts = g.in_flight.concat([[g.duration_ms, 0]]);
+    svg.append("path").attr("class", "inflight-area")
+      .attr("d", d3.area().curve(d3.curveStepAfter).x((p) => x(p[0])).y0(y(0)).y1((p) => y(p[1]))(pts));
+    svg.append("path").attr("class", "inflight-line")
+      .attr("d", d3.line().curve(d3.curveStepAfter).x((p) => x(p[0])).y((p) => y(p[1]))(pts));
+    if (g.idle_limit != null) {
+      svg.append("line").attr("class", "idle-limit")
+        .attr("x1", m.left).attr("x2", width - m.right)
+        .attr("y1", y(g.idle_limit)).attr("y2", y(g.idle_limit));
+      svg.append("text").attr("class", "idle-limit-text").attr("x", width - m.right + 4)
+        .attr("y", y(g.idle_limit) + 4).text("idle limit " + g.idle_limit);
+    }
+    svg.append("text").attr("class", "note peak-text").attr("x", width - m.right + 4)
+      .attr("y", y(g.in_flight_peak) - 4).text("peak " + g.in_flight_peak);
+    svg.append("g").attr("class", "axis").attr("transform", "translate(0," + (height - m.bottom) + ")")
+      .call(d3.axisBottom(x).ticks(Math.max(2, Math.floor(width / 90))).tickFormat((v) => fmtMs(v)));
+    svg.append("g").attr("class", "axis").attr("transform", "translate(" + m.left + ",0)")
+      .call(d3.axisLeft(y).tickValues(y.ticks(4).filter(Number.isInteger)).tickFormat(d3.format("d")));
+  }
+
+  // Timeline: per group a column; the shown traces on one time axis, the
+  // same milliseconds per pixel in every column.
+  const windowMs = Math.max(1, d3.max(groups, (g) => g.shown_to_ms - g.shown_from_ms) || 1);
+  groups.forEach((g, i) => drawColumn(g, columns[i]));
+
+  function drawColumn(g, col) {
+    col.append("h2").text(g.name).append("span").attr("class", "sub")
+      .text("  " + g.shown.length + " of " + plural(g.traces, "trace", "traces") + " shown, from "
+        + fmtMs(g.shown_from_ms) + " into the group");
+    const width = Math.max(480, col.node().clientWidth || 640);
+    let height = TOP;
+    for (const t of g.shown) height += t.rows.length * STEP + TRACE_GAP;
+    // Built detached and attached once: no style work while it grows.
+    const svg = d3.create("svg").attr("class", "timeline").attr("width", width).attr("height", height + 4);
+    const x = d3.scaleLinear([g.shown_from_ms, g.shown_from_ms + windowMs], [LEFT, width - RIGHT]);
+    svg.append("g").attr("class", "axis").attr("transform", "translate(0," + (TOP - 4) + ")")
+      .call(d3.axisTop(x).ticks(Math.max(2, Math.floor((width - LEFT - RIGHT) / 80)))
+        .tickFormat((v) => fmtMs(v - g.shown_from_ms)));
+    const links = svg.append("g").attr("class", "links");
+    const rowY = new Map(); // span index -> row centre y
+    const rowsAt = []; // [row, y]
+    let yTop = TOP;
+    for (const t of g.shown) {
+      const tg = svg.append("g").attr("class", "trace").attr("data-trace-id", t.trace_id)
+        .attr("data-misses", t.misses);
+      tg.append("line").attr("class", "trace-sep").attr("x1", 0).attr("x2", width)
+        .attr("y1", yTop - 3).attr("y2", yTop - 3);
+      t.rows.forEach((row, i) => {
+        const y = yTop + i * STEP + ROW / 2;
+        rowY.set(row.span, y);
+        rowsAt.push([row, y]);
+        drawRow(tg, row, y, x, t);
+      });
+      yTop += t.rows.length * STEP + TRACE_GAP;
+    }
+    // Links: from the serving connection's ready moment to the moment the
+    // request had its connection.
+    const link = d3.linkHorizontal();
+    for (const [row, y] of rowsAt) {
+      if (row.kind !== "request" || row.served_by == null || !rowY.has(row.served_by)) continue;
+      const conn = page.spans[row.served_by];
+      const readyAt = conn.start_ms + conn.duration_ms;
+      const had = row.start_ms + (row.wait_ms || 0);
+      links.append("path").attr("class", "link " + row.served_how)
+        .attr("data-from", page.spans[row.span].id).attr("data-to", conn.id)
+        .attr("d", link({ source: [x(readyAt), rowY.get(row.served_by)], target: [x(had), y] }));
+    }
+    svg.node().appendChild(links.node()); // on top of the bars
+    col.node().appendChild(svg.node());
+  }
+
+  function drawRow(tg, row, y, x, t) {
+    const span = page.spans[row.span];
+    const g = tg.append("g").attr("class", "row " + row.kind).attr("data-span", row.span)
+      .attr("data-span-id", span.id);
+    if (row.miss_reason) g.attr("data-miss", row.miss_reason);
+    if (row.connection_id != null) g.attr("data-connection-id", row.connection_id);
+    // Labels fit left of the time axis; the whole name is in the hover.
+    const label = row.label.length > 19 ? row.label.slice(0, 18) + "…" : row.label;
+    g.append("text").attr("class", "row-label" + (row.kind === "root" ? " trace-label" : ""))
+      .attr("x", row.kind === "connection" ? 14 : 2).attr("y", y + 4).attr("data-span", row.span).text(label);
+    const x0 = x(row.start_ms), x1 = Math.max(x(row.end_ms), x0 + 1);
+    const bar = (cls, a, b, h) => g.append("rect").attr("class", "bar " + cls)
+      .attr("x", a).attr("y", y - h / 2).attr("width", Math.max(1, b - a)).attr("height", h)
+      .attr("data-span", row.span);
+    let note = fmtMs(span.duration_ms);
+    if (row.kind === "root") {
+      bar("root", x0, x1, 6);
+      if (t.misses) note += " · " + plural(t.misses, "miss", "misses");
+    } else if (row.kind === "request") {
+      if (row.wait_ms == null) {
+        bar(row.error_type ? "failed" : "response", x0, x1, ROW);
+      } else {
+        const xw = Math.min(x1, x(row.start_ms + row.wait_ms));
+        if (row.wait_ms > 0) bar("wait", x0, xw, ROW);
+        bar("response", xw, x1, ROW);
+      }
+      if (row.miss_reason) {
+        g.append("path").attr("class", "miss-marker").attr("data-reason", row.miss_reason)
+          .attr("data-span", row.span)
+          .attr("transform", "translate(" + (x0 - 7) + "," + y + ")")
+          .attr("d", DIAMOND);
+      }
+    } else {
+      bar("connection", x0, x1, ROW);
+      g.selectAll("rect.phase").data(row.phases || []).join("rect")
+        .attr("class", (p) => "phase phase-" + p.phase + (p.error_type ? " failed-phase" : ""))
+        .attr("data-span", (p) => p.span)
+        .attr("fill", (p) => phaseColour(p.phase))
+        .attr("x", (p) => x(p.start_ms)).attr("y", y - ROW / 2 + 1)
+        .attr("width", (p) => Math.max(1, x(p.end_ms) - x(p.start_ms))).attr("height", ROW - 2);
+      note += " · " + (row.outcome || (row.error_type ? "failed" : "no outcome"));
+    }
+    const text = g.append("text").attr("class", "bar-note").attr("x", x1 + 4).attr("y", y + 4);
+    text.append("tspan").attr("class", "dur").text(note);
+    if (row.miss_reason) text.append("tspan").attr("class", "miss-text").text(" " + row.miss_reason);
+    if (row.error_type) text.append("tspan").attr("class", "miss-text").text(" " + row.error_type);
+    if (row.kind === "request" && row.served_how === "link" && row.served_by == null) {
+      text.append("tspan").attr("class", "note").text(" via conn #" + row.connection_id + " (not drawn)");
+    }
+  }
+
+  // Hover: every element with data-span shows that span.
+  const tip = d3.select("#tooltip");
+  document.addEventListener("mousemove", (ev) => {
+    const el = ev.target.closest && ev.target.closest("[data-span]");
+    if (!el) { tip.style("display", "none"); return; }
+    const span = page.spans[+el.getAttribute("data-span")];
+    tip.html("");
+    tip.append("div").attr("class", "tt-title").text(span.name + " · " + fmtMs(span.duration_ms)
+      + " · starts at " + fmtMs(span.start_ms));
+    if (span.status) tip.append("div").attr("class", "miss-text").text(span.status);
+    const table = tip.append("table");
+    const attrs = [["span id", span.id]];
+    for (let i = 0; i + 1 < span.attrs.length; i += 2) attrs.push([page.strings[span.attrs[i]], page.strings[span.attrs[i + 1]]]);
+    table.selectAll("tr").data(attrs).join("tr").selectAll("td").data((d) => d).join("td").text((d) => d);
+    const events = span.events || [], links = span.links || [];
+    if (events.length) {
+      tip.append("div").attr("class", "tt-section").text("events");
+      for (const e of events) {
+        const attrs = page.strings[e.attrs];
+        tip.append("div").text(fmtMs(e.at_ms) + " " + e.name + (attrs ? " (" + attrs + ")" : ""));
+      }
+    }
+    if (links.length) {
+      tip.append("div").attr("class", "tt-section").text("links");
+      for (const l of links) tip.append("div").text(page.strings[l]);
+    }
+    tip.style("display", "block");
+    const w = tip.node().offsetWidth, h = tip.node().offsetHeight;
+    const left = Math.min(ev.clientX + 14, window.innerWidth - w - 8);
+    const top = ev.clientY + 14 + h > window.innerHeight ? ev.clientY - h - 10 : ev.clientY + 14;
+    tip.style("left", Math.max(4, left) + "px").style("top", Math.max(4, top) + "px");
+  });
+
+  document.body.dataset.rendered = "ok";
+  document.body.dataset.renderMs = String(Math.round(performance.now() - started));
+})();
