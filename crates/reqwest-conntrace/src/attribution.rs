@@ -211,6 +211,8 @@ pub(crate) struct RequestEnd {
     pub(crate) error_type: Option<String>,
     pub(crate) connection: Option<(ConnectionUse, Arc<ConnectionRecord>)>,
     pub(crate) body_size: u64,
+    /// Redirect hops sent before this request for the same call.
+    pub(crate) resend_count: u32,
     /// `network.protocol.version` of the response.
     pub(crate) protocol_version: Option<&'static str>,
     /// `http.request.method`, `server.address`, `server.port`, `url.scheme`.
@@ -265,6 +267,7 @@ impl RequestEnd {
             connection: None,
             body_size: 0,
             protocol_version: None,
+            resend_count: 0,
             base_attributes,
             finished: false,
         }
@@ -332,6 +335,7 @@ impl RequestEnd {
             body_size: self.body_size,
             body_complete: kind == EndKind::Complete,
             connection: self.connection.as_ref().map(|(u, _)| u.clone()),
+            resend_count: self.resend_count,
         };
         self.inner.on_request_end.on_request_end(&report);
         // Release our handle so the span ends now (end of body), not when

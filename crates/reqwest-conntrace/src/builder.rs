@@ -218,6 +218,10 @@ impl InstrumentedClientBuilder {
         if let Some(p) = proxy {
             builder = builder.proxy(reqwest::Proxy::all(p.as_str())?);
         }
+        // Redirect hops as requests of their own (see `redirect`).
+        if let Some(policy) = crate::redirect::takeover_policy(&described) {
+            builder = builder.redirect(policy);
+        }
         self.trace.inner().count_client();
         Ok(builder.build()?)
     }

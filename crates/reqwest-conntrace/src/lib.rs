@@ -67,6 +67,7 @@ mod miss;
 pub mod otlp;
 mod pool;
 mod redact;
+mod redirect;
 mod registry;
 mod report;
 mod request;

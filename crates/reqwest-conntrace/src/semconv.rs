@@ -56,6 +56,10 @@ pub const HTTP_REQUEST_METHOD: &str = sc::HTTP_REQUEST_METHOD;
 /// `http.request.method_original` (string), HTTP semconv: the method sent
 /// when it is not a known one (`http.request.method` is then `_OTHER`).
 pub const HTTP_REQUEST_METHOD_ORIGINAL: &str = sc::HTTP_REQUEST_METHOD_ORIGINAL;
+/// `http.request.resend_count` (int), HTTP semconv: on the span of a
+/// redirect hop, the number of hops sent before it for the same call (the
+/// first request has none).
+pub const HTTP_REQUEST_RESEND_COUNT: &str = sc::HTTP_REQUEST_RESEND_COUNT;
 /// `http.response.status_code` (int), HTTP semconv.
 pub const HTTP_RESPONSE_STATUS_CODE: &str = sc::HTTP_RESPONSE_STATUS_CODE;
 /// `http.response.body.size` (int, bytes): body bytes read by the caller.

@@ -26,6 +26,7 @@ mod idle_expired;
 mod ipv6_blackhole;
 mod net;
 mod new_client;
+mod redirect_chain;
 mod report;
 mod runner;
 mod server_closed;
@@ -69,11 +70,13 @@ pub(crate) enum Scenario {
     DeadFirstAddress,
     /// A request cancelled mid-handshake.
     CancelledHandshake,
+    /// A redirect chain across five hosts.
+    RedirectChain,
 }
 
 impl Scenario {
     /// Every scenario, in `--list` order.
-    pub(crate) const ALL: [Scenario; 10] = [
+    pub(crate) const ALL: [Scenario; 11] = [
         Scenario::FarServer,
         Scenario::Ipv6Blackhole,
         Scenario::IdleExpired,
@@ -84,6 +87,7 @@ impl Scenario {
         Scenario::DnsQueue,
         Scenario::DeadFirstAddress,
         Scenario::CancelledHandshake,
+        Scenario::RedirectChain,
     ];
 
     /// The name on the command line.
@@ -99,6 +103,7 @@ impl Scenario {
             Scenario::DnsQueue => "dns-queue",
             Scenario::DeadFirstAddress => "dead-first-address",
             Scenario::CancelledHandshake => "cancelled-handshake",
+            Scenario::RedirectChain => "redirect-chain",
         }
     }
 
@@ -134,6 +139,9 @@ impl Scenario {
             }
             Scenario::CancelledHandshake => {
                 "a request timeout (and a connect timeout) fires mid TLS handshake: the abandoned connect's spans end cancelled / timeout, the next request is a miss"
+            }
+            Scenario::RedirectChain => {
+                "a 302 chain across 127.0.0.1 to 127.0.0.5: one span per hop (http.request.resend_count), each on its own host and new connection; the chain again: five idle hits"
             }
         }
     }

@@ -40,6 +40,10 @@ pub(crate) struct RequestView {
     pub(crate) total_ms: f64,
     /// `http.response.status_code`.
     pub(crate) status: Option<i64>,
+    /// `server.address`.
+    pub(crate) server_address: Option<String>,
+    /// `http.request.resend_count` (0 when absent: not a resend).
+    pub(crate) resend_count: i64,
     /// `error.type`.
     pub(crate) error_type: Option<String>,
     /// The span status message when it failed (the error chain).
@@ -287,6 +291,8 @@ impl Spans {
                 start_ms: ms_between(t0, r.start_unix_nanos()),
                 total_ms: ms_between(r.start_unix_nanos(), r.end_unix_nanos()),
                 status: r.attr_i64(semconv::HTTP_RESPONSE_STATUS_CODE),
+                server_address: string(r, semconv::SERVER_ADDRESS),
+                resend_count: r.attr_i64(semconv::HTTP_REQUEST_RESEND_COUNT).unwrap_or(0),
                 error_type: string(r, semconv::ERROR_TYPE),
                 error: (!r.status_message().is_empty()).then(|| r.status_message().to_owned()),
                 reused: r.attr_bool(semconv::HTTP_CONNECTION_REUSED),
