@@ -193,19 +193,15 @@ impl InstrumentedClientBuilder {
         let idle_timeout = self
             .idle_timeout
             .unwrap_or(Some(REQWEST_DEFAULT_IDLE_TIMEOUT));
-        let client = Arc::new(ClientState::new(
-            idle_timeout,
-            self.max_idle_per_host,
-            proxy.clone(),
-        ));
+        let client = Arc::new(ClientState::new(idle_timeout, self.max_idle_per_host));
+        let layer = ConnectorLayer::for_client(self.trace.clone(), client)
+            .connect_timeout(self.connect_timeout);
+        let proxy_rules = layer.proxy_rules();
         let mut builder = self
             .builder
             .tls_backend_preconfigured(config)
             .dns_resolver(Arc::new(resolver))
-            .connector_layer(
-                ConnectorLayer::for_client(self.trace.clone(), client)
-                    .connect_timeout(self.connect_timeout),
-            );
+            .connector_layer(layer);
         if let Some(t) = self.connect_timeout {
             builder = builder.connect_timeout(t);
         }
@@ -215,6 +211,7 @@ impl InstrumentedClientBuilder {
         if let Some(max) = self.max_idle_per_host {
             builder = builder.pool_max_idle_per_host(max);
         }
+        let rules = proxy.as_ref().map(crate::proxy::ProxyRules::all);
         if let Some(p) = proxy {
             builder = builder.proxy(reqwest::Proxy::all(p.as_str())?);
         }
@@ -223,7 +220,10 @@ impl InstrumentedClientBuilder {
             builder = builder.redirect(policy);
         }
         self.trace.inner().count_client();
-        Ok(builder.build()?)
+        let client = builder.build()?;
+        let _ =
+            proxy_rules.set(rules.unwrap_or_else(|| crate::proxy::ProxyRules::of_client(&client)));
+        Ok(client)
     }
 
     /// Builds the client wrapped in a `reqwest_middleware` client with

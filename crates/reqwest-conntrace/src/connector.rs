@@ -6,7 +6,7 @@ use std::borrow::Borrow;
 use std::error::Error as StdError;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
@@ -22,6 +22,7 @@ use crate::error::{classify, error_chain_text};
 use crate::handle::{ConnTrace, Inner};
 use crate::miss::MissReason;
 use crate::pool::{MissSlot, MissVerdict};
+use crate::proxy::{self, ProxyRefusal, ProxyRules};
 use crate::registry::ConnectionRecord;
 use crate::request::{self, PendingSetup};
 use crate::semconv;
@@ -45,6 +46,7 @@ pub struct ConnectorLayer {
     trace: ConnTrace,
     client: Arc<ClientState>,
     connect_timeout: Option<Duration>,
+    proxy: Arc<OnceLock<ProxyRules>>,
 }
 
 impl ConnectorLayer {
@@ -60,7 +62,14 @@ impl ConnectorLayer {
             trace,
             client,
             connect_timeout: None,
+            proxy: Arc::new(OnceLock::new()),
         }
+    }
+
+    /// Where the client's proxy rules go once reqwest has built the client
+    /// (they are read from it; see `proxy`).
+    pub(crate) fn proxy_rules(&self) -> Arc<OnceLock<ProxyRules>> {
+        self.proxy.clone()
     }
 
     /// The client's connect timeout, so that a connect abandoned at that
@@ -81,6 +90,7 @@ impl<S> Layer<S> for ConnectorLayer {
             trace: self.trace.clone(),
             client: self.client.clone(),
             connect_timeout: self.connect_timeout,
+            proxy: self.proxy.clone(),
         }
     }
 }
@@ -94,6 +104,7 @@ pub struct ConnectService<S> {
     trace: ConnTrace,
     client: Arc<ClientState>,
     connect_timeout: Option<Duration>,
+    proxy: Arc<OnceLock<ProxyRules>>,
 }
 
 impl<S, R> Service<R> for ConnectService<S>
@@ -146,12 +157,16 @@ where
             t.note_miss(slot.clone());
             slot
         });
+        let proxy = trigger
+            .as_ref()
+            .and_then(|t| self.proxy.get()?.route(&t.host));
         let attempt = Arc::new(ConnectAttempt::new(
             inner.next_connection_id(),
             trigger,
             self.client.clone(),
             miss,
             self.connect_timeout,
+            proxy,
         ));
         // reqwest calls the connector inside the request's poll, so the
         // current span is the request span the middleware instrumented.
@@ -219,7 +234,7 @@ impl Drop for ConnectGuard {
                     "connect abandoned: its request was dropped or timed out".to_owned(),
                 )
             };
-            finish_failed(&inner, &attempt, &cx, error_type, message, now);
+            finish_failed(&inner, &attempt, &cx, error_type, message, None, now);
         }
     }
 }
@@ -230,6 +245,7 @@ fn finish_failed(
     cx: &opentelemetry::Context,
     error_type: &'static str,
     message: String,
+    refusal: Option<ProxyRefusal>,
     now: Instant,
 ) {
     use opentelemetry::trace::TraceContextExt;
@@ -240,6 +256,7 @@ fn finish_failed(
         &Ending::Failed {
             error_type,
             message,
+            refusal,
         },
         now,
     );
@@ -285,12 +302,14 @@ where
                 Ok(conn) => on_connected(&inner, attempt, span_cx, conn, now),
                 Err(e) => {
                     let e: &(dyn StdError + Send + Sync + 'static) = e.borrow();
+                    let refusal = proxy::refusal(e);
                     finish_failed(
                         &inner,
                         &attempt,
                         &span_cx,
-                        classify(e),
+                        refusal.map_or_else(|| classify(e), |r| r.error_type),
                         error_chain_text(e),
+                        refusal,
                         now,
                     );
                 }

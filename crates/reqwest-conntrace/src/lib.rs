@@ -66,6 +66,7 @@ mod miss;
 #[cfg(feature = "otlp")]
 pub mod otlp;
 mod pool;
+mod proxy;
 mod redact;
 mod redirect;
 mod registry;

@@ -339,7 +339,9 @@ impl<M: MakeRequestSpan> ConnTraceMiddleware<M> {
                 Ok(wrap_body(response, end))
             }
             Err(error) => {
-                let error_type = classify(&error);
+                // A proxy that refused the CONNECT is named as such.
+                let error_type = crate::proxy::refusal(&error)
+                    .map_or_else(|| classify(&error), |r| r.error_type);
                 if error_type == semconv::ERROR_TYPE_CONNECTION_RESET {
                     attribute_failure(&inner, &state, &span);
                 }

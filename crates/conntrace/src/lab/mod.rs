@@ -21,6 +21,7 @@ mod connect_proxy;
 mod dead_first_address;
 mod discarded;
 mod dns_queue;
+mod env_proxy;
 mod far_server;
 mod idle_expired;
 mod ipv6_blackhole;
@@ -72,11 +73,13 @@ pub(crate) enum Scenario {
     CancelledHandshake,
     /// A redirect chain across five hosts.
     RedirectChain,
+    /// A proxy from `HTTPS_PROXY`, open and refusing.
+    EnvProxy,
 }
 
 impl Scenario {
     /// Every scenario, in `--list` order.
-    pub(crate) const ALL: [Scenario; 11] = [
+    pub(crate) const ALL: [Scenario; 12] = [
         Scenario::FarServer,
         Scenario::Ipv6Blackhole,
         Scenario::IdleExpired,
@@ -88,6 +91,7 @@ impl Scenario {
         Scenario::DeadFirstAddress,
         Scenario::CancelledHandshake,
         Scenario::RedirectChain,
+        Scenario::EnvProxy,
     ];
 
     /// The name on the command line.
@@ -104,6 +108,7 @@ impl Scenario {
             Scenario::DeadFirstAddress => "dead-first-address",
             Scenario::CancelledHandshake => "cancelled-handshake",
             Scenario::RedirectChain => "redirect-chain",
+            Scenario::EnvProxy => "env-proxy",
         }
     }
 
@@ -139,6 +144,9 @@ impl Scenario {
             }
             Scenario::CancelledHandshake => {
                 "a request timeout (and a connect timeout) fires mid TLS handshake: the abandoned connect's spans end cancelled / timeout, the next request is a miss"
+            }
+            Scenario::EnvProxy => {
+                "a proxy from HTTPS_PROXY (conntrace probe child processes): the setup span names the proxy and has proxy.connect; a CONNECT answered 407 or 502 fails with error.type proxy_auth_required / proxy_connect_refused"
             }
             Scenario::RedirectChain => {
                 "a 302 chain across 127.0.0.1 to 127.0.0.5: one span per hop (http.request.resend_count), each on its own host and new connection; the chain again: five idle hits"
