@@ -258,6 +258,50 @@ async fn probe_redirect_chain_counts_every_hop() {
     assert_eq!(misses.total(), 5.0);
 }
 
+/// HTTP/2 by prior knowledge (`--http2` on plain http, no ALPN): the setup
+/// span says `network.protocol.version = 2` and the probe row `http2`;
+/// four concurrent requests to a 300 ms endpoint share the one connection
+/// (the server accepted one) and none reports the server's response time
+/// as `http.connection.wait_time`: they waited for the connection only.
+#[tokio::test]
+async fn probe_http2_prior_knowledge_is_known_as_http2() {
+    let server = conntrace_lab::TestServer::builder()
+        .start()
+        .await
+        .expect("lab server");
+    let receiver = OtlpReceiver::start().await.expect("receiver");
+    let url = server.url("/delay/300");
+    let mut cmd = conntrace();
+    cmd.args([
+        "probe", &url, "--http2", "--mode", "reuse", "-n", "4", "-c", "4", "--json",
+    ])
+    .env("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.endpoint())
+    .env("OTEL_SERVICE_NAME", "conntrace-test");
+    let out = run(cmd).await;
+    assert!(out.status.success(), "probe failed: {}", stderr(&out));
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    assert_eq!(server.accepted_connections(), 1);
+    let spans = receiver.spans();
+    let setups = named(&spans, semconv::CONNECTION_SETUP_SPAN);
+    assert_eq!(setups.len(), 1);
+    assert_eq!(
+        setups[0].attr_str(semconv::NETWORK_PROTOCOL_VERSION),
+        Some("2")
+    );
+    for row in json["modes"][0]["requests"].as_array().expect("rows") {
+        assert_eq!(row["http2"], true);
+        assert_eq!(row["http_version"], "2");
+    }
+    let reqs = requests(&spans);
+    assert_eq!(reqs.len(), 4);
+    for r in reqs {
+        let wait = r
+            .attr_f64(semconv::HTTP_CONNECTION_WAIT_TIME)
+            .expect("wait_time");
+        assert!(wait < 0.2, "waited {wait} s: the server's response time");
+    }
+}
+
 /// Fan-out load (32 concurrent, idle pool 4, 3 waves): every request's
 /// serving connection and its request count agree with nginx's access log
 /// ($remote_port, $connection_requests).

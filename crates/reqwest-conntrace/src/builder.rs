@@ -195,7 +195,8 @@ impl InstrumentedClientBuilder {
             .unwrap_or(Some(REQWEST_DEFAULT_IDLE_TIMEOUT));
         let client = Arc::new(ClientState::new(idle_timeout, self.max_idle_per_host));
         let layer = ConnectorLayer::for_client(self.trace.clone(), client)
-            .connect_timeout(self.connect_timeout);
+            .connect_timeout(self.connect_timeout)
+            .http2_prior_knowledge(described.contains("http2_prior_knowledge: true"));
         let proxy_rules = layer.proxy_rules();
         let mut builder = self
             .builder

@@ -47,6 +47,7 @@ pub struct ConnectorLayer {
     client: Arc<ClientState>,
     connect_timeout: Option<Duration>,
     proxy: Arc<OnceLock<ProxyRules>>,
+    http2_prior_knowledge: bool,
 }
 
 impl ConnectorLayer {
@@ -63,7 +64,16 @@ impl ConnectorLayer {
             client,
             connect_timeout: None,
             proxy: Arc::new(OnceLock::new()),
+            http2_prior_knowledge: false,
         }
+    }
+
+    /// The client speaks HTTP/2 without negotiating it
+    /// (`ClientBuilder::http2_prior_knowledge`): every connection is HTTP/2
+    /// although ALPN says nothing. Default: false.
+    pub fn http2_prior_knowledge(mut self, on: bool) -> Self {
+        self.http2_prior_knowledge = on;
+        self
     }
 
     /// Where the client's proxy rules go once reqwest has built the client
@@ -91,6 +101,7 @@ impl<S> Layer<S> for ConnectorLayer {
             client: self.client.clone(),
             connect_timeout: self.connect_timeout,
             proxy: self.proxy.clone(),
+            http2_prior_knowledge: self.http2_prior_knowledge,
         }
     }
 }
@@ -105,6 +116,7 @@ pub struct ConnectService<S> {
     client: Arc<ClientState>,
     connect_timeout: Option<Duration>,
     proxy: Arc<OnceLock<ProxyRules>>,
+    http2_prior_knowledge: bool,
 }
 
 impl<S, R> Service<R> for ConnectService<S>
@@ -181,6 +193,7 @@ where
             guard: ConnectGuard {
                 state: Some(InFlight { attempt, cx, inner }),
                 connect_timeout: self.connect_timeout,
+                http2_prior_knowledge: self.http2_prior_knowledge,
             },
         }
     }
@@ -214,6 +227,8 @@ struct InFlight {
 struct ConnectGuard {
     state: Option<InFlight>,
     connect_timeout: Option<Duration>,
+    /// Every connection is HTTP/2 (prior knowledge), whatever ALPN says.
+    http2_prior_knowledge: bool,
 }
 
 impl Drop for ConnectGuard {
@@ -299,7 +314,14 @@ where
         {
             let now = Instant::now();
             match &result {
-                Ok(conn) => on_connected(&inner, attempt, span_cx, conn, now),
+                Ok(conn) => on_connected(
+                    &inner,
+                    attempt,
+                    span_cx,
+                    conn,
+                    this.guard.http2_prior_knowledge,
+                    now,
+                ),
                 Err(e) => {
                     let e: &(dyn StdError + Send + Sync + 'static) = e.borrow();
                     let refusal = proxy::refusal(e);
@@ -324,6 +346,7 @@ fn on_connected<T: Connection>(
     attempt: Arc<ConnectAttempt>,
     cx: opentelemetry::Context,
     conn: &T,
+    http2_prior_knowledge: bool,
     now: Instant,
 ) {
     use opentelemetry::trace::TraceContextExt;
@@ -334,7 +357,7 @@ fn on_connected<T: Connection>(
     let established = Established {
         local: info.map(|i| i.local_addr()),
         remote: info.map(|i| i.remote_addr()),
-        http2: connected.is_negotiated_h2(),
+        http2: connected.is_negotiated_h2() || http2_prior_knowledge,
         proxied: connected.is_proxied(),
     };
     let (report, tcp_pending) =
