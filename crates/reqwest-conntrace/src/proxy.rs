@@ -41,7 +41,7 @@ pub(crate) enum ProxyRules {
     #[default]
     None,
     /// hyper-util's matcher: the builder's proxy or the environment's.
-    Matcher(Matcher),
+    Matcher(Box<Matcher>),
     /// Proxies from reqwest's builder, first match wins: per entry, the
     /// proxy for `http` targets and for `https` targets.
     Listed(Vec<(Option<http::Uri>, Option<http::Uri>)>),
@@ -50,7 +50,7 @@ pub(crate) enum ProxyRules {
 impl ProxyRules {
     /// The rules of the instrumented builder's proxy (`Proxy::all`).
     pub(crate) fn all(url: &url::Url) -> Self {
-        Self::Matcher(Matcher::builder().all(url.to_string()).build())
+        Self::Matcher(Box::new(Matcher::builder().all(url.to_string()).build()))
     }
 
     /// The rules of a client reqwest built, from its `Debug` output.
@@ -61,7 +61,7 @@ impl ProxyRules {
         };
         let system = Matcher::from_system();
         if list.starts_with(&format!("{system:?}]")) {
-            return Self::Matcher(system);
+            return Self::Matcher(Box::new(system));
         }
         // `Matcher { http: Intercept { uri: U }, https: Intercept { uri: V }, .. }`
         // per entry.
@@ -171,8 +171,10 @@ mod tests {
 
     #[test]
     fn the_builders_proxy_routes_every_target() {
-        let rules = ProxyRules::all(&url::Url::parse("http://127.0.0.1:3128").unwrap());
-        let route = rules.route(&key("https", "example.test", 443)).unwrap();
+        let rules = ProxyRules::all(&url::Url::parse("http://127.0.0.1:3128").expect("test value"));
+        let route = rules
+            .route(&key("https", "example.test", 443))
+            .expect("test value");
         assert_eq!(
             route,
             ProxyRoute {
@@ -184,26 +186,34 @@ mod tests {
         assert!(
             !rules
                 .route(&key("http", "example.test", 80))
-                .unwrap()
+                .expect("test value")
                 .tunnel
         );
     }
 
     #[test]
     fn proxies_set_on_reqwests_builder_are_read_from_the_client() {
-        let client = reqwest::Client::builder()
-            .proxy(reqwest::Proxy::https("http://10.1.2.3:8080").unwrap())
+        let client = crate::ConnTrace::new()
+            .instrument_client(
+                reqwest::Client::builder()
+                    .proxy(reqwest::Proxy::https("http://10.1.2.3:8080").expect("test value")),
+            )
             .build()
-            .unwrap();
+            .expect("test value");
         let rules = ProxyRules::of_client(&client);
-        let route = rules.route(&key("https", "example.test", 443)).unwrap();
+        let route = rules
+            .route(&key("https", "example.test", 443))
+            .expect("test value");
         assert_eq!((route.host.as_str(), route.port), ("10.1.2.3", 8080));
         assert!(rules.route(&key("http", "example.test", 80)).is_none());
     }
 
     #[test]
     fn no_proxy_on_reqwests_builder_means_none() {
-        let client = reqwest::Client::builder().no_proxy().build().unwrap();
+        let client = crate::ConnTrace::new()
+            .instrument_client(reqwest::Client::builder().no_proxy())
+            .build()
+            .expect("test value");
         assert!(matches!(ProxyRules::of_client(&client), ProxyRules::None));
     }
 }

@@ -267,7 +267,7 @@ mod tests {
 
     fn follow(url: &str) -> Follow {
         Follow {
-            url: Url::parse(url).unwrap(),
+            url: Url::parse(url).expect("test value"),
             referer: true,
         }
     }
@@ -298,8 +298,10 @@ mod tests {
 
     #[test]
     fn post_after_302_becomes_a_get_without_body_and_credentials_stay_on_their_host() {
-        let mut request =
-            Request::new(Method::POST, Url::parse("http://127.0.0.1:8080/a").unwrap());
+        let mut request = Request::new(
+            Method::POST,
+            Url::parse("http://127.0.0.1:8080/a").expect("test value"),
+        );
         *request.body_mut() = Some("x".into());
         request
             .headers_mut()
@@ -309,28 +311,28 @@ mod tests {
             .insert(AUTHORIZATION, HeaderValue::from_static("Bearer t"));
         let next = Template::of(&request)
             .next_request(StatusCode::FOUND, follow("http://127.0.0.2:8080/b"))
-            .unwrap();
+            .expect("test value");
         assert_eq!(next.method(), Method::GET);
         assert!(next.body().is_none());
         assert!(next.headers().get(CONTENT_TYPE).is_none());
         assert!(next.headers().get(AUTHORIZATION).is_none());
         assert_eq!(next.url().as_str(), "http://127.0.0.2:8080/b");
         assert_eq!(
-            next.headers().get(REFERER).unwrap(),
+            next.headers().get(REFERER).expect("test value"),
             "http://127.0.0.1:8080/a"
         );
     }
 
     #[test]
     fn a_307_keeps_method_and_body_and_same_host_keeps_credentials() {
-        let mut request = Request::new(Method::PUT, Url::parse("https://h/a").unwrap());
+        let mut request = Request::new(Method::PUT, Url::parse("https://h/a").expect("test value"));
         *request.body_mut() = Some("x".into());
         request
             .headers_mut()
             .insert(AUTHORIZATION, HeaderValue::from_static("Bearer t"));
         let next = Template::of(&request)
             .next_request(StatusCode::TEMPORARY_REDIRECT, follow("https://h/b"))
-            .unwrap();
+            .expect("test value");
         assert_eq!(next.method(), Method::PUT);
         assert_eq!(next.body().and_then(|b| b.as_bytes()), Some(&b"x"[..]));
         assert!(next.headers().get(AUTHORIZATION).is_some());
@@ -338,7 +340,7 @@ mod tests {
 
     #[test]
     fn not_a_redirect_status_is_not_followed() {
-        let request = Request::new(Method::GET, Url::parse("http://h/").unwrap());
+        let request = Request::new(Method::GET, Url::parse("http://h/").expect("test value"));
         assert!(
             Template::of(&request)
                 .next_request(StatusCode::OK, follow("http://h/x"))
