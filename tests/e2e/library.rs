@@ -530,6 +530,51 @@ async fn refused_connection_is_reported_and_passes_through() {
     assert!(is_error(&tcp));
 }
 
+/// A request that failed before any response (connection refused, then a
+/// certificate the client rejects) has no `http.response.body.size` on its
+/// span and no time to first byte, status or body in its `RequestReport`.
+#[tokio::test]
+async fn a_request_without_response_has_no_body_size_or_first_byte() {
+    let t = telemetry();
+    let reports = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let sink = reports.clone();
+    let client = reqwest_conntrace::ConnTrace::builder()
+        .tracer_provider(&t.provider)
+        .on_request_end(move |r: &reqwest_conntrace::RequestReport| {
+            sink.lock().expect("reports").push(r.clone())
+        })
+        .build()
+        .instrument_client(reqwest::Client::builder())
+        .build_with_middleware()
+        .expect("client");
+    let refused = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        l.local_addr().expect("addr").port()
+    };
+    let untrusted = conntrace_lab::TestServer::builder()
+        .tls(&conntrace_lab::TestPki::localhost().expect("pki"))
+        .start()
+        .await
+        .expect("server");
+    for url in [format!("http://127.0.0.1:{refused}/"), untrusted.url("/")] {
+        client.get(&url).send().await.expect_err("no response");
+    }
+    let requests = t.requests();
+    assert_eq!(requests.len(), 2);
+    for r in &requests {
+        assert!(str_attr(r, semconv::ERROR_TYPE).is_some());
+        assert_eq!(i64_attr(r, semconv::HTTP_RESPONSE_BODY_SIZE), None);
+    }
+    let reports = reports.lock().expect("reports");
+    assert_eq!(reports.len(), 2);
+    for r in reports.iter() {
+        assert!(r.error_type.is_some(), "{r:?}");
+        assert_eq!(r.time_to_first_byte, None, "{r:?}");
+        assert_eq!(r.status, None);
+        assert!(r.connection.is_none());
+    }
+}
+
 /// A resolver that fails: `dns.lookup` and the request say `dns_error`.
 #[tokio::test]
 async fn unknown_host_is_a_dns_error() {
