@@ -127,17 +127,6 @@ pub(crate) fn attribute_response(
                 ),
             ],
         );
-        if advice.log_now {
-            let line = crate::advice::PoolAdvice {
-                server_address: state.host.host.clone(),
-                server_port: state.host.port,
-                peak_in_flight: advice.peak_in_flight,
-                idle_limit: advice.idle_limit,
-                misses_per_second: advice.misses_per_second,
-                suggested_max_idle_per_host: advice.peak_in_flight,
-            };
-            tracing::warn!(target: "reqwest_conntrace", "{line}");
-        }
     }
     if !paid {
         span.add_link_with_attributes(

@@ -311,8 +311,9 @@ pub const HTTP_CLIENT_CONNECTIONS_OPENED: &str = "http.client.connections.opened
 /// `server.port`, `url.scheme`.
 pub const HTTP_CLIENT_POOL_MISSES: &str = "http.client.pool.misses";
 /// `http.client.pool.peak_in_flight` (gauge, `{request}`), ours: the most
-/// requests in flight at once to `server.address`/`server.port` in the
-/// current or previous advice interval (Little's law `L`).
+/// requests in flight at once to `server.address`/`server.port` since the
+/// current advice interval started (Little's law `L`; the same number as
+/// the pool advice and [`ConnTrace::peak_in_flight`](crate::ConnTrace::peak_in_flight)).
 pub const HTTP_CLIENT_POOL_PEAK_IN_FLIGHT: &str = "http.client.pool.peak_in_flight";
 /// `http.client.pool.idle_limit` (gauge, `{connection}`), ours:
 /// `pool_max_idle_per_host` of the client serving `server.address`/
@@ -329,10 +330,12 @@ pub const HTTP_CLIENT_POOL_IDLE_LIMIT: &str = "http.client.pool.idle_limit";
 /// [`HTTP_CLIENT_POOL_PEAK_IN_FLIGHT`], [`HTTP_CLIENT_POOL_IDLE_LIMIT`],
 /// [`HTTP_CONNECTION_POOL_MISSES_PER_SECOND`] and
 /// [`HTTP_CONNECTION_POOL_SUGGESTED_IDLE`]. The same advice is logged once
-/// per interval per host (target `reqwest_conntrace`, level WARN).
+/// per interval per host when the interval closes, with the whole
+/// interval's numbers (target `reqwest_conntrace`, level WARN).
 pub const EVENT_POOL_ADVICE: &str = "http.connection.pool_advice";
 /// `http.connection.pool.misses_per_second` (double, on [`EVENT_POOL_ADVICE`]):
-/// `all_busy` misses to the host per second in the current interval.
+/// `all_busy` misses to the host since the current advice interval started,
+/// divided by the seconds since it started (at least 1 s).
 pub const HTTP_CONNECTION_POOL_MISSES_PER_SECOND: &str = "http.connection.pool.misses_per_second";
 /// `http.connection.pool.suggested_max_idle_per_host` (int, on
 /// [`EVENT_POOL_ADVICE`]): the `pool_max_idle_per_host` that would have kept
