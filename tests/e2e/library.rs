@@ -575,6 +575,51 @@ async fn a_request_without_response_has_no_body_size_or_first_byte() {
     }
 }
 
+/// reqwest's redirect limit, set on its own builder, still holds when the
+/// middleware sends the hops: with `limited(1)` a 2-redirect chain fails
+/// with reqwest's redirect error after two physical requests (two spans,
+/// `resend_count` absent then 1); `Policy::none()` returns the 302 itself.
+#[tokio::test]
+async fn the_redirect_limit_set_on_reqwest_holds_across_hops() {
+    let server = TestServer::builder()
+        .http_versions(HttpVersions::Http1Only)
+        .start()
+        .await
+        .expect("server");
+    let a = server.addr();
+    let url = format!("http://{a}/redirect/{a}/redirect/{a}/");
+    let t = telemetry();
+    let limited = t.client(
+        reqwest::Client::builder().redirect(reqwest::redirect::Policy::limited(1)),
+        None,
+    );
+    let err = limited.get(&url).send().await.expect_err("too many");
+    assert!(
+        matches!(&err, reqwest_middleware::Error::Reqwest(e) if e.is_redirect()),
+        "{err:?}"
+    );
+    let requests = t.requests();
+    assert_eq!(requests.len(), 2);
+    assert_eq!(
+        i64_attr(&requests[0], semconv::HTTP_REQUEST_RESEND_COUNT),
+        None
+    );
+    assert_eq!(
+        i64_attr(&requests[1], semconv::HTTP_REQUEST_RESEND_COUNT),
+        Some(1)
+    );
+    assert_eq!(server.request_count(), 2);
+
+    let none = t.client(
+        reqwest::Client::builder().redirect(reqwest::redirect::Policy::none()),
+        None,
+    );
+    let response = none.get(&url).send().await.expect("302");
+    assert_eq!(response.status(), 302);
+    drop(response);
+    assert_eq!(server.request_count(), 3);
+}
+
 /// A resolver that fails: `dns.lookup` and the request say `dns_error`.
 #[tokio::test]
 async fn unknown_host_is_a_dns_error() {

@@ -215,7 +215,7 @@ impl<M: MakeRequestSpan> Middleware for ConnTraceMiddleware<M> {
         let mut followed = 0;
         loop {
             let template = Template::of(&req);
-            let hop = Arc::new(HopSlot::new(followed));
+            let hop = Arc::new(HopSlot::new(req.url().clone(), followed));
             let response = self
                 .send_one(req, extensions, next.clone(), hop.clone())
                 .await?;

@@ -61,7 +61,15 @@ pub(crate) fn takeover_policy(described: &str) -> Option<Policy> {
 }
 
 fn decide(attempt: Attempt<'_>, limit: usize, referer: bool) -> Action {
-    match current() {
+    // The hop being polled, if this redirect answers it (and not another
+    // request sent from inside its poll, e.g. by a later middleware).
+    let hop = current().filter(|hop| {
+        attempt
+            .previous()
+            .last()
+            .is_some_and(|previous| same_target(previous, &hop.url))
+    });
+    match hop {
         Some(hop) => {
             // The chain so far: `followed` hops, then this one.
             if hop.followed >= limit {
@@ -99,17 +107,30 @@ pub(crate) struct Follow {
     referer: bool,
 }
 
-/// One hop in flight: how many hops came before it, and the policy's verdict.
+/// One hop in flight: its URL, how many hops came before it, and the
+/// policy's verdict.
 #[derive(Debug)]
 pub(crate) struct HopSlot {
+    url: Url,
     followed: usize,
     next: Mutex<Option<Follow>>,
 }
 
+/// Whether two URLs name the same request target (what reqwest's policy
+/// reports went through `http::Uri`: no credentials, no fragment).
+fn same_target(a: &Url, b: &Url) -> bool {
+    a.scheme() == b.scheme()
+        && a.host_str() == b.host_str()
+        && a.port_or_known_default() == b.port_or_known_default()
+        && a.path() == b.path()
+        && a.query() == b.query()
+}
+
 impl HopSlot {
-    /// The slot of the hop after `followed` followed redirects.
-    pub(crate) fn new(followed: usize) -> Self {
+    /// The slot of the hop to `url` after `followed` followed redirects.
+    pub(crate) fn new(url: Url, followed: usize) -> Self {
         Self {
+            url,
             followed,
             next: Mutex::new(None),
         }
