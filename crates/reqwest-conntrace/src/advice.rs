@@ -328,4 +328,32 @@ mod tests {
         load.request_ended(&b);
         assert!(load.advice(next).is_empty(), "no forced miss yet");
     }
+
+    #[test]
+    fn the_logged_line_is_the_closed_intervals_advice_as_pool_advice_gave_it() {
+        let load = PoolLoad::new(Duration::from_secs(10));
+        let t0 = Instant::now();
+        let b = HostKey {
+            scheme: "http".to_owned(),
+            host: "b".to_owned(),
+            port: 80,
+        };
+        for _ in 0..4 {
+            load.request_started(&b, t0);
+        }
+        for i in 0..20 {
+            load.on_response(&b, Some(1), true, t0 + Duration::from_millis(100 * i));
+        }
+        let end = t0 + Duration::from_secs(10);
+        let expected = load.hosts().get(&b).and_then(|l| l.advice(&b, end));
+        let closed = {
+            let mut hosts = load.hosts();
+            let l = hosts.get_mut(&b).expect("host");
+            load.roll(&b, l, end)
+        };
+        assert_eq!(closed, expected);
+        let closed = closed.expect("advised");
+        assert_eq!((closed.peak_in_flight, closed.misses_per_second), (4, 2.0));
+        assert!(closed.to_string().contains("misses per second 2.00"));
+    }
 }
