@@ -620,6 +620,75 @@ async fn the_redirect_limit_set_on_reqwest_holds_across_hops() {
     assert_eq!(server.request_count(), 3);
 }
 
+/// With `UseCurrentSpan` the first request's pool attributes land on the
+/// caller's span, and a redirect hop gets a client span of its own, a child
+/// of it, with the HTTP attributes, `resend_count` 1 and its own connection
+/// (the chain goes to 127.0.0.1, then to the same server as `localhost`:
+/// another pool key, so another connection, as the server counted).
+#[tokio::test]
+async fn a_redirect_hop_under_use_current_span_gets_its_own_span() {
+    use tracing::Instrument as _;
+    let server = TestServer::builder()
+        .http_versions(HttpVersions::Http1Only)
+        .start()
+        .await
+        .expect("server");
+    let port = server.addr().port();
+    let url = format!("http://127.0.0.1:{port}/redirect/localhost:{port}/");
+    let t = telemetry();
+    let conntrace = t.conntrace();
+    let client = reqwest_middleware::ClientBuilder::new(
+        conntrace
+            .instrument_client(reqwest::Client::builder())
+            .build()
+            .expect("client"),
+    )
+    .with(
+        conntrace
+            .middleware()
+            .make_span(reqwest_conntrace::UseCurrentSpan),
+    )
+    .build();
+    let outer = tracing::info_span!("outer", otel.kind = "client");
+    let response = client
+        .get(&url)
+        .send()
+        .instrument(outer.clone())
+        .await
+        .expect("response");
+    assert_eq!(response.status(), 200);
+    response.bytes().await.expect("body");
+    drop(outer);
+    let outer = t
+        .spans()
+        .into_iter()
+        .find(|s| s.name == "outer")
+        .expect("outer span");
+    let first = i64_attr(&outer, semconv::HTTP_CONNECTION_ID)
+        .expect("the first request's attributes on the caller's span");
+    let hops = t.requests();
+    assert_eq!(hops.len(), 1, "one span of our own: the hop");
+    let hop = &hops[0];
+    assert_eq!(hop.parent_span_id, outer.span_context.span_id());
+    assert_eq!(i64_attr(hop, semconv::HTTP_REQUEST_RESEND_COUNT), Some(1));
+    assert_eq!(
+        str_attr(hop, semconv::SERVER_ADDRESS).as_deref(),
+        Some("localhost")
+    );
+    let second = i64_attr(hop, semconv::HTTP_CONNECTION_ID).expect("hop connection");
+    assert_ne!(first, second);
+    let mut setups: Vec<i64> = t
+        .setups()
+        .iter()
+        .filter_map(|s| i64_attr(s, semconv::HTTP_CONNECTION_ID))
+        .collect();
+    setups.sort_unstable();
+    let mut expected = vec![first, second];
+    expected.sort_unstable();
+    assert_eq!(setups, expected);
+    assert_eq!(server.accepted_connections(), 2);
+}
+
 /// A resolver that fails: `dns.lookup` and the request say `dns_error`.
 #[tokio::test]
 async fn unknown_host_is_a_dns_error() {
