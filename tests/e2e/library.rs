@@ -530,6 +530,165 @@ async fn refused_connection_is_reported_and_passes_through() {
     assert!(is_error(&tcp));
 }
 
+/// A request that failed before any response (connection refused, then a
+/// certificate the client rejects) has no `http.response.body.size` on its
+/// span and no time to first byte, status or body in its `RequestReport`.
+#[tokio::test]
+async fn a_request_without_response_has_no_body_size_or_first_byte() {
+    let t = telemetry();
+    let reports = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let sink = reports.clone();
+    let client = reqwest_conntrace::ConnTrace::builder()
+        .tracer_provider(&t.provider)
+        .on_request_end(move |r: &reqwest_conntrace::RequestReport| {
+            sink.lock().expect("reports").push(r.clone())
+        })
+        .build()
+        .instrument_client(reqwest::Client::builder())
+        .build_with_middleware()
+        .expect("client");
+    let refused = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        l.local_addr().expect("addr").port()
+    };
+    let untrusted = conntrace_lab::TestServer::builder()
+        .tls(&conntrace_lab::TestPki::localhost().expect("pki"))
+        .start()
+        .await
+        .expect("server");
+    for url in [format!("http://127.0.0.1:{refused}/"), untrusted.url("/")] {
+        client.get(&url).send().await.expect_err("no response");
+    }
+    let requests = t.requests();
+    assert_eq!(requests.len(), 2);
+    for r in &requests {
+        assert!(str_attr(r, semconv::ERROR_TYPE).is_some());
+        assert_eq!(i64_attr(r, semconv::HTTP_RESPONSE_BODY_SIZE), None);
+    }
+    let reports = reports.lock().expect("reports");
+    assert_eq!(reports.len(), 2);
+    for r in reports.iter() {
+        assert!(r.error_type.is_some(), "{r:?}");
+        assert_eq!(r.time_to_first_byte, None, "{r:?}");
+        assert_eq!(r.status, None);
+        assert!(r.connection.is_none());
+    }
+}
+
+/// reqwest's redirect limit, set on its own builder, still holds when the
+/// middleware sends the hops: with `limited(1)` a 2-redirect chain fails
+/// with reqwest's redirect error after two physical requests (two spans,
+/// `resend_count` absent then 1); `Policy::none()` returns the 302 itself.
+#[tokio::test]
+async fn the_redirect_limit_set_on_reqwest_holds_across_hops() {
+    let server = TestServer::builder()
+        .http_versions(HttpVersions::Http1Only)
+        .start()
+        .await
+        .expect("server");
+    let a = server.addr();
+    let url = format!("http://{a}/redirect/{a}/redirect/{a}/");
+    let t = telemetry();
+    let limited = t.client(
+        reqwest::Client::builder().redirect(reqwest::redirect::Policy::limited(1)),
+        None,
+    );
+    let err = limited.get(&url).send().await.expect_err("too many");
+    assert!(
+        matches!(&err, reqwest_middleware::Error::Reqwest(e) if e.is_redirect()),
+        "{err:?}"
+    );
+    let requests = t.requests();
+    assert_eq!(requests.len(), 2);
+    assert_eq!(
+        i64_attr(&requests[0], semconv::HTTP_REQUEST_RESEND_COUNT),
+        None
+    );
+    assert_eq!(
+        i64_attr(&requests[1], semconv::HTTP_REQUEST_RESEND_COUNT),
+        Some(1)
+    );
+    assert_eq!(server.request_count(), 2);
+
+    let none = t.client(
+        reqwest::Client::builder().redirect(reqwest::redirect::Policy::none()),
+        None,
+    );
+    let response = none.get(&url).send().await.expect("302");
+    assert_eq!(response.status(), 302);
+    drop(response);
+    assert_eq!(server.request_count(), 3);
+}
+
+/// With `UseCurrentSpan` the first request's pool attributes land on the
+/// caller's span, and a redirect hop gets a client span of its own, a child
+/// of it, with the HTTP attributes, `resend_count` 1 and its own connection
+/// (the chain goes to 127.0.0.1, then to the same server as `localhost`:
+/// another pool key, so another connection, as the server counted).
+#[tokio::test]
+async fn a_redirect_hop_under_use_current_span_gets_its_own_span() {
+    use tracing::Instrument as _;
+    let server = TestServer::builder()
+        .http_versions(HttpVersions::Http1Only)
+        .start()
+        .await
+        .expect("server");
+    let port = server.addr().port();
+    let url = format!("http://127.0.0.1:{port}/redirect/localhost:{port}/");
+    let t = telemetry();
+    let conntrace = t.conntrace();
+    let client = reqwest_middleware::ClientBuilder::new(
+        conntrace
+            .instrument_client(reqwest::Client::builder())
+            .build()
+            .expect("client"),
+    )
+    .with(
+        conntrace
+            .middleware()
+            .make_span(reqwest_conntrace::UseCurrentSpan),
+    )
+    .build();
+    let outer = tracing::info_span!("outer", otel.kind = "client");
+    let response = client
+        .get(&url)
+        .send()
+        .instrument(outer.clone())
+        .await
+        .expect("response");
+    assert_eq!(response.status(), 200);
+    response.bytes().await.expect("body");
+    drop(outer);
+    let outer = t
+        .spans()
+        .into_iter()
+        .find(|s| s.name == "outer")
+        .expect("outer span");
+    let first = i64_attr(&outer, semconv::HTTP_CONNECTION_ID)
+        .expect("the first request's attributes on the caller's span");
+    let hops = t.requests();
+    assert_eq!(hops.len(), 1, "one span of our own: the hop");
+    let hop = &hops[0];
+    assert_eq!(hop.parent_span_id, outer.span_context.span_id());
+    assert_eq!(i64_attr(hop, semconv::HTTP_REQUEST_RESEND_COUNT), Some(1));
+    assert_eq!(
+        str_attr(hop, semconv::SERVER_ADDRESS).as_deref(),
+        Some("localhost")
+    );
+    let second = i64_attr(hop, semconv::HTTP_CONNECTION_ID).expect("hop connection");
+    assert_ne!(first, second);
+    let mut setups: Vec<i64> = t
+        .setups()
+        .iter()
+        .filter_map(|s| i64_attr(s, semconv::HTTP_CONNECTION_ID))
+        .collect();
+    setups.sort_unstable();
+    let mut expected = vec![first, second];
+    expected.sort_unstable();
+    assert_eq!(setups, expected);
+    assert_eq!(server.accepted_connections(), 2);
+}
+
 /// A resolver that fails: `dns.lookup` and the request say `dns_error`.
 #[tokio::test]
 async fn unknown_host_is_a_dns_error() {

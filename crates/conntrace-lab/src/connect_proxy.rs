@@ -6,7 +6,10 @@
 //! both ways until either side closes. Forwarded requests
 //! (`GET http://host:port/path`): each uses a new upstream HTTP/1.1
 //! connection; `proxy-*` headers are dropped and the URI is sent in origin
-//! form. Every socket has `TCP_NODELAY`.
+//! form. Every socket has `TCP_NODELAY`. [`ConnectProxy::start_refusing`]
+//! starts one that answers every `CONNECT` with a fixed status instead
+//! (`407`, `502`, ...). Every `CONNECT` and its answer is logged
+//! ([`ConnectProxy::connect_log`]).
 
 use std::convert::Infallible;
 use std::net::{Ipv4Addr, SocketAddr};
@@ -33,6 +36,30 @@ struct Stats {
     forwarded: AtomicU64,
     failures: AtomicU64,
     targets: Mutex<Vec<String>>,
+    /// Answer every CONNECT with this status instead of tunnelling.
+    refuse: Option<http::StatusCode>,
+    connects: Mutex<Vec<ConnectRecord>>,
+}
+
+/// One `CONNECT` the proxy received, and its answer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ConnectRecord {
+    /// The requested `host:port`.
+    pub target: String,
+    /// The status code the proxy answered with (`200`: tunnel open).
+    pub status: u16,
+}
+
+impl Stats {
+    fn log_connect(&self, target: &str, status: http::StatusCode) {
+        if let Ok(mut log) = self.connects.lock() {
+            log.push(ConnectRecord {
+                target: target.to_owned(),
+                status: status.as_u16(),
+            });
+        }
+    }
 }
 
 /// A running HTTP CONNECT / forward proxy. Dropping it closes the listener
@@ -50,13 +77,31 @@ impl ConnectProxy {
     /// # Errors
     /// [`LabError::Io`] if the port cannot be bound.
     pub async fn start() -> Result<ConnectProxy, LabError> {
+        Self::start_with(None).await
+    }
+
+    /// Starts a proxy on `127.0.0.1:0` that answers every `CONNECT` with
+    /// `status` (e.g. `407 Proxy Authentication Required`, `502 Bad
+    /// Gateway`) and opens no tunnel; absolute-form requests are still
+    /// forwarded.
+    ///
+    /// # Errors
+    /// [`LabError::Io`] if the port cannot be bound.
+    pub async fn start_refusing(status: http::StatusCode) -> Result<ConnectProxy, LabError> {
+        Self::start_with(Some(status)).await
+    }
+
+    async fn start_with(refuse: Option<http::StatusCode>) -> Result<ConnectProxy, LabError> {
         let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
             .await
             .map_err(|e| LabError::io("bind connect proxy", e))?;
         let addr = listener
             .local_addr()
             .map_err(|e| LabError::io("read connect proxy address", e))?;
-        let stats = Arc::new(Stats::default());
+        let stats = Arc::new(Stats {
+            refuse,
+            ..Stats::default()
+        });
         let task = tokio::spawn(accept_loop(listener, stats.clone()));
         Ok(ConnectProxy {
             addr,
@@ -93,6 +138,15 @@ impl ConnectProxy {
     /// Tunnels or forwards that failed (upstream unreachable, bad request).
     pub fn failures(&self) -> u64 {
         self.stats.failures.load(Ordering::SeqCst)
+    }
+
+    /// Every `CONNECT` received and the status answered, in order.
+    pub fn connect_log(&self) -> Vec<ConnectRecord> {
+        self.stats
+            .connects
+            .lock()
+            .map(|l| l.clone())
+            .unwrap_or_default()
     }
 
     /// The `host:port` targets of every tunnel and forward, in order.
@@ -168,10 +222,26 @@ async fn handle(
     if let Ok(mut targets) = stats.targets.lock() {
         targets.push(target.clone());
     }
+    let connect = req.method() == http::Method::CONNECT;
+    if let Some(status) = stats.refuse.filter(|_| connect) {
+        stats.failures.fetch_add(1, Ordering::SeqCst);
+        stats.log_connect(&target, status);
+        let mut resp = text(status, "refused by the lab proxy\n");
+        if status == http::StatusCode::PROXY_AUTHENTICATION_REQUIRED {
+            resp.headers_mut().insert(
+                http::header::PROXY_AUTHENTICATE,
+                http::HeaderValue::from_static("Basic realm=\"conntrace-lab\""),
+            );
+        }
+        return Ok(resp);
+    }
     let upstream = match TcpStream::connect(target.as_str()).await {
         Ok(s) => s,
         Err(e) => {
             stats.failures.fetch_add(1, Ordering::SeqCst);
+            if connect {
+                stats.log_connect(&target, http::StatusCode::BAD_GATEWAY);
+            }
             return Ok(text(
                 http::StatusCode::BAD_GATEWAY,
                 &format!("connect to {target} failed: {e}\n"),
@@ -179,8 +249,9 @@ async fn handle(
         }
     };
     let _ = upstream.set_nodelay(true);
-    if req.method() == http::Method::CONNECT {
+    if connect {
         stats.tunnels.fetch_add(1, Ordering::SeqCst);
+        stats.log_connect(&target, http::StatusCode::OK);
         tokio::spawn(async move {
             match hyper::upgrade::on(req).await {
                 Ok(upgraded) => {

@@ -32,7 +32,7 @@ pub mod server;
 
 pub use attributes::Attributes;
 pub use backlog::FullBacklogListener;
-pub use connect_proxy::ConnectProxy;
+pub use connect_proxy::{ConnectProxy, ConnectRecord};
 pub use delay_proxy::DelayProxy;
 pub use error::LabError;
 pub use nginx::{AccessLogEntry, Nginx, NginxConfig, NginxListener};

@@ -2,7 +2,9 @@
 //! counts connections and handshakes and records every request.
 //!
 //! Routes (any method): `/delay/<ms>` answers after `<ms>` extra
-//! milliseconds, `/bytes/<n>` answers with `n` bytes, everything else answers
+//! milliseconds, `/bytes/<n>` answers with `n` bytes, `/redirect/<host:port>/<path>`
+//! answers `302` with `Location: <scheme>://<host:port>/<path>` (the
+//! server's own scheme) and an empty body, everything else answers
 //! with the configured body (default `ok`). Request bodies are read fully.
 //! Every response carries [`HEADER_CONNECTION_ID`], [`HEADER_REQUEST_INDEX`]
 //! and [`HEADER_REMOTE_PORT`] so a client can compare its view with the

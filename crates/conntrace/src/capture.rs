@@ -12,11 +12,12 @@ use url::Url;
 
 tokio::task_local! {
     /// Where the report of the request being polled goes.
-    static SLOT: Arc<Mutex<Option<RequestReport>>>;
+    static SLOT: Arc<Mutex<Vec<RequestReport>>>;
 }
 
-/// The `OnRequestEnd` callback: stores the report in the slot of the call
-/// being polled; reports of requests made elsewhere are ignored.
+/// The `OnRequestEnd` callback: adds the report to the slot of the call
+/// being polled (one per physical request: a redirect hop has its own);
+/// reports of requests made elsewhere are ignored.
 #[derive(Debug, Clone, Copy, Default)]
 pub(crate) struct CaptureReports;
 
@@ -24,7 +25,7 @@ impl OnRequestEnd for CaptureReports {
     fn on_request_end(&self, report: &RequestReport) {
         let _ = SLOT.try_with(|slot| {
             if let Ok(mut s) = slot.lock() {
-                *s = Some(report.clone());
+                s.push(report.clone());
             }
         });
     }
@@ -50,15 +51,18 @@ pub(crate) struct Outcome {
     pub(crate) elapsed: Duration,
     /// The response, or why there was none.
     pub(crate) result: Result<Fetched, reqwest_middleware::Error>,
-    /// The library's report of the request (`None` only if it never ended
-    /// inside this call, which the library does not do).
+    /// The library's report of the request that gave the result (the last
+    /// hop of a redirect chain; `None` only if it never ended inside this
+    /// call, which the library does not do).
     pub(crate) report: Option<RequestReport>,
+    /// The reports of the redirect hops before it, in order.
+    pub(crate) hops: Vec<RequestReport>,
 }
 
 /// Sends `GET url` through `client`, reads the body to its end and returns
 /// the outcome together with the library's report of it.
 pub(crate) async fn get(client: &ClientWithMiddleware, url: &Url) -> Outcome {
-    let slot = Arc::new(Mutex::new(None));
+    let slot = Arc::new(Mutex::new(Vec::new()));
     let started = Instant::now();
     let result = SLOT
         .scope(slot.clone(), async {
@@ -80,11 +84,16 @@ pub(crate) async fn get(client: &ClientWithMiddleware, url: &Url) -> Outcome {
         })
         .await;
     let elapsed = started.elapsed();
-    let report = slot.lock().ok().and_then(|mut s| s.take());
+    let mut hops = slot
+        .lock()
+        .map(|mut s| std::mem::take(&mut *s))
+        .unwrap_or_default();
+    let report = hops.pop();
     Outcome {
         started,
         elapsed,
         result,
         report,
+        hops,
     }
 }

@@ -60,7 +60,7 @@ enum Command {
     Demo(demo::DemoArgs),
     /// Replay a connection fault on loopback and print what the telemetry
     /// concluded (from the spans it exported) and the fix; `--list` names
-    /// the ten scenarios.
+    /// every scenario.
     Lab(lab::LabArgs),
     /// Run a loopback HTTPS test server (optionally behind a delaying proxy)
     /// until Ctrl-C; prints its URL and writes its CA certificate for --cacert.

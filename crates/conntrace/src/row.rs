@@ -9,6 +9,7 @@ use serde::Serialize;
 use crate::capture::Outcome;
 use crate::error::request_failure;
 use crate::stats::ms;
+use reqwest_conntrace::RequestReport;
 
 /// What the serving connection's setup cost (internal, for totals).
 #[derive(Debug, Clone, Copy)]
@@ -36,8 +37,12 @@ pub(crate) struct SetupCost {
 /// on a pool miss, i.e. when the request waited for a new connection.
 #[derive(Debug, Clone, Serialize)]
 pub(crate) struct RequestRow {
-    /// 1-based request number within its mode.
+    /// 1-based request number within its mode (the hops of one redirect
+    /// chain share it).
     pub(crate) index: usize,
+    /// `http.request.resend_count`: redirect hops sent before this one for
+    /// the same request (0: the request as sent).
+    pub(crate) resend_count: u32,
     /// `fresh` or `reuse`.
     pub(crate) mode: &'static str,
     /// Start of the request, ms after the start of its mode.
@@ -112,22 +117,54 @@ impl RequestRow {
         outcome: &Outcome,
     ) -> Self {
         let report = outcome.report.as_ref();
+        let mut row = Self::of_report(index, mode, mode_start, outcome, report);
+        match &outcome.result {
+            Ok(f) => {
+                row.status = Some(f.status);
+                row.body_bytes = f.body_bytes;
+                row.http_version = Some(f.version);
+            }
+            Err(e) => row.error = Some(request_failure(e, row.error_type.as_deref())),
+        }
+        row
+    }
+
+    /// One row per physical request of `outcome`: its redirect hops (from
+    /// their reports), then the request that gave the result.
+    pub(crate) fn physical(
+        index: usize,
+        mode: &'static str,
+        mode_start: Instant,
+        outcome: &Outcome,
+    ) -> Vec<Self> {
+        let mut rows: Vec<Self> = outcome
+            .hops
+            .iter()
+            .map(|hop| Self::of_report(index, mode, mode_start, outcome, Some(hop)))
+            .collect();
+        rows.push(Self::new(index, mode, mode_start, outcome));
+        rows
+    }
+
+    /// The row of `report` as the library saw it (a redirect hop's, or the
+    /// final request's before the caller's view of the result is added).
+    fn of_report(
+        index: usize,
+        mode: &'static str,
+        mode_start: Instant,
+        outcome: &Outcome,
+        report: Option<&RequestReport>,
+    ) -> Self {
         let error_type = report.and_then(|r| r.error_type.clone());
-        let error = outcome
-            .result
-            .as_ref()
-            .err()
-            .map(|e| request_failure(e, error_type.as_deref()));
-        let (status, body_bytes, http_version) = match &outcome.result {
-            Ok(f) => (Some(f.status), f.body_bytes, Some(f.version)),
-            Err(_) => (report.and_then(|r| r.status), 0, None),
-        };
         let mut row = RequestRow {
             index,
             mode,
-            start_ms: ms(outcome.started.saturating_duration_since(mode_start)),
-            status,
-            error,
+            resend_count: report.map_or(0, |r| r.resend_count),
+            start_ms: ms(report
+                .map_or(outcome.started, |r| r.started)
+                .saturating_duration_since(mode_start)),
+            status: report.and_then(|r| r.status),
+            error: None,
             error_type,
             reused: None,
             miss_reason: None,
@@ -145,12 +182,12 @@ impl RequestRow {
             total_ms: ms(report.map_or(outcome.elapsed, |r| r.total)),
             tls_version: None,
             tls_resumed: None,
-            http_version,
+            http_version: None,
             http2: None,
             local_port: None,
             local_address: None,
             peer_address: None,
-            body_bytes,
+            body_bytes: report.map_or(0, |r| r.body_size),
             setup: None,
         };
         if let Some(conn) = report.and_then(|r| r.connection.as_ref()) {

@@ -202,6 +202,113 @@ async fn probe_reuse_mode_against_nginx_tls13() {
     assert_eq!(counts, vec![1, 2, 3, 4, 5, 6]);
 }
 
+/// A 302 chain across 127.0.0.1 to 127.0.0.5, probed twice: the probe's
+/// JSON, its metrics and the servers agree on five connections. JSON: one
+/// row per hop (10), `new_connections` 5, 5 misses (the first pass) and 5
+/// idle hits (the second); metrics: 5 opened, 5 pool misses; the servers:
+/// one accepted connection each, which carried both passes.
+#[tokio::test]
+async fn probe_redirect_chain_counts_every_hop() {
+    let mut servers = Vec::new();
+    for k in 1..=5u8 {
+        servers.push(
+            conntrace_lab::TestServer::builder()
+                .bind(std::net::SocketAddr::from(([127, 0, 0, k], 0)))
+                .http_versions(conntrace_lab::HttpVersions::Http1Only)
+                .start()
+                .await
+                .expect("lab server"),
+        );
+    }
+    let mut path = String::new();
+    for s in &servers[1..] {
+        path.push_str(&format!("redirect/{}/", s.addr()));
+    }
+    let url = format!("http://{}/{path}", servers[0].addr());
+    let receiver = OtlpReceiver::start().await.expect("receiver");
+    let mut cmd = conntrace();
+    cmd.args(["probe", &url, "--mode", "reuse", "-n", "2", "--json"])
+        .env("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.endpoint())
+        .env("OTEL_SERVICE_NAME", "conntrace-test");
+    let out = run(cmd).await;
+    assert!(out.status.success(), "probe failed: {}", stderr(&out));
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    let mode = &json["modes"][0];
+    let rows = mode["requests"].as_array().expect("rows");
+    assert_eq!(rows.len(), 10);
+    let resends: Vec<i64> = rows
+        .iter()
+        .map(|r| r["resend_count"].as_i64().expect("resend_count"))
+        .collect();
+    assert_eq!(resends, [0, 1, 2, 3, 4, 0, 1, 2, 3, 4]);
+    let totals = &mode["totals"];
+    assert_eq!(totals["new_connections"], 5);
+    assert_eq!(totals["pool_misses"], 5);
+    assert_eq!(totals["pool_hits"], 5);
+    for (k, s) in servers.iter().enumerate() {
+        assert_eq!(s.accepted_connections(), 1, "host {}", k + 1);
+        let indexes: Vec<u64> = s.requests().iter().map(|r| r.request_index).collect();
+        assert_eq!(indexes, [1, 2], "host {}", k + 1);
+    }
+    let opened = receiver
+        .wait_for_metric(
+            semconv::HTTP_CLIENT_CONNECTIONS_OPENED,
+            Duration::from_secs(10),
+        )
+        .await
+        .expect("connections.opened");
+    assert_eq!(opened.total(), 5.0);
+    let misses = receiver
+        .wait_for_metric(semconv::HTTP_CLIENT_POOL_MISSES, Duration::from_secs(10))
+        .await
+        .expect("pool.misses");
+    assert_eq!(misses.total(), 5.0);
+}
+
+/// HTTP/2 by prior knowledge (`--http2` on plain http, no ALPN): the setup
+/// span says `network.protocol.version = 2` and the probe row `http2`;
+/// four concurrent requests to a 300 ms endpoint share the one connection
+/// (the server accepted one) and none reports the server's response time
+/// as `http.connection.wait_time`: they waited for the connection only.
+#[tokio::test]
+async fn probe_http2_prior_knowledge_is_known_as_http2() {
+    let server = conntrace_lab::TestServer::builder()
+        .start()
+        .await
+        .expect("lab server");
+    let receiver = OtlpReceiver::start().await.expect("receiver");
+    let url = server.url("/delay/300");
+    let mut cmd = conntrace();
+    cmd.args([
+        "probe", &url, "--http2", "--mode", "reuse", "-n", "4", "-c", "4", "--json",
+    ])
+    .env("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.endpoint())
+    .env("OTEL_SERVICE_NAME", "conntrace-test");
+    let out = run(cmd).await;
+    assert!(out.status.success(), "probe failed: {}", stderr(&out));
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    assert_eq!(server.accepted_connections(), 1);
+    let spans = receiver.spans();
+    let setups = named(&spans, semconv::CONNECTION_SETUP_SPAN);
+    assert_eq!(setups.len(), 1);
+    assert_eq!(
+        setups[0].attr_str(semconv::NETWORK_PROTOCOL_VERSION),
+        Some("2")
+    );
+    for row in json["modes"][0]["requests"].as_array().expect("rows") {
+        assert_eq!(row["http2"], true);
+        assert_eq!(row["http_version"], "2");
+    }
+    let reqs = requests(&spans);
+    assert_eq!(reqs.len(), 4);
+    for r in reqs {
+        let wait = r
+            .attr_f64(semconv::HTTP_CONNECTION_WAIT_TIME)
+            .expect("wait_time");
+        assert!(wait < 0.2, "waited {wait} s: the server's response time");
+    }
+}
+
 /// Fan-out load (32 concurrent, idle pool 4, 3 waves): every request's
 /// serving connection and its request count agree with nginx's access log
 /// ($remote_port, $connection_requests).

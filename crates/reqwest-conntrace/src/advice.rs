@@ -6,6 +6,22 @@
 //! `K < L` means that after every burst `L - K` connections are closed and
 //! the next burst pays `L - K` new connections (incident 2). The advice is to
 //! keep `pool_max_idle_per_host` at or above the observed peak.
+//!
+//! One definition per number, wherever it is reported (the advice event on
+//! a request span, [`ConnTrace::pool_advice`](crate::ConnTrace::pool_advice),
+//! [`ConnTrace::peak_in_flight`](crate::ConnTrace::peak_in_flight), the
+//! `http.client.pool.peak_in_flight` gauge, the WARN line):
+//! - **peak in flight**: the most requests to the host in flight at once
+//!   (from the middleware's start of the request to the end of its body)
+//!   since the current advice interval started;
+//! - **misses per second**: the host's `all_busy` misses since the interval
+//!   started, divided by the seconds since it started (at least 1 s).
+//!
+//! Each is read at the moment it is reported. The WARN line is logged once
+//! per interval and host, when the interval closes (on the first request,
+//! response, metrics collection or `pool_advice()` call after its end), so
+//! it carries the whole interval's numbers: the values `pool_advice()`
+//! would have returned at that moment.
 
 use std::collections::HashMap;
 use std::sync::{Mutex, MutexGuard};
@@ -22,27 +38,36 @@ struct HostLoad {
     in_flight: u64,
     /// Peak of `in_flight` since `interval_start`.
     peak: u64,
-    /// Peak of the previous interval (what the gauge reports early in an interval).
-    previous_peak: u64,
     /// `pool_max_idle_per_host` of the latest client seen serving the host,
     /// when set through this crate.
     idle_limit: Option<usize>,
     /// `all_busy` misses since `interval_start`.
     forced_misses: u64,
     interval_start: Instant,
-    /// When the advice was last logged.
-    advised: Option<Instant>,
     last_seen: Instant,
 }
 
-/// The advice check of one response, when peak concurrency forced misses.
-#[derive(Debug, Clone, PartialEq)]
-pub(crate) struct AdviceCheck {
-    pub(crate) peak_in_flight: u64,
-    pub(crate) idle_limit: usize,
-    pub(crate) misses_per_second: f64,
-    /// Log it now (once per interval per host).
-    pub(crate) log_now: bool,
+impl HostLoad {
+    /// The advice as of `now`, when the peak exceeded the idle limit and
+    /// forced misses happened.
+    fn advice(&self, key: &HostKey, now: Instant) -> Option<PoolAdvice> {
+        // A limit of 0 is a deliberate choice not to pool: no advice.
+        let limit = self.idle_limit.filter(|l| *l > 0)?;
+        (self.forced_misses > 0 && self.peak > limit as u64).then(|| {
+            let elapsed = now
+                .saturating_duration_since(self.interval_start)
+                .as_secs_f64()
+                .max(1.0);
+            PoolAdvice {
+                server_address: key.host.clone(),
+                server_port: key.port,
+                peak_in_flight: self.peak,
+                idle_limit: limit,
+                misses_per_second: self.forced_misses as f64 / elapsed,
+                suggested_max_idle_per_host: self.peak,
+            }
+        })
+    }
 }
 
 /// Pool-size advice for one host (Little's law): the client's idle pool
@@ -114,17 +139,26 @@ impl PoolLoad {
         self.hosts.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn roll(&self, load: &mut HostLoad, now: Instant) {
-        if now.saturating_duration_since(load.interval_start) >= self.interval {
-            load.previous_peak = load.peak;
-            load.peak = load.in_flight;
-            load.forced_misses = 0;
-            load.interval_start = now;
+    /// Starts a new interval when the current one is over; returns the
+    /// closed interval's advice, to be logged (outside the lock).
+    fn roll(&self, key: &HostKey, load: &mut HostLoad, now: Instant) -> Option<PoolAdvice> {
+        if now.saturating_duration_since(load.interval_start) < self.interval {
+            return None;
         }
+        let closed = load.advice(key, now);
+        load.peak = load.in_flight;
+        load.forced_misses = 0;
+        load.interval_start = now;
+        closed
     }
 
     /// A request to `host` started.
     pub(crate) fn request_started(&self, host: &HostKey, now: Instant) {
+        let closed = self.request_started_locked(host, now);
+        log(closed);
+    }
+
+    fn request_started_locked(&self, host: &HostKey, now: Instant) -> Option<PoolAdvice> {
         let mut hosts = self.hosts();
         if !hosts.contains_key(host)
             && hosts.len() >= MAX_HOSTS
@@ -143,22 +177,19 @@ impl PoolLoad {
                 HostLoad {
                     in_flight: 0,
                     peak: 0,
-                    previous_peak: 0,
                     idle_limit: None,
                     forced_misses: 0,
                     interval_start: now,
-                    advised: None,
                     last_seen: now,
                 },
             );
         }
-        let Some(load) = hosts.get_mut(host) else {
-            return;
-        };
-        self.roll(load, now);
+        let load = hosts.get_mut(host)?;
+        let closed = self.roll(host, load, now);
         load.in_flight += 1;
         load.peak = load.peak.max(load.in_flight);
         load.last_seen = now;
+        closed
     }
 
     /// A request to `host` ended.
@@ -169,90 +200,87 @@ impl PoolLoad {
     }
 
     /// A response from `host` was attributed; `all_busy` says whether it
-    /// missed because every connection was busy. Returns the advice when the
-    /// peak in flight this interval exceeds the idle limit and such misses
-    /// happened.
+    /// missed because every connection was busy. Returns the host's advice
+    /// as of now when this response was such a miss and the pool is too
+    /// small (for the advice event on its span).
     pub(crate) fn on_response(
         &self,
         host: &HostKey,
         idle_limit: Option<usize>,
         all_busy: bool,
         now: Instant,
-    ) -> Option<AdviceCheck> {
-        let mut hosts = self.hosts();
-        let load = hosts.get_mut(host)?;
-        self.roll(load, now);
-        if idle_limit.is_some() {
-            load.idle_limit = idle_limit;
-        }
-        if all_busy {
-            load.forced_misses += 1;
-        }
-        // A limit of 0 is a deliberate choice not to pool: no advice.
-        let limit = load.idle_limit.filter(|l| *l > 0)?;
-        if !all_busy || load.peak <= limit as u64 {
-            return None;
-        }
-        let log_now = load
-            .advised
-            .is_none_or(|t| now.saturating_duration_since(t) >= self.interval);
-        if log_now {
-            load.advised = Some(now);
-        }
-        let elapsed = now
-            .saturating_duration_since(load.interval_start)
-            .as_secs_f64()
-            .max(1.0);
-        Some(AdviceCheck {
-            peak_in_flight: load.peak,
-            idle_limit: limit,
-            misses_per_second: load.forced_misses as f64 / elapsed,
-            log_now,
-        })
+    ) -> Option<PoolAdvice> {
+        let (closed, advice) = {
+            let mut hosts = self.hosts();
+            let load = hosts.get_mut(host)?;
+            let closed = self.roll(host, load, now);
+            if idle_limit.is_some() {
+                load.idle_limit = idle_limit;
+            }
+            if all_busy {
+                load.forced_misses += 1;
+            }
+            (closed, all_busy.then(|| load.advice(host, now)).flatten())
+        };
+        log(closed);
+        advice
     }
 
-    /// The advice for every host whose peak in flight this interval
-    /// exceeded its idle limit with forced misses.
+    /// The advice as of `now` for every host whose peak in flight this
+    /// interval exceeded its idle limit with forced misses.
     pub(crate) fn advice(&self, now: Instant) -> Vec<PoolAdvice> {
-        let mut hosts = self.hosts();
-        hosts
-            .iter_mut()
-            .filter_map(|(key, load)| {
-                self.roll(load, now);
-                let limit = load.idle_limit.filter(|l| *l > 0)?;
-                (load.forced_misses > 0 && load.peak > limit as u64).then(|| {
-                    let elapsed = now
-                        .saturating_duration_since(load.interval_start)
-                        .as_secs_f64()
-                        .max(1.0);
-                    PoolAdvice {
+        let (closed, advice): (Vec<_>, Vec<_>) = {
+            let mut hosts = self.hosts();
+            hosts
+                .iter_mut()
+                .map(|(key, load)| (self.roll(key, load, now), load.advice(key, now)))
+                .unzip()
+        };
+        closed.into_iter().for_each(log);
+        advice.into_iter().flatten().collect()
+    }
+
+    /// The peak in flight to `host:port` this interval (`None`: no request
+    /// to it seen, or forgotten).
+    pub(crate) fn peak_in_flight(&self, host: &str, port: u16, now: Instant) -> Option<u64> {
+        let (closed, peak) = {
+            let mut hosts = self.hosts();
+            let (key, load) = hosts
+                .iter_mut()
+                .find(|(k, _)| k.host == host && k.port == port)?;
+            (self.roll(key, load, now), load.peak)
+        };
+        log(closed);
+        Some(peak)
+    }
+
+    /// Gauges of every host: this interval's peak in flight and the idle limit.
+    pub(crate) fn gauges(&self, now: Instant) -> Vec<HostGauges> {
+        let (closed, gauges): (Vec<_>, Vec<_>) = {
+            let mut hosts = self.hosts();
+            hosts
+                .iter_mut()
+                .map(|(key, load)| {
+                    let closed = self.roll(key, load, now);
+                    let gauges = HostGauges {
                         server_address: key.host.clone(),
                         server_port: key.port,
                         peak_in_flight: load.peak,
-                        idle_limit: limit,
-                        misses_per_second: load.forced_misses as f64 / elapsed,
-                        suggested_max_idle_per_host: load.peak,
-                    }
+                        idle_limit: load.idle_limit,
+                    };
+                    (closed, gauges)
                 })
-            })
-            .collect()
+                .unzip()
+        };
+        closed.into_iter().for_each(log);
+        gauges
     }
+}
 
-    /// Gauges of every host: the larger of this and the previous interval's peak.
-    pub(crate) fn gauges(&self, now: Instant) -> Vec<HostGauges> {
-        let mut hosts = self.hosts();
-        hosts
-            .iter_mut()
-            .map(|(key, load)| {
-                self.roll(load, now);
-                HostGauges {
-                    server_address: key.host.clone(),
-                    server_port: key.port,
-                    peak_in_flight: load.peak.max(load.previous_peak),
-                    idle_limit: load.idle_limit,
-                }
-            })
-            .collect()
+/// Logs a closed interval's advice (WARN, target `reqwest_conntrace`).
+fn log(closed: Option<PoolAdvice>) {
+    if let Some(advice) = closed {
+        tracing::warn!(target: "reqwest_conntrace", "{advice}");
     }
 }
 
@@ -261,7 +289,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn advice_needs_forced_misses_above_the_limit_and_logs_once_per_interval() {
+    fn advice_needs_forced_misses_above_the_limit_and_every_report_agrees() {
         let load = PoolLoad::new(Duration::from_secs(60));
         let t0 = Instant::now();
         let b = HostKey {
@@ -279,16 +307,53 @@ mod tests {
         let first = load
             .on_response(&b, Some(2), true, t0)
             .expect("peak 5 > limit 2 with a forced miss");
-        assert_eq!(
-            (first.peak_in_flight, first.idle_limit, first.log_now),
-            (5, 2, true)
-        );
+        assert_eq!((first.peak_in_flight, first.idle_limit), (5, 2));
+        // 3 all_busy misses so far (the limit-0 and limit-5 ones count too:
+        // they were all_busy), over at least 1 s.
+        assert_eq!(first.misses_per_second, 3.0);
+        let later = t0 + Duration::from_secs(2);
         let second = load
-            .on_response(&b, None, true, t0 + Duration::from_secs(1))
+            .on_response(&b, None, true, later)
             .expect("still advised");
-        assert!(!second.log_now, "logged once per interval");
-        let gauges = load.gauges(t0);
-        assert_eq!(gauges[0].peak_in_flight, 5);
-        assert_eq!(gauges[0].idle_limit, Some(2));
+        assert_eq!(second.misses_per_second, 2.0, "4 misses in 2 s");
+        // pool_advice(), the gauge and peak_in_flight() say the same then.
+        assert_eq!(load.advice(later), vec![second.clone()]);
+        assert_eq!(load.gauges(later)[0].peak_in_flight, 5);
+        assert_eq!(load.gauges(later)[0].idle_limit, Some(2));
+        assert_eq!(load.peak_in_flight("b", 443, later), Some(5));
+        // A new interval starts from the requests in flight.
+        let next = t0 + Duration::from_secs(61);
+        assert_eq!(load.peak_in_flight("b", 443, next), Some(5));
+        load.request_ended(&b);
+        load.request_ended(&b);
+        assert!(load.advice(next).is_empty(), "no forced miss yet");
+    }
+
+    #[test]
+    fn the_logged_line_is_the_closed_intervals_advice_as_pool_advice_gave_it() {
+        let load = PoolLoad::new(Duration::from_secs(10));
+        let t0 = Instant::now();
+        let b = HostKey {
+            scheme: "http".to_owned(),
+            host: "b".to_owned(),
+            port: 80,
+        };
+        for _ in 0..4 {
+            load.request_started(&b, t0);
+        }
+        for i in 0..20 {
+            load.on_response(&b, Some(1), true, t0 + Duration::from_millis(100 * i));
+        }
+        let end = t0 + Duration::from_secs(10);
+        let expected = load.hosts().get(&b).and_then(|l| l.advice(&b, end));
+        let closed = {
+            let mut hosts = load.hosts();
+            let l = hosts.get_mut(&b).expect("host");
+            load.roll(&b, l, end)
+        };
+        assert_eq!(closed, expected);
+        let closed = closed.expect("advised");
+        assert_eq!((closed.peak_in_flight, closed.misses_per_second), (4, 2.0));
+        assert!(closed.to_string().contains("misses per second 2.00"));
     }
 }

@@ -9,6 +9,7 @@ use std::time::Instant;
 
 use crate::client::ClientState;
 use crate::pool::MissSlot;
+use crate::proxy::ProxyRoute;
 use crate::report::TlsVersion;
 use crate::request::RequestState;
 
@@ -27,6 +28,8 @@ pub(crate) struct ConnectAttempt {
     pub(crate) miss: Option<Arc<MissSlot>>,
     /// The client's connect timeout (hyper-util splits it among addresses).
     pub(crate) connect_timeout: Option<std::time::Duration>,
+    /// The proxy this connect goes through, by the client's rules.
+    pub(crate) proxy: Option<ProxyRoute>,
     phases: Mutex<Phases>,
 }
 
@@ -56,6 +59,8 @@ pub(crate) struct Phases {
     /// Through a CONNECT proxy that poll completed the TCP connect and sent
     /// the CONNECT request (see `semconv::PROXY_CONNECT_SPAN`).
     pub(crate) tunnel_started: Option<Instant>,
+    /// At TLS start: the start of the poll that began TLS.
+    pub(crate) tls_poll_started: Option<Instant>,
 }
 
 /// The DNS phase of a connect.
@@ -84,6 +89,7 @@ impl ConnectAttempt {
         client: Arc<ClientState>,
         miss: Option<Arc<MissSlot>>,
         connect_timeout: Option<std::time::Duration>,
+        proxy: Option<ProxyRoute>,
     ) -> Self {
         Self {
             id,
@@ -92,6 +98,7 @@ impl ConnectAttempt {
             client,
             miss,
             connect_timeout,
+            proxy,
             phases: Mutex::new(Phases::default()),
         }
     }
@@ -114,6 +121,7 @@ impl ConnectAttempt {
         if p.tls_started.is_none() {
             p.tls_started = Some(Instant::now());
             p.tunnel_started = p.previous_poll_started;
+            p.tls_poll_started = p.poll_started;
         }
     }
 }

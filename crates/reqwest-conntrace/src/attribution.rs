@@ -127,17 +127,6 @@ pub(crate) fn attribute_response(
                 ),
             ],
         );
-        if advice.log_now {
-            let line = crate::advice::PoolAdvice {
-                server_address: state.host.host.clone(),
-                server_port: state.host.port,
-                peak_in_flight: advice.peak_in_flight,
-                idle_limit: advice.idle_limit,
-                misses_per_second: advice.misses_per_second,
-                suggested_max_idle_per_host: advice.peak_in_flight,
-            };
-            tracing::warn!(target: "reqwest_conntrace", "{line}");
-        }
     }
     if !paid {
         span.add_link_with_attributes(
@@ -211,6 +200,8 @@ pub(crate) struct RequestEnd {
     pub(crate) error_type: Option<String>,
     pub(crate) connection: Option<(ConnectionUse, Arc<ConnectionRecord>)>,
     pub(crate) body_size: u64,
+    /// Redirect hops sent before this request for the same call.
+    pub(crate) resend_count: u32,
     /// `network.protocol.version` of the response.
     pub(crate) protocol_version: Option<&'static str>,
     /// `http.request.method`, `server.address`, `server.port`, `url.scheme`.
@@ -265,6 +256,7 @@ impl RequestEnd {
             connection: None,
             body_size: 0,
             protocol_version: None,
+            resend_count: 0,
             base_attributes,
             finished: false,
         }
@@ -332,6 +324,7 @@ impl RequestEnd {
             body_size: self.body_size,
             body_complete: kind == EndKind::Complete,
             connection: self.connection.as_ref().map(|(u, _)| u.clone()),
+            resend_count: self.resend_count,
         };
         self.inner.on_request_end.on_request_end(&report);
         // Release our handle so the span ends now (end of body), not when

@@ -259,19 +259,16 @@ impl InstrumentedClientBuilder {
         let idle_timeout = self
             .idle_timeout
             .unwrap_or(Some(REQWEST_DEFAULT_IDLE_TIMEOUT));
-        let client = Arc::new(ClientState::new(
-            idle_timeout,
-            self.max_idle_per_host,
-            proxy.clone(),
-        ));
+        let client = Arc::new(ClientState::new(idle_timeout, self.max_idle_per_host));
+        let layer = ConnectorLayer::for_client(self.trace.clone(), client)
+            .connect_timeout(self.connect_timeout)
+            .http2_prior_knowledge(described.contains("http2_prior_knowledge: true"));
+        let proxy_rules = layer.proxy_rules();
         let mut builder = self
             .builder
             .tls_backend_preconfigured(config)
             .dns_resolver(Arc::new(resolver))
-            .connector_layer(
-                ConnectorLayer::for_client(self.trace.clone(), client)
-                    .connect_timeout(self.connect_timeout),
-            );
+            .connector_layer(layer);
         if let Some(t) = self.connect_timeout {
             builder = builder.connect_timeout(t);
         }
@@ -281,11 +278,19 @@ impl InstrumentedClientBuilder {
         if let Some(max) = self.max_idle_per_host {
             builder = builder.pool_max_idle_per_host(max);
         }
+        let rules = proxy.as_ref().map(crate::proxy::ProxyRules::all);
         if let Some(p) = proxy {
             builder = builder.proxy(reqwest::Proxy::all(p.as_str())?);
         }
+        // Redirect hops as requests of their own (see `redirect`).
+        if let Some(policy) = crate::redirect::takeover_policy(&described) {
+            builder = builder.redirect(policy);
+        }
         self.trace.inner().count_client();
-        Ok(builder.build()?)
+        let client = builder.build()?;
+        let _ =
+            proxy_rules.set(rules.unwrap_or_else(|| crate::proxy::ProxyRules::of_client(&client)));
+        Ok(client)
     }
 
     /// Builds the client wrapped in a `reqwest_middleware` client with

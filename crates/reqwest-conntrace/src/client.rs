@@ -27,28 +27,20 @@ pub(crate) struct ClientState {
     /// `pool_max_idle_per_host`, when set through this crate (reqwest's
     /// default is unlimited).
     pub(crate) max_idle_per_host: Option<usize>,
-    /// The proxy every connection of this client goes through, when set
-    /// through this crate.
-    pub(crate) proxy: Option<url::Url>,
 }
 
 impl ClientState {
-    pub(crate) fn new(
-        idle_timeout: Option<Duration>,
-        max_idle_per_host: Option<usize>,
-        proxy: Option<url::Url>,
-    ) -> Self {
+    pub(crate) fn new(idle_timeout: Option<Duration>, max_idle_per_host: Option<usize>) -> Self {
         Self {
             id: NEXT_CLIENT_ID.fetch_add(1, Ordering::Relaxed),
             built_at: Instant::now(),
             idle_timeout,
             max_idle_per_host,
-            proxy,
         }
     }
 
     /// A client with reqwest's default pool settings and no known proxy.
     pub(crate) fn reqwest_defaults() -> Self {
-        Self::new(Some(REQWEST_DEFAULT_IDLE_TIMEOUT), None, None)
+        Self::new(Some(REQWEST_DEFAULT_IDLE_TIMEOUT), None)
     }
 }

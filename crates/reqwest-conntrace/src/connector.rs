@@ -6,7 +6,7 @@ use std::borrow::Borrow;
 use std::error::Error as StdError;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
@@ -22,6 +22,7 @@ use crate::error::{classify, error_chain_text};
 use crate::handle::{ConnTrace, Inner};
 use crate::miss::MissReason;
 use crate::pool::{MissSlot, MissVerdict};
+use crate::proxy::{self, ProxyRefusal, ProxyRules};
 use crate::registry::ConnectionRecord;
 use crate::request::{self, PendingSetup};
 use crate::semconv;
@@ -45,6 +46,8 @@ pub struct ConnectorLayer {
     trace: ConnTrace,
     client: Arc<ClientState>,
     connect_timeout: Option<Duration>,
+    proxy: Arc<OnceLock<ProxyRules>>,
+    http2_prior_knowledge: bool,
 }
 
 impl ConnectorLayer {
@@ -60,7 +63,23 @@ impl ConnectorLayer {
             trace,
             client,
             connect_timeout: None,
+            proxy: Arc::new(OnceLock::new()),
+            http2_prior_knowledge: false,
         }
+    }
+
+    /// The client speaks HTTP/2 without negotiating it
+    /// (`ClientBuilder::http2_prior_knowledge`): every connection is HTTP/2
+    /// although ALPN says nothing. Default: false.
+    pub fn http2_prior_knowledge(mut self, on: bool) -> Self {
+        self.http2_prior_knowledge = on;
+        self
+    }
+
+    /// Where the client's proxy rules go once reqwest has built the client
+    /// (they are read from it; see `proxy`).
+    pub(crate) fn proxy_rules(&self) -> Arc<OnceLock<ProxyRules>> {
+        self.proxy.clone()
     }
 
     /// The client's connect timeout, so that a connect abandoned at that
@@ -81,6 +100,8 @@ impl<S> Layer<S> for ConnectorLayer {
             trace: self.trace.clone(),
             client: self.client.clone(),
             connect_timeout: self.connect_timeout,
+            proxy: self.proxy.clone(),
+            http2_prior_knowledge: self.http2_prior_knowledge,
         }
     }
 }
@@ -94,6 +115,8 @@ pub struct ConnectService<S> {
     trace: ConnTrace,
     client: Arc<ClientState>,
     connect_timeout: Option<Duration>,
+    proxy: Arc<OnceLock<ProxyRules>>,
+    http2_prior_knowledge: bool,
 }
 
 impl<S, R> Service<R> for ConnectService<S>
@@ -146,12 +169,16 @@ where
             t.note_miss(slot.clone());
             slot
         });
+        let proxy = trigger
+            .as_ref()
+            .and_then(|t| self.proxy.get()?.route(&t.host));
         let attempt = Arc::new(ConnectAttempt::new(
             inner.next_connection_id(),
             trigger,
             self.client.clone(),
             miss,
             self.connect_timeout,
+            proxy,
         ));
         // reqwest calls the connector inside the request's poll, so the
         // current span is the request span the middleware instrumented.
@@ -166,6 +193,7 @@ where
             guard: ConnectGuard {
                 state: Some(InFlight { attempt, cx, inner }),
                 connect_timeout: self.connect_timeout,
+                http2_prior_knowledge: self.http2_prior_knowledge,
             },
         }
     }
@@ -199,6 +227,8 @@ struct InFlight {
 struct ConnectGuard {
     state: Option<InFlight>,
     connect_timeout: Option<Duration>,
+    /// Every connection is HTTP/2 (prior knowledge), whatever ALPN says.
+    http2_prior_knowledge: bool,
 }
 
 impl Drop for ConnectGuard {
@@ -219,7 +249,7 @@ impl Drop for ConnectGuard {
                     "connect abandoned: its request was dropped or timed out".to_owned(),
                 )
             };
-            finish_failed(&inner, &attempt, &cx, error_type, message, now);
+            finish_failed(&inner, &attempt, &cx, error_type, message, None, now);
         }
     }
 }
@@ -230,6 +260,7 @@ fn finish_failed(
     cx: &opentelemetry::Context,
     error_type: &'static str,
     message: String,
+    refusal: Option<ProxyRefusal>,
     now: Instant,
 ) {
     use opentelemetry::trace::TraceContextExt;
@@ -240,6 +271,7 @@ fn finish_failed(
         &Ending::Failed {
             error_type,
             message,
+            refusal,
         },
         now,
     );
@@ -282,15 +314,24 @@ where
         {
             let now = Instant::now();
             match &result {
-                Ok(conn) => on_connected(&inner, attempt, span_cx, conn, now),
+                Ok(conn) => on_connected(
+                    &inner,
+                    attempt,
+                    span_cx,
+                    conn,
+                    this.guard.http2_prior_knowledge,
+                    now,
+                ),
                 Err(e) => {
                     let e: &(dyn StdError + Send + Sync + 'static) = e.borrow();
+                    let refusal = proxy::refusal(e);
                     finish_failed(
                         &inner,
                         &attempt,
                         &span_cx,
-                        classify(e),
+                        refusal.map_or_else(|| classify(e), |r| r.error_type),
                         error_chain_text(&inner.redaction, e),
+                        refusal,
                         now,
                     );
                 }
@@ -305,6 +346,7 @@ fn on_connected<T: Connection>(
     attempt: Arc<ConnectAttempt>,
     cx: opentelemetry::Context,
     conn: &T,
+    http2_prior_knowledge: bool,
     now: Instant,
 ) {
     use opentelemetry::trace::TraceContextExt;
@@ -315,7 +357,7 @@ fn on_connected<T: Connection>(
     let established = Established {
         local: info.map(|i| i.local_addr()),
         remote: info.map(|i| i.remote_addr()),
-        http2: connected.is_negotiated_h2(),
+        http2: connected.is_negotiated_h2() || http2_prior_knowledge,
         proxied: connected.is_proxied(),
     };
     let (report, tcp_pending) =

@@ -271,6 +271,18 @@ impl ConnTrace {
         self.inner.load.advice(Instant::now())
     }
 
+    /// The most requests to `server_address:server_port` in flight at once
+    /// in the current advice interval: the number the pool advice, its WARN
+    /// line and the `http.client.pool.peak_in_flight` gauge report (one
+    /// definition, see [`PoolAdvice`](crate::PoolAdvice)). `None` when no
+    /// request to that host went through the middleware (or it was
+    /// forgotten: at most 1024 hosts are tracked).
+    pub fn peak_in_flight(&self, server_address: &str, server_port: u16) -> Option<u64> {
+        self.inner
+            .load
+            .peak_in_flight(server_address, server_port, Instant::now())
+    }
+
     /// Number of clients built from this handle with
     /// [`instrument_client`](Self::instrument_client). A number that keeps
     /// growing means a client per request or per task (miss reason

@@ -68,7 +68,9 @@ mod miss;
 #[cfg(feature = "otlp")]
 pub mod otlp;
 mod pool;
+mod proxy;
 mod redact;
+mod redirect;
 mod registry;
 mod report;
 mod request;

@@ -117,7 +117,7 @@ impl Metrics {
                 .u64_observable_gauge(semconv::HTTP_CLIENT_POOL_PEAK_IN_FLIGHT)
                 .with_unit("{request}")
                 .with_description(
-                    "Peak number of concurrent requests to the host in the current or previous advice interval.",
+                    "Peak number of concurrent requests to the host since the current advice interval started.",
                 )
                 .with_callback(move |observer| {
                     if let Some(inner) = peak_inner.upgrade() {

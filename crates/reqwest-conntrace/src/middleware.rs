@@ -20,6 +20,7 @@ use crate::body::TracedBody;
 use crate::error::{classify, error_chain_text};
 use crate::handle::ConnTrace;
 use crate::pool::HostKey;
+use crate::redirect::{HopScope, HopSlot, Template};
 use crate::request::{RequestScope, RequestState};
 use crate::semconv;
 
@@ -171,6 +172,7 @@ pin_project! {
         #[pin]
         inner: F,
         state: Arc<RequestState>,
+        hop: Arc<HopSlot>,
     }
 }
 
@@ -180,6 +182,7 @@ impl<F: Future> Future for Scoped<F> {
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
         let this = self.project();
         let _scope = RequestScope::enter(this.state);
+        let _hop = HopScope::enter(this.hop);
         this.inner.poll(cx)
     }
 }
@@ -197,15 +200,61 @@ fn default_port(scheme: &str) -> u16 {
 
 #[async_trait::async_trait]
 impl<M: MakeRequestSpan> Middleware for ConnTraceMiddleware<M> {
+    /// Sends the request; when the instrumented builder took over redirect
+    /// following (see `redirect`), sends each hop as its own physical
+    /// request with its own span, `http.request.resend_count` from the
+    /// second on.
     async fn handle(
         &self,
         req: Request,
         extensions: &mut Extensions,
         next: Next<'_>,
     ) -> Result<Response> {
+        let mut req = req;
+        let mut followed = 0;
+        loop {
+            let template = Template::of(&req);
+            let hop = Arc::new(HopSlot::new(req.url().clone(), followed));
+            let response = self
+                .send_one(req, extensions, next.clone(), hop.clone())
+                .await?;
+            let Some(follow) = hop.take() else {
+                return Ok(response);
+            };
+            let Some(next_request) = template.next_request(response.status(), follow) else {
+                return Ok(response);
+            };
+            // Like reqwest: the redirect's body is dropped unread.
+            drop(response);
+            req = next_request;
+            followed += 1;
+        }
+    }
+}
+
+impl<M: MakeRequestSpan> ConnTraceMiddleware<M> {
+    /// One physical request: its span, pool attribution and end.
+    async fn send_one(
+        &self,
+        req: Request,
+        extensions: &mut Extensions,
+        next: Next<'_>,
+        hop: Arc<HopSlot>,
+    ) -> Result<Response> {
         let inner = self.trace.inner().clone();
-        let span = self.make_span.make_span(&req);
-        let records_http = self.make_span.records_http_attributes();
+        let resend_count = hop.followed();
+        // A resend gets a span of its own even when the first request's span
+        // belongs to an outer middleware (`UseCurrentSpan`): a child of it.
+        let (span, records_http) = if resend_count == 0 {
+            (
+                self.make_span.make_span(&req),
+                self.make_span.records_http_attributes(),
+            )
+        } else if self.make_span.records_http_attributes() {
+            (self.make_span.make_span(&req), true)
+        } else {
+            (DefaultMakeRequestSpan.make_span(&req), true)
+        };
         let url = req.url();
         let scheme = url.scheme().to_owned();
         let host = match url.host() {
@@ -228,6 +277,9 @@ impl<M: MakeRequestSpan> Middleware for ConnTraceMiddleware<M> {
             span.set_attribute(semconv::SERVER_ADDRESS, host.clone());
             span.set_attribute(semconv::SERVER_PORT, i64::from(port));
         }
+        if resend_count > 0 {
+            span.set_attribute(semconv::HTTP_REQUEST_RESEND_COUNT, resend_count as i64);
+        }
 
         let state = Arc::new(RequestState::new(
             inner.next_request_id(),
@@ -240,16 +292,18 @@ impl<M: MakeRequestSpan> Middleware for ConnTraceMiddleware<M> {
             req.method().clone(),
             full,
         );
+        end.resend_count = resend_count as u32;
         let result = Scoped {
             inner: next.run(req, extensions),
             state: state.clone(),
+            hop,
         }
         .instrument(span.clone())
         .await;
-        end.headers_at = Some(Instant::now());
 
         match result {
             Ok(response) => {
+                end.headers_at = Some(Instant::now());
                 let status = response.status();
                 end.status = Some(status.as_u16());
                 if records_http {
@@ -284,7 +338,9 @@ impl<M: MakeRequestSpan> Middleware for ConnTraceMiddleware<M> {
                 Ok(wrap_body(response, end))
             }
             Err(error) => {
-                let error_type = classify(&error);
+                // A proxy that refused the CONNECT is named as such.
+                let error_type = crate::proxy::refusal(&error)
+                    .map_or_else(|| classify(&error), |r| r.error_type);
                 if error_type == semconv::ERROR_TYPE_CONNECTION_RESET {
                     attribute_failure(&inner, &state, &span);
                 }

@@ -136,6 +136,10 @@ pub struct RequestReport {
     /// Which connection served it and how; `None` when the request failed
     /// before a response or the connection is unknown to this handle.
     pub connection: Option<ConnectionUse>,
+    /// `http.request.resend_count`: redirect hops sent before this one for
+    /// the same call (0 for the first request). Each hop is a request with
+    /// its own report.
+    pub resend_count: u32,
 }
 
 /// Called once per request when it ends. Implemented for closures

@@ -33,15 +33,24 @@ pub const DNS_LOOKUP_SPAN: &str = "dns.lookup";
 /// Includes every Happy Eyeballs attempt (RFC 8305) and SYN retransmit.
 pub const TCP_CONNECT_SPAN: &str = "tcp.connect";
 /// Name of the proxy tunnel phase span (child of [`CONNECTION_SETUP_SPAN`]):
-/// an `https` request through an HTTP proxy set with
-/// [`InstrumentedClientBuilder::proxy`](crate::InstrumentedClientBuilder::proxy),
-/// from the TCP connection to the proxy being established to the proxy's
-/// `200` answer to `CONNECT` (RFC 9110 §9.3.6), i.e. the start of TLS. Carries
-/// `server.address` / `server.port` (the tunnel's target) and
-/// `network.peer.*` (the proxy). Its start is the start of the connect
-/// future's poll that completed the TCP connect and sent the CONNECT request
-/// (no hook exists between them): exact when that poll is the one the socket
-/// becoming writable woke, as it is for hyper-util's tunnel.
+/// an `https` request through an HTTP proxy, however configured (the
+/// instrumented builder's
+/// [`proxy`](crate::InstrumentedClientBuilder::proxy), reqwest's builder,
+/// or the `HTTPS_PROXY` / `ALL_PROXY` / `NO_PROXY` environment), from the
+/// TCP connection to the proxy being established to the proxy's answer to
+/// `CONNECT` (RFC 9110 §9.3.6): `200` and the start of TLS, or a refusal,
+/// which fails the span with an [`ERROR_TYPE_PROXY_AUTH_REQUIRED`] /
+/// [`ERROR_TYPE_PROXY_CONNECT_REFUSED`] / [`ERROR_TYPE_PROXY_CONNECT_FAILED`]
+/// `error.type` (and `http.response.status_code = 407` for the first).
+/// Carries `server.address` / `server.port` (the tunnel's target),
+/// [`HTTP_CONNECTION_PROXY_ADDRESS`] / [`HTTP_CONNECTION_PROXY_PORT`] and,
+/// once connected, `network.peer.*` (the proxy). Its start is the start of
+/// the connect future's poll that completed the TCP connect and sent the
+/// CONNECT request (no hook exists between them): exact when that poll is
+/// the one the socket becoming writable woke, as it is for hyper-util's
+/// tunnel. When the proxy's answer was already there within the same poll
+/// (a loopback proxy faster than the scheduler), no boundary exists: the
+/// span then starts with that poll and includes the TCP connect.
 pub const PROXY_CONNECT_SPAN: &str = "proxy.connect";
 /// Name of the TLS phase span (child of [`CONNECTION_SETUP_SPAN`], https
 /// only): from building the ClientHello to the connection being ready.
@@ -56,6 +65,10 @@ pub const HTTP_REQUEST_METHOD: &str = sc::HTTP_REQUEST_METHOD;
 /// `http.request.method_original` (string), HTTP semconv: the method sent
 /// when it is not a known one (`http.request.method` is then `_OTHER`).
 pub const HTTP_REQUEST_METHOD_ORIGINAL: &str = sc::HTTP_REQUEST_METHOD_ORIGINAL;
+/// `http.request.resend_count` (int), HTTP semconv: on the span of a
+/// redirect hop, the number of hops sent before it for the same call (the
+/// first request has none).
+pub const HTTP_REQUEST_RESEND_COUNT: &str = sc::HTTP_REQUEST_RESEND_COUNT;
 /// `http.response.status_code` (int), HTTP semconv.
 pub const HTTP_RESPONSE_STATUS_CODE: &str = sc::HTTP_RESPONSE_STATUS_CODE;
 /// `http.response.body.size` (int, bytes): body bytes read by the caller.
@@ -147,6 +160,15 @@ pub const HTTP_CONNECTION_DNS_SKIPPED: &str = "http.connection.dns_skipped";
 /// `http.connection.proxied` (bool, setup span): the connection goes through
 /// an HTTP proxy (the peer address is then the proxy's).
 pub const HTTP_CONNECTION_PROXIED: &str = "http.connection.proxied";
+/// `http.connection.proxy.address` (string, setup and `proxy.connect`
+/// spans): the proxy's host as configured (a name or an IP literal), from
+/// the instrumented builder's proxy, reqwest's builder or the
+/// `ALL_PROXY` / `HTTPS_PROXY` / `HTTP_PROXY` / `NO_PROXY` environment.
+/// Present even when the connect to the proxy failed (then no
+/// `network.peer.*` is known).
+pub const HTTP_CONNECTION_PROXY_ADDRESS: &str = "http.connection.proxy.address";
+/// `http.connection.proxy.port` (int): the proxy's port as configured.
+pub const HTTP_CONNECTION_PROXY_PORT: &str = "http.connection.proxy.port";
 /// `http.connection.tls.resumption_offered` (bool, `tls.handshake` span):
 /// the client offered a cached TLS session (ticket or session id).
 pub const HTTP_CONNECTION_TLS_RESUMPTION_OFFERED: &str = "http.connection.tls.resumption_offered";
@@ -295,8 +317,9 @@ pub const HTTP_CLIENT_CONNECTIONS_OPENED: &str = "http.client.connections.opened
 /// `server.port`, `url.scheme`.
 pub const HTTP_CLIENT_POOL_MISSES: &str = "http.client.pool.misses";
 /// `http.client.pool.peak_in_flight` (gauge, `{request}`), ours: the most
-/// requests in flight at once to `server.address`/`server.port` in the
-/// current or previous advice interval (Little's law `L`).
+/// requests in flight at once to `server.address`/`server.port` since the
+/// current advice interval started (Little's law `L`; the same number as
+/// the pool advice and [`ConnTrace::peak_in_flight`](crate::ConnTrace::peak_in_flight)).
 pub const HTTP_CLIENT_POOL_PEAK_IN_FLIGHT: &str = "http.client.pool.peak_in_flight";
 /// `http.client.pool.idle_limit` (gauge, `{connection}`), ours:
 /// `pool_max_idle_per_host` of the client serving `server.address`/
@@ -313,10 +336,12 @@ pub const HTTP_CLIENT_POOL_IDLE_LIMIT: &str = "http.client.pool.idle_limit";
 /// [`HTTP_CLIENT_POOL_PEAK_IN_FLIGHT`], [`HTTP_CLIENT_POOL_IDLE_LIMIT`],
 /// [`HTTP_CONNECTION_POOL_MISSES_PER_SECOND`] and
 /// [`HTTP_CONNECTION_POOL_SUGGESTED_IDLE`]. The same advice is logged once
-/// per interval per host (target `reqwest_conntrace`, level WARN).
+/// per interval per host when the interval closes, with the whole
+/// interval's numbers (target `reqwest_conntrace`, level WARN).
 pub const EVENT_POOL_ADVICE: &str = "http.connection.pool_advice";
 /// `http.connection.pool.misses_per_second` (double, on [`EVENT_POOL_ADVICE`]):
-/// `all_busy` misses to the host per second in the current interval.
+/// `all_busy` misses to the host since the current advice interval started,
+/// divided by the seconds since it started (at least 1 s).
 pub const HTTP_CONNECTION_POOL_MISSES_PER_SECOND: &str = "http.connection.pool.misses_per_second";
 /// `http.connection.pool.suggested_max_idle_per_host` (int, on
 /// [`EVENT_POOL_ADVICE`]): the `pool_max_idle_per_host` that would have kept
@@ -423,5 +448,14 @@ pub const ERROR_TYPE_CONNECTION_RESET: &str = "connection_reset";
 pub const ERROR_TYPE_TLS_CERTIFICATE: &str = "tls_certificate_invalid";
 /// `error.type`: any other TLS failure (alert, no common version or cipher).
 pub const ERROR_TYPE_TLS: &str = "tls_error";
+/// `error.type`: the proxy answered `CONNECT` with `407 Proxy
+/// Authentication Required` (RFC 9110 §15.5.8).
+pub const ERROR_TYPE_PROXY_AUTH_REQUIRED: &str = "proxy_auth_required";
+/// `error.type`: the proxy answered `CONNECT` with another non-2xx status
+/// (e.g. `502`, `403`); hyper-util 0.1.21 does not keep the code.
+pub const ERROR_TYPE_PROXY_CONNECT_REFUSED: &str = "proxy_connect_refused";
+/// `error.type`: the proxy closed the connection before answering
+/// `CONNECT`, or answered with headers over 8 KiB.
+pub const ERROR_TYPE_PROXY_CONNECT_FAILED: &str = "proxy_connect_failed";
 /// `error.type`: any other I/O or protocol error.
 pub const ERROR_TYPE_OTHER: &str = "_OTHER";

@@ -11,6 +11,7 @@ use opentelemetry::{Array, Context, KeyValue, StringValue, Value};
 use crate::address;
 use crate::attempt::{ConnectAttempt, Phases};
 use crate::handle::Inner;
+use crate::proxy::{ProxyRefusal, ProxyRoute};
 use crate::report::{ConnectionSetup, TlsVersion};
 use crate::semconv;
 use crate::tcp::TcpSpanEnd;
@@ -47,6 +48,14 @@ pub(crate) fn start_setup_span(
     parent.with_span(span)
 }
 
+/// `http.connection.proxy.address` / `.port` of `route`.
+fn proxy_attributes(route: &ProxyRoute) -> [KeyValue; 2] {
+    [
+        KeyValue::new(semconv::HTTP_CONNECTION_PROXY_ADDRESS, route.host.clone()),
+        KeyValue::new(semconv::HTTP_CONNECTION_PROXY_PORT, i64::from(route.port)),
+    ]
+}
+
 fn network_type(addr: &SocketAddr) -> &'static str {
     if addr.is_ipv4() { "ipv4" } else { "ipv6" }
 }
@@ -56,7 +65,7 @@ fn dns_skipped(attempt: &ConnectAttempt, phases: &Phases) -> Option<&'static str
         return None;
     }
     // Through a proxy the connector resolves the proxy's host, not the target's.
-    let proxy_host = attempt.client.proxy.as_ref().and_then(|p| p.host_str());
+    let proxy_host = attempt.proxy.as_ref().map(|p| p.host.as_str());
     let host = match proxy_host {
         Some(h) => h,
         None => attempt.trigger.as_ref()?.host.host.as_str(),
@@ -75,6 +84,8 @@ pub(crate) enum Ending<'a> {
     Failed {
         error_type: &'static str,
         message: String,
+        /// The proxy refused the `CONNECT` (the error came from its answer).
+        refusal: Option<ProxyRefusal>,
     },
 }
 
@@ -90,12 +101,13 @@ pub(crate) fn emit_phases(
     let tracer = inner.tracer();
     let phases = attempt.phases().clone();
     let setup_span = cx.span();
-    let (failure_type, failure_message) = match ending {
-        Ending::Ready(_) => (None, None),
+    let (failure_type, failure_message, refusal) = match ending {
+        Ending::Ready(_) => (None, None, None),
         Ending::Failed {
             error_type,
             message,
-        } => (Some(*error_type), Some(message.clone())),
+            refusal,
+        } => (Some(*error_type), Some(message.clone()), *refusal),
     };
     let established = match ending {
         Ending::Ready(e) => Some(*e),
@@ -170,16 +182,20 @@ pub(crate) fn emit_phases(
         setup_span.set_attribute(KeyValue::new(semconv::HTTP_CONNECTION_DNS_SKIPPED, reason));
     }
 
-    // TCP (then, through a CONNECT proxy, the tunnel)
-    let tunneled = attempt.client.proxy.is_some()
-        && attempt
-            .trigger
-            .as_ref()
-            .is_some_and(|t| t.host.scheme == "https");
-    let tunnel_start = phases
-        .tls_started
-        .and(phases.tunnel_started)
-        .filter(|t| tunneled && *t >= tcp_start);
+    // TCP (then, through a CONNECT proxy, the tunnel). The tunnel starts
+    // with the poll before the one that began TLS (or, when the proxy
+    // refused, before the one that read its answer): that poll completed the
+    // TCP connect and sent the CONNECT request. When one poll did it all
+    // (the answer was already there), it starts with that poll.
+    let route = attempt.proxy.as_ref();
+    let tunneled = route.is_some_and(|r| r.tunnel);
+    let tunnel_start = match (phases.tls_started, refusal) {
+        (Some(_), _) => phases.tunnel_started.or(phases.tls_poll_started),
+        (None, Some(_)) => phases.previous_poll_started.or(phases.poll_started),
+        (None, None) => None,
+    }
+    .filter(|t| tunneled && *t >= tcp_start);
+    let tunnel_end = phases.tls_started.unwrap_or(end);
     let mut tcp_duration = std::time::Duration::ZERO;
     let mut address_fallback = false;
     let mut address_known = false;
@@ -266,7 +282,7 @@ pub(crate) fn emit_phases(
                 );
             }
         }
-        if phases.tls_started.is_none() && established.is_none() {
+        if phases.tls_started.is_none() && tunnel_start.is_none() && established.is_none() {
             let (t, m) = failure_or_cancel(&failure_type, &failure_message);
             fail_span(&tspan, t, &m);
         }
@@ -290,7 +306,7 @@ pub(crate) fn emit_phases(
 
     // CONNECT tunnel through the proxy
     let mut tunnel_duration = None;
-    if let (Some(start), Some(tls_start)) = (tunnel_start, phases.tls_started) {
+    if let Some(start) = tunnel_start {
         let mut attrs = Vec::new();
         if let Some(t) = &attempt.trigger {
             attrs.extend(crate::metrics::host_attributes(&t.host.host, t.host.port));
@@ -305,6 +321,13 @@ pub(crate) fn emit_phases(
                 i64::from(r.port()),
             ));
         }
+        attrs.extend(route.map(proxy_attributes).into_iter().flatten());
+        if let Some(status) = refusal.and_then(|r| r.status) {
+            attrs.push(KeyValue::new(
+                semconv::HTTP_RESPONSE_STATUS_CODE,
+                i64::from(status),
+            ));
+        }
         let span = tracer.build_with_context(
             SpanBuilder::from_name(semconv::PROXY_CONNECT_SPAN)
                 .with_kind(SpanKind::Internal)
@@ -312,11 +335,15 @@ pub(crate) fn emit_phases(
                 .with_attributes(attrs),
             cx,
         );
-        Context::new()
-            .with_span(span)
+        let tunnel_cx = Context::new().with_span(span);
+        if phases.tls_started.is_none() {
+            let (t, m) = failure_or_cancel(&failure_type, &failure_message);
+            fail_span(&tunnel_cx.span(), t, &m);
+        }
+        tunnel_cx
             .span()
-            .end_with_timestamp(inner.clock.wall(tls_start));
-        tunnel_duration = Some(tls_start.saturating_duration_since(start));
+            .end_with_timestamp(inner.clock.wall(tunnel_end));
+        tunnel_duration = Some(tunnel_end.saturating_duration_since(start));
     }
 
     // TLS
@@ -406,6 +433,9 @@ pub(crate) fn emit_phases(
     }
 
     // Setup span attributes.
+    for kv in route.map(proxy_attributes).into_iter().flatten() {
+        setup_span.set_attribute(kv);
+    }
     if let Some(e) = established {
         if let Some(r) = e.remote {
             setup_span.set_attribute(KeyValue::new(
@@ -432,7 +462,7 @@ pub(crate) fn emit_phases(
             semconv::NETWORK_PROTOCOL_VERSION,
             if e.http2 { "2" } else { "1.1" },
         ));
-        if e.proxied || attempt.client.proxy.is_some() {
+        if e.proxied || route.is_some() {
             setup_span.set_attribute(KeyValue::new(semconv::HTTP_CONNECTION_PROXIED, true));
         }
         if address_fallback {
@@ -448,6 +478,9 @@ pub(crate) fn emit_phases(
             setup_span.set_attribute(KeyValue::new(semconv::TLS_RESUMED, r));
         }
     } else {
+        if route.is_some() {
+            setup_span.set_attribute(KeyValue::new(semconv::HTTP_CONNECTION_PROXIED, true));
+        }
         let (t, m) = failure_or_cancel(&failure_type, &failure_message);
         setup_span.set_attribute(KeyValue::new(semconv::ERROR_TYPE, t));
         setup_span.set_attribute(KeyValue::new(
@@ -494,7 +527,7 @@ pub(crate) fn emit_phases(
         tls_version,
         tls_resumed,
         http2: established.is_some_and(|e| e.http2),
-        proxied: established.is_some_and(|e| e.proxied) || attempt.client.proxy.is_some(),
+        proxied: established.is_some_and(|e| e.proxied) || route.is_some(),
         proxy_connect: tunnel_duration,
         address_fallback: address_known.then_some(address_fallback),
         tcp_facts,

@@ -158,7 +158,24 @@ pub(crate) async fn handle(
     let mut body = cfg.body.clone();
     let mut delay = cfg.delay;
     let mut status = http::StatusCode::OK;
-    if let Some(ms) = route.strip_prefix("/delay/") {
+    let mut location = None;
+    if let Some(rest) = route.strip_prefix("/redirect/") {
+        // `/redirect/HOST:PORT/PATH`: 302 to `SCHEME://HOST:PORT/PATH`.
+        let (authority, next) = rest.split_once('/').unwrap_or((rest, ""));
+        let scheme = if conn.tls_resumed.is_some() {
+            "https"
+        } else {
+            "http"
+        };
+        match http::HeaderValue::try_from(format!("{scheme}://{authority}/{next}")) {
+            Ok(v) if !authority.is_empty() => {
+                status = http::StatusCode::FOUND;
+                body = Bytes::new();
+                location = Some(v);
+            }
+            _ => status = http::StatusCode::BAD_REQUEST,
+        }
+    } else if let Some(ms) = route.strip_prefix("/delay/") {
         match ms.parse::<u64>() {
             Ok(ms) => delay += Duration::from_millis(ms),
             Err(_) => status = http::StatusCode::BAD_REQUEST,
@@ -186,5 +203,8 @@ pub(crate) async fn handle(
         http::header::CONTENT_TYPE,
         http::HeaderValue::from_static("text/plain"),
     );
+    if let Some(location) = location {
+        headers.insert(http::header::LOCATION, location);
+    }
     Ok(resp)
 }

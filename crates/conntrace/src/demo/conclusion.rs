@@ -85,7 +85,7 @@ pub(crate) fn write(config: &DemoConfig, phases: &[PhaseSummary]) -> String {
         pct(right.connection_wait_share),
         pct(small.handshake_share),
         pct(right.handshake_share),
-        small.in_flight_peak.max(right.in_flight_peak),
+        small.in_flight_peak,
         pct(small.miss_ratio),
         pct(right.miss_ratio),
     ));

@@ -5,7 +5,7 @@
 //! new connections from the `fan_out` span's attributes alone.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use indicatif::ProgressBar;
@@ -74,7 +74,9 @@ pub(crate) struct PhaseRun {
     pub(crate) calls: Vec<BatchCall>,
     /// Every measured fan-out, in order.
     pub(crate) fanouts: Vec<Fanout>,
-    /// Most measured batch calls in flight at once.
+    /// Most requests in flight at once to the phase's host: the library's
+    /// number (`ConnTrace::peak_in_flight`, the one its pool advice uses),
+    /// set by the caller after the phase.
     pub(crate) in_flight_peak: usize,
     /// Start of the first measured fan-out to the end of the last one.
     pub(crate) wall: Duration,
@@ -87,16 +89,10 @@ pub(crate) struct PhaseRun {
 /// Counters shared by the calls of a phase.
 #[derive(Debug, Default)]
 struct Shared {
-    /// Calls in flight now.
-    in_flight: AtomicUsize,
-    /// Most measured calls in flight at once.
-    peak: AtomicUsize,
     /// Calls finished (for the progress message).
     calls: AtomicUsize,
     /// Of those, pool misses (for the progress message).
     misses: AtomicUsize,
-    /// The warm-up is over.
-    measuring: AtomicBool,
 }
 
 /// Where a phase runs: the client, the URL and the server's connection counter.
@@ -132,7 +128,6 @@ pub(crate) async fn run_phase(
         if index == warmup {
             start = Instant::now();
             accepted_at_start = (target.accepted)();
-            shared.measuring.store(true, Ordering::Relaxed);
         }
         let span = tracing::info_span!(
             target: "conntrace",
@@ -173,7 +168,6 @@ pub(crate) async fn run_phase(
     run.wall = start.elapsed();
     run.fanouts.sort_by_key(|f| f.index);
     run.calls.sort_by_key(|c| (c.fanout, c.batch));
-    run.in_flight_peak = shared.peak.load(Ordering::Relaxed);
     run
 }
 
@@ -193,14 +187,8 @@ async fn fanout(
     let calls = reqwest_conntrace::fan_out((0..batches).map(|batch| {
         let client = client.clone();
         let url = url.clone();
-        let shared = shared.clone();
         async move {
-            let now = shared.in_flight.fetch_add(1, Ordering::Relaxed) + 1;
-            if shared.measuring.load(Ordering::Relaxed) {
-                shared.peak.fetch_max(now, Ordering::Relaxed);
-            }
             let outcome = capture::get(&client, &url).await;
-            shared.in_flight.fetch_sub(1, Ordering::Relaxed);
             let row = RequestRow::new(index * batches + batch + 1, phase, start, &outcome);
             BatchCall {
                 fanout: index,

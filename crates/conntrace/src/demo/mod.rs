@@ -337,7 +337,7 @@ async fn run_phases(
             url: url.clone(),
             accepted: Box::new(move || counter.accepted_connections()),
         };
-        let run = run_phase(target, name, pool, load, bar.clone()).await;
+        let mut run = run_phase(target, name, pool, load, bar.clone()).await;
         bar.finish_and_clear();
         // Let connects still in flight (pool race losers) reach the server.
         tokio::time::sleep(Duration::from_millis(args.rtt_ms * 3 + 50)).await;
@@ -349,6 +349,11 @@ async fn run_phases(
             .into_iter()
             .find(|a| a.server_port == proxy_addr.port())
             .map(|a| a.to_string());
+        // The library's peak, the one its advice states: one number.
+        run.in_flight_peak = url
+            .host_str()
+            .and_then(|host| trace.peak_in_flight(host, proxy_addr.port()))
+            .unwrap_or_default() as usize;
         phases.push(PhaseSummary::new(
             name,
             url.to_string(),

@@ -96,7 +96,9 @@ pub(crate) struct PhaseSummary {
     pub(crate) connection_wait_ms: f64,
     /// `connection_wait_ms / request_ms`.
     pub(crate) connection_wait_share: f64,
-    /// Most calls in flight at once.
+    /// Most calls in flight at once to the phase's host over the whole phase
+    /// (warm-up included), as the library counts it: the number its pool
+    /// advice states.
     pub(crate) in_flight_peak: usize,
     /// Mean calls in flight (Little's law: `request_ms / wall_ms`).
     pub(crate) in_flight_mean: f64,

@@ -157,7 +157,7 @@ pub(crate) fn print(report: &DemoReport) {
     println!();
     for p in &report.phases {
         println!(
-            "{} ({}, pool_max_idle_per_host {}): miss ratio {:.0} %, peak in flight {} (measured part)",
+            "{} ({}, pool_max_idle_per_host {}): miss ratio {:.0} % (measured part), peak in flight {} (whole phase)",
             p.name,
             p.url,
             p.pool_max_idle_per_host,

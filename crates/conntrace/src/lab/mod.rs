@@ -21,11 +21,13 @@ mod connect_proxy;
 mod dead_first_address;
 mod discarded;
 mod dns_queue;
+mod env_proxy;
 mod far_server;
 mod idle_expired;
 mod ipv6_blackhole;
 mod net;
 mod new_client;
+mod redirect_chain;
 mod report;
 mod runner;
 mod server_closed;
@@ -69,11 +71,15 @@ pub(crate) enum Scenario {
     DeadFirstAddress,
     /// A request cancelled mid-handshake.
     CancelledHandshake,
+    /// A redirect chain across five hosts.
+    RedirectChain,
+    /// A proxy from `HTTPS_PROXY`, open and refusing.
+    EnvProxy,
 }
 
 impl Scenario {
     /// Every scenario, in `--list` order.
-    pub(crate) const ALL: [Scenario; 10] = [
+    pub(crate) const ALL: [Scenario; 12] = [
         Scenario::FarServer,
         Scenario::Ipv6Blackhole,
         Scenario::IdleExpired,
@@ -84,6 +90,8 @@ impl Scenario {
         Scenario::DnsQueue,
         Scenario::DeadFirstAddress,
         Scenario::CancelledHandshake,
+        Scenario::RedirectChain,
+        Scenario::EnvProxy,
     ];
 
     /// The name on the command line.
@@ -99,6 +107,8 @@ impl Scenario {
             Scenario::DnsQueue => "dns-queue",
             Scenario::DeadFirstAddress => "dead-first-address",
             Scenario::CancelledHandshake => "cancelled-handshake",
+            Scenario::RedirectChain => "redirect-chain",
+            Scenario::EnvProxy => "env-proxy",
         }
     }
 
@@ -134,6 +144,12 @@ impl Scenario {
             }
             Scenario::CancelledHandshake => {
                 "a request timeout (and a connect timeout) fires mid TLS handshake: the abandoned connect's spans end cancelled / timeout, the next request is a miss"
+            }
+            Scenario::EnvProxy => {
+                "a proxy from HTTPS_PROXY (conntrace probe child processes): the setup span names the proxy and has proxy.connect; a CONNECT answered 407 or 502 fails with error.type proxy_auth_required / proxy_connect_refused"
+            }
+            Scenario::RedirectChain => {
+                "a 302 chain across 127.0.0.1 to 127.0.0.5: one span per hop (http.request.resend_count), each on its own host and new connection; the chain again: five idle hits"
             }
         }
     }

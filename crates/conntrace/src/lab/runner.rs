@@ -13,7 +13,8 @@ use super::report::{LabReport, ListedScenario, Outcome, ScenarioList};
 use super::view::Spans;
 use super::{
     Scenario, cancelled_handshake, connect_proxy, dead_first_address, discarded, dns_queue,
-    far_server, idle_expired, ipv6_blackhole, new_client, server_closed, text,
+    env_proxy, far_server, idle_expired, ipv6_blackhole, new_client, redirect_chain, server_closed,
+    text,
 };
 use crate::telemetry::Telemetry;
 
@@ -161,6 +162,8 @@ pub(crate) async fn run(args: LabArgs) -> anyhow::Result<ExitCode> {
         Scenario::DnsQueue => dns_queue::run(&mut lab).await,
         Scenario::DeadFirstAddress => dead_first_address::run(&mut lab).await,
         Scenario::CancelledHandshake => cancelled_handshake::run(&mut lab).await,
+        Scenario::RedirectChain => redirect_chain::run(&mut lab).await,
+        Scenario::EnvProxy => env_proxy::run(&mut lab).await,
     };
     let spans = html.as_ref().map(|_| lab.telemetry.captured_spans());
     let telemetry = lab.telemetry.finish().await;

@@ -40,6 +40,10 @@ pub(crate) struct RequestView {
     pub(crate) total_ms: f64,
     /// `http.response.status_code`.
     pub(crate) status: Option<i64>,
+    /// `server.address`.
+    pub(crate) server_address: Option<String>,
+    /// `http.request.resend_count` (0 when absent: not a resend).
+    pub(crate) resend_count: i64,
     /// `error.type`.
     pub(crate) error_type: Option<String>,
     /// The span status message when it failed (the error chain).
@@ -95,6 +99,10 @@ pub(crate) struct ConnectionView {
     pub(crate) network_type: Option<String>,
     /// `http.connection.proxied`.
     pub(crate) proxied: bool,
+    /// `http.connection.proxy.address`: the proxy as configured.
+    pub(crate) proxy_address: Option<String>,
+    /// `http.connection.proxy.port`.
+    pub(crate) proxy_port: Option<i64>,
     /// `http.connection.address_fallback` on the setup span.
     pub(crate) address_fallback: bool,
     /// `http.connection.dns_skipped`.
@@ -116,6 +124,9 @@ pub(crate) struct PhaseView {
     pub(crate) ms: f64,
     /// Its `error.type`.
     pub(crate) error_type: Option<String>,
+    /// Its `http.response.status_code` (a proxy's answer to `CONNECT`, when
+    /// known).
+    pub(crate) status: Option<i64>,
 }
 
 /// The `dns.lookup` span.
@@ -249,11 +260,13 @@ impl Spans {
     /// The run named `name`: its requests (children of the run span) and
     /// the connections they set up. Empty when the run span is missing.
     pub(crate) fn run(&self, name: &str) -> RunView {
-        let Some(run) = self
-            .all
-            .iter()
-            .find(|s| s.attr_str(RUN_ATTRIBUTE) == Some(name))
-        else {
+        self.run_under(name, |s| s.attr_str(RUN_ATTRIBUTE) == Some(name))
+    }
+
+    /// Like [`run`](Self::run), for the requests under the first span that
+    /// `is_run` accepts (e.g. a `conntrace probe` child process's probe span).
+    pub(crate) fn run_under(&self, name: &str, is_run: impl Fn(&ReceivedSpan) -> bool) -> RunView {
+        let Some(run) = self.all.iter().find(|s| is_run(s)) else {
             return RunView {
                 name: name.to_owned(),
                 wall_ms: 0.0,
@@ -287,6 +300,8 @@ impl Spans {
                 start_ms: ms_between(t0, r.start_unix_nanos()),
                 total_ms: ms_between(r.start_unix_nanos(), r.end_unix_nanos()),
                 status: r.attr_i64(semconv::HTTP_RESPONSE_STATUS_CODE),
+                server_address: string(r, semconv::SERVER_ADDRESS),
+                resend_count: r.attr_i64(semconv::HTTP_REQUEST_RESEND_COUNT).unwrap_or(0),
                 error_type: string(r, semconv::ERROR_TYPE),
                 error: (!r.status_message().is_empty()).then(|| r.status_message().to_owned()),
                 reused: r.attr_bool(semconv::HTTP_CONNECTION_REUSED),
@@ -337,6 +352,8 @@ impl Spans {
             peer_port: setup.attr_i64(semconv::NETWORK_PEER_PORT),
             network_type: string(setup, semconv::NETWORK_TYPE),
             proxied: setup.attr_bool(semconv::HTTP_CONNECTION_PROXIED) == Some(true),
+            proxy_address: string(setup, semconv::HTTP_CONNECTION_PROXY_ADDRESS),
+            proxy_port: setup.attr_i64(semconv::HTTP_CONNECTION_PROXY_PORT),
             address_fallback: setup.attr_bool(semconv::HTTP_CONNECTION_ADDRESS_FALLBACK)
                 == Some(true),
             dns_skipped: string(setup, semconv::HTTP_CONNECTION_DNS_SKIPPED),
@@ -348,6 +365,7 @@ impl Spans {
                 .map(|s| PhaseView {
                     ms: ms_between(s.start_unix_nanos(), s.end_unix_nanos()),
                     error_type: string(s, semconv::ERROR_TYPE),
+                    status: s.attr_i64(semconv::HTTP_RESPONSE_STATUS_CODE),
                 })
                 .collect(),
             tls: phase(semconv::TLS_HANDSHAKE_SPAN).map(|s| TlsView {

@@ -295,7 +295,12 @@ async fn run_mode(
         let wave = c.min(n - next + 1);
         let outcomes = join_all((0..wave).map(|_| capture::get(client, url))).await;
         for (i, outcome) in outcomes.iter().enumerate() {
-            rows.push(RequestRow::new(next + i, mode.as_str(), start, outcome));
+            rows.extend(RequestRow::physical(
+                next + i,
+                mode.as_str(),
+                start,
+                outcome,
+            ));
         }
         // Nothing to measure when the very first request failed.
         if next == 1 && rows.first().is_some_and(RequestRow::failed) {

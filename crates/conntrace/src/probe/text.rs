@@ -77,7 +77,12 @@ fn print_mode(mode: &ModeReport) {
     );
     for r in &mode.requests {
         table.add_row(vec![
-            r.index.to_string(),
+            // A redirect hop: the request's number and its resend count.
+            if r.resend_count > 0 {
+                format!("{} +{}", r.index, r.resend_count)
+            } else {
+                r.index.to_string()
+            },
             dns_cell(r),
             fmt_ms(r.tcp_ms),
             fmt_ms(r.tls_ms),

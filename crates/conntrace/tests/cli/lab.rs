@@ -18,7 +18,7 @@ use super::{assert_one_line_error, children, conntrace, run, stderr};
 const RUN_ATTRIBUTE: &str = "conntrace.lab.run";
 
 /// Every scenario name, in `--list` order.
-const SCENARIOS: [&str; 10] = [
+const SCENARIOS: [&str; 12] = [
     "far-server",
     "ipv6-blackhole",
     "idle-expired",
@@ -29,6 +29,8 @@ const SCENARIOS: [&str; 10] = [
     "dns-queue",
     "dead-first-address",
     "cancelled-handshake",
+    "redirect-chain",
+    "env-proxy",
 ];
 
 /// One scenario's `--json` document and the spans the receiver got.
@@ -154,7 +156,7 @@ fn some(s: &str) -> Option<String> {
     Some(s.to_owned())
 }
 
-/// `--list` names all ten scenarios, one line each with a description;
+/// `--list` names all the scenarios, one line each with a description;
 /// `--list --json` lists the same.
 #[tokio::test]
 async fn lab_list_names_every_scenario() {
@@ -737,6 +739,172 @@ async fn lab_connect_proxy() {
     );
     assert_eq!(ran.counter(run, "proxy_forwarded"), 3);
     assert_eq!(ran.counter(run, "server_accepted"), 3);
+}
+
+/// A 302 chain across 127.0.0.1 to 127.0.0.5, run three times (the second
+/// pass of each relies on hyper-util having pooled every hop's connection):
+/// one request span per hop with its `server.address`, `resend_count` 0..4
+/// and `url.full`; in the first pass each hop triggered exactly one setup
+/// span for its own host, used by it, and the servers accepted one
+/// connection each; in the second pass every hop is an idle hit on the
+/// connection of the same host, and the servers accepted none and counted
+/// the request as the second on that connection.
+#[tokio::test]
+async fn lab_redirect_chain() {
+    for pass in 0..3 {
+        let ran = lab(&["redirect-chain"]).await;
+        let cold = "first run: every hop on a new connection";
+        let warm = "second run: the same chain again";
+        let first = ran.requests(cold);
+        let second = ran.requests(warm);
+        assert_eq!(first.len(), 5, "pass {pass}");
+        assert_eq!(second.len(), 5, "pass {pass}");
+        for k in 0..5 {
+            let host = format!("127.0.0.{}", k + 1);
+            let n = k + 1;
+            for r in [first[k], second[k]] {
+                assert_eq!(r.attr_str(semconv::SERVER_ADDRESS), Some(host.as_str()));
+                assert_eq!(
+                    r.attr_i64(semconv::HTTP_REQUEST_RESEND_COUNT),
+                    (k > 0).then_some(k as i64),
+                    "pass {pass} hop {n}"
+                );
+                let expected_status = if k < 4 { 302 } else { 200 };
+                assert_eq!(
+                    r.attr_i64(semconv::HTTP_RESPONSE_STATUS_CODE),
+                    Some(expected_status)
+                );
+            }
+            let setups = ran.setups_of(first[k]);
+            assert_eq!(setups.len(), 1, "pass {pass} hop {n}: one connect");
+            let setup = setups[0];
+            assert_eq!(setup.attr_str(semconv::SERVER_ADDRESS), Some(host.as_str()));
+            assert_eq!(
+                setup.attr_str(semconv::NETWORK_PEER_ADDRESS),
+                Some(host.as_str())
+            );
+            assert_eq!(
+                setup.attr_bool(semconv::HTTP_CONNECTION_USED_BY_TRIGGER),
+                Some(true)
+            );
+            assert_eq!(
+                setup.attr_str(semconv::HTTP_CONNECTION_SETUP_OUTCOME),
+                Some(semconv::SETUP_OUTCOME_USED)
+            );
+            assert_eq!(
+                first[k].attr_bool(semconv::HTTP_CONNECTION_REUSED),
+                Some(false)
+            );
+            assert_eq!(
+                first[k].attr_i64(semconv::HTTP_CONNECTION_ID),
+                setup.attr_i64(semconv::HTTP_CONNECTION_ID)
+            );
+            assert_eq!(ran.counter(cold, &format!("host_{n}_server_accepted")), 1);
+            assert!(ran.setups_of(second[k]).is_empty(), "pass {pass} hop {n}");
+            assert_eq!(
+                second[k].attr_bool(semconv::HTTP_CONNECTION_REUSED),
+                Some(true),
+                "pass {pass} hop {n}"
+            );
+            assert_eq!(
+                second[k].attr_str(semconv::HTTP_CONNECTION_MISS_REASON),
+                None,
+                "pass {pass} hop {n}"
+            );
+            assert_eq!(
+                second[k].attr_i64(semconv::HTTP_CONNECTION_ID),
+                first[k].attr_i64(semconv::HTTP_CONNECTION_ID)
+            );
+            assert_eq!(
+                second[k].attr_i64(semconv::HTTP_CONNECTION_REQUEST_COUNT),
+                Some(2)
+            );
+            assert_eq!(ran.counter(warm, &format!("host_{n}_server_accepted")), 0);
+            assert_eq!(
+                ran.counter(warm, &format!("host_{n}_server_connection_requests")),
+                2
+            );
+        }
+        assert_eq!(ran.counter(cold, "server_accepted"), 5);
+        assert_eq!(ran.counter(warm, "server_accepted"), 0);
+        assert_eq!(ran.json["reproduced"], true);
+    }
+}
+
+/// A proxy from `HTTPS_PROXY` (the scenario runs `conntrace probe`
+/// children with it set, exporting to its own receiver; its `--json` runs
+/// are those spans read back): the open tunnel's setup names the proxy the
+/// proxy's log says it answered 200 for, has a `proxy.connect` phase and
+/// no `dns_skipped = override`; a 407 refusal and a 502 refusal (the
+/// proxy's log shows one each) fail the request and the setup with the
+/// proxy's error.type, the `proxy.connect` phase carrying 407 for the first.
+#[tokio::test]
+async fn lab_env_proxy() {
+    let ran = lab(&["env-proxy"]).await;
+    let port = |key: &str| -> i64 {
+        let url: url::Url = ran.json["config"][key]
+            .as_str()
+            .expect("proxy")
+            .parse()
+            .expect("proxy URL");
+        i64::from(url.port().expect("port"))
+    };
+    let run = |name: &str| -> Value {
+        ran.json["runs"]
+            .as_array()
+            .and_then(|runs| runs.iter().find(|r| r["name"] == name))
+            .cloned()
+            .unwrap_or_else(|| panic!("no run {name:?}"))
+    };
+    let tunnel = run("HTTPS_PROXY, tunnel open");
+    assert_eq!(
+        ran.counter("HTTPS_PROXY, tunnel open", "proxy_connects_answered_200"),
+        1
+    );
+    assert_eq!(
+        ran.counter("HTTPS_PROXY, tunnel open", "server_accepted"),
+        1
+    );
+    assert_eq!(tunnel["requests"][0]["status"], 200);
+    let c = &tunnel["connections"][0];
+    assert_eq!(c["proxied"], true);
+    assert_eq!(c["proxy_address"], "127.0.0.1");
+    assert_eq!(c["proxy_port"], port("proxy"));
+    assert_eq!(c["peer_port"], port("proxy"));
+    assert_ne!(c["dns_skipped"], semconv::DNS_SKIPPED_OVERRIDE);
+    assert_eq!(c["proxy_connect"].as_array().map(Vec::len), Some(1));
+    assert_eq!(c["proxy_connect"][0]["error_type"], Value::Null);
+
+    for (name, counter, proxy, error_type, status) in [
+        (
+            "HTTPS_PROXY answering 407",
+            "proxy_connects_answered_407",
+            "refusing_proxy",
+            semconv::ERROR_TYPE_PROXY_AUTH_REQUIRED,
+            Value::from(407),
+        ),
+        (
+            "HTTPS_PROXY answering 502",
+            "proxy_connects_answered_502",
+            "proxy",
+            semconv::ERROR_TYPE_PROXY_CONNECT_REFUSED,
+            Value::Null,
+        ),
+    ] {
+        assert_eq!(ran.counter(name, counter), 1, "{name}");
+        let r = run(name);
+        assert_eq!(r["requests"][0]["error_type"], error_type, "{name}");
+        assert_eq!(r["requests"][0]["body_bytes"], Value::Null, "{name}");
+        let c = &r["connections"][0];
+        assert_eq!(c["error_type"], error_type, "{name}");
+        assert_eq!(c["proxied"], true, "{name}");
+        assert_eq!(c["proxy_port"], port(proxy), "{name}");
+        assert_eq!(c["failed_phase"], semconv::PROXY_CONNECT_SPAN, "{name}");
+        assert_eq!(c["proxy_connect"][0]["error_type"], error_type, "{name}");
+        assert_eq!(c["proxy_connect"][0]["status"], status, "{name}");
+        assert_eq!(c["tcp"]["error_type"], Value::Null, "{name}");
+    }
+    assert_eq!(ran.json["reproduced"], true);
 }
 
 /// DNS behind a saturated blocking pool: dns.lookup_began ~0.8 s after the
