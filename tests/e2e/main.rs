@@ -8,4 +8,5 @@ mod fanout;
 mod kernel;
 mod library;
 mod metrics;
+mod scale;
 mod support;

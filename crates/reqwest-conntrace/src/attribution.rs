@@ -35,6 +35,18 @@ pub(crate) fn attribute_response(
     span.set_attribute(semconv::NETWORK_PEER_PORT, i64::from(remote.port()));
     span.set_attribute(semconv::NETWORK_LOCAL_PORT, i64::from(local.port()));
     let Some(record) = inner.registry.get(local, remote) else {
+        // Every connection of an instrumented client went through the
+        // connector layer: one the registry lacks was refused at its cap.
+        span.set_attribute(
+            semconv::HTTP_CONNECTION_UNTRACKED,
+            semconv::UNTRACKED_CONNECTION_REGISTRY,
+        );
+        let mut attributes = state.host.attributes();
+        attributes.push(KeyValue::new(
+            semconv::HTTP_CONNECTION_UNTRACKED,
+            semconv::UNTRACKED_CONNECTION_REGISTRY,
+        ));
+        inner.metrics.untracked_requests.add(1, &attributes);
         state.finish(Fate::NoResponse);
         return None;
     };
