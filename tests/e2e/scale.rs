@@ -3,6 +3,7 @@
 //! deliberately small cap stops it.
 
 use std::collections::HashMap;
+use std::time::{Duration, Instant};
 
 use conntrace_lab::TestServer;
 use conntrace_lab::server::RequestRecord;
@@ -45,9 +46,8 @@ struct ServerThread {
 impl ServerThread {
     fn start() -> Self {
         let (ready, url) = std::sync::mpsc::channel();
-        let (stop, stopped) = tokio::sync::oneshot::channel::<
-            std::sync::mpsc::Sender<(u64, Vec<RequestRecord>)>,
-        >();
+        let (stop, stopped) =
+            tokio::sync::oneshot::channel::<std::sync::mpsc::Sender<(u64, Vec<RequestRecord>)>>();
         let thread = std::thread::spawn(move || {
             let rt = tokio::runtime::Builder::new_multi_thread()
                 .worker_threads(1)
@@ -83,7 +83,11 @@ impl ServerThread {
             .send(reply)
             .expect("server running");
         let result = answer.recv().expect("server records");
-        self.thread.take().expect("thread").join().expect("server thread");
+        self.thread
+            .take()
+            .expect("thread")
+            .join()
+            .expect("server thread");
         result
     }
 }
@@ -209,7 +213,10 @@ async fn a_full_registry_is_visible_and_the_requests_are_unaffected() {
             Some(200)
         );
     }
-    for span in spans.iter().filter(|s| !has(s, semconv::HTTP_CONNECTION_UNTRACKED)) {
+    for span in spans
+        .iter()
+        .filter(|s| !has(s, semconv::HTTP_CONNECTION_UNTRACKED))
+    {
         assert!(has(span, semconv::HTTP_CONNECTION_ID), "{span:#?}");
     }
 
@@ -227,10 +234,66 @@ async fn a_full_registry_is_visible_and_the_requests_are_unaffected() {
         .into_iter()
         .filter(|l| l.contains("WARN") && l.contains("registry"))
         .collect();
-    assert_eq!(warnings.len(), 1, "one line for the whole run: {warnings:?}");
+    assert_eq!(
+        warnings.len(),
+        1,
+        "one line for the whole run: {warnings:?}"
+    );
     assert!(
         warnings[0].contains("registry_capacity") && warnings[0].contains(&CAP.to_string()),
         "{}",
         warnings[0]
     );
+}
+
+/// Connections the server closed while idle are forgotten before the cap
+/// matters: once the registry is three quarters full, a sweep asks the
+/// kernel about idle connections, so the next wave is tracked in full.
+#[tokio::test]
+async fn a_sweep_forgets_connections_the_server_closed_so_later_ones_are_tracked() {
+    const CAP: usize = 8;
+    let t = telemetry();
+    let server = TestServer::builder()
+        .idle_timeout(Some(Duration::from_millis(100)))
+        .start()
+        .await
+        .expect("server");
+    let conntrace = t.conntrace_builder().registry_capacity(CAP).build();
+    let client = conntrace
+        .instrument_client(reqwest::Client::builder())
+        .build_with_middleware()
+        .expect("client");
+    // Six connections (below the sweep mark of 3/4 of 8 while they open).
+    wave(&client, &server.url("/gate/1/6"), 6).await;
+    assert_eq!(conntrace.known_connections(), 6);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while server.closed_connections() < 6 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(
+        server.closed_connections(),
+        6,
+        "the server closed them idle"
+    );
+    // One new connection: the registry is at the mark, so it sweeps; the
+    // kernel shows the six closed. (A pool miss alone checks one.)
+    wave(&client, &server.url("/"), 1).await;
+    while conntrace.known_connections() > 1 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(
+        conntrace.known_connections(),
+        1,
+        "the closed six are forgotten"
+    );
+    // A full wave up to the cap is tracked, every request.
+    wave(&client, &server.url(&format!("/gate/2/{CAP}")), CAP).await;
+    let held = format!("/gate/2/{CAP}");
+    let spans = t.requests();
+    let wave_spans = on_path(&spans, &held);
+    assert_eq!(wave_spans.len(), CAP);
+    for span in wave_spans {
+        assert!(!has(span, semconv::HTTP_CONNECTION_UNTRACKED), "{span:#?}");
+        assert!(has(span, semconv::HTTP_CONNECTION_ID), "{span:#?}");
+    }
 }

@@ -37,16 +37,7 @@ pub(crate) fn attribute_response(
     let Some(record) = inner.registry.get(local, remote) else {
         // Every connection of an instrumented client went through the
         // connector layer: one the registry lacks was refused at its cap.
-        span.set_attribute(
-            semconv::HTTP_CONNECTION_UNTRACKED,
-            semconv::UNTRACKED_CONNECTION_REGISTRY,
-        );
-        let mut attributes = state.host.attributes();
-        attributes.push(KeyValue::new(
-            semconv::HTTP_CONNECTION_UNTRACKED,
-            semconv::UNTRACKED_CONNECTION_REGISTRY,
-        ));
-        inner.metrics.untracked_requests.add(1, &attributes);
+        inner.note_untracked(span, &state.host, semconv::UNTRACKED_CONNECTION_REGISTRY);
         state.finish(Fate::NoResponse);
         return None;
     };
@@ -264,7 +255,9 @@ impl RequestEnd {
             crate::middleware::method_attribute(&method),
         ));
         inner.metrics.active_requests.add(1, &base_attributes);
-        inner.load.request_started(&state.host, state.started);
+        if !inner.load.request_started(&state.host, state.started) {
+            inner.note_untracked(&span, &state.host, semconv::UNTRACKED_POOL_ADVICE);
+        }
         Self {
             inner,
             state,

@@ -16,7 +16,7 @@ use crate::advice::PoolLoad;
 use crate::clock::Clock;
 use crate::kernel::{KernelLookup, KernelView};
 use crate::metrics::Metrics;
-use crate::pool::PoolHistory;
+use crate::pool::{HostKey, PoolHistory};
 use crate::registry::{ConnectionRecord, Registry};
 use crate::report::{DefaultOnRequestEnd, OnRequestEnd};
 use crate::semconv;
@@ -200,6 +200,17 @@ impl Inner {
         }
     }
 
+    /// Marks a request whose facts `table` could not hold: the
+    /// `http.connection.untracked` attribute and the
+    /// `http.client.requests.untracked` counter.
+    pub(crate) fn note_untracked(&self, span: &tracing::Span, host: &HostKey, table: &'static str) {
+        use tracing_opentelemetry::OpenTelemetrySpanExt;
+        span.set_attribute(semconv::HTTP_CONNECTION_UNTRACKED, table);
+        let mut attributes = host.attributes();
+        attributes.push(KeyValue::new(semconv::HTTP_CONNECTION_UNTRACKED, table));
+        self.metrics.untracked_requests.add(1, &attributes);
+    }
+
     /// Forgets connections that closed without the handle seeing it: idle
     /// past their client's idle timeout (hyper-util's pool dropped them) at
     /// once; the idle-longest others (at most
@@ -360,6 +371,7 @@ pub struct ConnTraceBuilder {
     tracer: TracerSource,
     meter: Option<Meter>,
     advice_interval: Duration,
+    advice_hosts: usize,
     capacity: usize,
     on_request_end: Box<dyn OnRequestEnd>,
 }
@@ -378,6 +390,7 @@ impl Default for ConnTraceBuilder {
             tracer: TracerSource::Global,
             meter: None,
             advice_interval: DEFAULT_POOL_ADVICE_INTERVAL,
+            advice_hosts: crate::advice::DEFAULT_POOL_ADVICE_HOSTS,
             capacity: DEFAULT_REGISTRY_CAPACITY,
             on_request_end: Box::new(DefaultOnRequestEnd),
         }
@@ -417,6 +430,20 @@ impl ConnTraceBuilder {
         self
     }
 
+    /// The most hosts whose load (requests in flight, peak, idle limit) the
+    /// pool advice tracks at once. A host is forgotten once it has had
+    /// nothing in flight for two advice intervals (its peaks have rolled
+    /// away). When every tracked host is still active, a new host is not
+    /// tracked: no advice and no `http.client.pool.*` gauges for it, its
+    /// requests carry `http.connection.untracked = pool_advice` and count in
+    /// `http.client.requests.untracked`, and one WARN line (target
+    /// `reqwest_conntrace`) names this setting. Default:
+    /// [`DEFAULT_POOL_ADVICE_HOSTS`](crate::DEFAULT_POOL_ADVICE_HOSTS) (1,024).
+    pub fn pool_advice_hosts(mut self, hosts: usize) -> Self {
+        self.advice_hosts = hosts;
+        self
+    }
+
     /// The most connections the handle tracks at once (a memory cap). A
     /// connection is tracked from its connect until its close is observed,
     /// so the registry holds what the instrumented clients hold; no tracked
@@ -450,7 +477,7 @@ impl ConnTraceBuilder {
             inner: Arc::new_cyclic(|weak| Inner {
                 registry: Registry::new(self.capacity),
                 pools: PoolHistory::default(),
-                load: PoolLoad::new(self.advice_interval),
+                load: PoolLoad::new(self.advice_interval, self.advice_hosts),
                 metrics: Metrics::new(&meter, weak.clone()),
                 kernel: KernelView::new(),
                 registry_full_logged: AtomicBool::new(false),

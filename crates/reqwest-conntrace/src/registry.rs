@@ -392,7 +392,9 @@ mod tests {
         let t0 = Instant::now();
         for port in 1..=5 {
             let (l, r) = pair(port);
-            registry.insert(l, r, record(u64::from(port))).expect("room");
+            registry
+                .insert(l, r, record(u64::from(port)))
+                .expect("room");
         }
         assert!(!registry.sweep_due(t0), "5 of 8: not yet");
         let (l, r) = pair(6);

@@ -161,7 +161,7 @@ pub const HTTP_CONNECTION_MISS_REASON: &str = "http.connection.miss_reason";
 /// `http.connection.untracked` (string, request span): present when a
 /// bounded table of the handle was full, so this request's pool facts are
 /// missing; the value names the table and so the setting to raise:
-/// [`UNTRACKED_CONNECTION_REGISTRY`]. Such requests also count in
+/// [`UNTRACKED_CONNECTION_REGISTRY`], [`UNTRACKED_POOL_ADVICE`]. Such requests also count in
 /// [`HTTP_CLIENT_REQUESTS_UNTRACKED`], and the first time a table is full one
 /// WARN line (target `reqwest_conntrace`) names the setting.
 pub const HTTP_CONNECTION_UNTRACKED: &str = "http.connection.untracked";
@@ -409,6 +409,14 @@ pub const MISS_REASON_NEW_CLIENT: &str = "new_client";
 /// The request span then has no `http.connection.id`, `reused`,
 /// `request_count`, `wait_time` or `miss_reason`.
 pub const UNTRACKED_CONNECTION_REGISTRY: &str = "connection_registry";
+/// [`HTTP_CONNECTION_UNTRACKED`]: the request's host is not in the pool
+/// advice's per-host load table: it was full of hosts active in the last two
+/// advice intervals
+/// ([`ConnTraceBuilder::pool_advice_hosts`](crate::ConnTraceBuilder::pool_advice_hosts)).
+/// No pool advice and no `http.client.pool.*` gauges for the host; the
+/// pool attributes are unaffected. A request untracked in both tables
+/// carries [`UNTRACKED_CONNECTION_REGISTRY`] (it counts under both values).
+pub const UNTRACKED_POOL_ADVICE: &str = "pool_advice";
 
 /// [`HTTP_CONNECTION_ADDRESS_OUTCOME`]: the address's share of the connect timeout elapsed.
 pub const ADDRESS_OUTCOME_TIMED_OUT: &str = "timed_out";
