@@ -35,11 +35,14 @@ fn ensure_fd_limit(needed: u64) {
     setrlimit(Resource::Nofile, raised).expect("raise the open-files limit");
 }
 
+/// How the server thread hands back its connection count and requests.
+type Reply = std::sync::mpsc::Sender<(u64, Vec<RequestRecord>)>;
+
 /// A lab server on its own runtime thread (its accept loop keeps up while
 /// the test's thread opens thousands of connections at once).
 struct ServerThread {
     url: String,
-    stop: Option<tokio::sync::oneshot::Sender<std::sync::mpsc::Sender<(u64, Vec<RequestRecord>)>>>,
+    stop: Option<tokio::sync::oneshot::Sender<Reply>>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
@@ -263,20 +266,25 @@ async fn a_sweep_forgets_connections_the_server_closed_so_later_ones_are_tracked
         .instrument_client(reqwest::Client::builder())
         .build_with_middleware()
         .expect("client");
-    // Six connections (below the sweep mark of 3/4 of 8 while they open).
-    wave(&client, &server.url("/gate/1/6"), 6).await;
-    assert_eq!(conntrace.known_connections(), 6);
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while server.closed_connections() < 6 && Instant::now() < deadline {
+    // Seven connections: the seventh reaches the sweep mark (3/4 of 8), whose
+    // sweep finds them all open.
+    wave(&client, &server.url("/gate/1/7"), 7).await;
+    let opened = Instant::now();
+    assert_eq!(conntrace.known_connections(), 7);
+    let deadline = opened + Duration::from_secs(10);
+    while server.closed_connections() < 7 && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     assert_eq!(
         server.closed_connections(),
-        6,
+        7,
         "the server closed them idle"
     );
-    // One new connection: the registry is at the mark, so it sweeps; the
-    // kernel shows the six closed. (A pool miss alone checks one.)
+    // Sweeps run at most once a second.
+    tokio::time::sleep_until((opened + Duration::from_millis(1100)).into()).await;
+    // A new connection: the pool miss asks the kernel about the one
+    // connection hyper-util would have handed out; the registry is still at
+    // the mark, so it sweeps and the kernel shows the other six closed too.
     wave(&client, &server.url("/"), 1).await;
     while conntrace.known_connections() > 1 && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(10)).await;
@@ -284,7 +292,7 @@ async fn a_sweep_forgets_connections_the_server_closed_so_later_ones_are_tracked
     assert_eq!(
         conntrace.known_connections(),
         1,
-        "the closed six are forgotten"
+        "the closed seven are forgotten"
     );
     // A full wave up to the cap is tracked, every request.
     wave(&client, &server.url(&format!("/gate/2/{CAP}")), CAP).await;
@@ -296,4 +304,58 @@ async fn a_sweep_forgets_connections_the_server_closed_so_later_ones_are_tracked
         assert!(!has(span, semconv::HTTP_CONNECTION_UNTRACKED), "{span:#?}");
         assert!(has(span, semconv::HTTP_CONNECTION_ID), "{span:#?}");
     }
+}
+
+/// The pool advice's per-host table at a cap of one host: a second host
+/// active at the same time is untracked there (attribute, counter, one
+/// WARN line naming `pool_advice_hosts`); its pool attributes and the
+/// request itself are unaffected.
+#[tokio::test]
+async fn a_full_pool_advice_table_is_visible_and_pool_attributes_stay() {
+    let logs = Logs::default();
+    let t = telemetry_logging_to(Some(logs.clone()));
+    let server = TestServer::start_plain().await.expect("server");
+    let client = t
+        .conntrace_builder()
+        .pool_advice_hosts(1)
+        .build()
+        .instrument_client(reqwest::Client::builder().resolve("second.test", server.addr()))
+        .build_with_middleware()
+        .expect("client");
+    let first = server.url("/gate/hosts/2");
+    let second = format!("http://second.test:{}/gate/hosts/2", server.addr().port());
+    // Both in flight at once (the server holds each until both are in).
+    let (a, b) = tokio::join!(client.get(&first).send(), client.get(&second).send());
+    for response in [a, b] {
+        let response = response.expect("request");
+        assert_eq!(response.status(), 200);
+        assert_eq!(response.bytes().await.expect("body").as_ref(), b"ok");
+    }
+    let spans = t.requests();
+    assert_eq!(spans.len(), 2);
+    let untracked: Vec<&SpanData> = spans
+        .iter()
+        .filter(|s| has(s, semconv::HTTP_CONNECTION_UNTRACKED))
+        .collect();
+    assert_eq!(untracked.len(), 1, "{spans:#?}");
+    assert_eq!(
+        str_attr(untracked[0], semconv::HTTP_CONNECTION_UNTRACKED).as_deref(),
+        Some(semconv::UNTRACKED_POOL_ADVICE)
+    );
+    for span in &spans {
+        assert!(has(span, semconv::HTTP_CONNECTION_ID), "{span:#?}");
+    }
+    let points = t.metric(semconv::HTTP_CLIENT_REQUESTS_UNTRACKED);
+    assert_eq!(points.len(), 1, "{points:?}");
+    assert_eq!(points[0].value, 1.0);
+    assert_eq!(
+        points[0].get(semconv::HTTP_CONNECTION_UNTRACKED),
+        Some(semconv::UNTRACKED_POOL_ADVICE)
+    );
+    let warnings: Vec<String> = logs
+        .lines()
+        .into_iter()
+        .filter(|l| l.contains("WARN") && l.contains("pool_advice_hosts"))
+        .collect();
+    assert_eq!(warnings.len(), 1, "{:?}", logs.lines());
 }
