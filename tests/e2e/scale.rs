@@ -226,6 +226,23 @@ async fn a_full_registry_is_visible_and_the_requests_are_unaffected() {
     let points = t.metric(semconv::HTTP_CLIENT_REQUESTS_UNTRACKED);
     assert_eq!(points.len(), 1, "{points:?}");
     assert_eq!(points[0].value, (2 * (HELD - CAP)) as f64);
+    assert_eq!(points[0].unit, "{request}");
+    assert_eq!(points[0].kind, crate::contract::Kind::Counter);
+    let mut keys: Vec<&str> = points[0]
+        .attributes
+        .iter()
+        .map(|(k, _)| k.as_str())
+        .collect();
+    keys.sort_unstable();
+    assert_eq!(
+        keys,
+        [
+            semconv::HTTP_CONNECTION_UNTRACKED,
+            semconv::SERVER_ADDRESS,
+            semconv::SERVER_PORT,
+            semconv::URL_SCHEME
+        ]
+    );
     assert_eq!(
         points[0].get(semconv::HTTP_CONNECTION_UNTRACKED),
         Some(semconv::UNTRACKED_CONNECTION_REGISTRY)
