@@ -30,8 +30,8 @@ static NEXT_REQUEST_ID: AtomicU64 = AtomicU64::new(1);
 ///
 /// The registry keeps every connection until its close is observed, so it
 /// holds what the instrumented clients hold; this is only a safety cap on
-/// its memory (a few hundred bytes per connection, `benches/scale.rs`
-/// measures it). Past it, new connections are untracked (see
+/// its memory (`benches/scale.rs` measures the instrumentation's memory per
+/// connection). Past it, new connections are untracked (see
 /// [`ConnTraceBuilder::registry_capacity`]). 65,536: above the ~28,000
 /// ephemeral ports Linux gives one destination (`ip_local_port_range`
 /// 32768-60999) and the default file-descriptor limits, so a client reaches
