@@ -19,12 +19,20 @@
 //! Each mode runs in its own client process and the server in a third
 //! (`current_exe` re-run with `CONNTRACE_SCALE_ROLE`), so CPU and memory
 //! are the client's alone and one mode's allocations never flatter the
-//! other's. The client runtime has two worker threads; shared locks show
-//! as CPU per request that grows with concurrency faster than plain
-//! reqwest's. For where the time goes, profile one mode:
+//! other's. The client runtime has two worker threads.
+//!
+//! Time in the library's shared locks (registry shards, pool history, pool
+//! load, the kernel lookup queue) is read from a profile of one client
+//! process (Debian `linux-perf`; the release build has no frame pointers,
+//! hence DWARF call graphs): start a server with
+//! `CONNTRACE_SCALE_ROLE=server <bench binary>` (it prints its URL and
+//! serves until its stdin closes), then
 //! `CONNTRACE_SCALE_ROLE=client CONNTRACE_SCALE_MODE=instrumented
-//! CONNTRACE_SCALE_URL=<url> perf record -g <bench binary>` against a
-//! server started with `CONNTRACE_SCALE_ROLE=server <bench binary>`.
+//! CONNTRACE_SCALE_URL=<url> perf record -F 300 --call-graph dwarf,16384
+//! <bench binary>` and
+//! `perf report --no-children -G --symbols='<std::sys::sync::mutex::futex::Mutex>::lock_contended'`
+//! for who waited on a lock (uncontended locks cost only their atomic
+//! operations, inside the callers' own samples).
 //!
 //! Run: `cargo bench -p reqwest-conntrace --features otlp --bench scale`.
 //! Needs about 10,000 open files per process: it raises its soft limit up
