@@ -36,7 +36,8 @@ pub(crate) fn attribute_response(
     span.set_attribute(semconv::NETWORK_LOCAL_PORT, i64::from(local.port()));
     let Some(record) = inner.registry.get(local, remote) else {
         // Every connection of an instrumented client went through the
-        // connector layer: one the registry lacks was refused at its cap.
+        // connector layer: one the registry lacks was refused at its cap
+        // (or forgotten after an inferred close).
         inner.note_untracked(span, &state.host, semconv::UNTRACKED_CONNECTION_REGISTRY);
         state.finish(Fate::NoResponse);
         return None;

@@ -405,7 +405,10 @@ pub const MISS_REASON_NEW_CLIENT: &str = "new_client";
 /// [`HTTP_CONNECTION_UNTRACKED`]: the serving connection is not in the
 /// handle's connection registry: it was made while the registry held
 /// `registry_capacity` open connections
-/// ([`ConnTraceBuilder::registry_capacity`](crate::ConnTraceBuilder::registry_capacity)).
+/// ([`ConnTraceBuilder::registry_capacity`](crate::ConnTraceBuilder::registry_capacity);
+/// the registry-full WARN line says so), or, without that line, it was
+/// forgotten after a close was inferred for it (a request that failed with
+/// `connection_reset` names the connection it most likely went out on).
 /// The request span then has no `http.connection.id`, `reused`,
 /// `request_count`, `wait_time` or `miss_reason`.
 pub const UNTRACKED_CONNECTION_REGISTRY: &str = "connection_registry";
