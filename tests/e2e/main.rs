@@ -9,5 +9,6 @@ mod fanout;
 mod kernel;
 mod library;
 mod metrics;
+mod scale;
 mod secrets;
 mod support;

@@ -46,11 +46,48 @@ impl Point {
 /// Installs a thread-local subscriber exporting into memory. Tests run on a
 /// current-thread runtime so every poll sees it.
 pub(crate) fn telemetry() -> Telemetry {
+    telemetry_logging_to(None)
+}
+
+/// Log lines (`tracing` events, fmt format, no colours) a test captured.
+#[derive(Clone, Default)]
+pub(crate) struct Logs(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl Logs {
+    /// Every line captured so far.
+    pub(crate) fn lines(&self) -> Vec<String> {
+        let bytes = self.0.lock().expect("log lock").clone();
+        String::from_utf8_lossy(&bytes)
+            .lines()
+            .map(str::to_owned)
+            .collect()
+    }
+}
+
+impl std::io::Write for Logs {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().expect("log lock").extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// As [`telemetry`], also writing the thread's log lines into `logs`.
+pub(crate) fn telemetry_logging_to(logs: Option<Logs>) -> Telemetry {
     let exporter = InMemorySpanExporter::default();
     let provider = SdkTracerProvider::builder()
         .with_simple_exporter(exporter.clone())
         .build();
-    let subscriber = tracing_subscriber::registry().with(otlp::tracing_layer(&provider));
+    let log_layer = logs.map(|logs| {
+        tracing_subscriber::fmt::layer()
+            .with_ansi(false)
+            .with_writer(move || logs.clone())
+    });
+    let subscriber = tracing_subscriber::registry()
+        .with(otlp::tracing_layer(&provider))
+        .with(log_layer);
     let guard = tracing::subscriber::set_default(subscriber);
     let metric_exporter = InMemoryMetricExporter::default();
     let meter_provider = SdkMeterProvider::builder()
@@ -68,10 +105,14 @@ pub(crate) fn telemetry() -> Telemetry {
 impl Telemetry {
     /// A handle recording connection spans into this provider.
     pub(crate) fn conntrace(&self) -> ConnTrace {
+        self.conntrace_builder().build()
+    }
+
+    /// A handle builder recording into this test's providers.
+    pub(crate) fn conntrace_builder(&self) -> reqwest_conntrace::ConnTraceBuilder {
         ConnTrace::builder()
             .tracer_provider(&self.provider)
             .meter_provider(&self.meter_provider)
-            .build()
     }
 
     /// Collects metrics now and returns the points of the metric `name`

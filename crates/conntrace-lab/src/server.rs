@@ -4,8 +4,11 @@
 //! Routes (any method): `/delay/<ms>` answers after `<ms>` extra
 //! milliseconds, `/bytes/<n>` answers with `n` bytes, `/redirect/<host:port>/<path>`
 //! answers `302` with `Location: <scheme>://<host:port>/<path>` (the
-//! server's own scheme) and an empty body, everything else answers
-//! with the configured body (default `ok`). Request bodies are read fully.
+//! server's own scheme) and an empty body, `/gate/<name>/<n>`
+//! holds each response until `n` requests to that same path have arrived
+//! (a wave whose requests are all in flight at once; `n` at most
+//! 100,000), everything else answers with the configured body (default
+//! `ok`). Request bodies are read fully.
 //! Every response carries [`HEADER_CONNECTION_ID`], [`HEADER_REQUEST_INDEX`]
 //! and [`HEADER_REMOTE_PORT`] so a client can compare its view with the
 //! server's.
@@ -351,9 +354,22 @@ pub(crate) struct Shared {
     closed: AtomicU64,
     requests: Mutex<Vec<RequestRecord>>,
     connections: Mutex<Vec<ConnectionRecord>>,
+    /// `/gate/...` barriers by path.
+    gates: Mutex<std::collections::HashMap<String, Arc<tokio::sync::Barrier>>>,
 }
 
 impl Shared {
+    /// The barrier of the gate path `path`, holding `n` requests.
+    pub(crate) fn gate(&self, path: &str, n: usize) -> Option<Arc<tokio::sync::Barrier>> {
+        let mut gates = self.gates.lock().ok()?;
+        Some(
+            gates
+                .entry(path.to_owned())
+                .or_insert_with(|| Arc::new(tokio::sync::Barrier::new(n)))
+                .clone(),
+        )
+    }
+
     pub(crate) fn record_request(&self, record: RequestRecord) {
         if let Ok(mut requests) = self.requests.lock() {
             requests.push(record);

@@ -24,13 +24,16 @@
 //! would have returned at that moment.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use crate::pool::HostKey;
+use crate::semconv;
 
-/// Hosts tracked per handle; when full, the one idle the longest is dropped.
-const MAX_HOSTS: usize = 1024;
+/// Default cap on the hosts whose load one handle tracks at once: 1,024
+/// (`ConnTraceBuilder::pool_advice_hosts`).
+pub const DEFAULT_POOL_ADVICE_HOSTS: usize = 1024;
 
 /// Requests in flight to one host, over the current advice interval.
 #[derive(Debug, Clone)]
@@ -120,19 +123,33 @@ pub(crate) struct HostGauges {
     pub(crate) idle_limit: Option<usize>,
 }
 
-/// Per-host load of one handle.
+/// Per-host load of one handle. Bounded: a host is forgotten only once its
+/// load says nothing any more (nothing in flight, not seen for two advice
+/// intervals, so both peaks the gauges report have rolled away); when the
+/// cap is reached with every host still informative, a new host is not
+/// tracked (its requests say so) and one warning names the setting.
 #[derive(Debug)]
 pub(crate) struct PoolLoad {
     hosts: Mutex<HashMap<HostKey, HostLoad>>,
     interval: Duration,
+    max_hosts: usize,
+    /// The cap was reached and logged.
+    full_logged: AtomicBool,
 }
 
 impl PoolLoad {
-    pub(crate) fn new(interval: Duration) -> Self {
+    pub(crate) fn new(interval: Duration, max_hosts: usize) -> Self {
         Self {
             hosts: Mutex::new(HashMap::new()),
             interval: interval.max(Duration::from_millis(1)),
+            max_hosts: max_hosts.max(1),
+            full_logged: AtomicBool::new(false),
         }
+    }
+
+    /// Whether `load` no longer tells anything at `now`.
+    fn is_stale(&self, load: &HostLoad, now: Instant) -> bool {
+        load.in_flight == 0 && now.saturating_duration_since(load.last_seen) >= 2 * self.interval
     }
 
     fn hosts(&self) -> MutexGuard<'_, HashMap<HostKey, HostLoad>> {
@@ -152,23 +169,42 @@ impl PoolLoad {
         closed
     }
 
-    /// A request to `host` started.
-    pub(crate) fn request_started(&self, host: &HostKey, now: Instant) {
-        let closed = self.request_started_locked(host, now);
+    /// A request to `host` started. `false` when the host is not tracked
+    /// (the table is full of hosts whose load still counts).
+    pub(crate) fn request_started(&self, host: &HostKey, now: Instant) -> bool {
+        let (tracked, closed) = self.request_started_locked(host, now);
         log(closed);
+        tracked
     }
 
-    fn request_started_locked(&self, host: &HostKey, now: Instant) -> Option<PoolAdvice> {
+    fn request_started_locked(
+        &self,
+        host: &HostKey,
+        now: Instant,
+    ) -> (bool, Option<PoolAdvice>) {
         let mut hosts = self.hosts();
-        if !hosts.contains_key(host)
-            && hosts.len() >= MAX_HOSTS
-            && let Some(oldest) = hosts
+        if !hosts.contains_key(host) && hosts.len() >= self.max_hosts {
+            let stale = hosts
                 .iter()
-                .filter(|(_, l)| l.in_flight == 0)
-                .min_by_key(|(_, l)| l.last_seen)
-                .map(|(k, _)| k.clone())
-        {
-            hosts.remove(&oldest);
+                .find(|(_, l)| self.is_stale(l, now))
+                .map(|(k, _)| k.clone());
+            match stale {
+                Some(stale) => {
+                    hosts.remove(&stale);
+                }
+                None => {
+                    if !self.full_logged.swap(true, Ordering::Relaxed) {
+                        tracing::warn!(
+                            target: "reqwest_conntrace",
+                            "pool advice tracks {} hosts, all active in the last two advice intervals; requests to further hosts are untracked ({}={}); raise ConnTraceBuilder::pool_advice_hosts",
+                            self.max_hosts,
+                            semconv::HTTP_CONNECTION_UNTRACKED,
+                            semconv::UNTRACKED_POOL_ADVICE,
+                        );
+                    }
+                    return (false, None);
+                }
+            }
         }
         // Cloning the key only for a host not seen yet.
         if !hosts.contains_key(host) {
@@ -184,12 +220,14 @@ impl PoolLoad {
                 },
             );
         }
-        let load = hosts.get_mut(host)?;
+        let Some(load) = hosts.get_mut(host) else {
+            return (false, None);
+        };
         let closed = self.roll(host, load, now);
         load.in_flight += 1;
         load.peak = load.peak.max(load.in_flight);
         load.last_seen = now;
-        closed
+        (true, closed)
     }
 
     /// A request to `host` ended.
@@ -290,7 +328,7 @@ mod tests {
 
     #[test]
     fn advice_needs_forced_misses_above_the_limit_and_every_report_agrees() {
-        let load = PoolLoad::new(Duration::from_secs(60));
+        let load = PoolLoad::new(Duration::from_secs(60), DEFAULT_POOL_ADVICE_HOSTS);
         let t0 = Instant::now();
         let b = HostKey {
             scheme: "https".to_owned(),
@@ -298,7 +336,7 @@ mod tests {
             port: 443,
         };
         for _ in 0..5 {
-            load.request_started(&b, t0);
+            assert!(load.request_started(&b, t0));
         }
         // No pooling on purpose, a hit, or a limit at or above the peak: no advice.
         assert_eq!(load.on_response(&b, Some(0), true, t0), None);
@@ -331,7 +369,7 @@ mod tests {
 
     #[test]
     fn the_logged_line_is_the_closed_intervals_advice_as_pool_advice_gave_it() {
-        let load = PoolLoad::new(Duration::from_secs(10));
+        let load = PoolLoad::new(Duration::from_secs(10), DEFAULT_POOL_ADVICE_HOSTS);
         let t0 = Instant::now();
         let b = HostKey {
             scheme: "http".to_owned(),
@@ -355,5 +393,43 @@ mod tests {
         let closed = closed.expect("advised");
         assert_eq!((closed.peak_in_flight, closed.misses_per_second), (4, 2.0));
         assert!(closed.to_string().contains("misses per second 2.00"));
+    }
+}
+
+#[cfg(test)]
+mod bound_tests {
+    use super::*;
+
+    fn host(name: &str) -> HostKey {
+        HostKey {
+            scheme: "http".to_owned(),
+            host: name.to_owned(),
+            port: 80,
+        }
+    }
+
+    #[test]
+    fn a_full_table_forgets_only_stale_hosts_and_otherwise_leaves_new_ones_untracked() {
+        let interval = Duration::from_secs(60);
+        let load = PoolLoad::new(interval, 2);
+        let t0 = Instant::now();
+        assert!(load.request_started(&host("a"), t0));
+        assert!(load.request_started(&host("b"), t0));
+        load.request_ended(&host("a"));
+        // `a` is idle but its peak still counts this interval and the next.
+        assert!(!load.request_started(&host("c"), t0 + interval));
+        assert_eq!(load.gauges(t0 + interval).len(), 2);
+        // Two intervals on, `a` says nothing any more; `b` is still in flight.
+        let later = t0 + 2 * interval;
+        assert!(load.request_started(&host("c"), later));
+        let mut hosts: Vec<String> = load
+            .gauges(later)
+            .into_iter()
+            .map(|g| g.server_address)
+            .collect();
+        hosts.sort();
+        assert_eq!(hosts, ["b", "c"]);
+        // A tracked host keeps being tracked at the cap.
+        assert!(load.request_started(&host("b"), later));
     }
 }

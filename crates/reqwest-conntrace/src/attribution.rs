@@ -35,6 +35,10 @@ pub(crate) fn attribute_response(
     span.set_attribute(semconv::NETWORK_PEER_PORT, i64::from(remote.port()));
     span.set_attribute(semconv::NETWORK_LOCAL_PORT, i64::from(local.port()));
     let Some(record) = inner.registry.get(local, remote) else {
+        // Every connection of an instrumented client went through the
+        // connector layer: one the registry lacks was refused at its cap
+        // (or forgotten after an inferred close).
+        inner.note_untracked(span, &state.host, semconv::UNTRACKED_CONNECTION_REGISTRY);
         state.finish(Fate::NoResponse);
         return None;
     };
@@ -243,7 +247,9 @@ impl RequestEnd {
             crate::middleware::method_attribute(&method),
         ));
         inner.metrics.active_requests.add(1, &base_attributes);
-        inner.load.request_started(&state.host, state.started);
+        if !inner.load.request_started(&state.host, state.started) {
+            inner.note_untracked(&span, &state.host, semconv::UNTRACKED_POOL_ADVICE);
+        }
         Self {
             inner,
             state,

@@ -381,7 +381,7 @@ fn on_connected<T: Connection>(
         attempt.miss.clone(),
     ));
     if let (Some(local), Some(remote)) = (established.local, established.remote) {
-        inner.registry.insert(local, remote, record.clone());
+        inner.register(local, remote, record.clone(), now);
     }
     if let Some(host) = host {
         inner.pools.record_connection(host, record.clone());

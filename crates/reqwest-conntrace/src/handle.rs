@@ -1,8 +1,9 @@
 //! The [`ConnTrace`] handle: registry, tracer and settings shared by the
 //! connector layer, the resolver wrapper, the TLS hooks and the middleware.
 
+use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use std::time::{Duration, Instant};
 
@@ -15,7 +16,7 @@ use crate::advice::PoolLoad;
 use crate::clock::Clock;
 use crate::kernel::{KernelLookup, KernelView};
 use crate::metrics::Metrics;
-use crate::pool::PoolHistory;
+use crate::pool::{HostKey, PoolHistory};
 use crate::redact::UrlRedaction;
 use crate::registry::{ConnectionRecord, Registry};
 use crate::report::{DefaultOnRequestEnd, OnRequestEnd};
@@ -26,8 +27,17 @@ static NEXT_CONNECTION_ID: AtomicU64 = AtomicU64::new(1);
 /// Process-wide request ids (internal: match a connect to its trigger).
 static NEXT_REQUEST_ID: AtomicU64 = AtomicU64::new(1);
 
-/// Default number of connections the registry remembers.
-pub const DEFAULT_REGISTRY_CAPACITY: usize = 4096;
+/// Default cap on the connections one handle tracks at once: 65,536.
+///
+/// The registry keeps every connection until its close is observed, so it
+/// holds what the instrumented clients hold; this is only a safety cap on
+/// its memory (`benches/scale.rs` measures the instrumentation's memory per
+/// connection). Past it, new connections are untracked (see
+/// [`ConnTraceBuilder::registry_capacity`]). 65,536: above the ~28,000
+/// ephemeral ports Linux gives one destination (`ip_local_port_range`
+/// 32768-60999) and the default file-descriptor limits, so a client reaches
+/// it only with many destinations and a raised `ulimit -n`.
+pub const DEFAULT_REGISTRY_CAPACITY: usize = 65_536;
 
 /// Default interval over which the pool advice tracks each host's peak
 /// in-flight requests, and at most how often it logs per host: 60 s.
@@ -80,6 +90,8 @@ pub(crate) struct Inner {
     pub(crate) metrics: Metrics,
     /// The kernel's view of sockets (sock_diag), one thread per handle.
     pub(crate) kernel: KernelView,
+    /// The registry-full warning was logged.
+    registry_full_logged: AtomicBool,
     /// Attribute sets `http.client.open_connections` has reported, so a
     /// set whose connections all closed reports 0 instead of vanishing.
     open_sets: std::sync::Mutex<Vec<Vec<KeyValue>>>,
@@ -159,6 +171,93 @@ impl Inner {
         }
     }
 
+    /// Tracks a new connection in the registry. From three quarters full on
+    /// it first sweeps for connections that closed unnoticed; at the cap the
+    /// connection stays untracked (its requests carry
+    /// `http.connection.untracked`), with one warning per handle naming the
+    /// setting to raise.
+    pub(crate) fn register(
+        self: &Arc<Self>,
+        local: SocketAddr,
+        remote: SocketAddr,
+        record: Arc<ConnectionRecord>,
+        now: Instant,
+    ) {
+        if self.registry.sweep_due(now) {
+            // Off the request path: the connect that called this is some
+            // request's poll.
+            let inner = Arc::clone(self);
+            match tokio::runtime::Handle::try_current() {
+                Ok(runtime) => drop(runtime.spawn_blocking(move || inner.sweep(now))),
+                Err(_) => inner.sweep(now),
+            }
+        }
+        if let Err(full) = self.registry.insert(local, remote, record)
+            && !self.registry_full_logged.swap(true, Ordering::Relaxed)
+        {
+            tracing::warn!(
+                target: "reqwest_conntrace",
+                "connection registry full: {} open connections tracked; requests on newer connections are untracked ({}={}); raise ConnTraceBuilder::registry_capacity",
+                full.capacity,
+                semconv::HTTP_CONNECTION_UNTRACKED,
+                semconv::UNTRACKED_CONNECTION_REGISTRY,
+            );
+        }
+    }
+
+    /// Marks a request whose facts `table` could not hold: the
+    /// `http.connection.untracked` attribute and the
+    /// `http.client.requests.untracked` counter.
+    pub(crate) fn note_untracked(&self, span: &tracing::Span, host: &HostKey, table: &'static str) {
+        use tracing_opentelemetry::OpenTelemetrySpanExt;
+        span.set_attribute(semconv::HTTP_CONNECTION_UNTRACKED, table);
+        let mut attributes = host.attributes();
+        attributes.push(KeyValue::new(semconv::HTTP_CONNECTION_UNTRACKED, table));
+        self.metrics.untracked_requests.add(1, &attributes);
+    }
+
+    /// Forgets connections that closed without the handle seeing it: idle
+    /// past their client's idle timeout (hyper-util's pool dropped them) at
+    /// once; the idle-longest others (at most
+    /// [`SWEEP_KERNEL_CHECKS`](crate::registry::SWEEP_KERNEL_CHECKS)) when
+    /// the kernel shows their socket closed. Never one in use.
+    fn sweep(self: &Arc<Self>, now: Instant) {
+        let mut idle: Vec<Arc<ConnectionRecord>> = Vec::new();
+        for record in self.registry.snapshot() {
+            if record.is_closed() || record.in_use() > 0 {
+                continue;
+            }
+            if let Some(t) = record.client.idle_timeout
+                && now.saturating_duration_since(record.last_activity()) >= t
+            {
+                self.connection_closed(&record, record.last_activity() + t);
+            } else {
+                idle.push(record);
+            }
+        }
+        let checks = crate::registry::SWEEP_KERNEL_CHECKS;
+        if idle.len() > checks {
+            idle.select_nth_unstable_by_key(checks, |r| r.last_activity());
+            idle.truncate(checks);
+        }
+        for record in idle {
+            self.check_with_kernel(record);
+        }
+    }
+
+    /// Asks the kernel about `record`'s socket; the answer applies when it
+    /// arrives (see [`apply_kernel_view`](Self::apply_kernel_view)).
+    fn check_with_kernel(self: &Arc<Self>, record: Arc<ConnectionRecord>) {
+        if let (Some(l), Some(r)) = (record.setup.local_addr, record.setup.peer_addr) {
+            let weak = Arc::downgrade(self);
+            self.kernel.lookup_then(l, r, move |lookup| {
+                if let Some(inner) = weak.upgrade() {
+                    inner.apply_kernel_view(&record, &lookup);
+                }
+            });
+        }
+    }
+
     /// Open connections by attribute set, for `http.client.open_connections`.
     /// Connections idle past their client's idle timeout are closed here
     /// (hyper-util's pool drops them then); every other one is checked with
@@ -176,15 +275,7 @@ impl Inner {
                 self.connection_closed(&record, record.last_activity() + t);
                 continue;
             }
-            if let (Some(l), Some(r)) = (record.setup.local_addr, record.setup.peer_addr) {
-                let weak = Arc::downgrade(self);
-                let checked = record.clone();
-                self.kernel.lookup_then(l, r, move |lookup| {
-                    if let Some(inner) = weak.upgrade() {
-                        inner.apply_kernel_view(&checked, &lookup);
-                    }
-                });
-            }
+            self.check_with_kernel(record.clone());
             if record.is_over_idle_limit() {
                 continue;
             }
@@ -297,6 +388,7 @@ pub struct ConnTraceBuilder {
     tracer: TracerSource,
     meter: Option<Meter>,
     advice_interval: Duration,
+    advice_hosts: usize,
     capacity: usize,
     on_request_end: Box<dyn OnRequestEnd>,
     redaction: UrlRedaction,
@@ -316,6 +408,7 @@ impl Default for ConnTraceBuilder {
             tracer: TracerSource::Global,
             meter: None,
             advice_interval: DEFAULT_POOL_ADVICE_INTERVAL,
+            advice_hosts: crate::advice::DEFAULT_POOL_ADVICE_HOSTS,
             capacity: DEFAULT_REGISTRY_CAPACITY,
             on_request_end: Box::new(DefaultOnRequestEnd),
             redaction: UrlRedaction::default(),
@@ -356,8 +449,32 @@ impl ConnTraceBuilder {
         self
     }
 
-    /// How many connections the registry remembers at most; when full, the
-    /// one idle the longest is forgotten. Default: [`DEFAULT_REGISTRY_CAPACITY`] (4096).
+    /// The most hosts whose load (requests in flight, peak, idle limit) the
+    /// pool advice tracks at once. A host is forgotten once it has had
+    /// nothing in flight for two advice intervals (its peaks have rolled
+    /// away). When every tracked host is still active, a new host is not
+    /// tracked: no advice and no `http.client.pool.*` gauges for it, its
+    /// requests carry `http.connection.untracked = pool_advice` and count in
+    /// `http.client.requests.untracked`, and one WARN line (target
+    /// `reqwest_conntrace`) names this setting. Default:
+    /// [`DEFAULT_POOL_ADVICE_HOSTS`](crate::DEFAULT_POOL_ADVICE_HOSTS) (1,024).
+    pub fn pool_advice_hosts(mut self, hosts: usize) -> Self {
+        self.advice_hosts = hosts;
+        self
+    }
+
+    /// The most connections the handle tracks at once (a memory cap). A
+    /// connection is tracked from its connect until its close is observed,
+    /// so the registry holds what the instrumented clients hold; no tracked
+    /// connection is ever forgotten to make room. From three quarters full,
+    /// connections that closed unnoticed are swept out (idle past the pool's
+    /// idle timeout; at most once a second, the kernel's view of the
+    /// idle-longest ones). At the cap a new connection is not tracked: its
+    /// requests carry `http.connection.untracked = connection_registry`
+    /// instead of `http.connection.id`, `reused` and a miss reason, count in
+    /// `http.client.requests.untracked`, and one WARN line (target
+    /// `reqwest_conntrace`) names this setting. The requests themselves are
+    /// unaffected. Default: [`DEFAULT_REGISTRY_CAPACITY`] (65,536).
     pub fn registry_capacity(mut self, capacity: usize) -> Self {
         self.capacity = capacity;
         self
@@ -389,9 +506,10 @@ impl ConnTraceBuilder {
             inner: Arc::new_cyclic(|weak| Inner {
                 registry: Registry::new(self.capacity),
                 pools: PoolHistory::default(),
-                load: PoolLoad::new(self.advice_interval),
+                load: PoolLoad::new(self.advice_interval, self.advice_hosts),
                 metrics: Metrics::new(&meter, weak.clone()),
                 kernel: KernelView::new(),
+                registry_full_logged: AtomicBool::new(false),
                 open_sets: std::sync::Mutex::new(Vec::new()),
                 clients_built: AtomicU64::new(0),
                 clock: Clock::new(),

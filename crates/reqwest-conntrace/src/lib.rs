@@ -79,7 +79,7 @@ mod setup;
 mod tcp;
 mod tls;
 
-pub use advice::PoolAdvice;
+pub use advice::{DEFAULT_POOL_ADVICE_HOSTS, PoolAdvice};
 pub use builder::{InstrumentedClientBuilder, ReqwestClientBuilder};
 pub use connector::{ConnectFuture, ConnectService, ConnectorLayer};
 pub use dns::{AddressOrder, SystemResolver, TracedResolver};

@@ -33,6 +33,7 @@ pub(crate) struct Metrics {
     pub(crate) setup_duration: Histogram<f64>,
     pub(crate) connections_opened: Counter<u64>,
     pub(crate) pool_misses: Counter<u64>,
+    pub(crate) untracked_requests: Counter<u64>,
     // Kept alive: the SDK calls their callbacks while they exist.
     _open_connections: ObservableUpDownCounter<i64>,
     _peak_in_flight: ObservableGauge<u64>,
@@ -97,6 +98,13 @@ impl Metrics {
                 .with_unit("{request}")
                 .with_description(
                     "Requests not served by an idle pooled connection, by http.connection.miss_reason.",
+                )
+                .build(),
+            untracked_requests: meter
+                .u64_counter(semconv::HTTP_CLIENT_REQUESTS_UNTRACKED)
+                .with_unit("{request}")
+                .with_description(
+                    "Requests whose pool facts are missing because a bounded table was full, by http.connection.untracked.",
                 )
                 .build(),
             _open_connections: meter

@@ -3,9 +3,9 @@
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use opentelemetry::trace::SpanContext;
 
@@ -172,46 +172,90 @@ impl ConnectionRecord {
     }
 }
 
-/// Connections by (local, remote) socket address. Bounded: when full, the
-/// connection idle the longest is forgotten (it has most likely been closed;
-/// reqwest's close is invisible through its API).
+/// Shards of the map: requests on different connections take different
+/// locks (one `Mutex<HashMap>` was the one lock every response took).
+const SHARDS: usize = 16;
+
+/// At most one sweep per this interval.
+const SWEEP_INTERVAL: Duration = Duration::from_secs(1);
+
+/// At most this many kernel lookups per sweep (the idle-longest
+/// connections first), so a sweep never floods the sock_diag queue that
+/// pool-miss classification also waits on.
+pub(crate) const SWEEP_KERNEL_CHECKS: usize = 1024;
+
+type Pair = (SocketAddr, SocketAddr);
+
+/// The registry refused a connection: it holds `capacity` connections
+/// that may all still be in use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct RegistryFull {
+    pub(crate) capacity: usize,
+}
+
+/// Connections by (local, remote) socket address.
+///
+/// A connection stays until its close is observed (the handle removes it:
+/// see `Inner::connection_closed`), never because newer ones arrived: a
+/// connection the client can still use must stay attributable. The bound is
+/// a safety cap on memory: at the cap a new connection is refused (and its
+/// requests say so, `http.connection.untracked`), never an old one evicted.
+/// Connections that closed without the handle seeing it (the server closed an
+/// idle one; the client was dropped) are found by sweeps once the registry
+/// is three quarters full: see [`Registry::sweep_due`].
 #[derive(Debug)]
 pub(crate) struct Registry {
-    map: Mutex<HashMap<(SocketAddr, SocketAddr), Arc<ConnectionRecord>>>,
+    shards: [Mutex<HashMap<Pair, Arc<ConnectionRecord>>>; SHARDS],
+    len: AtomicUsize,
     capacity: usize,
+    /// Start of the latest sweep, in ms since `created`.
+    last_sweep_ms: AtomicU64,
+    created: Instant,
 }
 
 impl Registry {
     pub(crate) fn new(capacity: usize) -> Self {
         Self {
-            map: Mutex::new(HashMap::new()),
+            shards: std::array::from_fn(|_| Mutex::new(HashMap::new())),
+            len: AtomicUsize::new(0),
             capacity: capacity.max(1),
+            last_sweep_ms: AtomicU64::new(0),
+            created: Instant::now(),
         }
     }
 
-    fn map(&self) -> MutexGuard<'_, HashMap<(SocketAddr, SocketAddr), Arc<ConnectionRecord>>> {
-        self.map.lock().unwrap_or_else(|e| e.into_inner())
+    fn shard(&self, (local, remote): Pair) -> MutexGuard<'_, HashMap<Pair, Arc<ConnectionRecord>>> {
+        // Connections to one server differ in their local port.
+        let i = usize::from(local.port() ^ remote.port().rotate_left(8)) % SHARDS;
+        self.shards[i].lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Records a new connection. A previous connection on the same address
-    /// pair (the port was reused after a close) is replaced.
+    /// pair (the port was reused after a close) is replaced. At the cap the
+    /// connection is refused.
     pub(crate) fn insert(
         &self,
         local: SocketAddr,
         remote: SocketAddr,
         record: Arc<ConnectionRecord>,
-    ) {
-        let mut map = self.map();
-        if map.len() >= self.capacity
-            && !map.contains_key(&(local, remote))
-            && let Some(oldest) = map
-                .iter()
-                .min_by_key(|(_, r)| r.last_activity())
-                .map(|(k, _)| *k)
-        {
-            map.remove(&oldest);
+    ) -> Result<(), RegistryFull> {
+        let mut shard = self.shard((local, remote));
+        if let Some(previous) = shard.get_mut(&(local, remote)) {
+            *previous = record;
+            return Ok(());
         }
-        map.insert((local, remote), record);
+        let reserved = self
+            .len
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
+                (n < self.capacity).then_some(n + 1)
+            });
+        if reserved.is_err() {
+            return Err(RegistryFull {
+                capacity: self.capacity,
+            });
+        }
+        shard.insert((local, remote), record);
+        Ok(())
     }
 
     /// The connection on this address pair, if known.
@@ -220,24 +264,144 @@ impl Registry {
         local: SocketAddr,
         remote: SocketAddr,
     ) -> Option<Arc<ConnectionRecord>> {
-        self.map().get(&(local, remote)).cloned()
+        self.shard((local, remote)).get(&(local, remote)).cloned()
     }
 
     /// Forgets a connection known to be closed.
     pub(crate) fn remove(&self, local: SocketAddr, remote: SocketAddr, id: u64) {
-        let mut map = self.map();
-        if map.get(&(local, remote)).is_some_and(|r| r.id() == id) {
-            map.remove(&(local, remote));
+        let mut shard = self.shard((local, remote));
+        if shard.get(&(local, remote)).is_some_and(|r| r.id() == id) {
+            shard.remove(&(local, remote));
+            self.len.fetch_sub(1, Ordering::Relaxed);
         }
     }
 
     /// Every connection currently remembered.
     pub(crate) fn snapshot(&self) -> Vec<Arc<ConnectionRecord>> {
-        self.map().values().cloned().collect()
+        let mut all = Vec::with_capacity(self.len());
+        for shard in &self.shards {
+            all.extend(
+                shard
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .values()
+                    .cloned(),
+            );
+        }
+        all
     }
 
     /// Number of connections currently remembered.
     pub(crate) fn len(&self) -> usize {
-        self.map().len()
+        self.len.load(Ordering::Relaxed)
+    }
+
+    /// Whether the caller should sweep now: the registry is at least three
+    /// quarters full and no sweep started in the last second. `true` for
+    /// one caller only.
+    pub(crate) fn sweep_due(&self, now: Instant) -> bool {
+        if self.len() < self.capacity - self.capacity / 4 {
+            return false;
+        }
+        let now_ms = now.saturating_duration_since(self.created).as_millis() as u64;
+        let interval = SWEEP_INTERVAL.as_millis() as u64;
+        let last = self.last_sweep_ms.load(Ordering::Relaxed);
+        // 0: never swept.
+        (last == 0 || now_ms.saturating_sub(last) >= interval)
+            && self
+                .last_sweep_ms
+                .compare_exchange(last, now_ms.max(1), Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::net::Ipv4Addr;
+
+    use super::*;
+    use crate::report::ConnectionSetup;
+
+    fn record(id: u64) -> Arc<ConnectionRecord> {
+        Arc::new(ConnectionRecord::new(
+            Arc::new(ConnectionSetup {
+                id,
+                started: Instant::now(),
+                local_addr: None,
+                peer_addr: None,
+                dns: None,
+                dns_skipped: None,
+                dns_answers: Vec::new(),
+                tcp: Duration::ZERO,
+                tls: None,
+                total: Duration::ZERO,
+                tls_version: None,
+                tls_resumed: None,
+                http2: false,
+                proxied: false,
+                proxy_connect: None,
+                address_fallback: None,
+                tcp_facts: Arc::default(),
+            }),
+            SpanContext::empty_context(),
+            None,
+            Arc::new(ClientState::reqwest_defaults()),
+            None,
+            None,
+        ))
+    }
+
+    fn pair(port: u16) -> Pair {
+        (
+            (Ipv4Addr::LOCALHOST, port).into(),
+            (Ipv4Addr::LOCALHOST, 80).into(),
+        )
+    }
+
+    #[test]
+    fn keeps_every_connection_and_refuses_past_the_cap() {
+        let registry = Registry::new(3);
+        for port in 1..=3 {
+            let (l, r) = pair(port);
+            assert_eq!(registry.insert(l, r, record(u64::from(port))), Ok(()));
+        }
+        let (l, r) = pair(4);
+        assert_eq!(
+            registry.insert(l, r, record(4)),
+            Err(RegistryFull { capacity: 3 })
+        );
+        // Nothing was evicted to make room.
+        for port in 1..=3 {
+            let (l, r) = pair(port);
+            assert_eq!(registry.get(l, r).map(|r| r.id()), Some(u64::from(port)));
+        }
+        // A port reused after a close replaces its pair without a new slot.
+        let (l, r) = pair(2);
+        assert_eq!(registry.insert(l, r, record(22)), Ok(()));
+        assert_eq!(registry.len(), 3);
+        // A close frees a slot.
+        registry.remove(l, r, 22);
+        let (l, r) = pair(4);
+        assert_eq!(registry.insert(l, r, record(4)), Ok(()));
+        assert_eq!((registry.len(), registry.snapshot().len()), (3, 3));
+    }
+
+    #[test]
+    fn a_sweep_is_due_from_three_quarters_full_once_per_interval() {
+        let registry = Registry::new(8);
+        let t0 = Instant::now();
+        for port in 1..=5 {
+            let (l, r) = pair(port);
+            registry
+                .insert(l, r, record(u64::from(port)))
+                .expect("room");
+        }
+        assert!(!registry.sweep_due(t0), "5 of 8: not yet");
+        let (l, r) = pair(6);
+        registry.insert(l, r, record(6)).expect("room");
+        let t1 = t0 + Duration::from_millis(5);
+        assert!(registry.sweep_due(t1));
+        assert!(!registry.sweep_due(t1 + Duration::from_millis(10)));
+        assert!(registry.sweep_due(t1 + SWEEP_INTERVAL));
     }
 }

@@ -8,7 +8,8 @@
 //! TCP facts or fan-outs; checked against semantic conventions v1.42.0) are:
 //! everything under `http.connection.*` except [`HTTP_CONNECTION_STATE`],
 //! `http.fan_out.*`, the metrics `http.client.connection.setup.duration`,
-//! `http.client.connections.opened` and `http.client.pool.*`, the span names
+//! `http.client.connections.opened`, `http.client.requests.untracked` and
+//! `http.client.pool.*`, the span names
 //! `http.connection_setup`, `dns.lookup`, `tcp.connect`, `proxy.connect`,
 //! `tls.handshake`, and the events. These names are stable within a major
 //! version of this crate.
@@ -185,6 +186,13 @@ pub const HTTP_CONNECTION_TLS_VERIFICATION_SKIPPED: &str =
 /// Present on every request that was not an idle hit: misses, and hits that
 /// waited for a busy connection.
 pub const HTTP_CONNECTION_MISS_REASON: &str = "http.connection.miss_reason";
+/// `http.connection.untracked` (string, request span): present when a
+/// bounded table of the handle was full, so this request's pool facts are
+/// missing; the value names the table and so the setting to raise:
+/// [`UNTRACKED_CONNECTION_REGISTRY`], [`UNTRACKED_POOL_ADVICE`]. Such requests also count in
+/// [`HTTP_CLIENT_REQUESTS_UNTRACKED`], and the first time a table is full one
+/// WARN line (target `reqwest_conntrace`) names the setting.
+pub const HTTP_CONNECTION_UNTRACKED: &str = "http.connection.untracked";
 /// `http.connection.address_order` (string, `dns.lookup` span): the
 /// address-order policy applied to the answers: `keep`, `ipv4_first` or
 /// `ipv6_first` ([`AddressOrder`](crate::AddressOrder)).
@@ -316,6 +324,11 @@ pub const HTTP_CLIENT_CONNECTIONS_OPENED: &str = "http.client.connections.opened
 /// not idle hits, by [`HTTP_CONNECTION_MISS_REASON`], with `server.address`,
 /// `server.port`, `url.scheme`.
 pub const HTTP_CLIENT_POOL_MISSES: &str = "http.client.pool.misses";
+/// `http.client.requests.untracked` (counter, `{request}`), ours: requests
+/// whose pool facts are missing because a bounded table was full, by
+/// [`HTTP_CONNECTION_UNTRACKED`], with `server.address`, `server.port`,
+/// `url.scheme`. Alert on any increase: raise the setting the value names.
+pub const HTTP_CLIENT_REQUESTS_UNTRACKED: &str = "http.client.requests.untracked";
 /// `http.client.pool.peak_in_flight` (gauge, `{request}`), ours: the most
 /// requests in flight at once to `server.address`/`server.port` since the
 /// current advice interval started (Little's law `L`; the same number as
@@ -419,6 +432,25 @@ pub const MISS_REASON_DISCARDED: &str = "discarded";
 /// [`HTTP_CONNECTION_MISS_REASON`]: a client built moments ago, while an
 /// earlier client of the handle had a connection to the host.
 pub const MISS_REASON_NEW_CLIENT: &str = "new_client";
+
+/// [`HTTP_CONNECTION_UNTRACKED`]: the serving connection is not in the
+/// handle's connection registry: it was made while the registry held
+/// `registry_capacity` open connections
+/// ([`ConnTraceBuilder::registry_capacity`](crate::ConnTraceBuilder::registry_capacity);
+/// the registry-full WARN line says so), or, without that line, it was
+/// forgotten after a close was inferred for it (a request that failed with
+/// `connection_reset` names the connection it most likely went out on).
+/// The request span then has no `http.connection.id`, `reused`,
+/// `request_count`, `wait_time` or `miss_reason`.
+pub const UNTRACKED_CONNECTION_REGISTRY: &str = "connection_registry";
+/// [`HTTP_CONNECTION_UNTRACKED`]: the request's host is not in the pool
+/// advice's per-host load table: it was full of hosts active in the last two
+/// advice intervals
+/// ([`ConnTraceBuilder::pool_advice_hosts`](crate::ConnTraceBuilder::pool_advice_hosts)).
+/// No pool advice and no `http.client.pool.*` gauges for the host; the
+/// pool attributes are unaffected. A request untracked in both tables
+/// carries [`UNTRACKED_CONNECTION_REGISTRY`] (it counts under both values).
+pub const UNTRACKED_POOL_ADVICE: &str = "pool_advice";
 
 /// [`HTTP_CONNECTION_ADDRESS_OUTCOME`]: the address's share of the connect timeout elapsed.
 pub const ADDRESS_OUTCOME_TIMED_OUT: &str = "timed_out";

@@ -16,6 +16,8 @@ use super::{HEADER_CONNECTION_ID, HEADER_REMOTE_PORT, HEADER_REQUEST_INDEX, Shar
 
 /// Largest body `/bytes/<n>` serves (64 MiB); larger sizes get 400.
 pub(super) const MAX_BYTES_ROUTE: usize = 64 << 20;
+/// Most requests one `/gate/<name>/<n>` holds.
+const MAX_GATE: usize = 100_000;
 /// Request-activity bookkeeping of one connection, for the idle timeout.
 #[derive(Debug)]
 pub(crate) struct Activity {
@@ -179,6 +181,15 @@ pub(crate) async fn handle(
         match ms.parse::<u64>() {
             Ok(ms) => delay += Duration::from_millis(ms),
             Err(_) => status = http::StatusCode::BAD_REQUEST,
+        }
+    } else if let Some(gate) = route.strip_prefix("/gate/") {
+        match gate.rsplit_once('/').map(|(_, n)| n.parse::<usize>()) {
+            Some(Ok(n)) if (1..=MAX_GATE).contains(&n) => {
+                if let Some(barrier) = shared.gate(route, n) {
+                    barrier.wait().await;
+                }
+            }
+            _ => status = http::StatusCode::BAD_REQUEST,
         }
     } else if let Some(n) = route.strip_prefix("/bytes/") {
         match n.parse::<usize>() {

@@ -355,6 +355,27 @@ async fn routes_delay_body_size_and_ipv6() {
     }
 }
 
+/// `/gate/<name>/<n>` answers nobody until `n` requests to that path are
+/// in, then everybody; a bad count is 400.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gate_route_holds_a_wave_until_it_is_all_in() {
+    let server = TestServer::start_plain().await.expect("server");
+    let addr = server.addr();
+    let first = tokio::spawn(async move {
+        let mut sender = h1(tcp(addr).await).await;
+        get1(&mut sender, "/gate/w/2", "x").await.expect("GET")
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(!first.is_finished(), "held until the second request");
+    let mut sender = h1(tcp(addr).await).await;
+    let second = get1(&mut sender, "/gate/w/2", "x").await.expect("GET");
+    let first = first.await.expect("join");
+    assert_eq!((first.status.as_u16(), second.status.as_u16()), (200, 200));
+    assert_eq!(&first.body[..], b"ok");
+    let bad = get1(&mut sender, "/gate/w/0", "x").await.expect("GET");
+    assert_eq!(bad.status, 400);
+}
+
 /// PEM files are written where `write_to_dir` says, and hold the chain and key.
 #[test]
 fn pki_files_are_written() {

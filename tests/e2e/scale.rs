@@ -1,0 +1,378 @@
+//! Many open connections in one client: the connection registry keeps every
+//! connection the client can still use, and says so plainly where a
+//! deliberately small cap stops it.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use conntrace_lab::TestServer;
+use conntrace_lab::server::RequestRecord;
+use opentelemetry_sdk::trace::SpanData;
+use reqwest_conntrace::semconv;
+
+use crate::support::{Logs, has, i64_attr, str_attr, telemetry, telemetry_logging_to};
+
+/// Requests per wave: more connections than the 4,096 the registry used to
+/// forget beyond, within the file-descriptor limit (client and server ends
+/// of every connection live in this process).
+const WAVE: usize = 5_000;
+
+/// Raises the soft open-files limit to `needed` (up to the hard limit);
+/// fails the test with the numbers when the hard limit is too low.
+fn ensure_fd_limit(needed: u64) {
+    use rustix::process::{Resource, getrlimit, setrlimit};
+    let limit = getrlimit(Resource::Nofile);
+    if limit.current.is_some_and(|soft| soft >= needed) || limit.current.is_none() {
+        return;
+    }
+    let hard = limit.maximum;
+    assert!(
+        hard.is_none_or(|h| h >= needed),
+        "this test needs {needed} open files; the hard limit is {hard:?} (raise `ulimit -Hn`)"
+    );
+    let mut raised = limit;
+    raised.current = Some(needed);
+    setrlimit(Resource::Nofile, raised).expect("raise the open-files limit");
+}
+
+/// How the server thread hands back its connection count and requests.
+type Reply = std::sync::mpsc::Sender<(u64, Vec<RequestRecord>)>;
+
+/// A lab server on its own runtime thread (its accept loop keeps up while
+/// the test's thread opens thousands of connections at once).
+struct ServerThread {
+    url: String,
+    stop: Option<tokio::sync::oneshot::Sender<Reply>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl ServerThread {
+    fn start() -> Self {
+        let (ready, url) = std::sync::mpsc::channel();
+        let (stop, stopped) =
+            tokio::sync::oneshot::channel::<std::sync::mpsc::Sender<(u64, Vec<RequestRecord>)>>();
+        let thread = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(1)
+                .enable_all()
+                .build()
+                .expect("server runtime");
+            rt.block_on(async move {
+                let server = TestServer::start_plain().await.expect("server");
+                ready.send(server.url("/")).expect("send url");
+                if let Ok(reply) = stopped.await {
+                    let _ = reply.send((server.accepted_connections(), server.requests()));
+                }
+            });
+        });
+        let url = url.recv().expect("server url");
+        Self {
+            url,
+            stop: Some(stop),
+            thread: Some(thread),
+        }
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("{}{}", self.url.trim_end_matches('/'), path)
+    }
+
+    /// Stops the server: its accepted connections and every request it answered.
+    fn stop(mut self) -> (u64, Vec<RequestRecord>) {
+        let (reply, answer) = std::sync::mpsc::channel();
+        self.stop
+            .take()
+            .expect("running")
+            .send(reply)
+            .expect("server running");
+        let result = answer.recv().expect("server records");
+        self.thread
+            .take()
+            .expect("thread")
+            .join()
+            .expect("server thread");
+        result
+    }
+}
+
+/// `n` concurrent GETs of `url`, each body read; every one must succeed.
+async fn wave(client: &reqwest_middleware::ClientWithMiddleware, url: &str, n: usize) {
+    let requests = (0..n).map(|_| async {
+        let response = client.get(url).send().await.expect("request");
+        assert_eq!(response.status(), 200);
+        response.bytes().await.expect("body")
+    });
+    let bodies = futures::future::join_all(requests).await;
+    assert!(bodies.iter().all(|b| b.as_ref() == b"ok"));
+}
+
+fn on_path<'a>(spans: &'a [SpanData], path: &str) -> Vec<&'a SpanData> {
+    spans
+        .iter()
+        .filter(|s| str_attr(s, semconv::URL_FULL).is_some_and(|u| u.ends_with(path)))
+        .collect()
+}
+
+/// The case: a first wave opens more connections than the old
+/// 4,096 bound (the server holds every response until the whole wave is
+/// in), a second wave runs on those pooled connections. Every second-wave
+/// span names its connection, and its request count and connection match
+/// what the server counted on that socket.
+#[tokio::test]
+async fn a_second_wave_on_thousands_of_pooled_connections_names_every_connection() {
+    ensure_fd_limit(2 * WAVE as u64 + 1024);
+    let t = telemetry();
+    let server = ServerThread::start();
+    // reqwest's idle pool is unlimited by default.
+    let client = t.client(reqwest::Client::builder(), None);
+    let first = format!("/gate/1/{WAVE}");
+    let second = format!("/gate/2/{WAVE}");
+    wave(&client, &server.url(&first), WAVE).await;
+    wave(&client, &server.url(&second), WAVE).await;
+    let (accepted, records) = server.stop();
+    assert!(
+        accepted > 4096,
+        "the first wave held {WAVE} requests at once: {accepted} connections"
+    );
+
+    let spans = t.requests();
+    let second_spans = on_path(&spans, &second);
+    assert_eq!(second_spans.len(), WAVE);
+    // The server's view of each second-wave request, by the client's port.
+    let served: HashMap<u16, &RequestRecord> = records
+        .iter()
+        .filter(|r| r.path == second)
+        .map(|r| (r.remote_port(), r))
+        .collect();
+    assert_eq!(served.len(), WAVE, "one connection per held request");
+    let mut ours_to_server: HashMap<i64, u64> = HashMap::new();
+    for span in &second_spans {
+        assert!(
+            !has(span, semconv::HTTP_CONNECTION_UNTRACKED),
+            "untracked: {:?}",
+            span.attributes
+        );
+        let id = i64_attr(span, semconv::HTTP_CONNECTION_ID).expect("connection named");
+        let port = i64_attr(span, semconv::NETWORK_LOCAL_PORT).expect("local port") as u16;
+        let record = served.get(&port).expect("the server served this socket");
+        assert_eq!(
+            i64_attr(span, semconv::HTTP_CONNECTION_REQUEST_COUNT),
+            Some(record.request_index as i64),
+            "requests on connection {id} (server connection {})",
+            record.connection_id
+        );
+        // One of our connections is one of the server's, and vice versa.
+        assert_eq!(
+            *ours_to_server.entry(id).or_insert(record.connection_id),
+            record.connection_id
+        );
+    }
+    assert_eq!(ours_to_server.len(), WAVE);
+}
+
+/// A deliberately small registry cap: the requests on connections past it
+/// carry `http.connection.untracked`, count in
+/// `http.client.requests.untracked`, one WARN line names the setting, and
+/// every request still succeeds.
+#[tokio::test]
+async fn a_full_registry_is_visible_and_the_requests_are_unaffected() {
+    const CAP: usize = 4;
+    const HELD: usize = 8;
+    let logs = Logs::default();
+    let t = telemetry_logging_to(Some(logs.clone()));
+    let server = TestServer::start_plain().await.expect("server");
+    let client = t
+        .conntrace_builder()
+        .registry_capacity(CAP)
+        .build()
+        .instrument_client(reqwest::Client::builder())
+        .build_with_middleware()
+        .expect("client");
+    // Two waves of HELD requests all in flight at once: HELD connections,
+    // then the same HELD again from the pool.
+    wave(&client, &server.url(&format!("/gate/1/{HELD}")), HELD).await;
+    wave(&client, &server.url(&format!("/gate/2/{HELD}")), HELD).await;
+    assert_eq!(server.accepted_connections(), HELD as u64);
+    assert_eq!(server.request_count(), 2 * HELD);
+
+    let spans = t.requests();
+    assert_eq!(spans.len(), 2 * HELD);
+    let untracked: Vec<&SpanData> = spans
+        .iter()
+        .filter(|s| has(s, semconv::HTTP_CONNECTION_UNTRACKED))
+        .collect();
+    // The CAP connections made first are tracked; the rest are not, in
+    // both waves.
+    assert_eq!(untracked.len(), 2 * (HELD - CAP), "{spans:#?}");
+    for span in &untracked {
+        assert_eq!(
+            str_attr(span, semconv::HTTP_CONNECTION_UNTRACKED).as_deref(),
+            Some(semconv::UNTRACKED_CONNECTION_REGISTRY)
+        );
+        assert!(!has(span, semconv::HTTP_CONNECTION_ID));
+        assert!(!has(span, semconv::HTTP_CONNECTION_REUSED));
+        assert_eq!(
+            i64_attr(span, semconv::HTTP_RESPONSE_STATUS_CODE),
+            Some(200)
+        );
+    }
+    for span in spans
+        .iter()
+        .filter(|s| !has(s, semconv::HTTP_CONNECTION_UNTRACKED))
+    {
+        assert!(has(span, semconv::HTTP_CONNECTION_ID), "{span:#?}");
+    }
+
+    let points = t.metric(semconv::HTTP_CLIENT_REQUESTS_UNTRACKED);
+    assert_eq!(points.len(), 1, "{points:?}");
+    assert_eq!(points[0].value, (2 * (HELD - CAP)) as f64);
+    assert_eq!(points[0].unit, "{request}");
+    assert_eq!(points[0].kind, crate::contract::Kind::Counter);
+    let mut keys: Vec<&str> = points[0]
+        .attributes
+        .iter()
+        .map(|(k, _)| k.as_str())
+        .collect();
+    keys.sort_unstable();
+    assert_eq!(
+        keys,
+        [
+            semconv::HTTP_CONNECTION_UNTRACKED,
+            semconv::SERVER_ADDRESS,
+            semconv::SERVER_PORT,
+            semconv::URL_SCHEME
+        ]
+    );
+    assert_eq!(
+        points[0].get(semconv::HTTP_CONNECTION_UNTRACKED),
+        Some(semconv::UNTRACKED_CONNECTION_REGISTRY)
+    );
+    assert_eq!(points[0].get(semconv::SERVER_ADDRESS), Some("127.0.0.1"));
+
+    let warnings: Vec<String> = logs
+        .lines()
+        .into_iter()
+        .filter(|l| l.contains("WARN") && l.contains("registry"))
+        .collect();
+    assert_eq!(
+        warnings.len(),
+        1,
+        "one line for the whole run: {warnings:?}"
+    );
+    assert!(
+        warnings[0].contains("registry_capacity") && warnings[0].contains(&CAP.to_string()),
+        "{}",
+        warnings[0]
+    );
+}
+
+/// Connections the server closed while idle are forgotten before the cap
+/// matters: once the registry is three quarters full, a sweep asks the
+/// kernel about idle connections, so the next wave is tracked in full.
+#[tokio::test]
+async fn a_sweep_forgets_connections_the_server_closed_so_later_ones_are_tracked() {
+    const CAP: usize = 8;
+    let t = telemetry();
+    let server = TestServer::builder()
+        .idle_timeout(Some(Duration::from_millis(100)))
+        .start()
+        .await
+        .expect("server");
+    let conntrace = t.conntrace_builder().registry_capacity(CAP).build();
+    let client = conntrace
+        .instrument_client(reqwest::Client::builder())
+        .build_with_middleware()
+        .expect("client");
+    // Seven connections: the seventh reaches the sweep mark (3/4 of 8), whose
+    // sweep finds them all open.
+    wave(&client, &server.url("/gate/1/7"), 7).await;
+    let opened = Instant::now();
+    assert_eq!(conntrace.known_connections(), 7);
+    let deadline = opened + Duration::from_secs(10);
+    while server.closed_connections() < 7 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(
+        server.closed_connections(),
+        7,
+        "the server closed them idle"
+    );
+    // Sweeps run at most once a second.
+    tokio::time::sleep_until((opened + Duration::from_millis(1100)).into()).await;
+    // A new connection: the pool miss asks the kernel about the one
+    // connection hyper-util would have handed out; the registry is still at
+    // the mark, so it sweeps and the kernel shows the other six closed too.
+    wave(&client, &server.url("/"), 1).await;
+    while conntrace.known_connections() > 1 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(
+        conntrace.known_connections(),
+        1,
+        "the closed seven are forgotten"
+    );
+    // A full wave up to the cap is tracked, every request.
+    wave(&client, &server.url(&format!("/gate/2/{CAP}")), CAP).await;
+    let held = format!("/gate/2/{CAP}");
+    let spans = t.requests();
+    let wave_spans = on_path(&spans, &held);
+    assert_eq!(wave_spans.len(), CAP);
+    for span in wave_spans {
+        assert!(!has(span, semconv::HTTP_CONNECTION_UNTRACKED), "{span:#?}");
+        assert!(has(span, semconv::HTTP_CONNECTION_ID), "{span:#?}");
+    }
+}
+
+/// The pool advice's per-host table at a cap of one host: a second host
+/// active at the same time is untracked there (attribute, counter, one
+/// WARN line naming `pool_advice_hosts`); its pool attributes and the
+/// request itself are unaffected.
+#[tokio::test]
+async fn a_full_pool_advice_table_is_visible_and_pool_attributes_stay() {
+    let logs = Logs::default();
+    let t = telemetry_logging_to(Some(logs.clone()));
+    let server = TestServer::start_plain().await.expect("server");
+    let client = t
+        .conntrace_builder()
+        .pool_advice_hosts(1)
+        .build()
+        .instrument_client(reqwest::Client::builder().resolve("second.test", server.addr()))
+        .build_with_middleware()
+        .expect("client");
+    let first = server.url("/gate/hosts/2");
+    let second = format!("http://second.test:{}/gate/hosts/2", server.addr().port());
+    // Both in flight at once (the server holds each until both are in).
+    let (a, b) = tokio::join!(client.get(&first).send(), client.get(&second).send());
+    for response in [a, b] {
+        let response = response.expect("request");
+        assert_eq!(response.status(), 200);
+        assert_eq!(response.bytes().await.expect("body").as_ref(), b"ok");
+    }
+    let spans = t.requests();
+    assert_eq!(spans.len(), 2);
+    let untracked: Vec<&SpanData> = spans
+        .iter()
+        .filter(|s| has(s, semconv::HTTP_CONNECTION_UNTRACKED))
+        .collect();
+    assert_eq!(untracked.len(), 1, "{spans:#?}");
+    assert_eq!(
+        str_attr(untracked[0], semconv::HTTP_CONNECTION_UNTRACKED).as_deref(),
+        Some(semconv::UNTRACKED_POOL_ADVICE)
+    );
+    for span in &spans {
+        assert!(has(span, semconv::HTTP_CONNECTION_ID), "{span:#?}");
+    }
+    let points = t.metric(semconv::HTTP_CLIENT_REQUESTS_UNTRACKED);
+    assert_eq!(points.len(), 1, "{points:?}");
+    assert_eq!(points[0].value, 1.0);
+    assert_eq!(
+        points[0].get(semconv::HTTP_CONNECTION_UNTRACKED),
+        Some(semconv::UNTRACKED_POOL_ADVICE)
+    );
+    let warnings: Vec<String> = logs
+        .lines()
+        .into_iter()
+        .filter(|l| l.contains("WARN") && l.contains("pool_advice_hosts"))
+        .collect();
+    assert_eq!(warnings.len(), 1, "{:?}", logs.lines());
+}
