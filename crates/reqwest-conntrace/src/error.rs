@@ -86,6 +86,18 @@ pub(crate) fn classify(err: &(dyn StdError + 'static)) -> &'static str {
                 _ => {}
             }
         }
+        // HTTP/2 (h2, under hyper): GOAWAY, a reset stream, a connection error.
+        if let Some(h) = e.downcast_ref::<h2::Error>()
+            && !h.is_io()
+        {
+            return if h.is_go_away() {
+                semconv::ERROR_TYPE_HTTP2_GOAWAY
+            } else if h.is_reset() {
+                semconv::ERROR_TYPE_HTTP2_STREAM_RESET
+            } else {
+                semconv::ERROR_TYPE_HTTP2_ERROR
+            };
+        }
         // hyper: the connection closed under the request (a pooled
         // connection the server had just closed, mid-response EOF).
         if let Some(h) = e.downcast_ref::<hyper::Error>()

@@ -281,14 +281,13 @@ impl<M: MakeRequestSpan> Middleware for ConnTraceMiddleware<M> {
                     &state,
                     &span,
                     response.extensions().get::<HttpInfo>(),
+                    response.headers(),
                 );
                 Ok(wrap_body(response, end))
             }
             Err(error) => {
                 let error_type = classify(&error);
-                if error_type == semconv::ERROR_TYPE_CONNECTION_RESET {
-                    attribute_failure(&inner, &state, &span);
-                }
+                attribute_failure(&inner, &state, &span, error_type);
                 end.fail(error_type, error_chain_text(&error));
                 end.finish(EndKind::Failed);
                 Err(error)
