@@ -1,0 +1,626 @@
+//! The differential matrix of pool attribution: for each case (cold burst,
+//! sequential reuse, idle pool 0, request limit, idle close with FIN and
+//! with RST, HTTP/2 GOAWAY after N streams, dropped bodies, a stalled
+//! connection, a DNS change) every request's connection, request count and
+//! miss reason is compared with what the test server recorded (its
+//! per-connection and per-request records). The server runs on its own
+//! runtime thread, as a remote server would, so the races of a real
+//! deployment (hyper-util's pool return, the server's close) happen; each
+//! case is repeated to shake them out.
+
+use std::collections::HashMap;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use conntrace_lab::{
+    ConnectionEnd, HttpVersions, TestPki, TestServer, TestServerBuilder, server::RequestRecord,
+};
+use opentelemetry_sdk::trace::SpanData;
+use reqwest_conntrace::semconv;
+
+use crate::support::{Telemetry, bool_attr, f64_attr, i64_attr, str_attr, telemetry, trust};
+
+/// A test server on its own single-worker runtime.
+struct RemoteServer {
+    server: Option<TestServer>,
+    runtime: Option<tokio::runtime::Runtime>,
+}
+
+impl RemoteServer {
+    async fn start(builder: TestServerBuilder) -> Self {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .expect("server runtime");
+        let server = runtime
+            .spawn(builder.start())
+            .await
+            .expect("server task")
+            .expect("server starts");
+        Self {
+            server: Some(server),
+            runtime: Some(runtime),
+        }
+    }
+
+    fn get(&self) -> &TestServer {
+        self.server.as_ref().expect("running")
+    }
+}
+
+impl Drop for RemoteServer {
+    fn drop(&mut self) {
+        drop(self.server.take());
+        if let Some(rt) = self.runtime.take() {
+            rt.shutdown_background();
+        }
+    }
+}
+
+/// One request span as the comparison needs it.
+#[derive(Debug, Clone)]
+struct Seen {
+    id: Option<i64>,
+    local_port: Option<i64>,
+    count: Option<i64>,
+    reused: Option<bool>,
+    reason: Option<String>,
+    previous_id: Option<i64>,
+    previous_count: Option<i64>,
+    previous_end: Option<String>,
+    error: Option<String>,
+}
+
+fn seen(span: &SpanData) -> Seen {
+    Seen {
+        id: i64_attr(span, semconv::HTTP_CONNECTION_ID),
+        local_port: i64_attr(span, semconv::NETWORK_LOCAL_PORT),
+        count: i64_attr(span, semconv::HTTP_CONNECTION_REQUEST_COUNT),
+        reused: bool_attr(span, semconv::HTTP_CONNECTION_REUSED),
+        reason: str_attr(span, semconv::HTTP_CONNECTION_MISS_REASON),
+        previous_id: i64_attr(span, semconv::HTTP_CONNECTION_PREVIOUS_ID),
+        previous_count: i64_attr(span, semconv::HTTP_CONNECTION_PREVIOUS_REQUEST_COUNT),
+        previous_end: str_attr(span, semconv::HTTP_CONNECTION_PREVIOUS_END),
+        error: str_attr(span, semconv::ERROR_TYPE),
+    }
+}
+
+/// Waits until `n` request spans have ended (failed requests end when the
+/// kernel's answer about their connection arrives), then returns them in
+/// start order.
+fn requests(t: &Telemetry, n: usize) -> Vec<SpanData> {
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let spans = t.requests();
+        if spans.len() >= n || std::time::Instant::now() >= deadline {
+            assert_eq!(spans.len(), n, "request spans");
+            return spans;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// The server's connection id for each client connection id, checked
+/// request by request: every answered request's span names the connection
+/// whose local port the server saw, and its request count is the server's
+/// index of the request on that connection; one client id per server
+/// connection and back.
+fn compare_with_server(spans: &[Seen], server: &[RequestRecord]) -> HashMap<i64, u64> {
+    let answered: Vec<&Seen> = spans.iter().filter(|s| s.error.is_none()).collect();
+    assert_eq!(answered.len(), server.len(), "answered requests vs server");
+    let mut map: HashMap<i64, u64> = HashMap::new();
+    for s in &answered {
+        let id = s.id.unwrap_or_else(|| panic!("no http.connection.id: {s:?}"));
+        let port = s.local_port.expect("network.local.port");
+        let count = s.count.expect("request_count");
+        let record = server
+            .iter()
+            .find(|r| i64::from(r.remote_port()) == port && r.request_index as i64 == count)
+            .unwrap_or_else(|| {
+                panic!("no server request on port {port} with index {count}: {s:?}\n{server:#?}")
+            });
+        let previous = map.insert(id, record.connection_id);
+        assert!(
+            previous.is_none_or(|p| p == record.connection_id),
+            "client connection {id} is server connections {previous:?} and {}",
+            record.connection_id
+        );
+    }
+    let mut server_ids: Vec<u64> = map.values().copied().collect();
+    server_ids.sort_unstable();
+    server_ids.dedup();
+    assert_eq!(server_ids.len(), map.len(), "one client id per server connection");
+    map
+}
+
+fn plain_h1() -> TestServerBuilder {
+    TestServer::builder().http_versions(HttpVersions::Http1Only)
+}
+
+async fn get(client: &reqwest_middleware::ClientWithMiddleware, url: &str) {
+    let response = client.get(url).send().await.expect("request succeeds");
+    response.bytes().await.expect("body");
+}
+
+/// Sequential requests that are not misses are idle hits, or (when hyper
+/// really opened a connection because the previous one was not back in its
+/// pool yet) `release_race` naming that live connection: never `all_busy`.
+fn assert_sequential_misses_named(spans: &[Seen], allowed_first: &[&str]) {
+    for (i, s) in spans.iter().enumerate() {
+        match s.reason.as_deref() {
+            None => assert_eq!(s.reused, Some(true), "{i}: {s:?}"),
+            Some(semconv::MISS_REASON_RELEASE_RACE) => {
+                assert!(s.previous_id.is_some(), "{i}: {s:?}");
+                assert_eq!(s.previous_end, None, "alive: {s:?}");
+            }
+            Some(r) if allowed_first.contains(&r) => {}
+            Some(r) => panic!("request {i}: unexpected miss reason {r}: {s:?}\n{spans:#?}"),
+        }
+    }
+}
+
+/// 16 concurrent first requests with an idle pool of 32: every one is
+/// `cold`, on its own connection, as the server saw them.
+#[tokio::test]
+async fn cold_burst_is_all_cold() {
+    for round in 0..5 {
+        let t = telemetry();
+        let server = RemoteServer::start(plain_h1()).await;
+        let client = t
+            .conntrace()
+            .instrument_client(reqwest::Client::builder())
+            .pool_max_idle_per_host(32)
+            .build_with_middleware()
+            .expect("client");
+        let url = server.get().url("/delay/200");
+        futures::future::join_all((0..16).map(|_| get(&client, &url))).await;
+        let spans: Vec<Seen> = requests(&t, 16).iter().map(seen).collect();
+        let map = compare_with_server(&spans, &server.get().requests());
+        assert_eq!(map.len(), 16, "round {round}: a connection each");
+        for s in &spans {
+            assert_eq!(
+                s.reason.as_deref(),
+                Some(semconv::MISS_REASON_COLD),
+                "round {round}: {spans:#?}"
+            );
+            assert_eq!(s.reused, Some(false));
+        }
+    }
+}
+
+/// Sequential requests reuse one connection: after the first (`cold`), no
+/// request is labelled `all_busy`; any extra connection is `release_race`.
+#[tokio::test]
+async fn sequential_reuse_never_blames_a_busy_pool() {
+    for _ in 0..3 {
+        let t = telemetry();
+        let server = RemoteServer::start(plain_h1()).await;
+        let client = t.client(reqwest::Client::builder(), None);
+        let url = server.get().url("/");
+        for _ in 0..30 {
+            get(&client, &url).await;
+        }
+        let spans: Vec<Seen> = requests(&t, 30).iter().map(seen).collect();
+        compare_with_server(&spans, &server.get().requests());
+        assert_eq!(spans[0].reason.as_deref(), Some(semconv::MISS_REASON_COLD));
+        assert_sequential_misses_named(&spans[1..], &[]);
+    }
+}
+
+/// `pool_max_idle_per_host(0)`: every request after the first is
+/// `pool_disabled`, on its own connection.
+#[tokio::test]
+async fn disabled_idle_pool_has_its_own_reason() {
+    for http2 in [false, true] {
+        let t = telemetry();
+        let pki = TestPki::localhost().expect("pki");
+        let versions = if http2 {
+            HttpVersions::Http2Only
+        } else {
+            HttpVersions::Http1Only
+        };
+        let server =
+            RemoteServer::start(TestServer::builder().tls(&pki).http_versions(versions)).await;
+        let client = t
+            .conntrace()
+            .instrument_client(reqwest::Client::builder())
+            .tls(trust(&pki))
+            .pool_max_idle_per_host(0)
+            .build_with_middleware()
+            .expect("client");
+        let url = server.get().url("/");
+        for _ in 0..8 {
+            get(&client, &url).await;
+        }
+        let spans: Vec<Seen> = requests(&t, 8).iter().map(seen).collect();
+        let map = compare_with_server(&spans, &server.get().requests());
+        assert_eq!(map.len(), 8, "a connection per request");
+        assert_eq!(spans[0].reason.as_deref(), Some(semconv::MISS_REASON_COLD));
+        for s in &spans[1..] {
+            assert_eq!(
+                s.reason.as_deref(),
+                Some(semconv::MISS_REASON_POOL_DISABLED),
+                "http2={http2}: {spans:#?}"
+            );
+        }
+    }
+}
+
+/// The server ends each connection after 5 requests (`Connection: close`,
+/// like nginx `keepalive_requests 5`): the request after each limit is a
+/// `request_limit` miss naming the connection that carried 5.
+#[tokio::test]
+async fn request_limit_is_its_own_reason_and_names_the_previous_connection() {
+    for _ in 0..3 {
+        let t = telemetry();
+        let server = RemoteServer::start(plain_h1().max_requests_per_connection(Some(5))).await;
+        let client = t.client(reqwest::Client::builder(), None);
+        let url = server.get().url("/");
+        for _ in 0..21 {
+            get(&client, &url).await;
+        }
+        let spans: Vec<Seen> = requests(&t, 21).iter().map(seen).collect();
+        let map = compare_with_server(&spans, &server.get().requests());
+        assert_eq!(map.len(), 5, "21 requests, 5 per connection");
+        let mut limited = 0;
+        for (i, s) in spans.iter().enumerate() {
+            if s.count == Some(1) && i > 0 {
+                limited += 1;
+                let before = &spans[i - 1];
+                assert_eq!(
+                    s.reason.as_deref(),
+                    Some(semconv::MISS_REASON_REQUEST_LIMIT),
+                    "{i}: {spans:#?}"
+                );
+                assert_eq!(s.previous_id, before.id, "{i}");
+                assert_eq!(s.previous_count, Some(5), "{i}");
+                assert_eq!(
+                    s.previous_end.as_deref(),
+                    Some(semconv::CONNECTION_END_CONNECTION_CLOSE)
+                );
+            }
+        }
+        assert_eq!(limited, 4);
+        assert_sequential_misses_named(
+            &spans[1..],
+            &[semconv::MISS_REASON_REQUEST_LIMIT],
+        );
+        let ended = server
+            .get()
+            .connections()
+            .iter()
+            .filter(|c| c.end == Some(ConnectionEnd::RequestLimit))
+            .count();
+        assert_eq!(ended, 4, "the server ended 4 connections at its limit");
+    }
+}
+
+/// The server closes idle connections after 100 ms, with FIN or with RST:
+/// the next request 300 ms later is `closed_by_peer`, naming the closed
+/// connection and how it ended.
+#[tokio::test]
+async fn idle_close_by_fin_and_rst_is_closed_by_peer() {
+    for reset in [false, true] {
+        for _ in 0..2 {
+            let t = telemetry();
+            let server = RemoteServer::start(
+                plain_h1()
+                    .idle_timeout(Some(Duration::from_millis(100)))
+                    .idle_close_with_reset(reset),
+            )
+            .await;
+            let client = t.client(reqwest::Client::builder(), None);
+            let url = server.get().url("/");
+            for _ in 0..4 {
+                get(&client, &url).await;
+                tokio::time::sleep(Duration::from_millis(300)).await;
+            }
+            let spans: Vec<Seen> = requests(&t, 4).iter().map(seen).collect();
+            let map = compare_with_server(&spans, &server.get().requests());
+            assert_eq!(map.len(), 4);
+            let expected_end = if reset {
+                ConnectionEnd::IdleReset
+            } else {
+                ConnectionEnd::IdleTimeout
+            };
+            for (i, s) in spans.iter().enumerate().skip(1) {
+                assert_eq!(
+                    s.reason.as_deref(),
+                    Some(semconv::MISS_REASON_CLOSED_BY_PEER),
+                    "reset={reset}: {spans:#?}"
+                );
+                assert_eq!(s.previous_id, spans[i - 1].id);
+                assert_eq!(s.previous_count, Some(1));
+                let end = s.previous_end.as_deref();
+                if reset {
+                    assert_eq!(end, Some(semconv::CONNECTION_END_PEER_CLOSED), "{s:?}");
+                } else {
+                    assert!(
+                        matches!(
+                            end,
+                            Some(semconv::CONNECTION_END_PEER_FIN | semconv::CONNECTION_END_PEER_CLOSED)
+                        ),
+                        "{s:?}"
+                    );
+                }
+                let server_conn = map[&spans[i - 1].id.expect("id")];
+                let record = server
+                    .get()
+                    .connections()
+                    .into_iter()
+                    .find(|c| c.id == server_conn)
+                    .expect("server connection");
+                assert_eq!(record.end, Some(expected_end));
+            }
+        }
+    }
+}
+
+/// HTTP/2: the server sends GOAWAY after 3 streams on a connection: the
+/// next request misses with `closed_by_peer`, `previous.end = goaway`,
+/// never `all_busy`.
+#[tokio::test]
+async fn http2_goaway_after_n_streams_names_the_previous_connection() {
+    for _ in 0..3 {
+        let t = telemetry();
+        let pki = TestPki::localhost().expect("pki");
+        let server = RemoteServer::start(
+            TestServer::builder()
+                .tls(&pki)
+                .http_versions(HttpVersions::Http2Only)
+                .max_requests_per_connection(Some(3)),
+        )
+        .await;
+        let client = t.client(reqwest::Client::builder(), Some(&pki));
+        let url = server.get().url("/");
+        for _ in 0..9 {
+            get(&client, &url).await;
+        }
+        let spans: Vec<Seen> = requests(&t, 9).iter().map(seen).collect();
+        let map = compare_with_server(&spans, &server.get().requests());
+        assert_eq!(map.len(), 3, "{spans:#?}");
+        for (i, s) in spans.iter().enumerate().skip(1) {
+            if s.count == Some(1) {
+                assert_eq!(
+                    s.reason.as_deref(),
+                    Some(semconv::MISS_REASON_CLOSED_BY_PEER),
+                    "{i}: {spans:#?}"
+                );
+                assert_eq!(
+                    s.previous_end.as_deref(),
+                    Some(semconv::CONNECTION_END_GOAWAY)
+                );
+                assert_eq!(s.previous_id, spans[i - 1].id);
+                assert_eq!(s.previous_count, Some(3));
+            } else {
+                assert_eq!(s.reason, None, "{i}: {spans:#?}");
+            }
+        }
+    }
+}
+
+/// HTTP/1.1 response dropped unread: a small body (already received) keeps
+/// the connection, and the next request is attributed to it as the server
+/// saw; a large one closes it, and the next request is `discarded`, naming
+/// it.
+#[tokio::test]
+async fn dropped_http1_bodies_are_attributed_as_the_server_saw_them() {
+    for (path, large) in [("/bytes/2", false), ("/bytes/8000000", true)] {
+        for _ in 0..3 {
+            let t = telemetry();
+            let server = RemoteServer::start(plain_h1()).await;
+            let client = t.client(reqwest::Client::builder(), None);
+            let response = client
+                .get(server.get().url(path))
+                .send()
+                .await
+                .expect("first");
+            // Small: give hyper the moment it needs to read the body.
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            drop(response);
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            get(&client, &server.get().url("/")).await;
+            let spans: Vec<Seen> = requests(&t, 2).iter().map(seen).collect();
+            let map = compare_with_server(&spans, &server.get().requests());
+            let second = &spans[1];
+            if large {
+                assert_eq!(map.len(), 2, "hyper closed it: {spans:#?}");
+                assert_eq!(
+                    second.reason.as_deref(),
+                    Some(semconv::MISS_REASON_DISCARDED),
+                    "{spans:#?}"
+                );
+                assert_eq!(second.previous_id, spans[0].id);
+                assert_eq!(
+                    second.previous_end.as_deref(),
+                    Some(semconv::CONNECTION_END_DISCARDED)
+                );
+            } else {
+                assert_eq!(map.len(), 1, "the server served both on one: {spans:#?}");
+                assert_eq!(second.id, spans[0].id);
+                assert_eq!(second.reused, Some(true));
+                assert_eq!(second.reason, None, "{spans:#?}");
+                assert_eq!(second.count, Some(2));
+            }
+        }
+    }
+}
+
+/// HTTP/2 response dropped before its end: the stream reset shows on the
+/// request and is counted on its connection, which serves the next request.
+#[tokio::test]
+async fn dropped_http2_body_resets_the_stream_and_counts_it() {
+    for _ in 0..3 {
+        let t = telemetry();
+        let pki = TestPki::localhost().expect("pki");
+        let server = RemoteServer::start(
+            TestServer::builder()
+                .tls(&pki)
+                .http_versions(HttpVersions::Http2Only),
+        )
+        .await;
+        let client = t.client(reqwest::Client::builder(), Some(&pki));
+        let response = client
+            .get(server.get().url("/bytes/8000000"))
+            .send()
+            .await
+            .expect("first");
+        drop(response);
+        get(&client, &server.get().url("/")).await;
+        let spans = requests(&t, 2);
+        let first = &spans[0];
+        let reset = first
+            .events
+            .iter()
+            .find(|e| e.name == semconv::EVENT_STREAM_RESET)
+            .expect("stream reset event");
+        assert!(
+            reset
+                .attributes
+                .iter()
+                .any(|kv| kv.key.as_str() == semconv::HTTP_CONNECTION_STREAM_RESETS
+                    && kv.value == opentelemetry::Value::I64(1))
+        );
+        let seen: Vec<Seen> = spans.iter().map(seen).collect();
+        let map = compare_with_server(&seen, &server.get().requests());
+        assert_eq!(map.len(), 1, "one connection: {seen:#?}");
+        assert_eq!(
+            i64_attr(&spans[1], semconv::HTTP_CONNECTION_STREAM_RESETS),
+            Some(1)
+        );
+        assert_eq!(seen[1].reason, None);
+    }
+}
+
+/// HTTP/2 connection whose peer stops answering: the requests that time
+/// out on it name it, with the kernel's evidence (nothing received since
+/// the request started), and it is not counted as an idle connection.
+#[tokio::test]
+async fn requests_timing_out_on_a_stalled_connection_name_it() {
+    let t = telemetry();
+    let pki = TestPki::localhost().expect("pki");
+    let server = RemoteServer::start(
+        TestServer::builder()
+            .tls(&pki)
+            .http_versions(HttpVersions::Http2Only)
+            .stall_after(Some(1)),
+    )
+    .await;
+    let client = t.client(reqwest::Client::builder(), Some(&pki));
+    let url = server.get().url("/");
+    get(&client, &url).await;
+    for _ in 0..2 {
+        let error = client
+            .get(&url)
+            .timeout(Duration::from_millis(300))
+            .send()
+            .await
+            .expect_err("stalled");
+        assert!(error.is_timeout(), "{error:?}");
+    }
+    let spans = requests(&t, 3);
+    let first_id = i64_attr(&spans[0], semconv::HTTP_CONNECTION_ID).expect("id");
+    for failed in &spans[1..] {
+        assert_eq!(
+            str_attr(failed, semconv::ERROR_TYPE).as_deref(),
+            Some(semconv::ERROR_TYPE_TIMEOUT)
+        );
+        assert_eq!(
+            i64_attr(failed, semconv::HTTP_CONNECTION_ID),
+            Some(first_id)
+        );
+        assert_eq!(bool_attr(failed, semconv::HTTP_CONNECTION_STALLED), Some(true));
+        let quiet =
+            f64_attr(failed, semconv::HTTP_CONNECTION_TCP_SINCE_LAST_RECEIVE).expect("evidence");
+        assert!(quiet >= 0.29, "nothing received for the 300 ms: {quiet}");
+        assert_eq!(
+            str_attr(failed, semconv::HTTP_CONNECTION_TCP_STATE).as_deref(),
+            Some("established")
+        );
+    }
+    // The server saw three requests on one connection; it answered one.
+    let records = server.get().requests();
+    assert_eq!(records.len(), 3);
+    assert!(records.iter().all(|r| r.connection_id == records[0].connection_id));
+    let idle: f64 = t
+        .metric(semconv::HTTP_CLIENT_OPEN_CONNECTIONS)
+        .iter()
+        .filter(|p| p.get(semconv::HTTP_CONNECTION_STATE) == Some("idle"))
+        .map(|p| p.value)
+        .sum();
+    assert_eq!(idle, 0.0, "a stalled connection is not idle");
+}
+
+/// A resolver whose answer can be changed.
+#[derive(Debug, Clone)]
+struct SwitchableResolver(Arc<Mutex<IpAddr>>);
+
+impl reqwest::dns::Resolve for SwitchableResolver {
+    fn resolve(&self, _name: reqwest::dns::Name) -> reqwest::dns::Resolving {
+        let ip = *self.0.lock().expect("lock");
+        Box::pin(async move {
+            let addrs: reqwest::dns::Addrs = Box::new(std::iter::once(SocketAddr::new(ip, 0)));
+            Ok(addrs)
+        })
+    }
+}
+
+/// DNS moves the name from 127.0.0.1 to 127.0.0.2: requests still going
+/// to the pooled connection to the old address say so.
+#[tokio::test]
+async fn pooled_connection_to_an_address_dns_no_longer_gives_is_flagged() {
+    let t = telemetry();
+    let old = RemoteServer::start(plain_h1()).await;
+    let port = old.get().addr().port();
+    let new = RemoteServer::start(
+        plain_h1().bind(SocketAddr::from((Ipv4Addr::new(127, 0, 0, 2), port))),
+    )
+    .await;
+    let answer = Arc::new(Mutex::new(IpAddr::from(Ipv4Addr::LOCALHOST)));
+    let client = t
+        .conntrace()
+        .instrument_client(reqwest::Client::builder())
+        .dns_resolver(SwitchableResolver(answer.clone()))
+        .build_with_middleware()
+        .expect("client");
+    let url = format!("http://dns-change.test:{port}/delay/100");
+    get(&client, &url).await;
+    *answer.lock().expect("lock") = IpAddr::from(Ipv4Addr::new(127, 0, 0, 2));
+    // Two at once: one reuses the old connection, the other connects anew
+    // and gets the new answer.
+    futures::future::join(get(&client, &url), get(&client, &url)).await;
+    get(&client, &url).await;
+    let spans = requests(&t, 4);
+    assert_eq!(old.get().request_count() + new.get().request_count(), 4);
+    assert_eq!(old.get().accepted_connections(), 1);
+    assert_eq!(
+        new.get().accepted_connections(),
+        1,
+        "one new connection to the new address"
+    );
+    let mut flagged = 0;
+    for span in &spans[1..] {
+        let peer = str_attr(span, semconv::NETWORK_PEER_ADDRESS).expect("peer");
+        let stale = bool_attr(span, semconv::HTTP_CONNECTION_DNS_STALE);
+        if peer == "127.0.0.1" {
+            assert_eq!(stale, Some(true), "{span:?}");
+            flagged += 1;
+        } else {
+            assert_eq!(stale, None);
+        }
+    }
+    // hyper-util hands out either idle connection to the last request.
+    assert!(flagged >= 1, "the reused old connection is flagged");
+    assert_eq!(
+        flagged,
+        old.get().request_count() - 1,
+        "every request on the old connection after the change"
+    );
+    assert_eq!(
+        bool_attr(&spans[0], semconv::HTTP_CONNECTION_DNS_STALE),
+        None,
+        "before the change"
+    );
+}
