@@ -379,8 +379,11 @@ async fn http2_goaway_after_n_streams_names_the_previous_connection() {
             get(&client, &url).await;
         }
         let spans: Vec<Seen> = requests(&t, 9).iter().map(seen).collect();
-        let map = compare_with_server(&spans, &server.get().requests());
-        assert_eq!(map.len(), 3, "{spans:#?}");
+        let records = server.get().requests();
+        let map = compare_with_server(&spans, &records);
+        // hyper's server accepts streams the client opened before it saw
+        // the GOAWAY: a connection may carry one more than the limit.
+        assert!(map.len() >= 3, "{spans:#?}");
         for (i, s) in spans.iter().enumerate().skip(1) {
             if s.count == Some(1) {
                 assert_eq!(
@@ -392,8 +395,14 @@ async fn http2_goaway_after_n_streams_names_the_previous_connection() {
                     s.previous_end.as_deref(),
                     Some(semconv::CONNECTION_END_GOAWAY)
                 );
-                assert_eq!(s.previous_id, spans[i - 1].id);
-                assert_eq!(s.previous_count, Some(3));
+                let previous = spans[i - 1].id.expect("id");
+                assert_eq!(s.previous_id, Some(previous));
+                let served = records
+                    .iter()
+                    .filter(|r| r.connection_id == map[&previous])
+                    .count();
+                assert!(served >= 3, "the server's limit: {served}");
+                assert_eq!(s.previous_count, Some(served as i64), "as the server counted");
             } else {
                 assert_eq!(s.reason, None, "{i}: {spans:#?}");
             }

@@ -168,6 +168,11 @@ impl PoolLoad {
         }
     }
 
+    /// Requests to `host` in flight now (started, not ended).
+    pub(crate) fn in_flight(&self, host: &HostKey) -> u64 {
+        self.hosts().get(host).map_or(0, |load| load.in_flight)
+    }
+
     /// A response from `host` was attributed; `all_busy` says whether it
     /// missed because every connection was busy. Returns the advice when the
     /// peak in flight this interval exceeds the idle limit and such misses

@@ -125,8 +125,9 @@ pub(crate) enum MissVerdict {
         local: SocketAddr,
         remote: SocketAddr,
         candidate: Arc<ConnectionRecord>,
-        /// When the kernel gives no answer.
-        otherwise: Miss,
+        /// When the kernel shows the socket alive (HTTP/1.1), or gives no
+        /// answer.
+        alive: Miss,
     },
 }
 
@@ -137,7 +138,7 @@ pub(crate) fn decide_from_kernel(
     candidate: &ConnectionRecord,
     lookup: &KernelLookup,
     now: Instant,
-    otherwise: Miss,
+    alive: Miss,
 ) -> Miss {
     let server_end = if candidate.http2() {
         ConnectionEnd::GoAway
@@ -164,6 +165,14 @@ pub(crate) fn decide_from_kernel(
                 Previous::of(candidate, now, Some(end)),
             )
         }
+        // HTTP/2: after the server's GOAWAY the client may close first.
+        KernelLookup::Found(facts) if facts.state.closed_by_us() && candidate.http2() => {
+            candidate.set_end(ConnectionEnd::GoAway);
+            Miss::caused_by(
+                MissReason::ClosedByPeer,
+                Previous::of(candidate, now, Some(ConnectionEnd::GoAway)),
+            )
+        }
         // Our side closed it and nothing we saw explains why: hyper-util
         // dropped it at release, its idle pool being full.
         KernelLookup::Found(facts) if facts.state.closed_by_us() => Miss::caused_by(
@@ -171,9 +180,8 @@ pub(crate) fn decide_from_kernel(
             Previous::of(candidate, now, Some(ConnectionEnd::IdleLimit)),
         ),
         // Alive and free, yet the checkout failed. HTTP/2: the server sent
-        // GOAWAY and has not closed the socket yet. HTTP/1.1: hyper-util
-        // had not put it back into the pool yet (it does so on a spawned
-        // task once the connection has read the end of the body).
+        // GOAWAY and has not closed the socket yet. HTTP/1.1: `alive`
+        // (another request holds it, or hyper-util had not put it back).
         KernelLookup::Found(_) if candidate.http2() => {
             candidate.set_end(ConnectionEnd::GoAway);
             Miss::caused_by(
@@ -181,11 +189,8 @@ pub(crate) fn decide_from_kernel(
                 Previous::of(candidate, now, Some(ConnectionEnd::GoAway)),
             )
         }
-        KernelLookup::Found(_) => Miss::caused_by(
-            MissReason::ReleaseRace,
-            Previous::of(candidate, now, None),
-        ),
-        KernelLookup::Unavailable | KernelLookup::TimedOut => otherwise,
+        KernelLookup::Found(_) => alive,
+        KernelLookup::Unavailable | KernelLookup::TimedOut => alive,
     }
 }
 
@@ -247,11 +252,13 @@ impl PoolHistory {
     /// reqwest calls the connector: hyper-util's pool checkout just failed,
     /// or its pool is disabled). The decision table is in docs/REFERENCE.md
     /// section 14; each step below is one row.
+    /// `in_flight`: requests to the host in flight now, this one included.
     pub(crate) fn classify_miss(
         &self,
         host: &HostKey,
         client: &ClientState,
         now: Instant,
+        in_flight: u64,
     ) -> MissVerdict {
         let hosts = self.hosts();
         let mine: Vec<&Arc<ConnectionRecord>> = hosts
@@ -332,15 +339,29 @@ impl PoolHistory {
                 previous(ConnectionEnd::IdleTimeout),
             ));
         }
-        // 10. Alive as far as we know: the kernel decides.
+        // 10. Alive as far as we know: the kernel decides. If it is alive,
+        //     either another request in flight to the host holds it
+        //     (hyper-util hands a connection out before its response shows
+        //     us who has it): `all_busy`; or nothing else is in flight, so
+        //     hyper-util had not put it back yet: `release_race`.
+        let attributed: u64 = hosts
+            .get(host)
+            .map(|h| h.connections.iter().map(|r| u64::from(r.in_use())).sum())
+            .unwrap_or(0);
+        let others_unattributed = in_flight.saturating_sub(1 + attributed) > 0;
+        let alive = if others_unattributed || candidate.http2() {
+            Miss::new(MissReason::AllBusy)
+        } else {
+            Miss::caused_by(MissReason::ReleaseRace, Previous::of(candidate, now, None))
+        };
         match (candidate.setup.local_addr, candidate.setup.peer_addr) {
             (Some(local), Some(remote)) => MissVerdict::AskKernel {
                 local,
                 remote,
                 candidate: Arc::clone(candidate),
-                otherwise: Miss::new(MissReason::AllBusy),
+                alive,
             },
-            _ => MissVerdict::Decided(Miss::new(MissReason::AllBusy)),
+            _ => MissVerdict::Decided(alive),
         }
     }
 
@@ -498,7 +519,8 @@ impl MissSlot {
 /// (called from the connector layer when reqwest calls it): decided from
 /// the history, or when the kernel answers about the candidate connection.
 pub(crate) fn miss_slot(inner: &Arc<Inner>, host: &HostKey, client: &ClientState) -> Arc<MissSlot> {
-    match inner.pools.classify_miss(host, client, Instant::now()) {
+    let in_flight = inner.load.in_flight(host);
+    match inner.pools.classify_miss(host, client, Instant::now(), in_flight) {
         MissVerdict::Decided(miss) => Arc::new(MissSlot::decided(miss)),
         MissVerdict::Closed { miss, record } => {
             let at = record.last_activity();
@@ -510,13 +532,13 @@ pub(crate) fn miss_slot(inner: &Arc<Inner>, host: &HostKey, client: &ClientState
             local,
             remote,
             candidate,
-            otherwise,
+            alive,
         } => {
-            let slot = Arc::new(MissSlot::pending(otherwise));
+            let slot = Arc::new(MissSlot::pending(alive));
             let answer = slot.clone();
             let weak: Weak<Inner> = Arc::downgrade(inner);
             inner.kernel.lookup_then(local, remote, move |lookup| {
-                let miss = decide_from_kernel(&candidate, &lookup, Instant::now(), otherwise);
+                let miss = decide_from_kernel(&candidate, &lookup, Instant::now(), alive);
                 if let Some(inner) = weak.upgrade() {
                     inner.apply_kernel_view(&candidate, &lookup);
                 }

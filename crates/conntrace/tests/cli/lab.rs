@@ -273,10 +273,10 @@ async fn lab_far_server() {
             miss_reasons(&reqs),
             vec![
                 some(semconv::MISS_REASON_COLD),
-                some(semconv::MISS_REASON_ALL_BUSY),
-                some(semconv::MISS_REASON_ALL_BUSY)
+                some(semconv::MISS_REASON_POOL_DISABLED),
+                some(semconv::MISS_REASON_POOL_DISABLED)
             ],
-            "{run}: an idle limit of 0 closes every connection"
+            "{run}: an idle limit of 0 keeps no connection, on purpose"
         );
         assert!(
             reqs.iter()
