@@ -112,7 +112,8 @@ fn compare_with_server(spans: &[Seen], server: &[RequestRecord]) -> HashMap<i64,
     assert_eq!(answered.len(), server.len(), "answered requests vs server");
     let mut map: HashMap<i64, u64> = HashMap::new();
     for s in &answered {
-        let id = s.id.unwrap_or_else(|| panic!("no http.connection.id: {s:?}"));
+        let id =
+            s.id.unwrap_or_else(|| panic!("no http.connection.id: {s:?}"));
         let port = s.local_port.expect("network.local.port");
         let count = s.count.expect("request_count");
         let record = server
@@ -131,7 +132,11 @@ fn compare_with_server(spans: &[Seen], server: &[RequestRecord]) -> HashMap<i64,
     let mut server_ids: Vec<u64> = map.values().copied().collect();
     server_ids.sort_unstable();
     server_ids.dedup();
-    assert_eq!(server_ids.len(), map.len(), "one client id per server connection");
+    assert_eq!(
+        server_ids.len(),
+        map.len(),
+        "one client id per server connection"
+    );
     map
 }
 
@@ -283,10 +288,7 @@ async fn request_limit_is_its_own_reason_and_names_the_previous_connection() {
             }
         }
         assert_eq!(limited, 4);
-        assert_sequential_misses_named(
-            &spans[1..],
-            &[semconv::MISS_REASON_REQUEST_LIMIT],
-        );
+        assert_sequential_misses_named(&spans[1..], &[semconv::MISS_REASON_REQUEST_LIMIT]);
         let ended = server
             .get()
             .connections()
@@ -340,7 +342,10 @@ async fn idle_close_by_fin_and_rst_is_closed_by_peer() {
                     assert!(
                         matches!(
                             end,
-                            Some(semconv::CONNECTION_END_PEER_FIN | semconv::CONNECTION_END_PEER_CLOSED)
+                            Some(
+                                semconv::CONNECTION_END_PEER_FIN
+                                    | semconv::CONNECTION_END_PEER_CLOSED
+                            )
                         ),
                         "{s:?}"
                     );
@@ -402,7 +407,11 @@ async fn http2_goaway_after_n_streams_names_the_previous_connection() {
                     .filter(|r| r.connection_id == map[&previous])
                     .count();
                 assert!(served >= 3, "the server's limit: {served}");
-                assert_eq!(s.previous_count, Some(served as i64), "as the server counted");
+                assert_eq!(
+                    s.previous_count,
+                    Some(served as i64),
+                    "as the server counted"
+                );
             } else {
                 assert_eq!(s.reason, None, "{i}: {spans:#?}");
             }
@@ -485,13 +494,9 @@ async fn dropped_http2_body_resets_the_stream_and_counts_it() {
             .iter()
             .find(|e| e.name == semconv::EVENT_STREAM_RESET)
             .expect("stream reset event");
-        assert!(
-            reset
-                .attributes
-                .iter()
-                .any(|kv| kv.key.as_str() == semconv::HTTP_CONNECTION_STREAM_RESETS
-                    && kv.value == opentelemetry::Value::I64(1))
-        );
+        assert!(reset.attributes.iter().any(|kv| kv.key.as_str()
+            == semconv::HTTP_CONNECTION_STREAM_RESETS
+            && kv.value == opentelemetry::Value::I64(1)));
         let seen: Vec<Seen> = spans.iter().map(seen).collect();
         let map = compare_with_server(&seen, &server.get().requests());
         assert_eq!(map.len(), 1, "one connection: {seen:#?}");
@@ -540,7 +545,10 @@ async fn requests_timing_out_on_a_stalled_connection_name_it() {
             i64_attr(failed, semconv::HTTP_CONNECTION_ID),
             Some(first_id)
         );
-        assert_eq!(bool_attr(failed, semconv::HTTP_CONNECTION_STALLED), Some(true));
+        assert_eq!(
+            bool_attr(failed, semconv::HTTP_CONNECTION_STALLED),
+            Some(true)
+        );
         let quiet =
             f64_attr(failed, semconv::HTTP_CONNECTION_TCP_SINCE_LAST_RECEIVE).expect("evidence");
         assert!(quiet >= 0.29, "nothing received for the 300 ms: {quiet}");
@@ -552,7 +560,11 @@ async fn requests_timing_out_on_a_stalled_connection_name_it() {
     // The server saw three requests on one connection; it answered one.
     let records = server.get().requests();
     assert_eq!(records.len(), 3);
-    assert!(records.iter().all(|r| r.connection_id == records[0].connection_id));
+    assert!(
+        records
+            .iter()
+            .all(|r| r.connection_id == records[0].connection_id)
+    );
     let idle: f64 = t
         .metric(semconv::HTTP_CLIENT_OPEN_CONNECTIONS)
         .iter()
@@ -583,10 +595,9 @@ async fn pooled_connection_to_an_address_dns_no_longer_gives_is_flagged() {
     let t = telemetry();
     let old = RemoteServer::start(plain_h1()).await;
     let port = old.get().addr().port();
-    let new = RemoteServer::start(
-        plain_h1().bind(SocketAddr::from((Ipv4Addr::new(127, 0, 0, 2), port))),
-    )
-    .await;
+    let new =
+        RemoteServer::start(plain_h1().bind(SocketAddr::from((Ipv4Addr::new(127, 0, 0, 2), port))))
+            .await;
     let answer = Arc::new(Mutex::new(IpAddr::from(Ipv4Addr::LOCALHOST)));
     let client = t
         .conntrace()
@@ -632,4 +643,50 @@ async fn pooled_connection_to_an_address_dns_no_longer_gives_is_flagged() {
         None,
         "before the change"
     );
+}
+
+/// The server advertises `Keep-Alive: timeout=1`: recorded on every request
+/// of the connection; a client idle timeout above it (reqwest's 90 s) gets
+/// the mismatch event once per connection, one at or under it none.
+#[tokio::test]
+async fn server_keep_alive_is_recorded_and_a_longer_client_idle_timeout_flagged() {
+    for (client_idle, flagged) in [(None, true), (Some(Duration::from_millis(500)), false)] {
+        let t = telemetry();
+        let server = RemoteServer::start(plain_h1().keep_alive_header(Some(1))).await;
+        let mut builder = t.conntrace().instrument_client(reqwest::Client::builder());
+        if let Some(idle) = client_idle {
+            builder = builder.pool_idle_timeout(Some(idle));
+        }
+        let client = builder.build_with_middleware().expect("client");
+        let url = server.get().url("/");
+        for _ in 0..3 {
+            get(&client, &url).await;
+        }
+        let spans = requests(&t, 3);
+        let events: Vec<usize> = spans
+            .iter()
+            .map(|s| {
+                s.events
+                    .iter()
+                    .filter(|e| e.name == semconv::EVENT_KEEP_ALIVE_MISMATCH)
+                    .count()
+            })
+            .collect();
+        for s in &spans {
+            assert_eq!(
+                f64_attr(s, semconv::HTTP_CONNECTION_SERVER_KEEP_ALIVE),
+                Some(1.0)
+            );
+        }
+        let seen: Vec<Seen> = spans.iter().map(seen).collect();
+        assert_eq!(
+            compare_with_server(&seen, &server.get().requests()).len(),
+            1
+        );
+        if flagged {
+            assert_eq!(events, vec![1, 0, 0], "once, on the first response");
+        } else {
+            assert_eq!(events, vec![0, 0, 0]);
+        }
+    }
 }

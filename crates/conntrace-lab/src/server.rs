@@ -76,6 +76,7 @@ pub struct TestServerBuilder {
     max_requests: Option<u64>,
     idle_reset: bool,
     stall_after: Option<u64>,
+    keep_alive_header: Option<u64>,
 }
 
 impl Default for TestServerBuilder {
@@ -93,6 +94,7 @@ impl Default for TestServerBuilder {
             max_requests: None,
             idle_reset: false,
             stall_after: None,
+            keep_alive_header: None,
         }
     }
 }
@@ -179,6 +181,15 @@ impl TestServerBuilder {
         self
     }
 
+    /// Adds `Keep-Alive: timeout=<secs>` to every HTTP/1 response (as
+    /// Apache httpd does), advertising the server's idle timeout. It only
+    /// advertises: set [`idle_timeout`](Self::idle_timeout) to enforce it.
+    /// Default: none.
+    pub fn keep_alive_header(mut self, timeout_secs: Option<u64>) -> Self {
+        self.keep_alive_header = timeout_secs;
+        self
+    }
+
     /// A fixed delay added before every response (default zero).
     pub fn delay(mut self, delay: Duration) -> Self {
         self.delay = delay;
@@ -213,6 +224,7 @@ impl TestServerBuilder {
                 delay: self.delay,
                 max_requests: self.max_requests,
                 stall_after: self.stall_after,
+                keep_alive_header: self.keep_alive_header,
             }),
         });
         let task = tokio::spawn(accept_loop(listener, settings, shared.clone()));

@@ -233,7 +233,11 @@ fn keep_alive_timeout(headers: &http::HeaderMap) -> Option<Duration> {
 /// Records the server's advertised keep-alive timeout on the connection and
 /// the span; the first time a connection advertises one shorter than the
 /// client's pool idle timeout, an event (and one WARN line per client).
-fn record_server_keep_alive(span: &tracing::Span, record: &ConnectionRecord, headers: &http::HeaderMap) {
+fn record_server_keep_alive(
+    span: &tracing::Span,
+    record: &ConnectionRecord,
+    headers: &http::HeaderMap,
+) {
     let first = keep_alive_timeout(headers).map(|t| record.set_server_keep_alive(t));
     let Some(server) = record.server_keep_alive() else {
         return;
@@ -346,7 +350,10 @@ fn record_kernel_evidence(
             let Some(info) = &facts.info else {
                 return;
             };
-            span.set_attribute(semconv::HTTP_CONNECTION_TCP_UNACKED, i64::from(info.unacked));
+            span.set_attribute(
+                semconv::HTTP_CONNECTION_TCP_UNACKED,
+                i64::from(info.unacked),
+            );
             span.set_attribute(
                 semconv::HTTP_CONNECTION_TCP_SINCE_LAST_RECEIVE,
                 secs(info.since_last_receive),

@@ -366,7 +366,11 @@ impl PoolHistory {
     }
 
     /// The connection this request's own connect made, if it succeeded.
-    pub(crate) fn made_for(&self, host: &HostKey, request_id: u64) -> Option<Arc<ConnectionRecord>> {
+    pub(crate) fn made_for(
+        &self,
+        host: &HostKey,
+        request_id: u64,
+    ) -> Option<Arc<ConnectionRecord>> {
         let hosts = self.hosts();
         hosts
             .get(host)?
@@ -520,7 +524,10 @@ impl MissSlot {
 /// the history, or when the kernel answers about the candidate connection.
 pub(crate) fn miss_slot(inner: &Arc<Inner>, host: &HostKey, client: &ClientState) -> Arc<MissSlot> {
     let in_flight = inner.load.in_flight(host);
-    match inner.pools.classify_miss(host, client, Instant::now(), in_flight) {
+    match inner
+        .pools
+        .classify_miss(host, client, Instant::now(), in_flight)
+    {
         MissVerdict::Decided(miss) => Arc::new(MissSlot::decided(miss)),
         MissVerdict::Closed { miss, record } => {
             let at = record.last_activity();

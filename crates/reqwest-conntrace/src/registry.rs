@@ -3,9 +3,9 @@
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
+use std::sync::OnceLock;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use opentelemetry::trace::SpanContext;
@@ -127,7 +127,9 @@ impl ConnectionRecord {
     /// Records the server's advertised keep-alive timeout; returns `true`
     /// the first time one is seen on this connection.
     pub(crate) fn set_server_keep_alive(&self, timeout: Duration) -> bool {
-        let ms = u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX).max(1);
+        let ms = u64::try_from(timeout.as_millis())
+            .unwrap_or(u64::MAX)
+            .max(1);
         self.server_keep_alive_ms.swap(ms, Ordering::Relaxed) == 0
     }
 

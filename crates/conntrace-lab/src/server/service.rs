@@ -126,6 +126,8 @@ pub(crate) struct ResponseConfig {
     pub(crate) max_requests: Option<u64>,
     /// Requests after this many on a connection are never answered.
     pub(crate) stall_after: Option<u64>,
+    /// `Keep-Alive: timeout=N` on HTTP/1 responses.
+    pub(crate) keep_alive_header: Option<u64>,
 }
 
 /// Handles one request: records it, applies delays, builds the body.
@@ -201,6 +203,12 @@ pub(crate) async fn handle(
         http::header::CONTENT_TYPE,
         http::HeaderValue::from_static("text/plain"),
     );
+    if let Some(secs) = cfg.keep_alive_header
+        && version != http::Version::HTTP_2
+        && let Ok(value) = http::HeaderValue::from_str(&format!("timeout={secs}"))
+    {
+        headers.insert(http::HeaderName::from_static("keep-alive"), value);
+    }
     if last && version != http::Version::HTTP_2 {
         headers.insert(
             http::header::CONNECTION,

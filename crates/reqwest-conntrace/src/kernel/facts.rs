@@ -195,9 +195,7 @@ impl TcpInfo {
             total_retransmits: u32_at(offset::TOTAL_RETRANS)?,
             lost: u32_at(offset::LOST)?,
             unacked: u32_at(offset::UNACKED)?,
-            since_last_receive: Duration::from_millis(u64::from(u32_at(
-                offset::LAST_DATA_RECV,
-            )?)),
+            since_last_receive: Duration::from_millis(u64::from(u32_at(offset::LAST_DATA_RECV)?)),
         })
     }
 }
