@@ -20,15 +20,19 @@ mod cancelled_handshake;
 mod connect_proxy;
 mod dead_first_address;
 mod discarded;
+mod dns_change;
 mod dns_queue;
 mod far_server;
+mod goaway;
 mod idle_expired;
 mod ipv6_blackhole;
 mod net;
 mod new_client;
 mod report;
+mod request_limit;
 mod runner;
 mod server_closed;
+mod stalled;
 mod text;
 mod view;
 
@@ -69,11 +73,19 @@ pub(crate) enum Scenario {
     DeadFirstAddress,
     /// A request cancelled mid-handshake.
     CancelledHandshake,
+    /// `request_limit`: the server's per-connection request limit.
+    RequestLimit,
+    /// HTTP/2 GOAWAY after N streams.
+    GoAway,
+    /// A stalled HTTP/2 connection.
+    StalledConnection,
+    /// A DNS change under a pooled connection.
+    DnsChange,
 }
 
 impl Scenario {
     /// Every scenario, in `--list` order.
-    pub(crate) const ALL: [Scenario; 10] = [
+    pub(crate) const ALL: [Scenario; 14] = [
         Scenario::FarServer,
         Scenario::Ipv6Blackhole,
         Scenario::IdleExpired,
@@ -84,6 +96,10 @@ impl Scenario {
         Scenario::DnsQueue,
         Scenario::DeadFirstAddress,
         Scenario::CancelledHandshake,
+        Scenario::RequestLimit,
+        Scenario::GoAway,
+        Scenario::StalledConnection,
+        Scenario::DnsChange,
     ];
 
     /// The name on the command line.
@@ -99,6 +115,10 @@ impl Scenario {
             Scenario::DnsQueue => "dns-queue",
             Scenario::DeadFirstAddress => "dead-first-address",
             Scenario::CancelledHandshake => "cancelled-handshake",
+            Scenario::RequestLimit => "request-limit",
+            Scenario::GoAway => "goaway",
+            Scenario::StalledConnection => "stalled-connection",
+            Scenario::DnsChange => "dns-change",
         }
     }
 
@@ -134,6 +154,18 @@ impl Scenario {
             }
             Scenario::CancelledHandshake => {
                 "a request timeout (and a connect timeout) fires mid TLS handshake: the abandoned connect's spans end cancelled / timeout, the next request is a miss"
+            }
+            Scenario::RequestLimit => {
+                "the server closes each connection after 5 requests (Connection: close, like nginx keepalive_requests): every 6th request is a miss with request_limit naming the connection that carried 5"
+            }
+            Scenario::GoAway => {
+                "an HTTP/2 server sends GOAWAY after 3 streams: the request after it is a miss with closed_by_peer, previous.end goaway, naming the connection"
+            }
+            Scenario::StalledConnection => {
+                "an HTTP/2 peer stops answering: the requests that time out name the connection, stalled, with the kernel's evidence (nothing received)"
+            }
+            Scenario::DnsChange => {
+                "the name moves to another address while a connection to the old one is pooled: requests still going there carry dns_stale"
             }
         }
     }

@@ -12,8 +12,9 @@ use clap::Args;
 use super::report::{LabReport, ListedScenario, Outcome, ScenarioList};
 use super::view::Spans;
 use super::{
-    Scenario, cancelled_handshake, connect_proxy, dead_first_address, discarded, dns_queue,
-    far_server, idle_expired, ipv6_blackhole, new_client, server_closed, text,
+    Scenario, cancelled_handshake, connect_proxy, dead_first_address, discarded, dns_change,
+    dns_queue, far_server, goaway, idle_expired, ipv6_blackhole, new_client, request_limit,
+    server_closed, stalled, text,
 };
 use crate::telemetry::Telemetry;
 
@@ -153,6 +154,10 @@ pub(crate) async fn run(args: LabArgs) -> anyhow::Result<ExitCode> {
         Scenario::DnsQueue => dns_queue::run(&mut lab).await,
         Scenario::DeadFirstAddress => dead_first_address::run(&mut lab).await,
         Scenario::CancelledHandshake => cancelled_handshake::run(&mut lab).await,
+        Scenario::RequestLimit => request_limit::run(&mut lab).await,
+        Scenario::GoAway => goaway::run(&mut lab).await,
+        Scenario::StalledConnection => stalled::run(&mut lab).await,
+        Scenario::DnsChange => dns_change::run(&mut lab).await,
     };
     let telemetry = lab.telemetry.finish().await;
     let outcome = match result {
