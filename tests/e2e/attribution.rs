@@ -14,7 +14,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use conntrace_lab::{
-    ConnectionEnd, HttpVersions, TestPki, TestServer, TestServerBuilder, server::RequestRecord,
+    ConnectionEnd, HttpVersions, Nginx, NginxConfig, NginxListener, TestPki, TestServer,
+    TestServerBuilder, server::RequestRecord,
 };
 use opentelemetry_sdk::trace::SpanData;
 use reqwest_conntrace::semconv;
@@ -102,12 +103,27 @@ fn requests(t: &Telemetry, n: usize) -> Vec<SpanData> {
     }
 }
 
+/// One request as the server recorded it: the client's port, the index of
+/// the request on its connection, the server's connection id.
+type ServerView = (u16, u64, u64);
+
+fn lab_view(records: &[RequestRecord]) -> Vec<ServerView> {
+    records
+        .iter()
+        .map(|r| (r.remote_port(), r.request_index, r.connection_id))
+        .collect()
+}
+
 /// The server's connection id for each client connection id, checked
 /// request by request: every answered request's span names the connection
 /// whose local port the server saw, and its request count is the server's
 /// index of the request on that connection; one client id per server
 /// connection and back.
 fn compare_with_server(spans: &[Seen], server: &[RequestRecord]) -> HashMap<i64, u64> {
+    compare_with(spans, &lab_view(server))
+}
+
+fn compare_with(spans: &[Seen], server: &[ServerView]) -> HashMap<i64, u64> {
     let answered: Vec<&Seen> = spans.iter().filter(|s| s.error.is_none()).collect();
     assert_eq!(answered.len(), server.len(), "answered requests vs server");
     let mut map: HashMap<i64, u64> = HashMap::new();
@@ -116,17 +132,16 @@ fn compare_with_server(spans: &[Seen], server: &[RequestRecord]) -> HashMap<i64,
             s.id.unwrap_or_else(|| panic!("no http.connection.id: {s:?}"));
         let port = s.local_port.expect("network.local.port");
         let count = s.count.expect("request_count");
-        let record = server
+        let &(_, _, server_conn) = server
             .iter()
-            .find(|r| i64::from(r.remote_port()) == port && r.request_index as i64 == count)
+            .find(|(p, index, _)| i64::from(*p) == port && *index as i64 == count)
             .unwrap_or_else(|| {
-                panic!("no server request on port {port} with index {count}: {s:?}\n{server:#?}")
+                panic!("no server request on port {port} with index {count}: {s:?}\n{server:?}")
             });
-        let previous = map.insert(id, record.connection_id);
+        let previous = map.insert(id, server_conn);
         assert!(
-            previous.is_none_or(|p| p == record.connection_id),
-            "client connection {id} is server connections {previous:?} and {}",
-            record.connection_id
+            previous.is_none_or(|p| p == server_conn),
+            "client connection {id} is server connections {previous:?} and {server_conn}"
         );
     }
     let mut server_ids: Vec<u64> = map.values().copied().collect();
@@ -687,6 +702,71 @@ async fn server_keep_alive_is_recorded_and_a_longer_client_idle_timeout_flagged(
             assert_eq!(events, vec![1, 0, 0], "once, on the first response");
         } else {
             assert_eq!(events, vec![0, 0, 0]);
+        }
+    }
+}
+
+/// A real nginx with `keepalive_requests 5`, HTTP/1.1 and HTTP/2 (where
+/// nginx sends GOAWAY at the limit): 21 sequential requests, each compared
+/// with nginx's access log (`$remote_port`, `$connection`,
+/// `$connection_requests`); the request after each limit names the
+/// connection that carried 5; no `all_busy`.
+#[tokio::test]
+async fn nginx_keepalive_requests_limit_matches_the_access_log() {
+    let pki = TestPki::localhost().expect("pki");
+    let nginx = Nginx::start(NginxConfig::new(&pki).keepalive_requests(5))
+        .await
+        .unwrap_or_else(|e| panic!("nginx must start (a missing nginx is a failure): {e}"));
+    let mut logged = 0;
+    for listener in [NginxListener::Plain, NginxListener::H2] {
+        for _ in 0..2 {
+            let t = telemetry();
+            let client = t.client(reqwest::Client::builder(), Some(&pki));
+            let url = nginx.url(listener, "/").expect("url");
+            for _ in 0..21 {
+                get(&client, &url).await;
+            }
+            logged += 21;
+            let log = nginx
+                .wait_for_access_log(logged, Duration::from_secs(5))
+                .await;
+            let view: Vec<ServerView> = log[logged - 21..]
+                .iter()
+                .map(|e| (e.remote_port, e.connection_requests, e.connection))
+                .collect();
+            let spans: Vec<Seen> = requests(&t, 21).iter().map(seen).collect();
+            let map = compare_with(&spans, &view);
+            assert!(map.len() >= 5, "{listener:?}: {spans:#?}");
+            let (reason, end) = match listener {
+                NginxListener::H2 => (
+                    semconv::MISS_REASON_CLOSED_BY_PEER,
+                    semconv::CONNECTION_END_GOAWAY,
+                ),
+                _ => (
+                    semconv::MISS_REASON_REQUEST_LIMIT,
+                    semconv::CONNECTION_END_CONNECTION_CLOSE,
+                ),
+            };
+            for (i, s) in spans.iter().enumerate().skip(1) {
+                if s.count == Some(1) {
+                    assert_eq!(
+                        s.reason.as_deref(),
+                        Some(reason),
+                        "{listener:?} {i}: {spans:#?}"
+                    );
+                    assert_eq!(s.previous_end.as_deref(), Some(end));
+                    assert_eq!(s.previous_id, spans[i - 1].id);
+                    let served = view
+                        .iter()
+                        .filter(|(_, _, c)| *c == map[&spans[i - 1].id.expect("id")])
+                        .count();
+                    assert_eq!(s.previous_count, Some(served as i64), "as nginx counted");
+                } else if listener == NginxListener::H2 {
+                    assert_eq!(s.reason, None, "{i}: {spans:#?}");
+                } else {
+                    assert_sequential_misses_named(std::slice::from_ref(s), &[]);
+                }
+            }
         }
     }
 }
