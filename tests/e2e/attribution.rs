@@ -770,3 +770,60 @@ async fn nginx_keepalive_requests_limit_matches_the_access_log() {
         }
     }
 }
+
+/// An HTTP/2 server that kills the connection (GOAWAY with
+/// `ENHANCE_YOUR_CALM`, as servers do on too many stream resets) while a
+/// request is in flight on it: the request fails with a proper `error.type`
+/// (h2 ends a stream the server had already taken with a broken pipe when
+/// the connection closes: `connection_reset`; one above the GOAWAY's last
+/// stream id: `http2_goaway`), never `_OTHER`, and names the connection it
+/// failed on.
+#[tokio::test]
+async fn http2_connection_killed_by_the_server_names_the_connection() {
+    let t = telemetry();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let server = tokio::spawn(async move {
+        let (socket, _) = listener.accept().await.expect("accept");
+        let mut conn = h2::server::handshake(socket).await.expect("h2 handshake");
+        let (_, mut respond) = conn.accept().await.expect("request 1").expect("stream");
+        let mut body = respond
+            .send_response(http::Response::new(()), false)
+            .expect("headers");
+        body.send_data(bytes::Bytes::from_static(b"ok"), true)
+            .expect("body");
+        let (_, held) = conn.accept().await.expect("request 2").expect("stream");
+        conn.abrupt_shutdown(h2::Reason::ENHANCE_YOUR_CALM);
+        let _ = std::future::poll_fn(|cx| conn.poll_closed(cx)).await;
+        // The socket stays open until the client has seen the GOAWAY (a
+        // closed socket would turn it into a broken pipe).
+        (conn, held)
+    });
+    let client = t.client(reqwest::Client::builder().http2_prior_knowledge(), None);
+    let url = format!("http://{addr}/");
+    get(&client, &url).await;
+    let error = client.get(&url).send().await.expect_err("killed");
+    assert!(!error.to_string().is_empty());
+    drop(server.await.expect("server task"));
+    let spans = requests(&t, 2);
+    let first = i64_attr(&spans[0], semconv::HTTP_CONNECTION_ID).expect("id");
+    let error_type = str_attr(&spans[1], semconv::ERROR_TYPE);
+    assert!(
+        matches!(
+            error_type.as_deref(),
+            Some(semconv::ERROR_TYPE_CONNECTION_RESET | semconv::ERROR_TYPE_HTTP2_GOAWAY)
+        ),
+        "{error_type:?} {:?}",
+        spans[1].status
+    );
+    assert_eq!(
+        i64_attr(&spans[1], semconv::HTTP_CONNECTION_ID),
+        Some(first)
+    );
+    assert_eq!(
+        bool_attr(&spans[1], semconv::HTTP_CONNECTION_REUSED),
+        Some(true)
+    );
+}

@@ -282,6 +282,19 @@ pub(crate) fn attribute_failure(
     span: &tracing::Span,
     error_type: &str,
 ) {
+    // Only errors that happen on a connection (not, say, a refused
+    // redirect or a request that could not be built).
+    let on_a_connection = matches!(
+        error_type,
+        semconv::ERROR_TYPE_CONNECTION_RESET
+            | semconv::ERROR_TYPE_TIMEOUT
+            | semconv::ERROR_TYPE_HTTP2_GOAWAY
+            | semconv::ERROR_TYPE_HTTP2_STREAM_RESET
+            | semconv::ERROR_TYPE_HTTP2_ERROR
+    );
+    if !on_a_connection {
+        return;
+    }
     let record = if state.miss().is_some() {
         inner.pools.made_for(&state.host, state.id)
     } else {
@@ -588,5 +601,46 @@ impl RequestEnd {
 impl Drop for RequestEnd {
     fn drop(&mut self) {
         self.finish(EndKind::Dropped);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn headers(pairs: &[(&'static str, &'static str)]) -> http::HeaderMap {
+        let mut map = http::HeaderMap::new();
+        for (k, v) in pairs {
+            map.append(*k, http::HeaderValue::from_static(v));
+        }
+        map
+    }
+
+    #[test]
+    fn connection_close_is_a_token_of_the_connection_header() {
+        assert!(says_connection_close(&headers(&[("connection", "close")])));
+        assert!(says_connection_close(&headers(&[(
+            "connection",
+            "Upgrade, Close"
+        )])));
+        assert!(!says_connection_close(&headers(&[(
+            "connection",
+            "keep-alive"
+        )])));
+        assert!(!says_connection_close(&headers(&[(
+            "x-connection",
+            "close"
+        )])));
+        assert!(!says_connection_close(&headers(&[])));
+    }
+
+    #[test]
+    fn keep_alive_timeout_is_read_from_its_parameter() {
+        let t = |v| keep_alive_timeout(&headers(&[("keep-alive", v)]));
+        assert_eq!(t("timeout=5, max=100"), Some(Duration::from_secs(5)));
+        assert_eq!(t("max=100, Timeout=30"), Some(Duration::from_secs(30)));
+        assert_eq!(t("max=100"), None);
+        assert_eq!(t("timeout=soon"), None);
+        assert_eq!(keep_alive_timeout(&headers(&[])), None);
     }
 }

@@ -159,6 +159,12 @@ mod tests {
     }
 
     #[test]
+    fn http2_errors_are_classified_by_kind() {
+        let reset = h2::Error::from(h2::Reason::CANCEL);
+        assert_eq!(classify(&reset), semconv::ERROR_TYPE_HTTP2_STREAM_RESET);
+    }
+
+    #[test]
     fn refused_connections_are_classified() {
         let e = io::Error::from(io::ErrorKind::ConnectionRefused);
         assert_eq!(classify(&e), semconv::ERROR_TYPE_CONNECTION_REFUSED);
