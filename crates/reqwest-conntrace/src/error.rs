@@ -160,8 +160,12 @@ mod tests {
 
     #[test]
     fn http2_errors_are_classified_by_kind() {
-        let reset = h2::Error::from(h2::Reason::CANCEL);
-        assert_eq!(classify(&reset), semconv::ERROR_TYPE_HTTP2_STREAM_RESET);
+        // A bare reason (no RST_STREAM / GOAWAY frame: h2's public
+        // constructor) is a protocol error of the connection.
+        let reason = h2::Error::from(h2::Reason::PROTOCOL_ERROR);
+        assert_eq!(classify(&reason), semconv::ERROR_TYPE_HTTP2_ERROR);
+        let wrapped = io::Error::other(h2::Error::from(h2::Reason::ENHANCE_YOUR_CALM));
+        assert_eq!(classify(&wrapped), semconv::ERROR_TYPE_HTTP2_ERROR);
     }
 
     #[test]
