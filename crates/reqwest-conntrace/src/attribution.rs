@@ -375,9 +375,9 @@ fn record_kernel_evidence(
                 semconv::HTTP_CONNECTION_TCP_RETRANSMITS,
                 i64::from(info.total_retransmits),
             );
-            // tcpi_last_data_recv has millisecond resolution.
+            // tcpi_last_data_recv counts jiffies (1 to 10 ms, CONFIG_HZ).
             if timed_out_after
-                .is_some_and(|t| info.since_last_receive + Duration::from_millis(1) >= t)
+                .is_some_and(|t| info.since_last_receive + Duration::from_millis(10) >= t)
             {
                 record.mark_stalled();
                 span.set_attribute(semconv::HTTP_CONNECTION_STALLED, true);

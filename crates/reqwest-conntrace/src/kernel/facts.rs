@@ -50,7 +50,8 @@ pub struct TcpInfo {
     /// `unacked:`). A snapshot: data stuck on the way to the peer.
     pub unacked: u32,
     /// Time since data last arrived from the peer, `tcpi_last_data_recv`
-    /// (millisecond resolution; `ss`: `lastrcv:`).
+    /// (reported in ms, counted in jiffies: 1 to 10 ms resolution; `ss`:
+    /// `lastrcv:`).
     pub since_last_receive: Duration,
 }
 
