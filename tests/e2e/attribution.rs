@@ -296,12 +296,15 @@ async fn request_limit_is_its_own_reason_and_names_the_previous_connection() {
         }
         let spans: Vec<Seen> = requests(&t, 21).iter().map(seen).collect();
         let map = compare_with_server(&spans, &server.get().requests());
-        assert_eq!(map.len(), 5, "21 requests, 5 per connection");
+        assert!(map.len() >= 5, "21 requests, at most 5 per connection");
+        // After each response at the limit, the next request is a
+        // `request_limit` miss naming that connection, or (after a
+        // release race left a spare connection in the pool) an idle hit.
         let mut limited = 0;
-        for (i, s) in spans.iter().enumerate() {
-            if s.count == Some(1) && i > 0 {
+        for (i, s) in spans.iter().enumerate().skip(1) {
+            let before = &spans[i - 1];
+            if before.count == Some(5) && s.reason.is_some() {
                 limited += 1;
-                let before = &spans[i - 1];
                 assert_eq!(
                     s.reason.as_deref(),
                     Some(semconv::MISS_REASON_REQUEST_LIMIT),
@@ -313,23 +316,45 @@ async fn request_limit_is_its_own_reason_and_names_the_previous_connection() {
                     s.previous_end.as_deref(),
                     Some(semconv::CONNECTION_END_CONNECTION_CLOSE)
                 );
+            } else if s.reason.as_deref() == Some(semconv::MISS_REASON_REQUEST_LIMIT) {
+                panic!("{i}: request_limit after a response under the limit: {spans:#?}");
             }
         }
-        assert_eq!(limited, 4);
+        assert!(limited >= 1, "{spans:#?}");
         assert_sequential_misses_named(&spans[1..], &[semconv::MISS_REASON_REQUEST_LIMIT]);
-        let ended = server
-            .get()
-            .connections()
-            .iter()
-            .filter(|c| c.end == Some(ConnectionEnd::RequestLimit))
+        let records = server.get().requests();
+        let full = map
+            .values()
+            .filter(|c| records.iter().filter(|r| r.connection_id == **c).count() == 5)
             .count();
-        assert_eq!(ended, 4, "the server ended 4 connections at its limit");
+        // The server records a connection's end when its task finishes.
+        let deadline = std::time::Instant::now() + Duration::from_secs(2);
+        let ended = loop {
+            let ended = server
+                .get()
+                .connections()
+                .iter()
+                .filter(|c| c.end == Some(ConnectionEnd::RequestLimit))
+                .count();
+            if ended >= full || std::time::Instant::now() >= deadline {
+                break ended;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        };
+        assert_eq!(
+            ended, full,
+            "the server ended each connection that reached 5"
+        );
+        assert!(limited <= ended);
     }
 }
 
 /// The server closes idle connections after 100 ms, with FIN or with RST:
 /// the next request 300 ms later is `closed_by_peer`, naming the closed
-/// connection and how it ended.
+/// connection and how it ended. On a loaded machine hyper may not have seen
+/// the close yet and sends the request on the dead connection (the
+/// keep-alive race): that request fails with `connection_reset` naming the
+/// connection, and the next one is `closed_by_peer` with `peer_reset`.
 #[tokio::test]
 async fn idle_close_by_fin_and_rst_is_closed_by_peer() {
     for reset in [false, true] {
@@ -344,41 +369,55 @@ async fn idle_close_by_fin_and_rst_is_closed_by_peer() {
             let client = t.client(reqwest::Client::builder(), None);
             let url = server.get().url("/");
             for _ in 0..4 {
-                get(&client, &url).await;
+                if let Ok(response) = client.get(&url).send().await {
+                    response.bytes().await.expect("body");
+                }
                 tokio::time::sleep(Duration::from_millis(300)).await;
             }
             let spans: Vec<Seen> = requests(&t, 4).iter().map(seen).collect();
             let map = compare_with_server(&spans, &server.get().requests());
-            assert_eq!(map.len(), 4);
             let expected_end = if reset {
                 ConnectionEnd::IdleReset
             } else {
                 ConnectionEnd::IdleTimeout
             };
             for (i, s) in spans.iter().enumerate().skip(1) {
+                let before = &spans[i - 1];
+                if s.error.is_some() {
+                    assert_eq!(
+                        s.error.as_deref(),
+                        Some(semconv::ERROR_TYPE_CONNECTION_RESET),
+                        "{spans:#?}"
+                    );
+                    assert_eq!(s.id, before.id, "failed on the closed connection");
+                    assert_eq!(s.reused, Some(true));
+                    continue;
+                }
                 assert_eq!(
                     s.reason.as_deref(),
                     Some(semconv::MISS_REASON_CLOSED_BY_PEER),
                     "reset={reset}: {spans:#?}"
                 );
-                assert_eq!(s.previous_id, spans[i - 1].id);
+                assert_eq!(s.previous_id, before.id);
                 assert_eq!(s.previous_count, Some(1));
                 let end = s.previous_end.as_deref();
-                if reset {
-                    assert_eq!(end, Some(semconv::CONNECTION_END_PEER_CLOSED), "{s:?}");
-                } else {
-                    assert!(
-                        matches!(
-                            end,
-                            Some(
-                                semconv::CONNECTION_END_PEER_FIN
-                                    | semconv::CONNECTION_END_PEER_CLOSED
-                            )
-                        ),
-                        "{s:?}"
-                    );
-                }
-                let server_conn = map[&spans[i - 1].id.expect("id")];
+                let expected: &[&str] = match (before.error.is_some(), reset) {
+                    (true, _) => &[semconv::CONNECTION_END_PEER_RESET],
+                    (false, true) => &[semconv::CONNECTION_END_PEER_CLOSED],
+                    (false, false) => &[
+                        semconv::CONNECTION_END_PEER_FIN,
+                        semconv::CONNECTION_END_PEER_CLOSED,
+                    ],
+                };
+                assert!(end.is_some_and(|e| expected.contains(&e)), "{s:?}");
+                // The connection it names, as the server saw it: the one
+                // the previous request was answered on, closed idle.
+                let answered_before = spans[..i]
+                    .iter()
+                    .rev()
+                    .find(|p| p.error.is_none() && p.id == s.previous_id)
+                    .expect("a request answered on the previous connection");
+                let server_conn = map[&answered_before.id.expect("id")];
                 let record = server
                     .get()
                     .connections()
@@ -761,22 +800,22 @@ async fn nginx_keepalive_requests_limit_matches_the_access_log() {
                 ),
             };
             for (i, s) in spans.iter().enumerate().skip(1) {
-                if s.count == Some(1) {
+                let before = &spans[i - 1];
+                if before.count == Some(5) && s.reason.is_some() {
                     assert_eq!(
                         s.reason.as_deref(),
                         Some(reason),
                         "{listener:?} {i}: {spans:#?}"
                     );
                     assert_eq!(s.previous_end.as_deref(), Some(end));
-                    assert_eq!(s.previous_id, spans[i - 1].id);
+                    assert_eq!(s.previous_id, before.id);
                     let served = view
                         .iter()
-                        .filter(|(_, _, c)| *c == map[&spans[i - 1].id.expect("id")])
+                        .filter(|(_, _, c)| *c == map[&before.id.expect("id")])
                         .count();
                     assert_eq!(s.previous_count, Some(served as i64), "as nginx counted");
-                } else if listener == NginxListener::H2 {
-                    assert_eq!(s.reason, None, "{i}: {spans:#?}");
                 } else {
+                    // An idle hit, or hyper-util's pool-return race.
                     assert_sequential_misses_named(std::slice::from_ref(s), &[]);
                 }
             }

@@ -104,7 +104,7 @@ pub(crate) fn attribute_response(
         record_miss(inner, state, span, &miss);
     }
     record_server_keep_alive(span, &record, headers);
-    if reused && inner.pools.dns_stale(&state.host, &record) {
+    if reused && record.is_dns_stale() {
         span.set_attribute(semconv::HTTP_CONNECTION_DNS_STALE, true);
     }
     let resets = record.stream_resets();
@@ -494,6 +494,14 @@ impl RequestEnd {
         if let Some((_, record)) = &self.connection {
             record.give_back();
             match kind {
+                // `Connection: close`: hyper closes it after this response.
+                EndKind::Complete | EndKind::Dropped
+                    if !record.http2() && record.said_connection_close() =>
+                {
+                    record.mark_released(now);
+                    record.set_end(ConnectionEnd::ConnectionClose);
+                    self.inner.connection_closed(record, now);
+                }
                 EndKind::Complete => {
                     record.mark_released(now);
                     self.released_to_pool(record, now);

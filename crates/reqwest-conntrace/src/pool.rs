@@ -51,9 +51,6 @@ const MAX_HOSTS: usize = 1024;
 struct HostHistory {
     connections: VecDeque<Arc<ConnectionRecord>>,
     last_used: Instant,
-    /// The newest DNS answer for the host: (id of the connection whose
-    /// connect got it, its addresses).
-    newest_answer: Option<(u64, Vec<IpAddr>)>,
 }
 
 /// Every client's connections by host.
@@ -216,36 +213,28 @@ impl PoolHistory {
         let history = hosts.entry(host).or_insert_with(|| HostHistory {
             connections: VecDeque::new(),
             last_used: now,
-            newest_answer: None,
         });
         history.last_used = now;
+        // A newer DNS answer: the host's older connections to an address it
+        // no longer holds are stale (checked here, once per connection, so
+        // a response only reads a flag).
         if !record.setup.proxied && !record.setup.dns_answers.is_empty() {
-            history.newest_answer = Some((
-                record.id(),
-                record.setup.dns_answers.iter().map(|a| a.ip()).collect(),
-            ));
+            let answer: Vec<IpAddr> = record.setup.dns_answers.iter().map(|a| a.ip()).collect();
+            for older in &history.connections {
+                if !older.setup.proxied
+                    && older
+                        .setup
+                        .peer_addr
+                        .is_some_and(|peer| !answer.contains(&peer.ip()))
+                {
+                    older.mark_dns_stale();
+                }
+            }
         }
         if history.connections.len() >= CONNECTIONS_PER_HOST {
             history.connections.pop_front();
         }
         history.connections.push_back(record);
-    }
-
-    /// Whether `record`'s peer is missing from a DNS answer for `host` newer
-    /// than its own connect (a pooled connection to an address the name no
-    /// longer resolves to).
-    pub(crate) fn dns_stale(&self, host: &HostKey, record: &ConnectionRecord) -> bool {
-        let Some(peer) = record.setup.peer_addr else {
-            return false;
-        };
-        if record.setup.proxied {
-            return false;
-        }
-        let hosts = self.hosts();
-        hosts
-            .get(host)
-            .and_then(|h| h.newest_answer.as_ref())
-            .is_some_and(|(id, answer)| *id > record.id() && !answer.contains(&peer.ip()))
     }
 
     /// Why `client` found no idle connection to `host` at `now` (called when

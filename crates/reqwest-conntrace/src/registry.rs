@@ -55,6 +55,8 @@ pub(crate) struct ConnectionRecord {
     stream_resets: AtomicU64,
     /// A request timed out on it while nothing arrived from the peer.
     stalled: AtomicBool,
+    /// A newer DNS answer for its host no longer holds its peer address.
+    dns_stale: AtomicBool,
 }
 
 impl ConnectionRecord {
@@ -85,7 +87,17 @@ impl ConnectionRecord {
             server_keep_alive_ms: AtomicU64::new(0),
             stream_resets: AtomicU64::new(0),
             stalled: AtomicBool::new(false),
+            dns_stale: AtomicBool::new(false),
         }
+    }
+
+    /// A newer DNS answer for its host does not hold its peer address.
+    pub(crate) fn mark_dns_stale(&self) {
+        self.dns_stale.store(true, Ordering::Relaxed);
+    }
+
+    pub(crate) fn is_dns_stale(&self) -> bool {
+        self.dns_stale.load(Ordering::Relaxed)
     }
 
     /// An HTTP/1.1 body was dropped before its end at `at`.
