@@ -4,9 +4,13 @@
 //! hyper-util's pool is invisible from outside, so this is a model of it,
 //! kept true by what the handle observes: connections established (connector
 //! layer), taken and released by responses (middleware and body wrapper),
-//! discarded (HTTP/1.1 body dropped early), over the idle limit at release
-//! (`pool_max_idle_per_host`), idle past the pool's idle timeout, and, through
-//! the kernel's view (sock_diag), closed by the server.
+//! dropped early (HTTP/1.1 body dropped: closed only if hyper had not read it
+//! all), ended by `Connection: close`, over the idle limit at release
+//! (`pool_max_idle_per_host`), idle past the pool's idle timeout, ended by
+//! the server (a request failing on it, or the kernel's view through
+//! sock_diag). [`PoolHistory::classify_miss`] and [`decide_from_kernel`]
+//! are the decision table of docs/REFERENCE.md section 14, row by row; the
+//! connection a miss blames is its [`Previous`].
 
 use std::collections::{HashMap, VecDeque};
 use std::net::{IpAddr, SocketAddr};
