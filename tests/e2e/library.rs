@@ -920,9 +920,10 @@ async fn request_failing_on_a_pooled_connection_names_that_connection() {
 
 /// HTTP/2 with no idle pooling (`pool_max_idle_per_host(0)`): hyper-util
 /// closes each connection once its last stream ends, so every later request
-/// is a miss with `all_busy` (the idle limit), never `closed_by_peer`.
+/// is a miss with `pool_disabled` (no idle pool on purpose), never
+/// `closed_by_peer` nor `all_busy`.
 #[tokio::test]
-async fn http2_without_idle_pooling_misses_are_the_idle_limit_not_the_server() {
+async fn http2_without_idle_pooling_misses_are_pool_disabled_not_the_server() {
     let t = telemetry();
     let pki = TestPki::localhost().expect("pki");
     // The server runs on its own runtime thread, as a remote server would:
@@ -964,7 +965,7 @@ async fn http2_without_idle_pooling_misses_are_the_idle_limit_not_the_server() {
     for r in &reasons[1..] {
         assert_eq!(
             r.as_deref(),
-            Some(semconv::MISS_REASON_ALL_BUSY),
+            Some(semconv::MISS_REASON_POOL_DISABLED),
             "{reasons:?}"
         );
     }

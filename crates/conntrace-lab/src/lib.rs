@@ -44,4 +44,4 @@ pub use received_metric::{
 pub use received_span::{
     ReceivedEvent, ReceivedLink, ReceivedSpan, spans_from_export_request, spans_from_otlp_json,
 };
-pub use server::{HttpVersions, TestServer, TestServerBuilder, TlsVersions};
+pub use server::{ConnectionEnd, HttpVersions, TestServer, TestServerBuilder, TlsVersions};

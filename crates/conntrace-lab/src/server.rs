@@ -29,7 +29,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::task::{JoinHandle, JoinSet};
 use tokio_rustls::TlsAcceptor;
 
-pub use records::{ConnectionRecord, RequestRecord, TlsSessionInfo};
+pub use records::{ConnectionEnd, ConnectionRecord, RequestRecord, TlsSessionInfo};
 use service::{Activity, ConnCtx, ResponseConfig};
 
 use crate::{LabError, TestPki};
@@ -78,6 +78,10 @@ pub struct TestServerBuilder {
     idle_timeout: Option<Duration>,
     body: Bytes,
     delay: Duration,
+    max_requests: Option<u64>,
+    idle_reset: bool,
+    stall_after: Option<u64>,
+    keep_alive_header: Option<u64>,
 }
 
 impl Default for TestServerBuilder {
@@ -92,6 +96,10 @@ impl Default for TestServerBuilder {
             idle_timeout: None,
             body: Bytes::from_static(b"ok"),
             delay: Duration::ZERO,
+            max_requests: None,
+            idle_reset: false,
+            stall_after: None,
+            keep_alive_header: None,
         }
     }
 }
@@ -154,6 +162,39 @@ impl TestServerBuilder {
         self
     }
 
+    /// Requests per connection before the server ends it (like nginx
+    /// `keepalive_requests`): HTTP/1 answers the last one with
+    /// `Connection: close` and closes; HTTP/2 sends GOAWAY with it and
+    /// closes once it is answered. Default: no limit.
+    pub fn max_requests_per_connection(mut self, limit: Option<u64>) -> Self {
+        self.max_requests = limit;
+        self
+    }
+
+    /// The idle timeout closes connections with a TCP reset (`SO_LINGER`
+    /// 0, then close: RST instead of FIN) instead of gracefully. Default: off.
+    pub fn idle_close_with_reset(mut self, on: bool) -> Self {
+        self.idle_reset = on;
+        self
+    }
+
+    /// Requests after the `n`-th on a connection are never answered: the
+    /// server reads them and then sends nothing more on that stream (the
+    /// connection stays open), as a stalled peer would. Default: off.
+    pub fn stall_after(mut self, n: Option<u64>) -> Self {
+        self.stall_after = n;
+        self
+    }
+
+    /// Adds `Keep-Alive: timeout=<secs>` to every HTTP/1 response (as
+    /// Apache httpd does), advertising the server's idle timeout. It only
+    /// advertises: set [`idle_timeout`](Self::idle_timeout) to enforce it.
+    /// Default: none.
+    pub fn keep_alive_header(mut self, timeout_secs: Option<u64>) -> Self {
+        self.keep_alive_header = timeout_secs;
+        self
+    }
+
     /// A fixed delay added before every response (default zero).
     pub fn delay(mut self, delay: Duration) -> Self {
         self.delay = delay;
@@ -182,9 +223,13 @@ impl TestServerBuilder {
             http_versions: self.http_versions,
             keep_alive: self.keep_alive,
             idle_timeout: self.idle_timeout,
+            idle_reset: self.idle_reset,
             response: Arc::new(ResponseConfig {
                 body: self.body,
                 delay: self.delay,
+                max_requests: self.max_requests,
+                stall_after: self.stall_after,
+                keep_alive_header: self.keep_alive_header,
             }),
         });
         let task = tokio::spawn(accept_loop(listener, settings, shared.clone()));
@@ -382,6 +427,7 @@ struct Settings {
     http_versions: HttpVersions,
     keep_alive: bool,
     idle_timeout: Option<Duration>,
+    idle_reset: bool,
     response: Arc<ResponseConfig>,
 }
 
@@ -414,6 +460,12 @@ async fn serve_socket(
     let accepted_at = Instant::now();
     if let Err(e) = stream.set_nodelay(true) {
         tracing::warn!(error = %e, "set TCP_NODELAY failed");
+    }
+    // Linger 0: the close at the idle timeout sends RST instead of FIN.
+    if settings.idle_reset
+        && let Err(e) = socket2::SockRef::from(&stream).set_linger(Some(Duration::ZERO))
+    {
+        tracing::warn!(error = %e, "set SO_LINGER failed");
     }
     match &settings.acceptor {
         Some(acceptor) => match acceptor.accept(stream).await {
@@ -466,7 +518,19 @@ fn record_connection(
             peer,
             accepted_at,
             tls,
+            end: None,
+            requests: 0,
         });
+    }
+}
+
+/// Records how connection `id` ended and how many requests it received.
+fn record_end(shared: &Shared, id: u64, end: ConnectionEnd, requests: u64) {
+    if let Ok(mut conns) = shared.connections.lock()
+        && let Some(c) = conns.iter_mut().find(|c| c.id == id)
+    {
+        c.end = Some(end);
+        c.requests = requests;
     }
 }
 
@@ -488,6 +552,7 @@ async fn serve_http<I>(
         tls_resumed,
         requests: AtomicU64::new(0),
         activity: activity.clone(),
+        limit_reached: tokio::sync::Notify::new(),
     });
     let mut builder = auto::Builder::new(TokioExecutor::new());
     builder.http1().keep_alive(settings.keep_alive);
@@ -496,31 +561,48 @@ async fn serve_http<I>(
         HttpVersions::Http2Only => builder.http2_only(),
         HttpVersions::Both => builder,
     };
-    let shared = shared.clone();
+    let svc_shared = shared.clone();
     let response = settings.response.clone();
+    let svc_ctx = ctx.clone();
     let svc = hyper::service::service_fn(move |req| {
-        service::handle(req, ctx.clone(), shared.clone(), response.clone())
+        service::handle(req, svc_ctx.clone(), svc_shared.clone(), response.clone())
     });
     let conn = builder.serve_connection(TokioIo::new(io), svc);
     tokio::pin!(conn);
-    match settings.idle_timeout {
-        None => {
-            if let Err(e) = conn.await {
+    let idle = async {
+        match settings.idle_timeout {
+            Some(timeout) => activity.idle_for(timeout).await,
+            None => std::future::pending().await,
+        }
+    };
+    let limit = settings.response.max_requests;
+    let end = tokio::select! {
+        res = conn.as_mut() => {
+            if let Err(e) = res {
                 tracing::debug!(error = %e, "test server connection ended with error");
             }
-        }
-        Some(timeout) => {
-            tokio::select! {
-                res = conn.as_mut() => {
-                    if let Err(e) = res {
-                        tracing::debug!(error = %e, "test server connection ended with error");
-                    }
-                }
-                () = activity.idle_for(timeout) => {
-                    conn.as_mut().graceful_shutdown();
-                    let _ = conn.await;
-                }
+            // HTTP/1 ends by itself after a `Connection: close` response.
+            if limit.is_some_and(|n| ctx.requests.load(Ordering::SeqCst) >= n) {
+                ConnectionEnd::RequestLimit
+            } else {
+                ConnectionEnd::Closed
             }
         }
-    }
+        () = idle => {
+            if settings.idle_reset {
+                // Dropping the connection closes the socket (linger 0: RST).
+                ConnectionEnd::IdleReset
+            } else {
+                conn.as_mut().graceful_shutdown();
+                let _ = conn.as_mut().await;
+                ConnectionEnd::IdleTimeout
+            }
+        }
+        () = ctx.limit_reached.notified() => {
+            conn.as_mut().graceful_shutdown();
+            let _ = conn.as_mut().await;
+            ConnectionEnd::RequestLimit
+        }
+    };
+    record_end(shared, id, end, ctx.requests.load(Ordering::SeqCst));
 }

@@ -237,6 +237,11 @@ impl PoolLoad {
         }
     }
 
+    /// Requests to `host` in flight now (started, not ended).
+    pub(crate) fn in_flight(&self, host: &HostKey) -> u64 {
+        self.hosts().get(host).map_or(0, |load| load.in_flight)
+    }
+
     /// A response from `host` was attributed; `all_busy` says whether it
     /// missed because every connection was busy. Returns the host's advice
     /// as of now when this response was such a miss and the pool is too

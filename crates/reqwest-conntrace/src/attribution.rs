@@ -2,7 +2,7 @@
 //! facts that land on the request span and in its [`RequestReport`].
 
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use hyper_util::client::legacy::connect::HttpInfo;
 use opentelemetry::KeyValue;
@@ -11,7 +11,9 @@ use tracing_opentelemetry::OpenTelemetrySpanExt;
 
 use crate::clock::secs;
 use crate::handle::Inner;
-use crate::miss::MissReason;
+use crate::kernel::KernelLookup;
+use crate::miss::{ConnectionEnd, MissReason};
+use crate::pool::Miss;
 use crate::registry::ConnectionRecord;
 use crate::report::{ConnectionUse, RequestReport};
 use crate::request::{Fate, RequestState};
@@ -19,12 +21,14 @@ use crate::semconv;
 
 /// Attributes the response to the connection that carried it and records the
 /// pool attributes on `span`. Returns `None` when the response carries no
-/// `HttpInfo` or the connection is unknown to this handle.
+/// `HttpInfo` or the connection is unknown to this handle. `headers` are
+/// the response's (`Connection: close`, `Keep-Alive: timeout=N`).
 pub(crate) fn attribute_response(
     inner: &Inner,
     state: &RequestState,
     span: &tracing::Span,
     info: Option<&HttpInfo>,
+    headers: &http::HeaderMap,
 ) -> Option<(ConnectionUse, Arc<ConnectionRecord>)> {
     let Some(info) = info else {
         state.finish(Fate::NoResponse);
@@ -43,6 +47,11 @@ pub(crate) fn attribute_response(
         return None;
     };
     let request_count = record.count_request();
+    // A response arrived: the pool had kept the connection whatever we
+    // believed (an early-dropped body, the idle limit), and it is not stalled.
+    record.mark_alive();
+    record.clear_over_idle_limit();
+    record.set_connection_close(!record.http2() && says_connection_close(headers));
     let start = state.started;
     let ready = record.ready_at();
     // The end of the previous response on the connection (or its ready time).
@@ -51,41 +60,41 @@ pub(crate) fn attribute_response(
     // (one request at a time) also released by the previous response.
     let available = if record.http2() { ready } else { last_quiet };
     let reused = ready <= start;
-    let wait = available.saturating_duration_since(start);
+    // A request that never called the connector got its connection from
+    // hyper-util's pool at once (an idle hit), even where our release time
+    // is later: hyper-util returns a connection whose body it has read
+    // before the caller has read it.
+    let own_miss = state.miss().map(|m| m.get());
+    let idle_hit = reused && own_miss.is_none();
+    let wait = if idle_hit {
+        Duration::ZERO
+    } else {
+        available.saturating_duration_since(start)
+    };
     // Idle since the connection last finished a response (or became ready).
-    // For HTTP/2 other streams may still be open at that moment.
-    let idle = (reused && available <= start && last_quiet <= start).then(|| start - last_quiet);
+    // For HTTP/2 other streams may still have been open at that moment.
+    let idle = (idle_hit || (reused && available <= start))
+        .then(|| start.saturating_duration_since(last_quiet));
     let age = start.saturating_duration_since(ready);
     let paid = record.trigger_id == Some(state.id);
     let now = Instant::now();
     record.take();
-    record.clear_over_idle_limit();
     if let Some(batch) = &state.batch {
         batch.record(reused, wait);
     }
     // Not an idle hit: say why. A request that triggered a connect carries
-    // that connect's reason (even when a freed connection served it first);
-    // one served by a connection set up for another request carries that
-    // connection's reason; a hit that only waited found everything busy.
-    // A request whose checkout failed (it called the connector) is no idle
-    // hit even when a connection hyper-util was still returning to the pool
-    // (on a spawned task, after the previous body ended) served it at once.
-    let own_miss = state.miss();
-    let idle_hit = reused && wait.is_zero() && own_miss.is_none();
-    let miss_reason = (!idle_hit).then(|| {
+    // that connect's miss (even when a freed connection served it first);
+    // one served by a connection set up for another request (HTTP/2
+    // waiters) carries that connection's miss.
+    let miss = (!idle_hit).then(|| {
         own_miss
-            .map(|m| m.get())
-            .or_else(|| {
-                (!reused)
-                    .then(|| record.miss.as_ref().map(|m| m.get()))
-                    .flatten()
-            })
-            .unwrap_or(if reused {
-                MissReason::AllBusy
-            } else {
-                MissReason::Cold
+            .or_else(|| record.miss.as_ref().map(|m| m.get()))
+            .unwrap_or(Miss {
+                reason: MissReason::Cold,
+                previous: None,
             })
     });
+    let miss_reason = miss.map(|m| m.reason);
 
     span.set_attribute(semconv::HTTP_CONNECTION_REUSED, reused);
     span.set_attribute(semconv::HTTP_CONNECTION_ID, record.id() as i64);
@@ -95,14 +104,16 @@ pub(crate) fn attribute_response(
     if let Some(idle) = idle {
         span.set_attribute(semconv::HTTP_CONNECTION_IDLE_TIME, secs(idle));
     }
-    if let Some(reason) = miss_reason {
-        span.set_attribute(semconv::HTTP_CONNECTION_MISS_REASON, reason.as_str());
-        let mut attributes = state.host.attributes();
-        attributes.push(KeyValue::new(
-            semconv::HTTP_CONNECTION_MISS_REASON,
-            reason.as_str(),
-        ));
-        inner.metrics.pool_misses.add(1, &attributes);
+    if let Some(miss) = miss {
+        record_miss(inner, state, span, &miss);
+    }
+    record_server_keep_alive(span, &record, headers);
+    if reused && record.is_dns_stale() {
+        span.set_attribute(semconv::HTTP_CONNECTION_DNS_STALE, true);
+    }
+    let resets = record.stream_resets();
+    if resets > 0 {
+        span.set_attribute(semconv::HTTP_CONNECTION_STREAM_RESETS, resets as i64);
     }
     if let Some(advice) = inner.load.on_response(
         &state.host,
@@ -159,35 +170,217 @@ pub(crate) fn attribute_response(
     Some((usage, record))
 }
 
-/// A request failed with the connection closed under it (`error.type =
-/// connection_reset`) without calling the connector: it went out on a pooled
-/// connection, which the server had closed (a keep-alive race). Records that
-/// connection as far as it can be known (the one hyper-util would have
-/// handed out: the host's most recently released idle connection) on
-/// `span`: `http.connection.reused = true`, `.id`, `.idle_time`, a link to
-/// its setup span; and counts the connection closed by the server.
-pub(crate) fn attribute_failure(inner: &Inner, state: &RequestState, span: &tracing::Span) {
-    if state.miss().is_some() {
-        return;
+/// The miss reason on the span and the misses counter; the previous
+/// connection, when one caused the miss.
+fn record_miss(inner: &Inner, state: &RequestState, span: &tracing::Span, miss: &Miss) {
+    let reason = miss.reason.as_str();
+    span.set_attribute(semconv::HTTP_CONNECTION_MISS_REASON, reason);
+    if let Some(previous) = &miss.previous {
+        span.set_attribute(semconv::HTTP_CONNECTION_PREVIOUS_ID, previous.id as i64);
+        span.set_attribute(
+            semconv::HTTP_CONNECTION_PREVIOUS_IDLE_TIME,
+            secs(previous.idle),
+        );
+        span.set_attribute(
+            semconv::HTTP_CONNECTION_PREVIOUS_REQUEST_COUNT,
+            previous.request_count as i64,
+        );
+        if let Some(end) = previous.end {
+            span.set_attribute(semconv::HTTP_CONNECTION_PREVIOUS_END, end.as_str());
+        }
     }
-    let Some(record) = inner.pools.likely_pooled(&state.host, state.started) else {
+    let mut attributes = state.host.attributes();
+    attributes.push(KeyValue::new(semconv::HTTP_CONNECTION_MISS_REASON, reason));
+    inner.metrics.pool_misses.add(1, &attributes);
+}
+
+/// Whether an HTTP/1.1 response says the server closes the connection after
+/// it (`Connection: close`, RFC 9112 §9.6).
+fn says_connection_close(headers: &http::HeaderMap) -> bool {
+    headers
+        .get_all(http::header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|token| token.trim().eq_ignore_ascii_case("close"))
+}
+
+/// The `timeout` parameter of a `Keep-Alive` response header (RFC 2068
+/// §19.7.1.1, e.g. `Keep-Alive: timeout=5, max=100`), in whole seconds.
+fn keep_alive_timeout(headers: &http::HeaderMap) -> Option<Duration> {
+    headers
+        .get_all(http::HeaderName::from_static("keep-alive"))
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .find_map(|param| {
+            let (name, value) = param.split_once('=')?;
+            name.trim()
+                .eq_ignore_ascii_case("timeout")
+                .then(|| value.trim().trim_matches('"').parse::<u64>().ok())
+                .flatten()
+        })
+        .map(Duration::from_secs)
+}
+
+/// Records the server's advertised keep-alive timeout on the connection and
+/// the span; the first time a connection advertises one shorter than the
+/// client's pool idle timeout, an event (and one WARN line per client).
+fn record_server_keep_alive(
+    span: &tracing::Span,
+    record: &ConnectionRecord,
+    headers: &http::HeaderMap,
+) {
+    let first = keep_alive_timeout(headers).map(|t| record.set_server_keep_alive(t));
+    let Some(server) = record.server_keep_alive() else {
         return;
     };
-    let idle = state
-        .started
-        .saturating_duration_since(record.last_activity());
-    span.set_attribute(semconv::HTTP_CONNECTION_REUSED, true);
-    span.set_attribute(semconv::HTTP_CONNECTION_ID, record.id() as i64);
-    span.set_attribute(semconv::HTTP_CONNECTION_IDLE_TIME, secs(idle));
-    span.add_link_with_attributes(
-        record.setup_span.clone(),
-        vec![KeyValue::new(
-            semconv::HTTP_CONNECTION_ID,
-            record.id() as i64,
-        )],
+    span.set_attribute(semconv::HTTP_CONNECTION_SERVER_KEEP_ALIVE, secs(server));
+    let client = record.client.idle_timeout;
+    if first != Some(true) || client.is_some_and(|c| c <= server) {
+        return;
+    }
+    let client_secs = client.map_or(f64::INFINITY, secs);
+    span.add_event(
+        semconv::EVENT_KEEP_ALIVE_MISMATCH,
+        vec![
+            KeyValue::new(semconv::HTTP_CONNECTION_SERVER_KEEP_ALIVE, secs(server)),
+            KeyValue::new(semconv::HTTP_CONNECTION_CLIENT_IDLE_TIMEOUT, client_secs),
+        ],
     );
-    record.mark_peer_closed();
-    inner.connection_closed(&record, Instant::now());
+    if record.client.first_keep_alive_warning() {
+        tracing::warn!(
+            target: "reqwest_conntrace",
+            "server keep-alive {:.3} s is shorter than the client's pool idle timeout {}: idle connections will be closed by the server first (closed_by_peer misses, connection_reset races); set pool_idle_timeout under {:.3} s",
+            server.as_secs_f64(),
+            client.map_or_else(|| "(none)".to_owned(), |c| format!("{:.3} s", c.as_secs_f64())),
+            server.as_secs_f64(),
+        );
+    }
+}
+
+/// A request failed. When a connection existed that carried it, names it on
+/// `span`: the one its own connect made (if that succeeded), else the
+/// HTTP/2 connection it was multiplexed onto, else the HTTP/1.1 connection
+/// hyper-util would have handed out (the host's most recently released idle
+/// one). Sets `http.connection.reused`, `.id`, `.idle_time` and a link to
+/// its setup span; records how the failure ended the connection
+/// (`connection_reset`, HTTP/2 GOAWAY or connection error); and asks the
+/// kernel for the socket's state (unacknowledged data, time since the last
+/// receive, retransmits), which lands on the span when the answer arrives
+/// (the span ends then, within milliseconds; the request does not wait).
+pub(crate) fn attribute_failure(
+    inner: &Arc<Inner>,
+    state: &RequestState,
+    span: &tracing::Span,
+    error_type: &str,
+) {
+    // Only errors that happen on a connection (not, say, a refused
+    // redirect or a request that could not be built).
+    let on_a_connection = matches!(
+        error_type,
+        semconv::ERROR_TYPE_CONNECTION_RESET
+            | semconv::ERROR_TYPE_TIMEOUT
+            | semconv::ERROR_TYPE_HTTP2_GOAWAY
+            | semconv::ERROR_TYPE_HTTP2_STREAM_RESET
+            | semconv::ERROR_TYPE_HTTP2_ERROR
+    );
+    if !on_a_connection {
+        return;
+    }
+    let record = if state.miss().is_some() {
+        inner.pools.made_for(&state.host, state.id)
+    } else {
+        inner
+            .pools
+            .likely_multiplexed(&state.host, state.started)
+            .or_else(|| inner.pools.likely_pooled(&state.host, state.started))
+    };
+    let Some(record) = record else {
+        return;
+    };
+    let now = Instant::now();
+    let reused = record.ready_at() <= state.started;
+    span.set_attribute(semconv::HTTP_CONNECTION_REUSED, reused);
+    span.set_attribute(semconv::HTTP_CONNECTION_ID, record.id() as i64);
+    if reused {
+        let idle = state
+            .started
+            .saturating_duration_since(record.last_activity());
+        span.set_attribute(semconv::HTTP_CONNECTION_IDLE_TIME, secs(idle));
+    }
+    if record.trigger_id != Some(state.id) {
+        span.add_link_with_attributes(
+            record.setup_span.clone(),
+            vec![KeyValue::new(
+                semconv::HTTP_CONNECTION_ID,
+                record.id() as i64,
+            )],
+        );
+    }
+    let ended = match error_type {
+        semconv::ERROR_TYPE_CONNECTION_RESET if record.http2() => Some(ConnectionEnd::Http2Error),
+        semconv::ERROR_TYPE_CONNECTION_RESET => Some(ConnectionEnd::PeerReset),
+        semconv::ERROR_TYPE_HTTP2_GOAWAY => Some(ConnectionEnd::GoAway),
+        semconv::ERROR_TYPE_HTTP2_ERROR => Some(ConnectionEnd::Http2Error),
+        _ => None,
+    };
+    if let Some(end) = ended {
+        record.set_end(end);
+        inner.connection_closed(&record, now);
+        return;
+    }
+    let (Some(local), Some(remote)) = (record.setup.local_addr, record.setup.peer_addr) else {
+        return;
+    };
+    let elapsed = now.saturating_duration_since(state.started);
+    let timed_out = error_type == semconv::ERROR_TYPE_TIMEOUT;
+    let span = span.clone();
+    inner.kernel.lookup_then(local, remote, move |lookup| {
+        record_kernel_evidence(&span, &record, &lookup, timed_out.then_some(elapsed));
+    });
+}
+
+/// The kernel's view of the socket a request failed on, on its span; a
+/// timeout (`timed_out_after`) with nothing received from the peer since
+/// the request started marks the connection stalled.
+fn record_kernel_evidence(
+    span: &tracing::Span,
+    record: &ConnectionRecord,
+    lookup: &KernelLookup,
+    timed_out_after: Option<Duration>,
+) {
+    match lookup {
+        KernelLookup::Found(facts) => {
+            span.set_attribute(semconv::HTTP_CONNECTION_TCP_STATE, facts.state.as_str());
+            let Some(info) = &facts.info else {
+                return;
+            };
+            span.set_attribute(
+                semconv::HTTP_CONNECTION_TCP_UNACKED,
+                i64::from(info.unacked),
+            );
+            span.set_attribute(
+                semconv::HTTP_CONNECTION_TCP_SINCE_LAST_RECEIVE,
+                secs(info.since_last_receive),
+            );
+            span.set_attribute(
+                semconv::HTTP_CONNECTION_TCP_RETRANSMITS,
+                i64::from(info.total_retransmits),
+            );
+            // tcpi_last_data_recv counts jiffies (1 to 10 ms, CONFIG_HZ).
+            if timed_out_after
+                .is_some_and(|t| info.since_last_receive + Duration::from_millis(10) >= t)
+            {
+                record.mark_stalled();
+                span.set_attribute(semconv::HTTP_CONNECTION_STALLED, true);
+            }
+        }
+        KernelLookup::NotFound => {
+            span.set_attribute(semconv::HTTP_CONNECTION_TCP_STATE, "gone");
+        }
+        KernelLookup::Unavailable | KernelLookup::TimedOut => {}
+    }
 }
 
 /// Everything needed to end a request: held by the middleware until the
@@ -299,15 +492,45 @@ impl RequestEnd {
         if let Some((_, record)) = &self.connection {
             record.give_back();
             match kind {
+                // `Connection: close`: hyper closes it after this response.
+                EndKind::Complete | EndKind::Dropped
+                    if !record.http2() && record.said_connection_close() =>
+                {
+                    record.mark_released(now);
+                    record.set_end(ConnectionEnd::ConnectionClose);
+                    self.inner.connection_closed(record, now);
+                }
                 EndKind::Complete => {
                     record.mark_released(now);
                     self.released_to_pool(record, now);
                 }
-                // An HTTP/1.1 response dropped mid-body cannot go back to the
-                // pool: hyper closes the connection.
-                EndKind::Dropped | EndKind::Failed if !record.http2() => {
+                // An HTTP/1.1 body that failed: hyper closes the connection.
+                EndKind::Failed if !record.http2() => {
                     record.mark_discarded(now);
                     self.inner.connection_closed(record, now);
+                }
+                // An HTTP/1.1 body dropped before its end: hyper closes the
+                // connection unless it had already read the whole body, in
+                // which case the connection is back in the pool already. Not
+                // known here: a later response on it, or a miss (`discarded`)
+                // or the kernel, tells.
+                EndKind::Dropped if !record.http2() => {
+                    record.mark_dropped_early(now);
+                    self.released_to_pool(record, now);
+                }
+                // HTTP/2 dropped early: hyper resets the stream (RST_STREAM
+                // CANCEL); the connection lives on.
+                EndKind::Dropped => {
+                    let resets = record.count_stream_reset();
+                    self.span.add_event(
+                        semconv::EVENT_STREAM_RESET,
+                        vec![KeyValue::new(
+                            semconv::HTTP_CONNECTION_STREAM_RESETS,
+                            resets as i64,
+                        )],
+                    );
+                    record.mark_released(now);
+                    self.released_to_pool(record, now);
                 }
                 // HTTP/2: the stream ended, the connection lives on.
                 _ => {
@@ -385,5 +608,46 @@ impl RequestEnd {
 impl Drop for RequestEnd {
     fn drop(&mut self) {
         self.finish(EndKind::Dropped);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn headers(pairs: &[(&'static str, &'static str)]) -> http::HeaderMap {
+        let mut map = http::HeaderMap::new();
+        for (k, v) in pairs {
+            map.append(*k, http::HeaderValue::from_static(v));
+        }
+        map
+    }
+
+    #[test]
+    fn connection_close_is_a_token_of_the_connection_header() {
+        assert!(says_connection_close(&headers(&[("connection", "close")])));
+        assert!(says_connection_close(&headers(&[(
+            "connection",
+            "Upgrade, Close"
+        )])));
+        assert!(!says_connection_close(&headers(&[(
+            "connection",
+            "keep-alive"
+        )])));
+        assert!(!says_connection_close(&headers(&[(
+            "x-connection",
+            "close"
+        )])));
+        assert!(!says_connection_close(&headers(&[])));
+    }
+
+    #[test]
+    fn keep_alive_timeout_is_read_from_its_parameter() {
+        let t = |v| keep_alive_timeout(&headers(&[("keep-alive", v)]));
+        assert_eq!(t("timeout=5, max=100"), Some(Duration::from_secs(5)));
+        assert_eq!(t("max=100, Timeout=30"), Some(Duration::from_secs(30)));
+        assert_eq!(t("max=100"), None);
+        assert_eq!(t("timeout=soon"), None);
+        assert_eq!(keep_alive_timeout(&headers(&[])), None);
     }
 }

@@ -1,7 +1,7 @@
 //! What this crate knows about one instrumented client instance: its
 //! identity within the handle and the pool settings it was built with.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 /// reqwest's default pool idle timeout (`ClientBuilder::pool_idle_timeout`,
@@ -27,6 +27,8 @@ pub(crate) struct ClientState {
     /// `pool_max_idle_per_host`, when set through this crate (reqwest's
     /// default is unlimited).
     pub(crate) max_idle_per_host: Option<usize>,
+    /// The keep-alive mismatch warning was logged for this client.
+    keep_alive_warned: AtomicBool,
 }
 
 impl ClientState {
@@ -36,7 +38,14 @@ impl ClientState {
             built_at: Instant::now(),
             idle_timeout,
             max_idle_per_host,
+            keep_alive_warned: AtomicBool::new(false),
         }
+    }
+
+    /// `true` the first time only: log the keep-alive mismatch warning once
+    /// per client.
+    pub(crate) fn first_keep_alive_warning(&self) -> bool {
+        !self.keep_alive_warned.swap(true, Ordering::Relaxed)
     }
 
     /// A client with reqwest's default pool settings and no known proxy.

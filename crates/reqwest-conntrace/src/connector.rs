@@ -20,8 +20,6 @@ use crate::attempt::{AttemptScope, ConnectAttempt};
 use crate::client::ClientState;
 use crate::error::{classify, error_chain_text};
 use crate::handle::{ConnTrace, Inner};
-use crate::miss::MissReason;
-use crate::pool::{MissSlot, MissVerdict};
 use crate::proxy::{self, ProxyRefusal, ProxyRules};
 use crate::registry::ConnectionRecord;
 use crate::request::{self, PendingSetup};
@@ -139,33 +137,7 @@ where
         // reqwest calls the connector when hyper-util's pool checkout found
         // no usable idle connection: classify that miss now.
         let miss = trigger.as_ref().map(|t| {
-            let slot = match inner
-                .pools
-                .classify_miss(&t.host, &self.client, Instant::now())
-            {
-                MissVerdict::Decided(reason) => Arc::new(MissSlot::decided(reason)),
-                MissVerdict::AskKernel {
-                    local,
-                    remote,
-                    candidate,
-                    otherwise,
-                } => {
-                    let slot = Arc::new(MissSlot::pending(otherwise));
-                    let answer = slot.clone();
-                    let weak = Arc::downgrade(&inner);
-                    inner.kernel.lookup_then(local, remote, move |lookup| {
-                        if let Some(inner) = weak.upgrade() {
-                            inner.apply_kernel_view(&candidate, &lookup);
-                        }
-                        answer.set(if candidate.is_peer_closed() {
-                            MissReason::ClosedByPeer
-                        } else {
-                            otherwise
-                        });
-                    });
-                    slot
-                }
-            };
+            let slot = crate::pool::miss_slot(&inner, &t.host, &self.client);
             t.note_miss(slot.clone());
             slot
         });

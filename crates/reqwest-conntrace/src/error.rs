@@ -95,6 +95,18 @@ pub(crate) fn classify(err: &(dyn StdError + 'static)) -> &'static str {
                 _ => {}
             }
         }
+        // HTTP/2 (h2, under hyper): GOAWAY, a reset stream, a connection error.
+        if let Some(h) = e.downcast_ref::<h2::Error>()
+            && !h.is_io()
+        {
+            return if h.is_go_away() {
+                semconv::ERROR_TYPE_HTTP2_GOAWAY
+            } else if h.is_reset() {
+                semconv::ERROR_TYPE_HTTP2_STREAM_RESET
+            } else {
+                semconv::ERROR_TYPE_HTTP2_ERROR
+            };
+        }
         // hyper: the connection closed under the request (a pooled
         // connection the server had just closed, mid-response EOF).
         if let Some(h) = e.downcast_ref::<hyper::Error>()
@@ -147,6 +159,16 @@ mod tests {
         let inner = io::Error::new(io::ErrorKind::InvalidData, rustls_err);
         let outer = io::Error::other(inner);
         assert_eq!(classify(&outer), semconv::ERROR_TYPE_TLS_CERTIFICATE);
+    }
+
+    #[test]
+    fn http2_errors_are_classified_by_kind() {
+        // A bare reason (no RST_STREAM / GOAWAY frame: h2's public
+        // constructor) is a protocol error of the connection.
+        let reason = h2::Error::from(h2::Reason::PROTOCOL_ERROR);
+        assert_eq!(classify(&reason), semconv::ERROR_TYPE_HTTP2_ERROR);
+        let wrapped = io::Error::other(h2::Error::from(h2::Reason::ENHANCE_YOUR_CALM));
+        assert_eq!(classify(&wrapped), semconv::ERROR_TYPE_HTTP2_ERROR);
     }
 
     #[test]

@@ -155,15 +155,27 @@ impl Inner {
             }
             KernelLookup::Found(facts) => {
                 if facts.state.closed_by_peer() {
-                    record.mark_peer_closed();
+                    record.set_end(if record.http2() {
+                        crate::miss::ConnectionEnd::GoAway
+                    } else {
+                        crate::miss::ConnectionEnd::PeerFin
+                    });
+                } else if record.is_dropped_early() {
+                    record.mark_discarded(record.last_activity());
                 }
                 self.connection_closed(record, Instant::now());
             }
             KernelLookup::NotFound => {
                 // Gone at once (no TIME_WAIT on our side): the server closed
                 // first, unless we know our side dropped it.
-                if !record.is_discarded() && !record.is_over_idle_limit() {
-                    record.mark_peer_closed();
+                if record.is_dropped_early() {
+                    record.mark_discarded(record.last_activity());
+                } else if !record.is_discarded() && !record.is_over_idle_limit() {
+                    record.set_end(if record.http2() {
+                        crate::miss::ConnectionEnd::GoAway
+                    } else {
+                        crate::miss::ConnectionEnd::PeerClosed
+                    });
                 }
                 self.connection_closed(record, Instant::now());
             }
@@ -282,7 +294,8 @@ impl Inner {
             let mut attributes = connection_attributes(&record);
             attributes.push(KeyValue::new(
                 semconv::HTTP_CONNECTION_STATE,
-                if record.in_use() > 0 {
+                // A stalled connection is not a usable idle one.
+                if record.in_use() > 0 || record.is_stalled() {
                     "active"
                 } else {
                     "idle"

@@ -334,6 +334,7 @@ impl<M: MakeRequestSpan> ConnTraceMiddleware<M> {
                     &state,
                     &span,
                     response.extensions().get::<HttpInfo>(),
+                    response.headers(),
                 );
                 Ok(wrap_body(response, end))
             }
@@ -341,9 +342,7 @@ impl<M: MakeRequestSpan> ConnTraceMiddleware<M> {
                 // A proxy that refused the CONNECT is named as such.
                 let error_type = crate::proxy::refusal(&error)
                     .map_or_else(|| classify(&error), |r| r.error_type);
-                if error_type == semconv::ERROR_TYPE_CONNECTION_RESET {
-                    attribute_failure(&inner, &state, &span);
-                }
+                attribute_failure(&inner, &state, &span, error_type);
                 end.fail(error_type, error_chain_text(&inner.redaction, &error));
                 end.finish(EndKind::Failed);
                 Err(error)

@@ -7,30 +7,55 @@ use crate::semconv;
 /// (`http.connection.miss_reason`). Present on every request that was not an
 /// idle hit: pool misses and hits that had to wait for a busy connection.
 ///
-/// The set follows how connection pools lose connections: never had one
-/// (`Cold`, `NewClient`), had them all in use or over the idle limit
+/// The set follows how connection pools lose connections, one fix per
+/// reason: never had one (`Cold`, `NewClient`), keep none on purpose
+/// (`PoolDisabled`), had them all in use or over the idle limit
 /// (`AllBusy`), lost the idle one to the client's idle timeout
-/// (`IdleExpired`), to the server (`ClosedByPeer`) or to an unread body
-/// (`Discarded`). Go's `httptrace.GotConnInfo` only reports `Reused` /
+/// (`IdleExpired`), to the server's idle close (`ClosedByPeer`), to the
+/// server's request limit (`RequestLimit`) or to an unread body
+/// (`Discarded`), or asked in the instant hyper-util was still putting it
+/// back (`ReleaseRace`). The decision table is in docs/REFERENCE.md
+/// section 14. Go's `httptrace.GotConnInfo` only reports `Reused` /
 /// `WasIdle`; OkHttp's `EventListener` and .NET's connection spans do not
 /// say why a connection was missing either.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum MissReason {
-    /// `cold`: this client had no connection to the host yet (first
-    /// contact, or the first concurrent burst). Expected once per host.
+    /// `cold`: this client's pool for the host was never warm: no
+    /// connection to it had been established, or none had finished a
+    /// response yet (first contact, or a concurrent first burst: all its
+    /// requests are cold). Expected once per host and burst.
     Cold,
-    /// `all_busy`: the client had connections to the host, but all were in
-    /// use, or the ones freed earlier were closed because the pool already
-    /// held `pool_max_idle_per_host` idle connections.
+    /// `all_busy`: the client's pool for the host had been warm, and every
+    /// established connection was in use, or the ones freed earlier were
+    /// closed because the pool already held `pool_max_idle_per_host` idle
+    /// connections.
     AllBusy,
     /// `idle_expired`: the most recent idle connection had sat in the pool
     /// longer than the client's pool idle timeout, so the pool dropped it.
     IdleExpired,
     /// `closed_by_peer`: the most recent idle connection was closed by the
-    /// server (the kernel shows the socket in CLOSE_WAIT / LAST_ACK or gone)
-    /// before this request could use it.
+    /// server while idle (the kernel shows the socket in CLOSE_WAIT /
+    /// LAST_ACK or gone; for HTTP/2, GOAWAY and close) before this request
+    /// could use it: usually the server's keep-alive timeout.
+    /// `http.connection.previous.end` says how.
     ClosedByPeer,
+    /// `request_limit`: the server ended the most recent connection on
+    /// purpose with its last response (`Connection: close`), as servers do
+    /// when a connection reached its request limit (nginx
+    /// `keepalive_requests`).
+    RequestLimit,
+    /// `pool_disabled`: the client keeps no idle connection on purpose
+    /// (`pool_max_idle_per_host(0)`), so every request after the first
+    /// opens its own connection.
+    PoolDisabled,
+    /// `release_race`: the most recent HTTP/1.1 connection had finished its
+    /// response and was alive, but hyper-util had not yet put it back into
+    /// its pool: it does that on a background task once the connection has
+    /// read the end of the body, and a request sent in that instant
+    /// (typically the next one of a sequential loop on a busy runtime) opens
+    /// a connection instead.
+    ReleaseRace,
     /// `discarded`: the previous response on the most recent connection was
     /// dropped before its body was read to the end, so HTTP/1.1 could not
     /// return the connection to the pool.
@@ -52,6 +77,9 @@ impl MissReason {
             MissReason::ClosedByPeer => semconv::MISS_REASON_CLOSED_BY_PEER,
             MissReason::Discarded => semconv::MISS_REASON_DISCARDED,
             MissReason::NewClient => semconv::MISS_REASON_NEW_CLIENT,
+            MissReason::RequestLimit => semconv::MISS_REASON_REQUEST_LIMIT,
+            MissReason::PoolDisabled => semconv::MISS_REASON_POOL_DISABLED,
+            MissReason::ReleaseRace => semconv::MISS_REASON_RELEASE_RACE,
         }
     }
 
@@ -76,22 +104,89 @@ impl MissReason {
             MissReason::NewClient => {
                 "build one reqwest::Client and share it (it is an Arc inside); do not build a client per request"
             }
+            MissReason::RequestLimit => {
+                "the server closes connections after a number of requests: raise its per-connection request limit (nginx keepalive_requests); no client setting helps"
+            }
+            MissReason::PoolDisabled => {
+                "the idle pool is off (pool_max_idle_per_host(0)): set it above 0 if connections should be reused"
+            }
+            MissReason::ReleaseRace => {
+                "nothing to tune: the extra connection joins the pool; yield once (tokio::task::yield_now) between a body's end and the next request if it matters"
+            }
         }
     }
 
     /// Every reason, in documentation order.
-    pub const ALL: [MissReason; 6] = [
+    pub const ALL: [MissReason; 9] = [
         MissReason::Cold,
         MissReason::AllBusy,
         MissReason::IdleExpired,
         MissReason::ClosedByPeer,
         MissReason::Discarded,
         MissReason::NewClient,
+        MissReason::RequestLimit,
+        MissReason::PoolDisabled,
+        MissReason::ReleaseRace,
     ];
 }
 
 impl std::fmt::Display for MissReason {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.as_str())
+    }
+}
+
+/// How a connection ended, as far as this crate could tell
+/// (`http.connection.previous.end` on the request whose miss it caused).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) enum ConnectionEnd {
+    /// `connection_close`: its last response carried `Connection: close`.
+    ConnectionClose,
+    /// `goaway`: HTTP/2; the server ended it (GOAWAY, then close).
+    GoAway,
+    /// `peer_fin`: the kernel showed the server's FIN (CLOSE_WAIT / LAST_ACK).
+    PeerFin,
+    /// `peer_reset`: a request on it failed with the connection reset.
+    PeerReset,
+    /// `peer_closed`: gone from the kernel's table without our close: the
+    /// server closed it (FIN or RST, no longer told apart once gone).
+    PeerClosed,
+    /// `http2_error`: an HTTP/2 connection error ended it.
+    Http2Error,
+    /// `idle_timeout`: the client's pool idle timeout elapsed.
+    IdleTimeout,
+    /// `idle_limit`: released while the idle pool was full; hyper closed it.
+    IdleLimit,
+    /// `discarded`: a response body was dropped before its end; hyper closed it.
+    Discarded,
+}
+
+impl ConnectionEnd {
+    /// The server ended it (as opposed to this client's pool).
+    pub(crate) fn by_server(self) -> bool {
+        matches!(
+            self,
+            ConnectionEnd::ConnectionClose
+                | ConnectionEnd::GoAway
+                | ConnectionEnd::PeerFin
+                | ConnectionEnd::PeerReset
+                | ConnectionEnd::PeerClosed
+                | ConnectionEnd::Http2Error
+        )
+    }
+
+    /// The `http.connection.previous.end` value.
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            ConnectionEnd::ConnectionClose => semconv::CONNECTION_END_CONNECTION_CLOSE,
+            ConnectionEnd::GoAway => semconv::CONNECTION_END_GOAWAY,
+            ConnectionEnd::PeerFin => semconv::CONNECTION_END_PEER_FIN,
+            ConnectionEnd::PeerReset => semconv::CONNECTION_END_PEER_RESET,
+            ConnectionEnd::PeerClosed => semconv::CONNECTION_END_PEER_CLOSED,
+            ConnectionEnd::Http2Error => semconv::CONNECTION_END_HTTP2_ERROR,
+            ConnectionEnd::IdleTimeout => semconv::CONNECTION_END_IDLE_TIMEOUT,
+            ConnectionEnd::IdleLimit => semconv::CONNECTION_END_IDLE_LIMIT,
+            ConnectionEnd::Discarded => semconv::CONNECTION_END_DISCARDED,
+        }
     }
 }

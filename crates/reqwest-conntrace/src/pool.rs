@@ -4,19 +4,26 @@
 //! hyper-util's pool is invisible from outside, so this is a model of it,
 //! kept true by what the handle observes: connections established (connector
 //! layer), taken and released by responses (middleware and body wrapper),
-//! discarded (HTTP/1.1 body dropped early), over the idle limit at release
-//! (`pool_max_idle_per_host`), idle past the pool's idle timeout, and, through
-//! the kernel's view (sock_diag), closed by the server.
+//! dropped early (HTTP/1.1 body dropped: closed only if hyper had not read it
+//! all), ended by `Connection: close`, over the idle limit at release
+//! (`pool_max_idle_per_host`), idle past the pool's idle timeout, ended by
+//! the server (a request failing on it, or the kernel's view through
+//! sock_diag). [`PoolHistory::classify_miss`] and [`decide_from_kernel`]
+//! are the decision table of docs/REFERENCE.md section 14, row by row; the
+//! connection a miss blames is its [`Previous`].
 
 use std::collections::{HashMap, VecDeque};
-use std::net::SocketAddr;
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::net::{IpAddr, SocketAddr};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
 use opentelemetry::KeyValue;
 
 use crate::client::{ClientState, NEW_CLIENT_WINDOW};
-use crate::miss::MissReason;
+use crate::handle::Inner;
+use crate::kernel::KernelLookup;
+use crate::miss::{ConnectionEnd, MissReason};
 use crate::registry::ConnectionRecord;
 use crate::semconv;
 
@@ -56,19 +63,136 @@ pub(crate) struct PoolHistory {
     hosts: Mutex<HashMap<HostKey, HostHistory>>,
 }
 
+/// A connection whose end (or state) caused a miss: the facts named on
+/// the request as `http.connection.previous.*`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct Previous {
+    pub(crate) id: u64,
+    /// End of its last response (or its ready time) to the miss.
+    pub(crate) idle: Duration,
+    pub(crate) request_count: u64,
+    /// How it ended; `None` while it is alive (`release_race`).
+    pub(crate) end: Option<ConnectionEnd>,
+}
+
+impl Previous {
+    fn of(record: &ConnectionRecord, now: Instant, end: Option<ConnectionEnd>) -> Self {
+        Self {
+            id: record.id(),
+            idle: now.saturating_duration_since(record.last_activity()),
+            request_count: record.requests.load(Ordering::Relaxed),
+            end,
+        }
+    }
+}
+
+/// A miss's reason and the connection that caused it, if one did.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct Miss {
+    pub(crate) reason: MissReason,
+    pub(crate) previous: Option<Previous>,
+}
+
+impl Miss {
+    fn new(reason: MissReason) -> Self {
+        Self {
+            reason,
+            previous: None,
+        }
+    }
+
+    fn caused_by(reason: MissReason, previous: Previous) -> Self {
+        Self {
+            reason,
+            previous: Some(previous),
+        }
+    }
+}
+
 /// What the history says about a pool miss.
 #[derive(Debug, Clone)]
 pub(crate) enum MissVerdict {
     /// The reason is known from the history alone.
-    Decided(MissReason),
-    /// The most recent idle connection should still be in the pool: ask the
-    /// kernel whether the server closed it; if not, `otherwise`.
+    Decided(Miss),
+    /// Known from the history, and it shows `record` closed (hyper closed
+    /// it after its body was dropped early).
+    Closed {
+        miss: Miss,
+        record: Arc<ConnectionRecord>,
+    },
+    /// The most recent idle connection should still be in the pool: the
+    /// kernel's view of its socket decides ([`decide_from_kernel`]).
     AskKernel {
         local: SocketAddr,
         remote: SocketAddr,
         candidate: Arc<ConnectionRecord>,
-        otherwise: MissReason,
+        /// When the kernel shows the socket alive (HTTP/1.1), or gives no
+        /// answer.
+        alive: Miss,
     },
+}
+
+/// The reason for a miss whose candidate (the most recently released idle
+/// connection, not known closed, not expired) the kernel shows as
+/// `lookup`. See the decision table in docs/REFERENCE.md section 14.
+pub(crate) fn decide_from_kernel(
+    candidate: &ConnectionRecord,
+    lookup: &KernelLookup,
+    now: Instant,
+    alive: Miss,
+) -> Miss {
+    let server_end = if candidate.http2() {
+        ConnectionEnd::GoAway
+    } else {
+        ConnectionEnd::PeerFin
+    };
+    match lookup {
+        KernelLookup::Found(facts) if facts.state.closed_by_peer() => {
+            candidate.set_end(server_end);
+            Miss::caused_by(
+                MissReason::ClosedByPeer,
+                Previous::of(candidate, now, Some(server_end)),
+            )
+        }
+        KernelLookup::NotFound => {
+            let end = if candidate.http2() {
+                ConnectionEnd::GoAway
+            } else {
+                ConnectionEnd::PeerClosed
+            };
+            candidate.set_end(end);
+            Miss::caused_by(
+                MissReason::ClosedByPeer,
+                Previous::of(candidate, now, Some(end)),
+            )
+        }
+        // HTTP/2: after the server's GOAWAY the client may close first.
+        KernelLookup::Found(facts) if facts.state.closed_by_us() && candidate.http2() => {
+            candidate.set_end(ConnectionEnd::GoAway);
+            Miss::caused_by(
+                MissReason::ClosedByPeer,
+                Previous::of(candidate, now, Some(ConnectionEnd::GoAway)),
+            )
+        }
+        // Our side closed it and nothing we saw explains why: hyper-util
+        // dropped it at release, its idle pool being full.
+        KernelLookup::Found(facts) if facts.state.closed_by_us() => Miss::caused_by(
+            MissReason::AllBusy,
+            Previous::of(candidate, now, Some(ConnectionEnd::IdleLimit)),
+        ),
+        // Alive and free, yet the checkout failed. HTTP/2: the server sent
+        // GOAWAY and has not closed the socket yet. HTTP/1.1: `alive`
+        // (another request holds it, or hyper-util had not put it back).
+        KernelLookup::Found(_) if candidate.http2() => {
+            candidate.set_end(ConnectionEnd::GoAway);
+            Miss::caused_by(
+                MissReason::ClosedByPeer,
+                Previous::of(candidate, now, Some(ConnectionEnd::GoAway)),
+            )
+        }
+        KernelLookup::Found(_) => alive,
+        KernelLookup::Unavailable | KernelLookup::TimedOut => alive,
+    }
 }
 
 impl PoolHistory {
@@ -76,7 +200,8 @@ impl PoolHistory {
         self.hosts.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Remembers a new connection to `host`.
+    /// Remembers a new connection to `host`, and its DNS answer as the
+    /// newest for the host.
     pub(crate) fn record_connection(&self, host: HostKey, record: Arc<ConnectionRecord>) {
         let now = Instant::now();
         let mut hosts = self.hosts();
@@ -94,6 +219,22 @@ impl PoolHistory {
             last_used: now,
         });
         history.last_used = now;
+        // A newer DNS answer: the host's older connections to an address it
+        // no longer holds are stale (checked here, once per connection, so
+        // a response only reads a flag).
+        if !record.setup.proxied && !record.setup.dns_answers.is_empty() {
+            let answer: Vec<IpAddr> = record.setup.dns_answers.iter().map(|a| a.ip()).collect();
+            for older in &history.connections {
+                if !older.setup.proxied
+                    && older
+                        .setup
+                        .peer_addr
+                        .is_some_and(|peer| !answer.contains(&peer.ip()))
+                {
+                    older.mark_dns_stale();
+                }
+            }
+        }
         if history.connections.len() >= CONNECTIONS_PER_HOST {
             history.connections.pop_front();
         }
@@ -101,30 +242,47 @@ impl PoolHistory {
     }
 
     /// Why `client` found no idle connection to `host` at `now` (called when
-    /// reqwest calls the connector: hyper-util's pool checkout just failed).
+    /// reqwest calls the connector: hyper-util's pool checkout just failed,
+    /// or its pool is disabled). The decision table is in docs/REFERENCE.md
+    /// section 14; each step below is one row.
+    /// `in_flight`: requests to the host in flight now, this one included.
     pub(crate) fn classify_miss(
         &self,
         host: &HostKey,
         client: &ClientState,
         now: Instant,
+        in_flight: u64,
     ) -> MissVerdict {
         let hosts = self.hosts();
-        let Some(history) = hosts.get(host) else {
-            return MissVerdict::Decided(MissReason::Cold);
-        };
-        let mine: Vec<&Arc<ConnectionRecord>> = history
-            .connections
-            .iter()
-            .filter(|r| r.client.id == client.id)
-            .collect();
+        let mine: Vec<&Arc<ConnectionRecord>> = hosts
+            .get(host)
+            .map(|h| {
+                h.connections
+                    .iter()
+                    .filter(|r| r.client.id == client.id)
+                    .collect()
+            })
+            .unwrap_or_default();
+        // 1. No connection of this client to the host yet.
         if mine.is_empty() {
-            let earlier_client = history.connections.iter().any(|r| r.client.id < client.id);
+            let earlier_client = hosts
+                .get(host)
+                .is_some_and(|h| h.connections.iter().any(|r| r.client.id < client.id));
             let young = now.saturating_duration_since(client.built_at) < NEW_CLIENT_WINDOW;
-            return MissVerdict::Decided(if earlier_client && young {
+            return MissVerdict::Decided(Miss::new(if earlier_client && young {
                 MissReason::NewClient
             } else {
                 MissReason::Cold
-            });
+            }));
+        }
+        // 2. No idle pool on purpose: hyper-util never checks one out.
+        if client.max_idle_per_host == Some(0) {
+            return MissVerdict::Decided(Miss::new(MissReason::PoolDisabled));
+        }
+        // 3. The pool was never warm: no connection has finished a response
+        //    yet (a concurrent first burst, however its connects interleave).
+        if mine.iter().all(|r| r.last_released().is_none()) {
+            return MissVerdict::Decided(Miss::new(MissReason::Cold));
         }
         // hyper-util hands out the most recently released idle connection
         // first: that is the one this request would have had.
@@ -133,32 +291,105 @@ impl PoolHistory {
             .filter(|r| r.http2() || r.in_use() == 0)
             .max_by_key(|r| r.last_activity())
         else {
-            return MissVerdict::Decided(MissReason::AllBusy);
+            // 4. Every established connection is in use.
+            return MissVerdict::Decided(Miss::new(MissReason::AllBusy));
         };
-        if candidate.is_discarded() {
-            return MissVerdict::Decided(MissReason::Discarded);
+        let previous = |end| Previous::of(candidate, now, Some(end));
+        // 5. Its body was dropped before the end (hyper had not read it all,
+        //    or the pool would have handed the connection out).
+        if candidate.is_discarded() || candidate.is_dropped_early() {
+            return MissVerdict::Closed {
+                miss: Miss::caused_by(MissReason::Discarded, previous(ConnectionEnd::Discarded)),
+                record: Arc::clone(candidate),
+            };
         }
-        if candidate.is_peer_closed() {
-            return MissVerdict::Decided(MissReason::ClosedByPeer);
+        // 6. The server said it would close it.
+        if candidate.said_connection_close() {
+            candidate.set_end(ConnectionEnd::ConnectionClose);
+            return MissVerdict::Decided(Miss::caused_by(
+                MissReason::RequestLimit,
+                previous(ConnectionEnd::ConnectionClose),
+            ));
         }
+        // 7. Already known closed by the server (a failed request, the kernel).
+        if let Some(end) = candidate.end().filter(|e| e.by_server()) {
+            return MissVerdict::Decided(Miss::caused_by(MissReason::ClosedByPeer, previous(end)));
+        }
+        // 8. Released while the idle pool was full.
         if candidate.is_over_idle_limit() {
-            return MissVerdict::Decided(MissReason::AllBusy);
+            return MissVerdict::Decided(Miss::caused_by(
+                MissReason::AllBusy,
+                previous(ConnectionEnd::IdleLimit),
+            ));
         }
+        // 9. Idle past the client's idle timeout.
         if client
             .idle_timeout
             .is_some_and(|t| now.saturating_duration_since(candidate.last_activity()) >= t)
         {
-            return MissVerdict::Decided(MissReason::IdleExpired);
+            return MissVerdict::Decided(Miss::caused_by(
+                MissReason::IdleExpired,
+                previous(ConnectionEnd::IdleTimeout),
+            ));
         }
+        // 10. Alive as far as we know: the kernel decides. If it is alive,
+        //     either another request in flight to the host holds it
+        //     (hyper-util hands a connection out before its response shows
+        //     us who has it): `all_busy`; or nothing else is in flight, so
+        //     hyper-util had not put it back yet: `release_race`.
+        let attributed: u64 = hosts
+            .get(host)
+            .map(|h| h.connections.iter().map(|r| u64::from(r.in_use())).sum())
+            .unwrap_or(0);
+        let others_unattributed = in_flight.saturating_sub(1 + attributed) > 0;
+        let alive = if others_unattributed || candidate.http2() {
+            Miss::new(MissReason::AllBusy)
+        } else {
+            Miss::caused_by(MissReason::ReleaseRace, Previous::of(candidate, now, None))
+        };
         match (candidate.setup.local_addr, candidate.setup.peer_addr) {
             (Some(local), Some(remote)) => MissVerdict::AskKernel {
                 local,
                 remote,
                 candidate: Arc::clone(candidate),
-                otherwise: MissReason::AllBusy,
+                alive,
             },
-            _ => MissVerdict::Decided(MissReason::AllBusy),
+            _ => MissVerdict::Decided(alive),
         }
+    }
+
+    /// The connection this request's own connect made, if it succeeded.
+    pub(crate) fn made_for(
+        &self,
+        host: &HostKey,
+        request_id: u64,
+    ) -> Option<Arc<ConnectionRecord>> {
+        let hosts = self.hosts();
+        hosts
+            .get(host)?
+            .connections
+            .iter()
+            .rev()
+            .find(|r| r.trigger_id == Some(request_id))
+            .cloned()
+    }
+
+    /// The HTTP/2 connection a request that called no connector was
+    /// multiplexed onto: the host's most recently active open one that was
+    /// ready before `start`.
+    pub(crate) fn likely_multiplexed(
+        &self,
+        host: &HostKey,
+        start: Instant,
+    ) -> Option<Arc<ConnectionRecord>> {
+        let hosts = self.hosts();
+        hosts
+            .get(host)?
+            .connections
+            .iter()
+            .filter(|r| r.http2() && !r.is_closed() && r.end().is_none() && r.ready_at() <= start)
+            .max_by_key(|r| r.last_activity())
+            .cloned()
     }
 
     /// The connection a request that failed without calling the connector
@@ -181,6 +412,8 @@ impl PoolHistory {
                     && r.in_use() == 0
                     && !r.is_closed()
                     && !r.is_discarded()
+                    && r.end().is_none()
+                    && !r.said_connection_close()
                     && r.last_released().is_some_and(|t| t <= start)
             })
             .max_by_key(|r| r.last_activity())
@@ -229,52 +462,89 @@ impl PoolHistory {
     }
 }
 
-/// The miss reason of one connect, shared by the request that triggered it
-/// and the connection it made. Filled at once, or when the kernel answers.
+/// The miss of one connect, shared by the request that triggered it and the
+/// connection it made. Filled at once, or when the kernel answers.
 #[derive(Debug)]
 pub(crate) struct MissSlot {
-    reason: OnceLock<MissReason>,
+    miss: OnceLock<Miss>,
     /// Used if the kernel has not answered in time.
-    fallback: MissReason,
+    fallback: Miss,
     ready: tokio::sync::Notify,
 }
 
 impl MissSlot {
-    pub(crate) fn decided(reason: MissReason) -> Self {
-        let slot = Self::pending(reason);
-        let _ = slot.reason.set(reason);
+    pub(crate) fn decided(miss: Miss) -> Self {
+        let slot = Self::pending(miss);
+        let _ = slot.miss.set(miss);
         slot
     }
 
-    pub(crate) fn pending(fallback: MissReason) -> Self {
+    pub(crate) fn pending(fallback: Miss) -> Self {
         Self {
-            reason: OnceLock::new(),
+            miss: OnceLock::new(),
             fallback,
             ready: tokio::sync::Notify::new(),
         }
     }
 
-    pub(crate) fn set(&self, reason: MissReason) {
-        let _ = self.reason.set(reason);
+    pub(crate) fn set(&self, miss: Miss) {
+        let _ = self.miss.set(miss);
         self.ready.notify_waiters();
     }
 
-    /// The reason, or the fallback if it is not known yet.
-    pub(crate) fn get(&self) -> MissReason {
-        self.reason.get().copied().unwrap_or(self.fallback)
+    /// The miss, or the fallback if it is not known yet.
+    pub(crate) fn get(&self) -> Miss {
+        self.miss.get().copied().unwrap_or(self.fallback)
     }
 
-    /// Waits up to `timeout` for the reason, then returns what is known.
-    pub(crate) async fn settled(&self, timeout: Duration) -> MissReason {
-        if let Some(r) = self.reason.get() {
-            return *r;
+    /// Waits up to `timeout` for the miss, then returns what is known.
+    pub(crate) async fn settled(&self, timeout: Duration) -> Miss {
+        if let Some(m) = self.miss.get() {
+            return *m;
         }
         let notified = self.ready.notified();
         tokio::pin!(notified);
         notified.as_mut().enable();
-        if self.reason.get().is_none() {
+        if self.miss.get().is_none() {
             let _ = tokio::time::timeout(timeout, notified).await;
         }
         self.get()
+    }
+}
+
+/// Classifies the miss of a connect `client` is starting to `host` now
+/// (called from the connector layer when reqwest calls it): decided from
+/// the history, or when the kernel answers about the candidate connection.
+pub(crate) fn miss_slot(inner: &Arc<Inner>, host: &HostKey, client: &ClientState) -> Arc<MissSlot> {
+    let in_flight = inner.load.in_flight(host);
+    match inner
+        .pools
+        .classify_miss(host, client, Instant::now(), in_flight)
+    {
+        MissVerdict::Decided(miss) => Arc::new(MissSlot::decided(miss)),
+        MissVerdict::Closed { miss, record } => {
+            let at = record.last_activity();
+            record.mark_discarded(at);
+            inner.connection_closed(&record, at);
+            Arc::new(MissSlot::decided(miss))
+        }
+        MissVerdict::AskKernel {
+            local,
+            remote,
+            candidate,
+            alive,
+        } => {
+            let slot = Arc::new(MissSlot::pending(alive));
+            let answer = slot.clone();
+            let weak: Weak<Inner> = Arc::downgrade(inner);
+            inner.kernel.lookup_then(local, remote, move |lookup| {
+                let miss = decide_from_kernel(&candidate, &lookup, Instant::now(), alive);
+                if let Some(inner) = weak.upgrade() {
+                    inner.apply_kernel_view(&candidate, &lookup);
+                }
+                answer.set(miss);
+            });
+            slot
+        }
     }
 }

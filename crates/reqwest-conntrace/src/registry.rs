@@ -3,6 +3,7 @@
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
+use std::sync::OnceLock;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -10,6 +11,7 @@ use std::time::{Duration, Instant};
 use opentelemetry::trace::SpanContext;
 
 use crate::client::ClientState;
+use crate::miss::ConnectionEnd;
 use crate::pool::{HostKey, MissSlot};
 use crate::report::ConnectionSetup;
 
@@ -36,10 +38,25 @@ pub(crate) struct ConnectionRecord {
     over_idle_limit: AtomicBool,
     /// Its close was observed and counted.
     closed: AtomicBool,
-    /// The kernel showed the server closed it first.
-    peer_closed: AtomicBool,
     /// End of the latest response on this connection (body read or dropped).
     last_released: Mutex<Option<Instant>>,
+    /// An HTTP/1.1 response body was dropped before its end: hyper closed
+    /// the connection unless it had already read the whole body (then it
+    /// went back to the pool). Cleared by a later response on it.
+    dropped_early: AtomicBool,
+    /// The latest response carried `Connection: close`.
+    connection_close: AtomicBool,
+    /// How it ended, once known (first cause wins).
+    end: OnceLock<ConnectionEnd>,
+    /// The server's advertised keep-alive timeout (`Keep-Alive: timeout=N`),
+    /// in milliseconds; 0 = none seen.
+    server_keep_alive_ms: AtomicU64,
+    /// HTTP/2 streams reset because their response was dropped early.
+    stream_resets: AtomicU64,
+    /// A request timed out on it while nothing arrived from the peer.
+    stalled: AtomicBool,
+    /// A newer DNS answer for its host no longer holds its peer address.
+    dns_stale: AtomicBool,
 }
 
 impl ConnectionRecord {
@@ -63,9 +80,96 @@ impl ConnectionRecord {
             discarded: AtomicBool::new(false),
             over_idle_limit: AtomicBool::new(false),
             closed: AtomicBool::new(false),
-            peer_closed: AtomicBool::new(false),
             last_released: Mutex::new(None),
+            dropped_early: AtomicBool::new(false),
+            connection_close: AtomicBool::new(false),
+            end: OnceLock::new(),
+            server_keep_alive_ms: AtomicU64::new(0),
+            stream_resets: AtomicU64::new(0),
+            stalled: AtomicBool::new(false),
+            dns_stale: AtomicBool::new(false),
         }
+    }
+
+    /// A newer DNS answer for its host does not hold its peer address.
+    pub(crate) fn mark_dns_stale(&self) {
+        self.dns_stale.store(true, Ordering::Relaxed);
+    }
+
+    pub(crate) fn is_dns_stale(&self) -> bool {
+        self.dns_stale.load(Ordering::Relaxed)
+    }
+
+    /// An HTTP/1.1 body was dropped before its end at `at`.
+    pub(crate) fn mark_dropped_early(&self, at: Instant) {
+        self.dropped_early.store(true, Ordering::Relaxed);
+        self.mark_released(at);
+    }
+
+    pub(crate) fn is_dropped_early(&self) -> bool {
+        self.dropped_early.load(Ordering::Relaxed)
+    }
+
+    /// A response arrived on it: whatever was dropped before, the pool kept
+    /// it, and it is not stalled.
+    pub(crate) fn mark_alive(&self) {
+        self.dropped_early.store(false, Ordering::Relaxed);
+        self.stalled.store(false, Ordering::Relaxed);
+    }
+
+    /// Records whether the latest response said `Connection: close`.
+    pub(crate) fn set_connection_close(&self, close: bool) {
+        self.connection_close.store(close, Ordering::Relaxed);
+    }
+
+    pub(crate) fn said_connection_close(&self) -> bool {
+        self.connection_close.load(Ordering::Relaxed)
+    }
+
+    /// Records how it ended (the first cause recorded wins).
+    pub(crate) fn set_end(&self, end: ConnectionEnd) {
+        let _ = self.end.set(end);
+    }
+
+    /// How it ended, if known.
+    pub(crate) fn end(&self) -> Option<ConnectionEnd> {
+        self.end.get().copied()
+    }
+
+    /// Records the server's advertised keep-alive timeout; returns `true`
+    /// the first time one is seen on this connection.
+    pub(crate) fn set_server_keep_alive(&self, timeout: Duration) -> bool {
+        let ms = u64::try_from(timeout.as_millis())
+            .unwrap_or(u64::MAX)
+            .max(1);
+        self.server_keep_alive_ms.swap(ms, Ordering::Relaxed) == 0
+    }
+
+    /// The server's advertised keep-alive timeout, if any.
+    pub(crate) fn server_keep_alive(&self) -> Option<Duration> {
+        match self.server_keep_alive_ms.load(Ordering::Relaxed) {
+            0 => None,
+            ms => Some(Duration::from_millis(ms)),
+        }
+    }
+
+    /// Counts one more reset stream; returns the new total.
+    pub(crate) fn count_stream_reset(&self) -> u64 {
+        self.stream_resets.fetch_add(1, Ordering::Relaxed) + 1
+    }
+
+    /// Streams reset so far.
+    pub(crate) fn stream_resets(&self) -> u64 {
+        self.stream_resets.load(Ordering::Relaxed)
+    }
+
+    /// A request timed out on it while the peer sent nothing.
+    pub(crate) fn mark_stalled(&self) {
+        self.stalled.store(true, Ordering::Relaxed);
+    }
+
+    pub(crate) fn is_stalled(&self) -> bool {
+        self.stalled.load(Ordering::Relaxed)
     }
 
     /// Requests currently using the connection.
@@ -88,6 +192,7 @@ impl ConnectionRecord {
     /// hyper closed it because a response was dropped before its end.
     pub(crate) fn mark_discarded(&self, at: Instant) {
         self.discarded.store(true, Ordering::Relaxed);
+        self.set_end(ConnectionEnd::Discarded);
         self.mark_released(at);
     }
 
@@ -95,7 +200,8 @@ impl ConnectionRecord {
         self.discarded.load(Ordering::Relaxed)
     }
 
-    /// hyper closed it at release because the idle pool was full.
+    /// hyper closed it at release because the idle pool was full (a
+    /// belief until the kernel or a later response says otherwise).
     pub(crate) fn mark_over_idle_limit(&self) {
         self.over_idle_limit.store(true, Ordering::Relaxed);
     }
@@ -108,15 +214,6 @@ impl ConnectionRecord {
     /// Marks the close observed; `true` the first time only.
     pub(crate) fn mark_closed(&self) -> bool {
         !self.closed.swap(true, Ordering::Relaxed)
-    }
-
-    /// The kernel showed the server closed it (CLOSE_WAIT / LAST_ACK / gone).
-    pub(crate) fn mark_peer_closed(&self) {
-        self.peer_closed.store(true, Ordering::Relaxed);
-    }
-
-    pub(crate) fn is_peer_closed(&self) -> bool {
-        self.peer_closed.load(Ordering::Relaxed)
     }
 
     pub(crate) fn is_closed(&self) -> bool {

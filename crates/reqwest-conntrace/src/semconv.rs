@@ -432,6 +432,97 @@ pub const MISS_REASON_DISCARDED: &str = "discarded";
 /// [`HTTP_CONNECTION_MISS_REASON`]: a client built moments ago, while an
 /// earlier client of the handle had a connection to the host.
 pub const MISS_REASON_NEW_CLIENT: &str = "new_client";
+/// [`HTTP_CONNECTION_MISS_REASON`]: the server ended the previous
+/// connection with `Connection: close` (its per-connection request limit).
+pub const MISS_REASON_REQUEST_LIMIT: &str = "request_limit";
+/// [`HTTP_CONNECTION_MISS_REASON`]: the client keeps no idle connection
+/// (`pool_max_idle_per_host(0)`).
+pub const MISS_REASON_POOL_DISABLED: &str = "pool_disabled";
+/// [`HTTP_CONNECTION_MISS_REASON`]: the previous HTTP/1.1 connection was
+/// alive and free but hyper-util had not put it back into its pool yet.
+pub const MISS_REASON_RELEASE_RACE: &str = "release_race";
+
+/// `http.connection.previous.id` (int, request span, misses caused by a
+/// connection that ended): the id of that connection.
+pub const HTTP_CONNECTION_PREVIOUS_ID: &str = "http.connection.previous.id";
+/// `http.connection.previous.idle_time` (double, seconds, as
+/// [`HTTP_CONNECTION_PREVIOUS_ID`]): end of its last response to this
+/// request's start.
+pub const HTTP_CONNECTION_PREVIOUS_IDLE_TIME: &str = "http.connection.previous.idle_time";
+/// `http.connection.previous.request_count` (int, as
+/// [`HTTP_CONNECTION_PREVIOUS_ID`]): responses it carried.
+pub const HTTP_CONNECTION_PREVIOUS_REQUEST_COUNT: &str = "http.connection.previous.request_count";
+/// `http.connection.previous.end` (string, as [`HTTP_CONNECTION_PREVIOUS_ID`]):
+/// how it ended; one of the `CONNECTION_END_*` values.
+pub const HTTP_CONNECTION_PREVIOUS_END: &str = "http.connection.previous.end";
+/// [`HTTP_CONNECTION_PREVIOUS_END`]: its last response carried `Connection: close`.
+pub const CONNECTION_END_CONNECTION_CLOSE: &str = "connection_close";
+/// [`HTTP_CONNECTION_PREVIOUS_END`]: HTTP/2, ended by the server (GOAWAY, close).
+pub const CONNECTION_END_GOAWAY: &str = "goaway";
+/// [`HTTP_CONNECTION_PREVIOUS_END`]: the kernel showed the server's FIN.
+pub const CONNECTION_END_PEER_FIN: &str = "peer_fin";
+/// [`HTTP_CONNECTION_PREVIOUS_END`]: a request on it failed with a reset.
+pub const CONNECTION_END_PEER_RESET: &str = "peer_reset";
+/// [`HTTP_CONNECTION_PREVIOUS_END`]: gone from the kernel without our close
+/// (the server's FIN or RST; not told apart once the socket is gone).
+pub const CONNECTION_END_PEER_CLOSED: &str = "peer_closed";
+/// [`HTTP_CONNECTION_PREVIOUS_END`]: an HTTP/2 connection error ended it.
+pub const CONNECTION_END_HTTP2_ERROR: &str = "http2_error";
+/// [`HTTP_CONNECTION_PREVIOUS_END`]: the client's pool idle timeout elapsed.
+pub const CONNECTION_END_IDLE_TIMEOUT: &str = "idle_timeout";
+/// [`HTTP_CONNECTION_PREVIOUS_END`]: released while the idle pool was full.
+pub const CONNECTION_END_IDLE_LIMIT: &str = "idle_limit";
+/// [`HTTP_CONNECTION_PREVIOUS_END`]: a response body was dropped before its end.
+pub const CONNECTION_END_DISCARDED: &str = "discarded";
+
+/// `http.connection.server_keep_alive` (double, seconds, request span): the
+/// idle timeout the server advertised on the serving connection with a
+/// `Keep-Alive: timeout=N` response header (RFC 2068 §19.7.1.1), latest seen.
+pub const HTTP_CONNECTION_SERVER_KEEP_ALIVE: &str = "http.connection.server_keep_alive";
+/// `http.connection.client_idle_timeout` (double, seconds, on
+/// [`EVENT_KEEP_ALIVE_MISMATCH`]): the client's pool idle timeout.
+pub const HTTP_CONNECTION_CLIENT_IDLE_TIMEOUT: &str = "http.connection.client_idle_timeout";
+/// Event on the request span whose response first advertised a server
+/// keep-alive timeout shorter than the client's pool idle timeout: idle
+/// connections will be closed by the server first (`closed_by_peer`
+/// misses, and requests racing the close fail with `connection_reset`).
+pub const EVENT_KEEP_ALIVE_MISMATCH: &str = "http.connection.keep_alive_mismatch";
+/// `http.connection.dns_stale` (bool, request span, only ever `true`): the
+/// serving connection's peer address is not in the newest DNS answer for
+/// its host (a pooled connection still going to an address DNS no longer
+/// gives).
+pub const HTTP_CONNECTION_DNS_STALE: &str = "http.connection.dns_stale";
+/// `http.connection.stream_resets` (int, request span): HTTP/2 streams of
+/// the serving connection reset so far because their response was dropped
+/// before its end (the reset request included).
+pub const HTTP_CONNECTION_STREAM_RESETS: &str = "http.connection.stream_resets";
+/// Event on a request span whose HTTP/2 response was dropped before its
+/// end: hyper reset the stream (RST_STREAM CANCEL). Attribute
+/// [`HTTP_CONNECTION_STREAM_RESETS`].
+pub const EVENT_STREAM_RESET: &str = "http.connection.stream_reset";
+/// `http.connection.stalled` (bool, request span, only ever `true`): the
+/// request timed out on a connection that received nothing from the peer
+/// during the request (kernel `tcpi_last_data_recv`, which counts jiffies:
+/// within 10 ms).
+pub const HTTP_CONNECTION_STALLED: &str = "http.connection.stalled";
+/// `http.connection.tcp.unacked` (int, segments, request span of a failed
+/// request): segments sent and not yet acknowledged (`tcpi_unacked`).
+pub const HTTP_CONNECTION_TCP_UNACKED: &str = "http.connection.tcp.unacked";
+/// `http.connection.tcp.since_last_receive` (double, seconds, request span
+/// of a failed request): time since the last data arrived on the connection
+/// (`tcpi_last_data_recv`).
+pub const HTTP_CONNECTION_TCP_SINCE_LAST_RECEIVE: &str = "http.connection.tcp.since_last_receive";
+/// `http.connection.tcp.state` (string, request span of a failed request):
+/// the socket's TCP state when the failure was seen (`established`,
+/// `close_wait`, ...; `gone` when the kernel no longer lists it).
+pub const HTTP_CONNECTION_TCP_STATE: &str = "http.connection.tcp.state";
+/// `error.type`: HTTP/2, the server sent GOAWAY and the request was not
+/// (or not completely) served.
+pub const ERROR_TYPE_HTTP2_GOAWAY: &str = "http2_goaway";
+/// `error.type`: HTTP/2, the stream was reset (RST_STREAM).
+pub const ERROR_TYPE_HTTP2_STREAM_RESET: &str = "http2_stream_reset";
+/// `error.type`: HTTP/2, a connection-level protocol error.
+pub const ERROR_TYPE_HTTP2_ERROR: &str = "http2_error";
 
 /// [`HTTP_CONNECTION_UNTRACKED`]: the serving connection is not in the
 /// handle's connection registry: it was made while the registry held

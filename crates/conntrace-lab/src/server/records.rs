@@ -28,6 +28,26 @@ pub struct ConnectionRecord {
     pub accepted_at: Instant,
     /// TLS facts; `None` for plain HTTP.
     pub tls: Option<TlsSessionInfo>,
+    /// How the connection ended; `None` while it is open.
+    pub end: Option<ConnectionEnd>,
+    /// Requests it received (set when it ended, else 0).
+    pub requests: u64,
+}
+
+/// How the server saw one of its connections end.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ConnectionEnd {
+    /// The server ended it after its request limit: HTTP/1 with
+    /// `Connection: close` on the last response, HTTP/2 with GOAWAY.
+    RequestLimit,
+    /// The server's idle timeout closed it gracefully (HTTP/1: FIN;
+    /// HTTP/2: GOAWAY, then FIN).
+    IdleTimeout,
+    /// The server's idle timeout closed it with a TCP reset (RST).
+    IdleReset,
+    /// The client closed it, or it failed.
+    Closed,
 }
 
 /// One request the server answered.

@@ -114,6 +114,9 @@ pub(crate) struct ConnCtx {
     pub(crate) tls_resumed: Option<bool>,
     pub(crate) requests: AtomicU64,
     pub(crate) activity: Arc<Activity>,
+    /// Signalled (HTTP/2) when the request limit is reached: the connection
+    /// task then sends GOAWAY.
+    pub(crate) limit_reached: tokio::sync::Notify,
 }
 
 /// Response settings that do not depend on the request.
@@ -121,6 +124,12 @@ pub(crate) struct ConnCtx {
 pub(crate) struct ResponseConfig {
     pub(crate) body: Bytes,
     pub(crate) delay: Duration,
+    /// Requests per connection before the server ends it.
+    pub(crate) max_requests: Option<u64>,
+    /// Requests after this many on a connection are never answered.
+    pub(crate) stall_after: Option<u64>,
+    /// `Keep-Alive: timeout=N` on HTTP/1 responses.
+    pub(crate) keep_alive_header: Option<u64>,
 }
 
 /// Handles one request: records it, applies delays, builds the body.
@@ -156,6 +165,14 @@ pub(crate) async fn handle(
         received_at,
     });
 
+    if cfg.stall_after.is_some_and(|n| request_index > n) {
+        // A stalled peer: never answer (the connection stays open).
+        std::future::pending::<()>().await;
+    }
+    let last = cfg.max_requests.is_some_and(|n| request_index >= n);
+    if last && version == http::Version::HTTP_2 {
+        conn.limit_reached.notify_one();
+    }
     let route = path.split('?').next().unwrap_or("/");
     let mut body = cfg.body.clone();
     let mut delay = cfg.delay;
@@ -216,6 +233,18 @@ pub(crate) async fn handle(
     );
     if let Some(location) = location {
         headers.insert(http::header::LOCATION, location);
+    }
+    if let Some(secs) = cfg.keep_alive_header
+        && version != http::Version::HTTP_2
+        && let Ok(value) = http::HeaderValue::from_str(&format!("timeout={secs}"))
+    {
+        headers.insert(http::HeaderName::from_static("keep-alive"), value);
+    }
+    if last && version != http::Version::HTTP_2 {
+        headers.insert(
+            http::header::CONNECTION,
+            http::HeaderValue::from_static("close"),
+        );
     }
     Ok(resp)
 }

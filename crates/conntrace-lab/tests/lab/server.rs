@@ -395,3 +395,123 @@ fn pki_files_are_written() {
     assert_eq!(pki.leaf_chain_der()[1], pki.ca_cert_der());
     assert!(TestPki::generate(&[]).is_err());
 }
+
+/// Reads one raw HTTP/1.1 response head and its 2-byte body from `sock`.
+async fn read_ok_response(sock: &mut tokio::net::TcpStream) -> String {
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 1024];
+    while !buf.ends_with(b"\r\n\r\nok") {
+        let n = sock.read(&mut chunk).await.expect("read response");
+        assert!(
+            n > 0,
+            "closed mid-response: {:?}",
+            String::from_utf8_lossy(&buf)
+        );
+        buf.extend_from_slice(&chunk[..n]);
+    }
+    String::from_utf8_lossy(&buf).to_ascii_lowercase()
+}
+
+/// The idle close is a FIN by default (the client reads EOF) and an RST
+/// with `idle_close_with_reset` (the client's read fails with
+/// `ConnectionReset`); the connection record says which.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_close_with_fin_or_reset() {
+    for reset in [false, true] {
+        let server = TestServer::builder()
+            .http_versions(HttpVersions::Http1Only)
+            .idle_timeout(Some(Duration::from_millis(100)))
+            .idle_close_with_reset(reset)
+            .start()
+            .await
+            .expect("server");
+        let mut sock = tcp(server.addr()).await;
+        sock.write_all(b"GET / HTTP/1.1\r\nhost: x\r\n\r\n")
+            .await
+            .expect("request");
+        read_ok_response(&mut sock).await;
+        let mut byte = [0u8; 1];
+        let read = sock.read(&mut byte).await;
+        if reset {
+            let err = read.expect_err("reset");
+            assert_eq!(err.kind(), std::io::ErrorKind::ConnectionReset);
+        } else {
+            assert_eq!(read.expect("FIN"), 0);
+        }
+        let expected = if reset {
+            conntrace_lab::ConnectionEnd::IdleReset
+        } else {
+            conntrace_lab::ConnectionEnd::IdleTimeout
+        };
+        let deadline = Instant::now() + Duration::from_secs(2);
+        while server.connections()[0].end.is_none() && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let record = &server.connections()[0];
+        assert_eq!(record.end, Some(expected));
+        assert_eq!(record.requests, 1);
+    }
+}
+
+/// `max_requests_per_connection(2)`: the second response on a connection
+/// says `Connection: close` and the server closes it; `keep_alive_header`
+/// advertises `Keep-Alive: timeout=N`; `stall_after(1)` never answers the
+/// second request but records it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn request_limit_keep_alive_header_and_stall() {
+    let server = TestServer::builder()
+        .http_versions(HttpVersions::Http1Only)
+        .max_requests_per_connection(Some(2))
+        .keep_alive_header(Some(7))
+        .start()
+        .await
+        .expect("server");
+    let mut sock = tcp(server.addr()).await;
+    for i in 1..=2 {
+        sock.write_all(b"GET / HTTP/1.1\r\nhost: x\r\n\r\n")
+            .await
+            .expect("request");
+        let head = read_ok_response(&mut sock).await;
+        assert!(head.contains("keep-alive: timeout=7"), "{head}");
+        assert_eq!(head.contains("connection: close"), i == 2, "{head}");
+    }
+    let mut byte = [0u8; 1];
+    assert_eq!(
+        sock.read(&mut byte).await.expect("FIN"),
+        0,
+        "closed at the limit"
+    );
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while server.connections()[0].end.is_none() && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert_eq!(
+        server.connections()[0].end,
+        Some(conntrace_lab::ConnectionEnd::RequestLimit)
+    );
+
+    let stalled = TestServer::builder()
+        .http_versions(HttpVersions::Http1Only)
+        .stall_after(Some(1))
+        .start()
+        .await
+        .expect("server");
+    let mut sock = tcp(stalled.addr()).await;
+    sock.write_all(b"GET / HTTP/1.1\r\nhost: x\r\n\r\n")
+        .await
+        .expect("request");
+    read_ok_response(&mut sock).await;
+    sock.write_all(b"GET / HTTP/1.1\r\nhost: x\r\n\r\n")
+        .await
+        .expect("request 2");
+    let silent = tokio::time::timeout(Duration::from_millis(300), sock.read(&mut byte)).await;
+    assert!(
+        silent.is_err(),
+        "no answer to the stalled request: {silent:?}"
+    );
+    assert_eq!(
+        stalled.request_count(),
+        2,
+        "the stalled request was recorded"
+    );
+}

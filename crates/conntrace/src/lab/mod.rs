@@ -20,17 +20,21 @@ mod cancelled_handshake;
 mod connect_proxy;
 mod dead_first_address;
 mod discarded;
+mod dns_change;
 mod dns_queue;
 mod env_proxy;
 mod far_server;
+mod goaway;
 mod idle_expired;
 mod ipv6_blackhole;
 mod net;
 mod new_client;
 mod redirect_chain;
 mod report;
+mod request_limit;
 mod runner;
 mod server_closed;
+mod stalled;
 mod text;
 mod view;
 
@@ -75,11 +79,19 @@ pub(crate) enum Scenario {
     RedirectChain,
     /// A proxy from `HTTPS_PROXY`, open and refusing.
     EnvProxy,
+    /// `request_limit`: the server's per-connection request limit.
+    RequestLimit,
+    /// HTTP/2 GOAWAY after N streams.
+    GoAway,
+    /// A stalled HTTP/2 connection.
+    StalledConnection,
+    /// A DNS change under a pooled connection.
+    DnsChange,
 }
 
 impl Scenario {
     /// Every scenario, in `--list` order.
-    pub(crate) const ALL: [Scenario; 12] = [
+    pub(crate) const ALL: [Scenario; 16] = [
         Scenario::FarServer,
         Scenario::Ipv6Blackhole,
         Scenario::IdleExpired,
@@ -92,6 +104,10 @@ impl Scenario {
         Scenario::CancelledHandshake,
         Scenario::RedirectChain,
         Scenario::EnvProxy,
+        Scenario::RequestLimit,
+        Scenario::GoAway,
+        Scenario::StalledConnection,
+        Scenario::DnsChange,
     ];
 
     /// The name on the command line.
@@ -109,6 +125,10 @@ impl Scenario {
             Scenario::CancelledHandshake => "cancelled-handshake",
             Scenario::RedirectChain => "redirect-chain",
             Scenario::EnvProxy => "env-proxy",
+            Scenario::RequestLimit => "request-limit",
+            Scenario::GoAway => "goaway",
+            Scenario::StalledConnection => "stalled-connection",
+            Scenario::DnsChange => "dns-change",
         }
     }
 
@@ -150,6 +170,18 @@ impl Scenario {
             }
             Scenario::RedirectChain => {
                 "a 302 chain across 127.0.0.1 to 127.0.0.5: one span per hop (http.request.resend_count), each on its own host and new connection; the chain again: five idle hits"
+            }
+            Scenario::RequestLimit => {
+                "the server closes each connection after 5 requests (Connection: close, like nginx keepalive_requests): every 6th request is a miss with request_limit naming the connection that carried 5"
+            }
+            Scenario::GoAway => {
+                "an HTTP/2 server sends GOAWAY after 3 streams: the request after it is a miss with closed_by_peer, previous.end goaway, naming the connection"
+            }
+            Scenario::StalledConnection => {
+                "an HTTP/2 peer stops answering: the requests that time out name the connection, stalled, with the kernel's evidence (nothing received)"
+            }
+            Scenario::DnsChange => {
+                "the name moves to another address while a connection to the old one is pooled: requests still going there carry dns_stale"
             }
         }
     }

@@ -12,9 +12,9 @@ use clap::Args;
 use super::report::{LabReport, ListedScenario, Outcome, ScenarioList};
 use super::view::Spans;
 use super::{
-    Scenario, cancelled_handshake, connect_proxy, dead_first_address, discarded, dns_queue,
-    env_proxy, far_server, idle_expired, ipv6_blackhole, new_client, redirect_chain, server_closed,
-    text,
+    Scenario, cancelled_handshake, connect_proxy, dead_first_address, discarded, dns_change,
+    dns_queue, env_proxy, far_server, goaway, idle_expired, ipv6_blackhole, new_client,
+    redirect_chain, request_limit, server_closed, stalled, text,
 };
 use crate::telemetry::Telemetry;
 
@@ -164,6 +164,10 @@ pub(crate) async fn run(args: LabArgs) -> anyhow::Result<ExitCode> {
         Scenario::CancelledHandshake => cancelled_handshake::run(&mut lab).await,
         Scenario::RedirectChain => redirect_chain::run(&mut lab).await,
         Scenario::EnvProxy => env_proxy::run(&mut lab).await,
+        Scenario::RequestLimit => request_limit::run(&mut lab).await,
+        Scenario::GoAway => goaway::run(&mut lab).await,
+        Scenario::StalledConnection => stalled::run(&mut lab).await,
+        Scenario::DnsChange => dns_change::run(&mut lab).await,
     };
     let spans = html.as_ref().map(|_| lab.telemetry.captured_spans());
     let telemetry = lab.telemetry.finish().await;

@@ -62,6 +62,22 @@ pub(crate) struct RequestView {
     pub(crate) body_bytes: Option<i64>,
     /// Ids of the connects this request's pool miss started.
     pub(crate) triggered: Vec<i64>,
+    /// `http.connection.request_count`.
+    pub(crate) request_count: Option<i64>,
+    /// `network.peer.address`.
+    pub(crate) peer_address: Option<String>,
+    /// `http.connection.previous.id`: the connection whose end caused the miss.
+    pub(crate) previous_id: Option<i64>,
+    /// `http.connection.previous.request_count`.
+    pub(crate) previous_request_count: Option<i64>,
+    /// `http.connection.previous.end`: how it ended.
+    pub(crate) previous_end: Option<String>,
+    /// `http.connection.dns_stale`.
+    pub(crate) dns_stale: Option<bool>,
+    /// `http.connection.stalled`.
+    pub(crate) stalled: Option<bool>,
+    /// `http.connection.tcp.since_last_receive`, ms.
+    pub(crate) since_last_receive_ms: Option<f64>,
 }
 
 impl RequestView {
@@ -315,6 +331,16 @@ impl Spans {
                     .map(|s| round3(s * 1e3)),
                 body_bytes: r.attr_i64(semconv::HTTP_RESPONSE_BODY_SIZE),
                 triggered,
+                request_count: r.attr_i64(semconv::HTTP_CONNECTION_REQUEST_COUNT),
+                peer_address: string(r, semconv::NETWORK_PEER_ADDRESS),
+                previous_id: r.attr_i64(semconv::HTTP_CONNECTION_PREVIOUS_ID),
+                previous_request_count: r.attr_i64(semconv::HTTP_CONNECTION_PREVIOUS_REQUEST_COUNT),
+                previous_end: string(r, semconv::HTTP_CONNECTION_PREVIOUS_END),
+                dns_stale: r.attr_bool(semconv::HTTP_CONNECTION_DNS_STALE),
+                stalled: r.attr_bool(semconv::HTTP_CONNECTION_STALLED),
+                since_last_receive_ms: r
+                    .attr_f64(semconv::HTTP_CONNECTION_TCP_SINCE_LAST_RECEIVE)
+                    .map(|s| round3(s * 1e3)),
             });
         }
         connections.sort_by(|a, b| a.start_ms.total_cmp(&b.start_ms));

@@ -18,7 +18,7 @@ use super::{assert_one_line_error, children, conntrace, run, stderr};
 const RUN_ATTRIBUTE: &str = "conntrace.lab.run";
 
 /// Every scenario name, in `--list` order.
-const SCENARIOS: [&str; 12] = [
+const SCENARIOS: [&str; 16] = [
     "far-server",
     "ipv6-blackhole",
     "idle-expired",
@@ -31,6 +31,10 @@ const SCENARIOS: [&str; 12] = [
     "cancelled-handshake",
     "redirect-chain",
     "env-proxy",
+    "request-limit",
+    "goaway",
+    "stalled-connection",
+    "dns-change",
 ];
 
 /// One scenario's `--json` document and the spans the receiver got.
@@ -156,7 +160,7 @@ fn some(s: &str) -> Option<String> {
     Some(s.to_owned())
 }
 
-/// `--list` names all the scenarios, one line each with a description;
+/// `--list` names all sixteen scenarios, one line each with a description;
 /// `--list --json` lists the same.
 #[tokio::test]
 async fn lab_list_names_every_scenario() {
@@ -276,10 +280,10 @@ async fn lab_far_server() {
             miss_reasons(&reqs),
             vec![
                 some(semconv::MISS_REASON_COLD),
-                some(semconv::MISS_REASON_ALL_BUSY),
-                some(semconv::MISS_REASON_ALL_BUSY)
+                some(semconv::MISS_REASON_POOL_DISABLED),
+                some(semconv::MISS_REASON_POOL_DISABLED)
             ],
-            "{run}: an idle limit of 0 closes every connection"
+            "{run}: an idle limit of 0 keeps no connection, on purpose"
         );
         assert!(
             reqs.iter()
@@ -1128,4 +1132,143 @@ async fn lab_with_the_collector_down_still_concludes_and_exits_1() {
         "concluded from the in-memory spans"
     );
     assert!(json["telemetry"]["error"].is_string());
+}
+
+/// The server ends each connection after 5 requests (`Connection: close`):
+/// requests 6 and 11 are `request_limit` misses naming the connection of
+/// the request before them, which carried 5; the server closed 2 at its
+/// limit and accepted 3 (its own counts).
+#[tokio::test]
+async fn lab_request_limit() {
+    let ran = lab(&["request-limit"]).await;
+    let run = "server closes each connection after 5 requests";
+    let reqs = ran.requests(run);
+    assert_eq!(reqs.len(), 11);
+    assert_eq!(ran.json["reproduced"], true, "{}", ran.json);
+    for at in [5, 10] {
+        let (before, r) = (reqs[at - 1], reqs[at]);
+        assert_eq!(
+            r.attr_str(semconv::HTTP_CONNECTION_MISS_REASON),
+            Some(semconv::MISS_REASON_REQUEST_LIMIT)
+        );
+        assert_eq!(
+            r.attr_i64(semconv::HTTP_CONNECTION_PREVIOUS_ID),
+            before.attr_i64(semconv::HTTP_CONNECTION_ID)
+        );
+        assert_eq!(
+            r.attr_i64(semconv::HTTP_CONNECTION_PREVIOUS_REQUEST_COUNT),
+            Some(5)
+        );
+        assert_eq!(
+            r.attr_str(semconv::HTTP_CONNECTION_PREVIOUS_END),
+            Some(semconv::CONNECTION_END_CONNECTION_CLOSE)
+        );
+    }
+    assert_eq!(ran.counter(run, "server_accepted"), 3);
+    assert_eq!(ran.counter(run, "server_closed_at_limit"), 2);
+    assert_eq!(
+        ran.setups(run).len() as u64,
+        ran.counter(run, "server_accepted")
+    );
+}
+
+/// HTTP/2 GOAWAY after 3 streams: each request that opened a new
+/// connection after the first is `closed_by_peer` with `previous.end =
+/// goaway` naming the previous request's connection; none is `all_busy`.
+#[tokio::test]
+async fn lab_goaway() {
+    let ran = lab(&["goaway"]).await;
+    let run = "HTTP/2 server sends GOAWAY after 3 streams";
+    let reqs = ran.requests(run);
+    assert_eq!(reqs.len(), 7);
+    assert_eq!(ran.json["reproduced"], true, "{}", ran.json);
+    let mut new_connections = 0;
+    for pair in reqs.windows(2) {
+        let (before, r) = (pair[0], pair[1]);
+        assert_ne!(
+            r.attr_str(semconv::HTTP_CONNECTION_MISS_REASON),
+            Some(semconv::MISS_REASON_ALL_BUSY)
+        );
+        if r.attr_i64(semconv::HTTP_CONNECTION_REQUEST_COUNT) == Some(1) {
+            new_connections += 1;
+            assert_eq!(
+                r.attr_str(semconv::HTTP_CONNECTION_MISS_REASON),
+                Some(semconv::MISS_REASON_CLOSED_BY_PEER)
+            );
+            assert_eq!(
+                r.attr_str(semconv::HTTP_CONNECTION_PREVIOUS_END),
+                Some(semconv::CONNECTION_END_GOAWAY)
+            );
+            assert_eq!(
+                r.attr_i64(semconv::HTTP_CONNECTION_PREVIOUS_ID),
+                before.attr_i64(semconv::HTTP_CONNECTION_ID)
+            );
+        }
+    }
+    assert!(new_connections >= 1);
+    assert_eq!(
+        new_connections + 1,
+        ran.counter(run, "server_accepted"),
+        "one miss per connection the server accepted after the first"
+    );
+}
+
+/// A stalled HTTP/2 peer: requests 2 and 3 time out on request 1's
+/// connection, named, marked stalled, with nothing received for at least
+/// their 300 ms; the server got all three on one connection.
+#[tokio::test]
+async fn lab_stalled_connection() {
+    let ran = lab(&["stalled-connection"]).await;
+    let run = "HTTP/2 peer stops answering after one request";
+    let reqs = ran.requests(run);
+    assert_eq!(reqs.len(), 3);
+    assert_eq!(ran.json["reproduced"], true, "{}", ran.json);
+    let first = reqs[0].attr_i64(semconv::HTTP_CONNECTION_ID);
+    assert!(first.is_some());
+    for r in &reqs[1..] {
+        assert_eq!(
+            r.attr_str(semconv::ERROR_TYPE),
+            Some(semconv::ERROR_TYPE_TIMEOUT)
+        );
+        assert_eq!(r.attr_i64(semconv::HTTP_CONNECTION_ID), first);
+        assert_eq!(r.attr_bool(semconv::HTTP_CONNECTION_STALLED), Some(true));
+        let quiet = r
+            .attr_f64(semconv::HTTP_CONNECTION_TCP_SINCE_LAST_RECEIVE)
+            .expect("kernel evidence");
+        assert!(quiet >= 0.29, "{quiet}");
+    }
+    assert_eq!(ran.counter(run, "server_accepted"), 1);
+    assert_eq!(ran.counter(run, "server_requests"), 3);
+}
+
+/// DNS moves the name from 127.0.0.1 to 127.0.0.2: requests after the
+/// change that go out on the pooled connection to the old address carry
+/// `dns_stale`, those to the new one do not; the servers' counts agree.
+#[tokio::test]
+async fn lab_dns_change() {
+    let ran = lab(&["dns-change"]).await;
+    let run = "the name moves to another address under a pooled connection";
+    let reqs = ran.requests(run);
+    assert_eq!(reqs.len(), 4);
+    assert_eq!(ran.json["reproduced"], true, "{}", ran.json);
+    let mut on_old = 0;
+    for r in &reqs[1..] {
+        match r.attr_str(semconv::NETWORK_PEER_ADDRESS) {
+            Some("127.0.0.1") => {
+                on_old += 1;
+                assert_eq!(r.attr_bool(semconv::HTTP_CONNECTION_DNS_STALE), Some(true));
+            }
+            Some("127.0.0.2") => {
+                assert_eq!(r.attr_bool(semconv::HTTP_CONNECTION_DNS_STALE), None);
+            }
+            other => panic!("peer {other:?}"),
+        }
+    }
+    assert!(on_old >= 1);
+    assert_eq!(ran.counter(run, "old_address_requests"), 1 + on_old);
+    assert_eq!(
+        ran.counter(run, "new_address_requests"),
+        3 - on_old,
+        "the servers' own counts"
+    );
 }

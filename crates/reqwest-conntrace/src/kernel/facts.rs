@@ -46,6 +46,13 @@ pub struct TcpInfo {
     /// Segments currently presumed lost (sent, not yet acknowledged or
     /// retransmitted), `tcpi_lost` (`ss`: `lost:`). A snapshot, not a total.
     pub lost: u32,
+    /// Segments sent and not yet acknowledged, `tcpi_unacked` (`ss`:
+    /// `unacked:`). A snapshot: data stuck on the way to the peer.
+    pub unacked: u32,
+    /// Time since data last arrived from the peer, `tcpi_last_data_recv`
+    /// (reported in ms, counted in jiffies: 1 to 10 ms resolution; `ss`:
+    /// `lastrcv:`).
+    pub since_last_receive: Duration,
 }
 
 /// TCP states as numbered in include/net/tcp_states.h (the value of
@@ -155,8 +162,12 @@ impl TcpState {
 mod offset {
     /// `__u32 tcpi_snd_mss`.
     pub(super) const SND_MSS: usize = 16;
+    /// `__u32 tcpi_unacked`.
+    pub(super) const UNACKED: usize = 24;
     /// `__u32 tcpi_lost`.
     pub(super) const LOST: usize = 32;
+    /// `__u32 tcpi_last_data_recv` (ms).
+    pub(super) const LAST_DATA_RECV: usize = 52;
     /// `__u32 tcpi_rtt` (µs).
     pub(super) const RTT: usize = 68;
     /// `__u32 tcpi_rttvar` (µs).
@@ -184,6 +195,8 @@ impl TcpInfo {
             send_mss: u32_at(offset::SND_MSS)?,
             total_retransmits: u32_at(offset::TOTAL_RETRANS)?,
             lost: u32_at(offset::LOST)?,
+            unacked: u32_at(offset::UNACKED)?,
+            since_last_receive: Duration::from_millis(u64::from(u32_at(offset::LAST_DATA_RECV)?)),
         })
     }
 }
@@ -234,7 +247,9 @@ mod tests {
         let mut raw = vec![0u8; 232];
         let mut put = |at: usize, v: u32| raw[at..at + 4].copy_from_slice(&v.to_ne_bytes());
         put(16, 65483);
+        put(24, 4);
         put(32, 2);
+        put(52, 1234);
         put(68, 1500);
         put(72, 750);
         put(80, 10);
@@ -249,6 +264,8 @@ mod tests {
                 send_mss: 65483,
                 total_retransmits: 3,
                 lost: 2,
+                unacked: 4,
+                since_last_receive: Duration::from_millis(1234),
             }
         );
         assert_eq!(TcpInfo::decode(&raw[..104]), Some(info));

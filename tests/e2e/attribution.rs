@@ -1,0 +1,881 @@
+//! The differential matrix of pool attribution: for each case (cold burst,
+//! sequential reuse, idle pool 0, request limit, idle close with FIN and
+//! with RST, HTTP/2 GOAWAY after N streams, dropped bodies, a stalled
+//! connection, a DNS change) every request's connection, request count and
+//! miss reason is compared with what the test server recorded (its
+//! per-connection and per-request records). The server runs on its own
+//! runtime thread, as a remote server would, so the races of a real
+//! deployment (hyper-util's pool return, the server's close) happen; each
+//! case is repeated to shake them out.
+
+use std::collections::HashMap;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use conntrace_lab::{
+    ConnectionEnd, HttpVersions, Nginx, NginxConfig, NginxListener, TestPki, TestServer,
+    TestServerBuilder, server::RequestRecord,
+};
+use opentelemetry_sdk::trace::SpanData;
+use reqwest_conntrace::semconv;
+
+use crate::support::{Telemetry, bool_attr, f64_attr, i64_attr, str_attr, telemetry, trust};
+
+/// A test server on its own single-worker runtime.
+struct RemoteServer {
+    server: Option<TestServer>,
+    runtime: Option<tokio::runtime::Runtime>,
+}
+
+impl RemoteServer {
+    async fn start(builder: TestServerBuilder) -> Self {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .expect("server runtime");
+        let server = runtime
+            .spawn(builder.start())
+            .await
+            .expect("server task")
+            .expect("server starts");
+        Self {
+            server: Some(server),
+            runtime: Some(runtime),
+        }
+    }
+
+    fn get(&self) -> &TestServer {
+        self.server.as_ref().expect("running")
+    }
+}
+
+impl Drop for RemoteServer {
+    fn drop(&mut self) {
+        drop(self.server.take());
+        if let Some(rt) = self.runtime.take() {
+            rt.shutdown_background();
+        }
+    }
+}
+
+/// One request span as the comparison needs it.
+#[derive(Debug, Clone)]
+struct Seen {
+    id: Option<i64>,
+    local_port: Option<i64>,
+    count: Option<i64>,
+    reused: Option<bool>,
+    reason: Option<String>,
+    previous_id: Option<i64>,
+    previous_count: Option<i64>,
+    previous_end: Option<String>,
+    error: Option<String>,
+}
+
+fn seen(span: &SpanData) -> Seen {
+    Seen {
+        id: i64_attr(span, semconv::HTTP_CONNECTION_ID),
+        local_port: i64_attr(span, semconv::NETWORK_LOCAL_PORT),
+        count: i64_attr(span, semconv::HTTP_CONNECTION_REQUEST_COUNT),
+        reused: bool_attr(span, semconv::HTTP_CONNECTION_REUSED),
+        reason: str_attr(span, semconv::HTTP_CONNECTION_MISS_REASON),
+        previous_id: i64_attr(span, semconv::HTTP_CONNECTION_PREVIOUS_ID),
+        previous_count: i64_attr(span, semconv::HTTP_CONNECTION_PREVIOUS_REQUEST_COUNT),
+        previous_end: str_attr(span, semconv::HTTP_CONNECTION_PREVIOUS_END),
+        error: str_attr(span, semconv::ERROR_TYPE),
+    }
+}
+
+/// Waits until `n` request spans have ended (failed requests end when the
+/// kernel's answer about their connection arrives), then returns them in
+/// start order.
+fn requests(t: &Telemetry, n: usize) -> Vec<SpanData> {
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let spans = t.requests();
+        if spans.len() >= n || std::time::Instant::now() >= deadline {
+            assert_eq!(spans.len(), n, "request spans");
+            return spans;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// One request as the server recorded it: the client's port, the index of
+/// the request on its connection, the server's connection id.
+type ServerView = (u16, u64, u64);
+
+fn lab_view(records: &[RequestRecord]) -> Vec<ServerView> {
+    records
+        .iter()
+        .map(|r| (r.remote_port(), r.request_index, r.connection_id))
+        .collect()
+}
+
+/// The server's connection id for each client connection id, checked
+/// request by request: every answered request's span names the connection
+/// whose local port the server saw, and its request count is the server's
+/// index of the request on that connection; one client id per server
+/// connection and back.
+fn compare_with_server(spans: &[Seen], server: &[RequestRecord]) -> HashMap<i64, u64> {
+    compare_with(spans, &lab_view(server))
+}
+
+fn compare_with(spans: &[Seen], server: &[ServerView]) -> HashMap<i64, u64> {
+    let answered: Vec<&Seen> = spans.iter().filter(|s| s.error.is_none()).collect();
+    assert_eq!(answered.len(), server.len(), "answered requests vs server");
+    let mut map: HashMap<i64, u64> = HashMap::new();
+    for s in &answered {
+        let id =
+            s.id.unwrap_or_else(|| panic!("no http.connection.id: {s:?}"));
+        let port = s.local_port.expect("network.local.port");
+        let count = s.count.expect("request_count");
+        let &(_, _, server_conn) = server
+            .iter()
+            .find(|(p, index, _)| i64::from(*p) == port && *index as i64 == count)
+            .unwrap_or_else(|| {
+                panic!("no server request on port {port} with index {count}: {s:?}\n{server:?}")
+            });
+        let previous = map.insert(id, server_conn);
+        assert!(
+            previous.is_none_or(|p| p == server_conn),
+            "client connection {id} is server connections {previous:?} and {server_conn}"
+        );
+    }
+    let mut server_ids: Vec<u64> = map.values().copied().collect();
+    server_ids.sort_unstable();
+    server_ids.dedup();
+    assert_eq!(
+        server_ids.len(),
+        map.len(),
+        "one client id per server connection"
+    );
+    map
+}
+
+fn plain_h1() -> TestServerBuilder {
+    TestServer::builder().http_versions(HttpVersions::Http1Only)
+}
+
+async fn get(client: &reqwest_middleware::ClientWithMiddleware, url: &str) {
+    let response = client.get(url).send().await.expect("request succeeds");
+    response.bytes().await.expect("body");
+}
+
+/// Sequential requests that are not misses are idle hits, or (when hyper
+/// really opened a connection because the previous one was not back in its
+/// pool yet) `release_race` naming that live connection: never `all_busy`.
+fn assert_sequential_misses_named(spans: &[Seen], allowed_first: &[&str]) {
+    for (i, s) in spans.iter().enumerate() {
+        match s.reason.as_deref() {
+            None => assert_eq!(s.reused, Some(true), "{i}: {s:?}"),
+            Some(semconv::MISS_REASON_RELEASE_RACE) => {
+                assert!(s.previous_id.is_some(), "{i}: {s:?}");
+                assert_eq!(s.previous_end, None, "alive: {s:?}");
+            }
+            Some(r) if allowed_first.contains(&r) => {}
+            Some(r) => panic!("request {i}: unexpected miss reason {r}: {s:?}\n{spans:#?}"),
+        }
+    }
+}
+
+/// 16 concurrent first requests with an idle pool of 32: every one is
+/// `cold`, on its own connection, as the server saw them.
+#[tokio::test]
+async fn cold_burst_is_all_cold() {
+    for round in 0..5 {
+        let t = telemetry();
+        let server = RemoteServer::start(plain_h1()).await;
+        let client = t
+            .conntrace()
+            .instrument_client(reqwest::Client::builder())
+            .pool_max_idle_per_host(32)
+            .build_with_middleware()
+            .expect("client");
+        let url = server.get().url("/delay/200");
+        futures::future::join_all((0..16).map(|_| get(&client, &url))).await;
+        let spans: Vec<Seen> = requests(&t, 16).iter().map(seen).collect();
+        let map = compare_with_server(&spans, &server.get().requests());
+        assert_eq!(map.len(), 16, "round {round}: a connection each");
+        for s in &spans {
+            assert_eq!(
+                s.reason.as_deref(),
+                Some(semconv::MISS_REASON_COLD),
+                "round {round}: {spans:#?}"
+            );
+            assert_eq!(s.reused, Some(false));
+        }
+    }
+}
+
+/// Sequential requests reuse one connection: after the first (`cold`), no
+/// request is labelled `all_busy`; any extra connection is `release_race`.
+/// hyper's connection tasks run on worker threads (as in an application),
+/// so hyper-util's pool return really races the next request: measured, 9
+/// races in 15 runs of 29 requests, each an extra connection the server
+/// accepted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sequential_reuse_never_blames_a_busy_pool() {
+    for _ in 0..5 {
+        let t = telemetry();
+        let server = RemoteServer::start(plain_h1()).await;
+        let client = t.client(reqwest::Client::builder(), None);
+        // Small bodies (read with the headers: hyper-util returns the
+        // connection at once) and 256 KiB ones (returned by its background
+        // task after the body ends: the race).
+        for i in 0..30 {
+            let path = if i % 2 == 0 { "/" } else { "/bytes/262144" };
+            get(&client, &server.get().url(path)).await;
+        }
+        let spans: Vec<Seen> = requests(&t, 30).iter().map(seen).collect();
+        compare_with_server(&spans, &server.get().requests());
+        assert_eq!(spans[0].reason.as_deref(), Some(semconv::MISS_REASON_COLD));
+        assert_sequential_misses_named(&spans[1..], &[]);
+        // Every extra connection the server accepted is one named race.
+        let races = spans
+            .iter()
+            .filter(|s| s.reason.as_deref() == Some(semconv::MISS_REASON_RELEASE_RACE))
+            .count() as u64;
+        assert_eq!(server.get().accepted_connections(), 1 + races);
+    }
+}
+
+/// `pool_max_idle_per_host(0)`: every request after the first is
+/// `pool_disabled`, on its own connection.
+#[tokio::test]
+async fn disabled_idle_pool_has_its_own_reason() {
+    for http2 in [false, true] {
+        let t = telemetry();
+        let pki = TestPki::localhost().expect("pki");
+        let versions = if http2 {
+            HttpVersions::Http2Only
+        } else {
+            HttpVersions::Http1Only
+        };
+        let server =
+            RemoteServer::start(TestServer::builder().tls(&pki).http_versions(versions)).await;
+        let client = t
+            .conntrace()
+            .instrument_client(reqwest::Client::builder())
+            .tls(trust(&pki))
+            .pool_max_idle_per_host(0)
+            .build_with_middleware()
+            .expect("client");
+        let url = server.get().url("/");
+        for _ in 0..8 {
+            get(&client, &url).await;
+        }
+        let spans: Vec<Seen> = requests(&t, 8).iter().map(seen).collect();
+        let map = compare_with_server(&spans, &server.get().requests());
+        assert_eq!(map.len(), 8, "a connection per request");
+        assert_eq!(spans[0].reason.as_deref(), Some(semconv::MISS_REASON_COLD));
+        for s in &spans[1..] {
+            assert_eq!(
+                s.reason.as_deref(),
+                Some(semconv::MISS_REASON_POOL_DISABLED),
+                "http2={http2}: {spans:#?}"
+            );
+        }
+    }
+}
+
+/// The server ends each connection after 5 requests (`Connection: close`,
+/// like nginx `keepalive_requests 5`): the request after each limit is a
+/// `request_limit` miss naming the connection that carried 5.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn request_limit_is_its_own_reason_and_names_the_previous_connection() {
+    for _ in 0..3 {
+        let t = telemetry();
+        let server = RemoteServer::start(plain_h1().max_requests_per_connection(Some(5))).await;
+        let client = t.client(reqwest::Client::builder(), None);
+        let url = server.get().url("/");
+        for _ in 0..21 {
+            get(&client, &url).await;
+        }
+        let spans: Vec<Seen> = requests(&t, 21).iter().map(seen).collect();
+        let map = compare_with_server(&spans, &server.get().requests());
+        assert!(map.len() >= 5, "21 requests, at most 5 per connection");
+        // After each response at the limit, the next request is a
+        // `request_limit` miss naming that connection, or (after a
+        // release race left a spare connection in the pool) an idle hit.
+        let mut limited = 0;
+        for (i, s) in spans.iter().enumerate().skip(1) {
+            let before = &spans[i - 1];
+            if before.count == Some(5) && s.reason.is_some() {
+                limited += 1;
+                assert_eq!(
+                    s.reason.as_deref(),
+                    Some(semconv::MISS_REASON_REQUEST_LIMIT),
+                    "{i}: {spans:#?}"
+                );
+                assert_eq!(s.previous_id, before.id, "{i}");
+                assert_eq!(s.previous_count, Some(5), "{i}");
+                assert_eq!(
+                    s.previous_end.as_deref(),
+                    Some(semconv::CONNECTION_END_CONNECTION_CLOSE)
+                );
+            } else if s.reason.as_deref() == Some(semconv::MISS_REASON_REQUEST_LIMIT) {
+                panic!("{i}: request_limit after a response under the limit: {spans:#?}");
+            }
+        }
+        assert!(limited >= 1, "{spans:#?}");
+        assert_sequential_misses_named(&spans[1..], &[semconv::MISS_REASON_REQUEST_LIMIT]);
+        let records = server.get().requests();
+        let full = map
+            .values()
+            .filter(|c| records.iter().filter(|r| r.connection_id == **c).count() == 5)
+            .count();
+        // The server records a connection's end when its task finishes.
+        let deadline = std::time::Instant::now() + Duration::from_secs(2);
+        let ended = loop {
+            let ended = server
+                .get()
+                .connections()
+                .iter()
+                .filter(|c| c.end == Some(ConnectionEnd::RequestLimit))
+                .count();
+            if ended >= full || std::time::Instant::now() >= deadline {
+                break ended;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        };
+        assert_eq!(
+            ended, full,
+            "the server ended each connection that reached 5"
+        );
+        assert!(limited <= ended);
+    }
+}
+
+/// The server closes idle connections after 100 ms, with FIN or with RST:
+/// the next request 300 ms later is `closed_by_peer`, naming the closed
+/// connection and how it ended. On a loaded machine hyper may not have seen
+/// the close yet and sends the request on the dead connection (the
+/// keep-alive race): that request fails with `connection_reset` naming the
+/// connection, and the next one is `closed_by_peer` with `peer_reset`.
+#[tokio::test]
+async fn idle_close_by_fin_and_rst_is_closed_by_peer() {
+    for reset in [false, true] {
+        for _ in 0..2 {
+            let t = telemetry();
+            let server = RemoteServer::start(
+                plain_h1()
+                    .idle_timeout(Some(Duration::from_millis(100)))
+                    .idle_close_with_reset(reset),
+            )
+            .await;
+            let client = t.client(reqwest::Client::builder(), None);
+            let url = server.get().url("/");
+            for _ in 0..4 {
+                if let Ok(response) = client.get(&url).send().await {
+                    response.bytes().await.expect("body");
+                }
+                tokio::time::sleep(Duration::from_millis(300)).await;
+            }
+            let spans: Vec<Seen> = requests(&t, 4).iter().map(seen).collect();
+            let map = compare_with_server(&spans, &server.get().requests());
+            let expected_end = if reset {
+                ConnectionEnd::IdleReset
+            } else {
+                ConnectionEnd::IdleTimeout
+            };
+            for (i, s) in spans.iter().enumerate().skip(1) {
+                let before = &spans[i - 1];
+                if s.error.is_some() {
+                    assert_eq!(
+                        s.error.as_deref(),
+                        Some(semconv::ERROR_TYPE_CONNECTION_RESET),
+                        "{spans:#?}"
+                    );
+                    assert_eq!(s.id, before.id, "failed on the closed connection");
+                    assert_eq!(s.reused, Some(true));
+                    continue;
+                }
+                assert_eq!(
+                    s.reason.as_deref(),
+                    Some(semconv::MISS_REASON_CLOSED_BY_PEER),
+                    "reset={reset}: {spans:#?}"
+                );
+                assert_eq!(s.previous_id, before.id);
+                assert_eq!(s.previous_count, Some(1));
+                let end = s.previous_end.as_deref();
+                let expected: &[&str] = match (before.error.is_some(), reset) {
+                    (true, _) => &[semconv::CONNECTION_END_PEER_RESET],
+                    (false, true) => &[semconv::CONNECTION_END_PEER_CLOSED],
+                    (false, false) => &[
+                        semconv::CONNECTION_END_PEER_FIN,
+                        semconv::CONNECTION_END_PEER_CLOSED,
+                    ],
+                };
+                assert!(end.is_some_and(|e| expected.contains(&e)), "{s:?}");
+                // The connection it names, as the server saw it: the one
+                // the previous request was answered on, closed idle.
+                let answered_before = spans[..i]
+                    .iter()
+                    .rev()
+                    .find(|p| p.error.is_none() && p.id == s.previous_id)
+                    .expect("a request answered on the previous connection");
+                let server_conn = map[&answered_before.id.expect("id")];
+                let record = server
+                    .get()
+                    .connections()
+                    .into_iter()
+                    .find(|c| c.id == server_conn)
+                    .expect("server connection");
+                assert_eq!(record.end, Some(expected_end));
+            }
+        }
+    }
+}
+
+/// HTTP/2: the server sends GOAWAY after 3 streams on a connection: the
+/// next request misses with `closed_by_peer`, `previous.end = goaway`,
+/// never `all_busy`.
+#[tokio::test]
+async fn http2_goaway_after_n_streams_names_the_previous_connection() {
+    for _ in 0..3 {
+        let t = telemetry();
+        let pki = TestPki::localhost().expect("pki");
+        let server = RemoteServer::start(
+            TestServer::builder()
+                .tls(&pki)
+                .http_versions(HttpVersions::Http2Only)
+                .max_requests_per_connection(Some(3)),
+        )
+        .await;
+        let client = t.client(reqwest::Client::builder(), Some(&pki));
+        let url = server.get().url("/");
+        for _ in 0..9 {
+            get(&client, &url).await;
+        }
+        let spans: Vec<Seen> = requests(&t, 9).iter().map(seen).collect();
+        let records = server.get().requests();
+        let map = compare_with_server(&spans, &records);
+        // hyper's server accepts streams the client opened before it saw
+        // the GOAWAY: a connection may carry one more than the limit.
+        assert!(map.len() >= 3, "{spans:#?}");
+        for (i, s) in spans.iter().enumerate().skip(1) {
+            if s.count == Some(1) {
+                assert_eq!(
+                    s.reason.as_deref(),
+                    Some(semconv::MISS_REASON_CLOSED_BY_PEER),
+                    "{i}: {spans:#?}"
+                );
+                assert_eq!(
+                    s.previous_end.as_deref(),
+                    Some(semconv::CONNECTION_END_GOAWAY)
+                );
+                let previous = spans[i - 1].id.expect("id");
+                assert_eq!(s.previous_id, Some(previous));
+                let served = records
+                    .iter()
+                    .filter(|r| r.connection_id == map[&previous])
+                    .count();
+                assert!(served >= 3, "the server's limit: {served}");
+                assert_eq!(
+                    s.previous_count,
+                    Some(served as i64),
+                    "as the server counted"
+                );
+            } else {
+                assert_eq!(s.reason, None, "{i}: {spans:#?}");
+            }
+        }
+    }
+}
+
+/// HTTP/1.1 response dropped unread: a small body (already received) keeps
+/// the connection, and the next request is attributed to it as the server
+/// saw; a large one closes it, and the next request is `discarded`, naming
+/// it.
+#[tokio::test]
+async fn dropped_http1_bodies_are_attributed_as_the_server_saw_them() {
+    for (path, large) in [("/bytes/2", false), ("/bytes/8000000", true)] {
+        for _ in 0..3 {
+            let t = telemetry();
+            let server = RemoteServer::start(plain_h1()).await;
+            let client = t.client(reqwest::Client::builder(), None);
+            let response = client
+                .get(server.get().url(path))
+                .send()
+                .await
+                .expect("first");
+            // Small: give hyper the moment it needs to read the body.
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            drop(response);
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            get(&client, &server.get().url("/")).await;
+            let spans: Vec<Seen> = requests(&t, 2).iter().map(seen).collect();
+            let map = compare_with_server(&spans, &server.get().requests());
+            let second = &spans[1];
+            if large {
+                assert_eq!(map.len(), 2, "hyper closed it: {spans:#?}");
+                assert_eq!(
+                    second.reason.as_deref(),
+                    Some(semconv::MISS_REASON_DISCARDED),
+                    "{spans:#?}"
+                );
+                assert_eq!(second.previous_id, spans[0].id);
+                assert_eq!(
+                    second.previous_end.as_deref(),
+                    Some(semconv::CONNECTION_END_DISCARDED)
+                );
+            } else {
+                assert_eq!(map.len(), 1, "the server served both on one: {spans:#?}");
+                assert_eq!(second.id, spans[0].id);
+                assert_eq!(second.reused, Some(true));
+                assert_eq!(second.reason, None, "{spans:#?}");
+                assert_eq!(second.count, Some(2));
+            }
+        }
+    }
+}
+
+/// HTTP/2 response dropped before its end: the stream reset shows on the
+/// request and is counted on its connection, which serves the next request.
+#[tokio::test]
+async fn dropped_http2_body_resets_the_stream_and_counts_it() {
+    for _ in 0..3 {
+        let t = telemetry();
+        let pki = TestPki::localhost().expect("pki");
+        let server = RemoteServer::start(
+            TestServer::builder()
+                .tls(&pki)
+                .http_versions(HttpVersions::Http2Only),
+        )
+        .await;
+        let client = t.client(reqwest::Client::builder(), Some(&pki));
+        let response = client
+            .get(server.get().url("/bytes/8000000"))
+            .send()
+            .await
+            .expect("first");
+        drop(response);
+        get(&client, &server.get().url("/")).await;
+        let spans = requests(&t, 2);
+        let first = &spans[0];
+        let reset = first
+            .events
+            .iter()
+            .find(|e| e.name == semconv::EVENT_STREAM_RESET)
+            .expect("stream reset event");
+        assert!(reset.attributes.iter().any(|kv| kv.key.as_str()
+            == semconv::HTTP_CONNECTION_STREAM_RESETS
+            && kv.value == opentelemetry::Value::I64(1)));
+        let seen: Vec<Seen> = spans.iter().map(seen).collect();
+        let map = compare_with_server(&seen, &server.get().requests());
+        assert_eq!(map.len(), 1, "one connection: {seen:#?}");
+        assert_eq!(
+            i64_attr(&spans[1], semconv::HTTP_CONNECTION_STREAM_RESETS),
+            Some(1)
+        );
+        assert_eq!(seen[1].reason, None);
+    }
+}
+
+/// HTTP/2 connection whose peer stops answering: the requests that time
+/// out on it name it, with the kernel's evidence (nothing received since
+/// the request started), and it is not counted as an idle connection.
+#[tokio::test]
+async fn requests_timing_out_on_a_stalled_connection_name_it() {
+    let t = telemetry();
+    let pki = TestPki::localhost().expect("pki");
+    let server = RemoteServer::start(
+        TestServer::builder()
+            .tls(&pki)
+            .http_versions(HttpVersions::Http2Only)
+            .stall_after(Some(1)),
+    )
+    .await;
+    let client = t.client(reqwest::Client::builder(), Some(&pki));
+    let url = server.get().url("/");
+    get(&client, &url).await;
+    for _ in 0..2 {
+        let error = client
+            .get(&url)
+            .timeout(Duration::from_millis(300))
+            .send()
+            .await
+            .expect_err("stalled");
+        assert!(error.is_timeout(), "{error:?}");
+    }
+    let spans = requests(&t, 3);
+    let first_id = i64_attr(&spans[0], semconv::HTTP_CONNECTION_ID).expect("id");
+    for failed in &spans[1..] {
+        assert_eq!(
+            str_attr(failed, semconv::ERROR_TYPE).as_deref(),
+            Some(semconv::ERROR_TYPE_TIMEOUT)
+        );
+        assert_eq!(
+            i64_attr(failed, semconv::HTTP_CONNECTION_ID),
+            Some(first_id)
+        );
+        assert_eq!(
+            bool_attr(failed, semconv::HTTP_CONNECTION_STALLED),
+            Some(true)
+        );
+        let quiet =
+            f64_attr(failed, semconv::HTTP_CONNECTION_TCP_SINCE_LAST_RECEIVE).expect("evidence");
+        assert!(quiet >= 0.29, "nothing received for the 300 ms: {quiet}");
+        assert_eq!(
+            str_attr(failed, semconv::HTTP_CONNECTION_TCP_STATE).as_deref(),
+            Some("established")
+        );
+    }
+    // The server saw three requests on one connection; it answered one.
+    let records = server.get().requests();
+    assert_eq!(records.len(), 3);
+    assert!(
+        records
+            .iter()
+            .all(|r| r.connection_id == records[0].connection_id)
+    );
+    let idle: f64 = t
+        .metric(semconv::HTTP_CLIENT_OPEN_CONNECTIONS)
+        .iter()
+        .filter(|p| p.get(semconv::HTTP_CONNECTION_STATE) == Some("idle"))
+        .map(|p| p.value)
+        .sum();
+    assert_eq!(idle, 0.0, "a stalled connection is not idle");
+}
+
+/// A resolver whose answer can be changed.
+#[derive(Debug, Clone)]
+struct SwitchableResolver(Arc<Mutex<IpAddr>>);
+
+impl reqwest::dns::Resolve for SwitchableResolver {
+    fn resolve(&self, _name: reqwest::dns::Name) -> reqwest::dns::Resolving {
+        let ip = *self.0.lock().expect("lock");
+        Box::pin(async move {
+            let addrs: reqwest::dns::Addrs = Box::new(std::iter::once(SocketAddr::new(ip, 0)));
+            Ok(addrs)
+        })
+    }
+}
+
+/// DNS moves the name from 127.0.0.1 to 127.0.0.2: requests still going
+/// to the pooled connection to the old address say so.
+#[tokio::test]
+async fn pooled_connection_to_an_address_dns_no_longer_gives_is_flagged() {
+    let t = telemetry();
+    let old = RemoteServer::start(plain_h1()).await;
+    let port = old.get().addr().port();
+    let new =
+        RemoteServer::start(plain_h1().bind(SocketAddr::from((Ipv4Addr::new(127, 0, 0, 2), port))))
+            .await;
+    let answer = Arc::new(Mutex::new(IpAddr::from(Ipv4Addr::LOCALHOST)));
+    let client = t
+        .conntrace()
+        .instrument_client(reqwest::Client::builder())
+        .dns_resolver(SwitchableResolver(answer.clone()))
+        .build_with_middleware()
+        .expect("client");
+    let url = format!("http://dns-change.test:{port}/delay/100");
+    get(&client, &url).await;
+    *answer.lock().expect("lock") = IpAddr::from(Ipv4Addr::new(127, 0, 0, 2));
+    // Two at once: one reuses the old connection, the other connects anew
+    // and gets the new answer.
+    futures::future::join(get(&client, &url), get(&client, &url)).await;
+    get(&client, &url).await;
+    let spans = requests(&t, 4);
+    assert_eq!(old.get().request_count() + new.get().request_count(), 4);
+    assert_eq!(old.get().accepted_connections(), 1);
+    assert_eq!(
+        new.get().accepted_connections(),
+        1,
+        "one new connection to the new address"
+    );
+    let mut flagged = 0;
+    for span in &spans[1..] {
+        let peer = str_attr(span, semconv::NETWORK_PEER_ADDRESS).expect("peer");
+        let stale = bool_attr(span, semconv::HTTP_CONNECTION_DNS_STALE);
+        if peer == "127.0.0.1" {
+            assert_eq!(stale, Some(true), "{span:?}");
+            flagged += 1;
+        } else {
+            assert_eq!(stale, None);
+        }
+    }
+    // hyper-util hands out either idle connection to the last request.
+    assert!(flagged >= 1, "the reused old connection is flagged");
+    assert_eq!(
+        flagged,
+        old.get().request_count() - 1,
+        "every request on the old connection after the change"
+    );
+    assert_eq!(
+        bool_attr(&spans[0], semconv::HTTP_CONNECTION_DNS_STALE),
+        None,
+        "before the change"
+    );
+}
+
+/// The server advertises `Keep-Alive: timeout=1`: recorded on every request
+/// of the connection; a client idle timeout above it (reqwest's 90 s) gets
+/// the mismatch event once per connection, one at or under it none.
+#[tokio::test]
+async fn server_keep_alive_is_recorded_and_a_longer_client_idle_timeout_flagged() {
+    for (client_idle, flagged) in [(None, true), (Some(Duration::from_millis(500)), false)] {
+        let t = telemetry();
+        let server = RemoteServer::start(plain_h1().keep_alive_header(Some(1))).await;
+        let mut builder = t.conntrace().instrument_client(reqwest::Client::builder());
+        if let Some(idle) = client_idle {
+            builder = builder.pool_idle_timeout(Some(idle));
+        }
+        let client = builder.build_with_middleware().expect("client");
+        let url = server.get().url("/");
+        for _ in 0..3 {
+            get(&client, &url).await;
+        }
+        let spans = requests(&t, 3);
+        let events: Vec<usize> = spans
+            .iter()
+            .map(|s| {
+                s.events
+                    .iter()
+                    .filter(|e| e.name == semconv::EVENT_KEEP_ALIVE_MISMATCH)
+                    .count()
+            })
+            .collect();
+        for s in &spans {
+            assert_eq!(
+                f64_attr(s, semconv::HTTP_CONNECTION_SERVER_KEEP_ALIVE),
+                Some(1.0)
+            );
+        }
+        let seen: Vec<Seen> = spans.iter().map(seen).collect();
+        assert_eq!(
+            compare_with_server(&seen, &server.get().requests()).len(),
+            1
+        );
+        if flagged {
+            assert_eq!(events, vec![1, 0, 0], "once, on the first response");
+        } else {
+            assert_eq!(events, vec![0, 0, 0]);
+        }
+    }
+}
+
+/// A real nginx with `keepalive_requests 5`, HTTP/1.1 and HTTP/2 (where
+/// nginx sends GOAWAY at the limit): 21 sequential requests, each compared
+/// with nginx's access log (`$remote_port`, `$connection`,
+/// `$connection_requests`); the request after each limit names the
+/// connection that carried 5; no `all_busy`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nginx_keepalive_requests_limit_matches_the_access_log() {
+    let pki = TestPki::localhost().expect("pki");
+    let nginx = Nginx::start(NginxConfig::new(&pki).keepalive_requests(5))
+        .await
+        .unwrap_or_else(|e| panic!("nginx must start (a missing nginx is a failure): {e}"));
+    let mut logged = 0;
+    for listener in [NginxListener::Plain, NginxListener::H2] {
+        for _ in 0..2 {
+            let t = telemetry();
+            let client = t.client(reqwest::Client::builder(), Some(&pki));
+            let url = nginx.url(listener, "/").expect("url");
+            for _ in 0..21 {
+                get(&client, &url).await;
+            }
+            logged += 21;
+            let log = nginx
+                .wait_for_access_log(logged, Duration::from_secs(5))
+                .await;
+            let view: Vec<ServerView> = log[logged - 21..]
+                .iter()
+                .map(|e| (e.remote_port, e.connection_requests, e.connection))
+                .collect();
+            let spans: Vec<Seen> = requests(&t, 21).iter().map(seen).collect();
+            let map = compare_with(&spans, &view);
+            assert!(map.len() >= 5, "{listener:?}: {spans:#?}");
+            let (reason, end) = match listener {
+                NginxListener::H2 => (
+                    semconv::MISS_REASON_CLOSED_BY_PEER,
+                    semconv::CONNECTION_END_GOAWAY,
+                ),
+                _ => (
+                    semconv::MISS_REASON_REQUEST_LIMIT,
+                    semconv::CONNECTION_END_CONNECTION_CLOSE,
+                ),
+            };
+            for (i, s) in spans.iter().enumerate().skip(1) {
+                let before = &spans[i - 1];
+                if before.count == Some(5) && s.reason.is_some() {
+                    assert_eq!(
+                        s.reason.as_deref(),
+                        Some(reason),
+                        "{listener:?} {i}: {spans:#?}"
+                    );
+                    assert_eq!(s.previous_end.as_deref(), Some(end));
+                    assert_eq!(s.previous_id, before.id);
+                    let served = view
+                        .iter()
+                        .filter(|(_, _, c)| *c == map[&before.id.expect("id")])
+                        .count();
+                    assert_eq!(s.previous_count, Some(served as i64), "as nginx counted");
+                } else {
+                    // An idle hit, or hyper-util's pool-return race.
+                    assert_sequential_misses_named(std::slice::from_ref(s), &[]);
+                }
+            }
+        }
+    }
+}
+
+/// An HTTP/2 server that kills the connection (GOAWAY with
+/// `ENHANCE_YOUR_CALM`, as servers do on too many stream resets) while a
+/// request is in flight on it: the request fails with a proper `error.type`
+/// (h2 ends a stream the server had already taken with a broken pipe when
+/// the connection closes: `connection_reset`; one above the GOAWAY's last
+/// stream id: `http2_goaway`), never `_OTHER`, and names the connection it
+/// failed on.
+#[tokio::test]
+async fn http2_connection_killed_by_the_server_names_the_connection() {
+    let t = telemetry();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let server = tokio::spawn(async move {
+        let (socket, _) = listener.accept().await.expect("accept");
+        let mut conn = h2::server::handshake(socket).await.expect("h2 handshake");
+        let (_, mut respond) = conn.accept().await.expect("request 1").expect("stream");
+        let mut body = respond
+            .send_response(http::Response::new(()), false)
+            .expect("headers");
+        body.send_data(bytes::Bytes::from_static(b"ok"), true)
+            .expect("body");
+        let (_, held) = conn.accept().await.expect("request 2").expect("stream");
+        conn.abrupt_shutdown(h2::Reason::ENHANCE_YOUR_CALM);
+        let _ = std::future::poll_fn(|cx| conn.poll_closed(cx)).await;
+        // The socket stays open until the client has seen the GOAWAY (a
+        // closed socket would turn it into a broken pipe).
+        (conn, held)
+    });
+    let client = t.client(reqwest::Client::builder().http2_prior_knowledge(), None);
+    let url = format!("http://{addr}/");
+    get(&client, &url).await;
+    let error = client.get(&url).send().await.expect_err("killed");
+    assert!(!error.to_string().is_empty());
+    drop(server.await.expect("server task"));
+    let spans = requests(&t, 2);
+    let first = i64_attr(&spans[0], semconv::HTTP_CONNECTION_ID).expect("id");
+    let error_type = str_attr(&spans[1], semconv::ERROR_TYPE);
+    assert!(
+        matches!(
+            error_type.as_deref(),
+            Some(semconv::ERROR_TYPE_CONNECTION_RESET | semconv::ERROR_TYPE_HTTP2_GOAWAY)
+        ),
+        "{error_type:?} {:?}",
+        spans[1].status
+    );
+    assert_eq!(
+        i64_attr(&spans[1], semconv::HTTP_CONNECTION_ID),
+        Some(first)
+    );
+    assert_eq!(
+        bool_attr(&spans[1], semconv::HTTP_CONNECTION_REUSED),
+        Some(true)
+    );
+}
