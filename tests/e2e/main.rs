@@ -2,6 +2,7 @@
 //! SDK exported (in-memory exporter) or what an OTLP receiver decoded; and
 //! the docker-compose stack's configuration (`deploy`).
 
+mod collector_faults;
 mod contract;
 mod deploy;
 mod fanout;

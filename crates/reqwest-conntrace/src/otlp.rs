@@ -346,6 +346,14 @@ fn grpc_channel(
         .filter_map(|k| std::env::var(k).ok())
         .find(|v| !v.trim().is_empty())
         .unwrap_or_else(|| "http://localhost:4317".to_owned());
+    grpc_channel_to(&endpoint, timeout)
+}
+
+/// The gRPC channel to `endpoint`; see [`grpc_channel`].
+fn grpc_channel_to(
+    endpoint: &str,
+    timeout: Duration,
+) -> Result<tonic::transport::Channel, OtlpError> {
     let endpoint = endpoint.trim().to_owned();
     if endpoint.starts_with("https://") {
         return Err(OtlpError::Exporter(format!(
@@ -508,6 +516,35 @@ pub fn pipeline_from_env(options: PipelineOptions) -> Result<OtlpGuard, OtlpErro
     Ok(build(runtime, spans, Some(metrics), &options))
 }
 
+/// Path 3 with an explicit collector: the pipeline exporting spans and
+/// metrics over OTLP/gRPC to `endpoint` (`http://host:port`), with the
+/// options' export timeout on connect and export; installs nothing.
+///
+/// # Errors
+/// [`OtlpError::Exporter`] for an invalid or `https` endpoint, or when the
+/// export thread cannot start.
+pub fn pipeline_to(endpoint: &str, options: PipelineOptions) -> Result<OtlpGuard, OtlpError> {
+    let runtime = ExportRuntime::start().map_err(|e| OtlpError::Exporter(e.to_string()))?;
+    let timeout = options.export_timeout.unwrap_or(DEFAULT_EXPORT_TIMEOUT);
+    let (spans, metrics) = {
+        let _entered = runtime.handle().enter();
+        let spans = SpanExporter::builder()
+            .with_tonic()
+            .with_channel(grpc_channel_to(endpoint, timeout)?)
+            .with_timeout(timeout)
+            .build()
+            .map_err(|e| OtlpError::Exporter(e.to_string()))?;
+        let metrics = MetricExporter::builder()
+            .with_tonic()
+            .with_channel(grpc_channel_to(endpoint, timeout)?)
+            .with_timeout(timeout)
+            .build()
+            .map_err(|e| OtlpError::Exporter(e.to_string()))?;
+        (spans, metrics)
+    };
+    Ok(build(runtime, spans, Some(metrics), &options))
+}
+
 /// As [`init_from_env`] but with any span exporter (an in-memory one in
 /// tests, a file writer in `conntrace demo`).
 ///
@@ -527,6 +564,7 @@ pub struct PipelineOptions {
     metric_interval: Option<Duration>,
     default_log_level: String,
     export_timeout: Option<Duration>,
+    max_queue_size: Option<usize>,
 }
 
 impl Default for PipelineOptions {
@@ -536,6 +574,7 @@ impl Default for PipelineOptions {
             metric_interval: None,
             default_log_level: "warn".to_owned(),
             export_timeout: None,
+            max_queue_size: None,
         }
     }
 }
@@ -572,6 +611,15 @@ impl PipelineOptions {
     /// `OTEL_EXPORTER_OTLP_TIMEOUT` ms, else [`DEFAULT_EXPORT_TIMEOUT`] (10 s).
     pub fn export_timeout(mut self, timeout: Option<Duration>) -> Self {
         self.export_timeout = timeout;
+        self
+    }
+
+    /// How many ended spans wait for export at most; beyond it spans are
+    /// dropped and counted ([`ExportStats::spans_dropped`]), so memory
+    /// stays bounded while the collector is unreachable. Default: `None`,
+    /// i.e. `OTEL_BSP_MAX_QUEUE_SIZE`, else [`DEFAULT_MAX_QUEUE_SIZE`] (2048).
+    pub fn max_queue_size(mut self, spans: Option<usize>) -> Self {
+        self.max_queue_size = spans;
         self
     }
 }
@@ -647,7 +695,10 @@ where
             Some(spans.max(metrics))
         })
         .unwrap_or(DEFAULT_EXPORT_TIMEOUT);
-    let max_queue = max_queue_size();
+    let max_queue = options
+        .max_queue_size
+        .filter(|&n| n > 0)
+        .unwrap_or_else(max_queue_size);
     let shared = Arc::new(Shared::new(timeout, runtime.handle().clone(), max_queue));
     let meter_provider = metrics.map(|m| {
         let m = BoundedMetricExporter::new(m, shared.clone());
@@ -663,6 +714,7 @@ where
         .with_batch_config(
             BatchConfigBuilder::default()
                 .with_max_queue_size(max_queue)
+                .with_max_export_batch_size(max_queue.min(512))
                 .build(),
         )
         .build();
