@@ -4,7 +4,8 @@
 //! traces through a third-party collector (rotel), bad-input handling and
 //! every `conntrace lab` scenario (in `cli/lab.rs`, part of this one test
 //! binary); the fixes from a new-user trial against `conntrace serve` (in
-//! `cli/trial.rs`).
+//! `cli/trial.rs`); the export pipeline against failing collectors (in
+//! `cli/collector_faults.rs`).
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -20,6 +21,9 @@ mod lab_scenarios;
 
 #[path = "cli/trial.rs"]
 mod trial;
+
+#[path = "cli/collector_faults.rs"]
+mod collector_faults;
 
 fn conntrace() -> tokio::process::Command {
     let mut c = tokio::process::Command::new(env!("CARGO_BIN_EXE_conntrace"));

@@ -158,7 +158,8 @@ impl OtlpGuard {
     /// Returns within the export timeout plus [`SHUTDOWN_MARGIN`].
     ///
     /// # Errors
-    /// [`OtlpError::Export`] when the collector did not take them.
+    /// [`OtlpError::Export`] when the collector did not take them, or
+    /// anything was lost while the flush ran.
     pub fn flush(&self) -> Result<(), OtlpError> {
         let span_provider = self.provider.clone();
         let meter_provider = self.meter_provider.clone();
@@ -175,8 +176,9 @@ impl OtlpGuard {
     /// holds the final counts. Calling it again does nothing.
     ///
     /// # Errors
-    /// [`OtlpError::Export`] when the last spans or metrics could not be
-    /// delivered.
+    /// [`OtlpError::Export`] when anything was lost during the pipeline's
+    /// life (a span, or a metric export failed), naming the last failure;
+    /// [`stats`](Self::stats) has the counts.
     pub fn close(&mut self) -> Result<(), OtlpError> {
         if self.closed {
             return Ok(());
@@ -190,7 +192,6 @@ impl OtlpGuard {
             move || meter_provider.map_or(Ok(()), |m| m.shutdown_with_timeout(wait)),
             true,
         );
-        self.shared.drop_queued();
         self.runtime.stop();
         result
     }
@@ -215,6 +216,12 @@ impl OtlpGuard {
         let start = Instant::now();
         let timeout = self.shared.timeout();
         let limit = start + timeout + SHUTDOWN_MARGIN;
+        // Shutdown answers for the pipeline's whole life, flush for itself.
+        let before = if closing {
+            ExportStats::default()
+        } else {
+            self.shared.stats()
+        };
         self.shared
             .set_cutoff(Some(start + timeout + DEADLINE_SLACK));
         let (tx, rx) = std::sync::mpsc::channel();
@@ -255,8 +262,17 @@ impl OtlpGuard {
             while self.shared.in_flight() > 0 && Instant::now() < limit {
                 std::thread::sleep(Duration::from_millis(5));
             }
+            self.shared.drop_queued();
         } else {
             self.shared.set_cutoff(None);
+        }
+        // The SDK reports only its last export's result: losses earlier in
+        // the run (or a batch cut before it ran) count as failures too.
+        let after = self.shared.stats();
+        if after.spans_lost() > before.spans_lost()
+            || after.metric_exports_failed > before.metric_exports_failed
+        {
+            first_error.get_or_insert_with(|| after.summary());
         }
         match first_error {
             None => Ok(()),

@@ -115,6 +115,10 @@ pub enum FailureKind {
     /// that does not read or does not answer, or a TLS listener waiting
     /// for a handshake the plaintext exporter never starts).
     NoAnswer,
+    /// The collector (or whatever listens there) closed the connection
+    /// without an answer: broken pipe, reset (a TLS-only port reached over
+    /// plaintext, a port that does not speak gRPC/HTTP).
+    ConnectionClosed,
     /// The collector answered with an error status (gRPC status code
     /// name such as `Unavailable`, or an HTTP status such as `503`).
     ServerError(String),
@@ -147,6 +151,11 @@ impl fmt::Display for ExportFailure {
             FailureKind::ConnectTimedOut => write!(f, "connect timed out after {secs:.1} s"),
             FailureKind::Refused => write!(f, "connection refused (gave up after {secs:.1} s)"),
             FailureKind::NoAnswer => write!(f, "no answer within {secs:.1} s"),
+            FailureKind::ConnectionClosed => write!(
+                f,
+                "the collector closed the connection without answering (a TLS-only or non-OTLP port?): {}",
+                self.detail
+            ),
             FailureKind::ServerError(status) => write!(
                 f,
                 "the collector answered {status} (gave up after {secs:.1} s)"
@@ -175,6 +184,12 @@ impl ExportFailure {
             FailureKind::ConnectTimedOut
         } else if timed_out || lower.contains("timeout expired") || lower.contains("timed out") {
             FailureKind::NoAnswer
+        } else if lower.contains("broken pipe")
+            || lower.contains("connection reset")
+            || lower.contains("connection closed")
+            || lower.contains("stream closed")
+        {
+            FailureKind::ConnectionClosed
         } else if let Some(code) = grpc_code(detail) {
             FailureKind::ServerError(code)
         } else if let Some(status) = http_status(&lower) {
