@@ -26,8 +26,23 @@
 //!
 //! The exporter's own traffic is never instrumented: it uses its own client
 //! (not wrapped by this crate), and the `tracing-opentelemetry` layer drops
-//! every span from the HTTP/gRPC stack's crates (`h2`, `hyper`,
-//! `hyper_util`, `tonic`, `tower`, `reqwest`, `opentelemetry*`).
+//! every span and event from the HTTP/gRPC/TLS stack's crates and every
+//! bridged `log` record (see [`tracing_layer`]).
+//!
+//! Set-up paths:
+//! - no `tracing` subscriber yet: [`init_from_env`];
+//! - the application has its own subscriber: [`init_providers_from_env`],
+//!   then add [`OtlpGuard::tracing_layer`] to the subscriber;
+//! - the application has its own OpenTelemetry SDK set-up: [`tracing_layer`]
+//!   with its tracer provider, and
+//!   [`ConnTraceBuilder`](crate::ConnTraceBuilder)'s `tracer_provider` /
+//!   `meter_provider`; or [`pipeline`] / [`pipeline_to`] /
+//!   [`pipeline_from_env`], which install nothing.
+//!
+//! The collector failing never holds the application: flush and shutdown
+//! return within the export timeout plus [`SHUTDOWN_MARGIN`] whatever the
+//! collector does, the span queue is bounded, and what was delivered and
+//! lost is counted ([`OtlpGuard::stats`]).
 
 mod bounded;
 mod stats;
@@ -58,7 +73,7 @@ use bounded::{
 };
 
 /// How long flush and shutdown may take beyond the export timeout: the
-/// per-export slack ([`DEADLINE_SLACK`], 250 ms) plus 250 ms for the SDK's
+/// per-export slack (250 ms past the timeout) plus 250 ms for the SDK's
 /// threads to hand results back. Flush and shutdown return within
 /// `export timeout + SHUTDOWN_MARGIN` whatever the collector does.
 pub const SHUTDOWN_MARGIN: Duration = Duration::from_millis(500);
