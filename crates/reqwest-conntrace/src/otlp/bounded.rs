@@ -31,7 +31,7 @@ use opentelemetry_sdk::trace::{Span, SpanData, SpanExporter, SpanProcessor};
 use tokio::runtime::Handle;
 use tokio::sync::Notify;
 
-use super::stats::{ExportFailure, ExportStats, Signal};
+use super::stats::{ExportFailure, ExportStats, FailureKind, Signal};
 
 /// How long past the export timeout an export may run before the deadline
 /// cuts it: room for the exporter's own timeout to fire first, so its
@@ -109,7 +109,11 @@ pub(crate) struct Shared {
     metric_exports_failed: AtomicU64,
     /// Exports running now.
     in_flight: AtomicU64,
-    last_failure: Mutex<Option<ExportFailure>>,
+    /// Set once shutdown counted what was left: later exports (after the
+    /// deadline) no longer count, their spans are already counted dropped.
+    closed: std::sync::atomic::AtomicBool,
+    /// The latest failure worth reporting, and when it happened.
+    last_failure: Mutex<Option<(ExportFailure, Instant)>>,
 }
 
 impl Shared {
@@ -128,6 +132,7 @@ impl Shared {
             metric_exports: AtomicU64::new(0),
             metric_exports_failed: AtomicU64::new(0),
             in_flight: AtomicU64::new(0),
+            closed: std::sync::atomic::AtomicBool::new(false),
             last_failure: Mutex::new(None),
         }
     }
@@ -174,8 +179,23 @@ impl Shared {
 
     /// Spans still queued at the end count as dropped.
     pub(crate) fn drop_queued(&self) {
+        self.closed.store(true, Ordering::Release);
         let left = self.queued.swap(0, Ordering::AcqRel);
         self.spans_dropped.fetch_add(left, Ordering::Relaxed);
+    }
+
+    /// Counts one export's outcome (`spans`: the batch size; 0 for metrics).
+    fn count(&self, signal: Signal, spans: u64, ok: bool) {
+        if self.closed.load(Ordering::Acquire) {
+            return;
+        }
+        let (counter, n) = match (signal, ok) {
+            (Signal::Traces, true) => (&self.spans_exported, spans),
+            (Signal::Traces, false) => (&self.spans_failed, spans),
+            (Signal::Metrics, true) => (&self.metric_exports, 1),
+            (Signal::Metrics, false) => (&self.metric_exports_failed, 1),
+        };
+        counter.fetch_add(n, Ordering::Relaxed);
     }
 
     /// The counts so far.
@@ -187,17 +207,27 @@ impl Shared {
             spans_dropped: self.spans_dropped.load(Ordering::Relaxed),
             metric_exports: self.metric_exports.load(Ordering::Relaxed),
             metric_exports_failed: self.metric_exports_failed.load(Ordering::Relaxed),
-            last_failure: self.last_failure.lock().ok().and_then(|f| f.clone()),
+            last_failure: self
+                .last_failure
+                .lock()
+                .ok()
+                .and_then(|f| f.as_ref().map(|(f, _)| f.clone())),
         }
     }
 
     /// Runs `export` until it finishes or its deadline passes; records a
     /// failure.
-    async fn bounded<F>(&self, signal: Signal, export: F) -> OTelSdkResult
+    /// The caller counted the export in `in_flight`; it is counted out
+    /// here, after its outcome.
+    async fn bounded<F>(&self, signal: Signal, spans: u64, export: F) -> OTelSdkResult
     where
         F: Future<Output = OTelSdkResult>,
     {
-        self.in_flight.fetch_add(1, Ordering::AcqRel);
+        if self.closed.load(Ordering::Acquire) {
+            // Shut down: the runtime is gone, nothing can be sent.
+            self.in_flight.fetch_sub(1, Ordering::AcqRel);
+            return Err(OTelSdkError::AlreadyShutdown);
+        }
         let start = Instant::now();
         let own = start + self.timeout + DEADLINE_SLACK;
         let mut export = std::pin::pin!(export);
@@ -221,22 +251,37 @@ impl Shared {
                 () = &mut changed => {}
             }
         };
-        self.in_flight.fetch_sub(1, Ordering::AcqRel);
-        match result {
+        let outcome = match result {
             Ok(()) => Ok(()),
             Err((error, timed_out)) => {
                 let failure =
                     ExportFailure::classify(signal, &error.to_string(), timed_out, start.elapsed());
                 if let Ok(mut last) = self.last_failure.lock() {
-                    // Batches cut before they ran say nothing new about the
-                    // collector: keep the failure that explains them.
-                    if !(cut_before_start && last.is_some()) {
-                        *last = Some(failure);
+                    // A batch cut by our deadline says less than what the
+                    // collector told an export shortly before (refused,
+                    // an error status...; the cut export was likely
+                    // retrying it): keep that. A batch cut before it ran
+                    // says nothing new at all.
+                    let keep = match last.as_ref() {
+                        Some((previous, at)) => {
+                            cut_before_start
+                                || (timed_out
+                                    && previous.kind != FailureKind::NoAnswer
+                                    && at.elapsed() <= 3 * self.timeout)
+                        }
+                        None => false,
+                    };
+                    if !keep {
+                        *last = Some((failure, Instant::now()));
                     }
                 }
                 Err(error)
             }
-        }
+        };
+        // Counted before it leaves `in_flight`, which shutdown waits on.
+        self.count(signal, spans, outcome.is_ok());
+        self.in_flight.fetch_sub(1, Ordering::AcqRel);
+        outcome
     }
 }
 
@@ -277,6 +322,7 @@ impl<E> BoundedSpanExporter<E> {
 impl<E: SpanExporter> SpanExporter for BoundedSpanExporter<E> {
     async fn export(&self, batch: Vec<SpanData>) -> OTelSdkResult {
         let n = batch.len() as u64;
+        self.shared.in_flight.fetch_add(1, Ordering::AcqRel);
         // Out of the queue now: room for new spans.
         let _ = self
             .shared
@@ -285,17 +331,11 @@ impl<E: SpanExporter> SpanExporter for BoundedSpanExporter<E> {
                 Some(q.saturating_sub(n))
             });
         let shared = &self.shared;
-        let result = InRuntime {
+        InRuntime {
             handle: shared.handle.clone(),
-            future: shared.bounded(Signal::Traces, self.inner.export(batch)),
+            future: shared.bounded(Signal::Traces, n, self.inner.export(batch)),
         }
-        .await;
-        let counter = match result {
-            Ok(()) => &shared.spans_exported,
-            Err(_) => &shared.spans_failed,
-        };
-        counter.fetch_add(n, Ordering::Relaxed);
-        result
+        .await
     }
 
     fn shutdown_with_timeout(&self, timeout: Duration) -> OTelSdkResult {
@@ -327,17 +367,12 @@ impl<M> BoundedMetricExporter<M> {
 impl<M: PushMetricExporter> PushMetricExporter for BoundedMetricExporter<M> {
     async fn export(&self, metrics: &ResourceMetrics) -> OTelSdkResult {
         let shared = &self.shared;
-        let result = InRuntime {
+        shared.in_flight.fetch_add(1, Ordering::AcqRel);
+        InRuntime {
             handle: shared.handle.clone(),
-            future: shared.bounded(Signal::Metrics, self.inner.export(metrics)),
+            future: shared.bounded(Signal::Metrics, 0, self.inner.export(metrics)),
         }
-        .await;
-        let counter = match result {
-            Ok(()) => &shared.metric_exports,
-            Err(_) => &shared.metric_exports_failed,
-        };
-        counter.fetch_add(1, Ordering::Relaxed);
-        result
+        .await
     }
 
     fn force_flush(&self) -> OTelSdkResult {
