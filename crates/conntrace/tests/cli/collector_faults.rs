@@ -112,12 +112,13 @@ async fn probe_exits_in_bound_whatever_the_collector_does() {
         fails_naming(&collector.endpoint(), what).await;
     }
 
-    // TLS on the collector's side: the handshake fails on the exporter's
-    // plaintext and the connection closes.
+    // TLS on the collector's side: the exporter's plaintext fails the
+    // handshake; the TLS alert reads as a bad HTTP/2 frame, or the
+    // connection closes first.
     let tls = FaultyCollector::start(CollectorFault::Tls)
         .await
         .expect("collector");
-    fails_naming(&tls.endpoint(), "closed the connection").await;
+    fails_naming(&tls.endpoint(), "(a TLS-only").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -119,6 +119,9 @@ pub enum FailureKind {
     /// without an answer: broken pipe, reset (a TLS-only port reached over
     /// plaintext, a port that does not speak gRPC/HTTP).
     ConnectionClosed,
+    /// What answered is not OTLP over HTTP/2 (an HTTP/2 protocol error:
+    /// a TLS-only port reached over plaintext answers with a TLS alert).
+    ProtocolMismatch,
     /// The collector answered with an error status (gRPC status code
     /// name such as `Unavailable`, or an HTTP status such as `503`).
     ServerError(String),
@@ -151,6 +154,11 @@ impl fmt::Display for ExportFailure {
             FailureKind::ConnectTimedOut => write!(f, "connect timed out after {secs:.1} s"),
             FailureKind::Refused => write!(f, "connection refused (gave up after {secs:.1} s)"),
             FailureKind::NoAnswer => write!(f, "no answer within {secs:.1} s"),
+            FailureKind::ProtocolMismatch => write!(
+                f,
+                "the collector's port does not speak OTLP over plaintext HTTP/2 (a TLS-only port?): {}",
+                self.detail
+            ),
             FailureKind::ConnectionClosed => write!(
                 f,
                 "the collector closed the connection without answering (a TLS-only or non-OTLP port?): {}",
@@ -184,6 +192,8 @@ impl ExportFailure {
             FailureKind::ConnectTimedOut
         } else if timed_out || lower.contains("timeout expired") || lower.contains("timed out") {
             FailureKind::NoAnswer
+        } else if lower.contains("http2 error") || lower.contains("invalid http version") {
+            FailureKind::ProtocolMismatch
         } else if lower.contains("broken pipe")
             || lower.contains("connection reset")
             || lower.contains("connection closed")
