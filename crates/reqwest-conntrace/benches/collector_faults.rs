@@ -13,6 +13,10 @@
 //! The goal: the request's latency does not depend on the collector.
 //! After each run the guard's shutdown time and counts are printed.
 //!
+//! `span_end_during_outage`: the cost of ending a span while the collector
+//! is blackholed, and the resident memory before and after (bounded: the
+//! queue holds at most 2048 spans, the rest are dropped and counted).
+//!
 //! Run: `cargo bench -p reqwest-conntrace --features otlp --bench collector_faults`.
 
 use std::time::{Duration, Instant};
@@ -141,4 +145,49 @@ fn keep_alive_get(bencher: divan::Bencher<'_, '_>, kind: &str) {
             closed.err().map(|e| format!(": {e}")).unwrap_or_default()
         );
     }
+}
+
+/// Resident set size, KiB (Linux `/proc/self/statm`, 4 KiB pages).
+fn rss_kib() -> u64 {
+    std::fs::read_to_string("/proc/self/statm")
+        .ok()
+        .and_then(|s| s.split_whitespace().nth(1)?.parse::<u64>().ok())
+        .map_or(0, |pages| pages * 4)
+}
+
+/// Ending a span while the collector is blackholed (a long outage: every
+/// span beyond the queue is dropped and counted); prints the resident
+/// memory before and after, and the counts.
+#[divan::bench(sample_count = 100, sample_size = 5000)]
+fn span_end_during_outage(bencher: divan::Bencher<'_, '_>) {
+    use opentelemetry::trace::{Tracer as _, TracerProvider as _};
+    let servers = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let blackhole = servers
+        .block_on(FullBacklogListener::start(
+            "127.0.0.1:0".parse().expect("addr"),
+        ))
+        .expect("blackhole");
+    let mut guard = otlp::pipeline_to(
+        &format!("http://{}", blackhole.addr()),
+        PipelineOptions::default().export_timeout(Some(Duration::from_secs(1))),
+    )
+    .expect("pipeline");
+    let tracer = guard.tracer_provider().expect("provider").tracer("outage");
+    let before = rss_kib();
+    bencher.bench_local(|| tracer.in_span("work", |_| {}));
+    let after = rss_kib();
+    let stats = guard.stats();
+    let start = Instant::now();
+    let _ = guard.close();
+    eprintln!(
+        "outage: {} spans ended, {} dropped, {} queued or in flight; RSS {before} KiB -> {after} KiB; shutdown {:.2} s",
+        stats.spans_ended,
+        stats.spans_dropped,
+        stats.spans_queued(),
+        start.elapsed().as_secs_f64()
+    );
 }
