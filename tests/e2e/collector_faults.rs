@@ -109,6 +109,32 @@ async fn blackholed_collector_connect_times_out_within_the_bound() {
     assert!(error.contains("connect timed out after 1."), "{error}");
 }
 
+/// Explicit flush and the guard's drop are bounded the same way.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn flush_and_drop_are_bounded_against_a_blackhole() {
+    let blackhole = FullBacklogListener::start("127.0.0.1:0".parse().expect("addr"))
+        .await
+        .expect("blackhole");
+    let guard =
+        otlp::pipeline_to(&format!("http://{}", blackhole.addr()), options()).expect("pipeline");
+    produce(&guard);
+    let (flush_took, flushed, drop_took) = tokio::task::spawn_blocking(move || {
+        let start = Instant::now();
+        let flushed = guard.flush();
+        let flush_took = start.elapsed();
+        produce(&guard);
+        let start = Instant::now();
+        drop(guard);
+        (flush_took, flushed, start.elapsed())
+    })
+    .await
+    .expect("flush task");
+    let error = flushed.expect_err("nothing delivered").to_string();
+    assert!(error.contains("connect timed out"), "{error}");
+    assert!(flush_took <= shutdown_bound(), "flush took {flush_took:?}");
+    assert!(drop_took <= shutdown_bound(), "drop took {drop_took:?}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn refused_collector_is_named_as_refused() {
     let (kind, error) = fails_within_bound(&format!("http://{}", refused_addr()), "refused").await;
