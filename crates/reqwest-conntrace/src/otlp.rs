@@ -796,8 +796,8 @@ fn install(
     opentelemetry::global::set_tracer_provider(provider);
     if let Some(m) = &guard.meter_provider {
         opentelemetry::global::set_meter_provider(m.clone());
+        crate::handle::global_meter_installed();
     }
-    crate::handle::global_meter_installed();
     Ok(guard)
 }
 
