@@ -78,6 +78,12 @@ async fn fails_within_bound(endpoint: &str, what: &str) -> (FailureKind, String)
         shutdown_bound()
     );
     let error = result.expect_err(what).to_string();
+    assert!(
+        error.starts_with(&format!(
+            "could not export to the OTLP collector at {endpoint}: "
+        )),
+        "{what}: the error names the collector: {error}"
+    );
     assert_eq!(stats.spans_ended, SPANS, "{what}: {stats:?}");
     assert_eq!(stats.spans_exported, 0, "{what}: {stats:?}");
     assert_eq!(stats.spans_lost(), SPANS, "{what}: {stats:?}");

@@ -276,7 +276,7 @@ impl Telemetry {
                 && self.flush_error.is_none()
             {
                 self.flush_error = Some(match e {
-                    OtlpError::Export(detail) => crate::error::export_failure(&detail),
+                    OtlpError::Export { detail, .. } => crate::error::export_failure(&detail),
                     other => other.to_string(),
                 });
             }
@@ -315,7 +315,7 @@ impl Telemetry {
         .await;
         let (final_error, stats) = match flushed {
             Ok((Ok(()), stats)) => (None, Some(stats)),
-            Ok((Err(OtlpError::Export(detail)), stats)) => {
+            Ok((Err(OtlpError::Export { detail, .. }), stats)) => {
                 (Some(crate::error::export_failure(&detail)), Some(stats))
             }
             Ok((Err(other), stats)) => (Some(other.to_string()), Some(stats)),

@@ -114,10 +114,19 @@ pub enum OtlpError {
         "{0} ConnTrace handle(s) were built before the OTLP pipeline and would export no metrics: build ConnTrace after otlp::init_* (or pass .meter_provider(guard.meter_provider()))"
     )]
     BuiltBeforePipeline(usize),
-    /// Spans or metrics could not be delivered; the text says what happened
-    /// and how long was waited (see [`ExportFailure`]).
-    #[error("could not export to the OTLP collector: {0}")]
-    Export(String),
+    /// Spans or metrics could not be delivered: `detail` says what happened
+    /// and how long was waited (see [`ExportFailure`]); `collector` is the
+    /// endpoint when the pipeline built its exporters itself.
+    #[error(
+        "could not export to the OTLP collector{}: {detail}",
+        .collector.as_deref().map(|c| format!(" at {c}")).unwrap_or_default()
+    )]
+    Export {
+        /// The collector's endpoint, when known.
+        collector: Option<String>,
+        /// What happened, on one line.
+        detail: String,
+    },
 }
 
 /// Keeps the pipeline alive; flushes and shuts the tracer and meter
@@ -135,6 +144,8 @@ pub struct OtlpGuard {
     shared: Arc<Shared>,
     runtime: ExportRuntime,
     closed: bool,
+    /// The collector's endpoint, when the pipeline built its exporters.
+    collector: Option<String>,
 }
 
 impl OtlpGuard {
@@ -162,6 +173,12 @@ impl OtlpGuard {
     /// The counts of spans and metric exports delivered and lost so far.
     pub fn stats(&self) -> ExportStats {
         self.shared.stats()
+    }
+
+    /// The collector's endpoint, when the pipeline built its exporters
+    /// ([`pipeline_to`], the `*_from_env` functions with gRPC).
+    pub fn collector(&self) -> Option<&str> {
+        self.collector.as_deref()
     }
 
     /// The export timeout the deadlines derive from.
@@ -291,12 +308,14 @@ impl OtlpGuard {
         }
         match first_error {
             None => Ok(()),
-            Some(sdk) => Err(OtlpError::Export(
-                self.shared
+            Some(sdk) => Err(OtlpError::Export {
+                collector: self.collector.clone(),
+                detail: self
+                    .shared
                     .stats()
                     .last_failure
                     .map_or(sdk, |f| f.to_string()),
-            )),
+            }),
         }
     }
 }
@@ -544,7 +563,22 @@ pub fn pipeline_from_env(options: PipelineOptions) -> Result<OtlpGuard, OtlpErro
             metric_exporter_with_timeout(metric_timeout)?,
         )
     };
-    Ok(build(runtime, spans, Some(metrics), &options))
+    let mut guard = build(runtime, spans, Some(metrics), &options);
+    guard.collector = traces_endpoint_from_env();
+    Ok(guard)
+}
+
+/// The traces endpoint the environment names (signal variable, then the
+/// generic one), if any.
+fn traces_endpoint_from_env() -> Option<String> {
+    [
+        "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+        "OTEL_EXPORTER_OTLP_ENDPOINT",
+    ]
+    .iter()
+    .filter_map(|k| std::env::var(k).ok())
+    .map(|v| v.trim().to_owned())
+    .find(|v| !v.is_empty())
 }
 
 /// Path 3 with an explicit collector: the pipeline exporting spans and
@@ -573,7 +607,9 @@ pub fn pipeline_to(endpoint: &str, options: PipelineOptions) -> Result<OtlpGuard
             .map_err(|e| OtlpError::Exporter(e.to_string()))?;
         (spans, metrics)
     };
-    Ok(build(runtime, spans, Some(metrics), &options))
+    let mut guard = build(runtime, spans, Some(metrics), &options);
+    guard.collector = Some(endpoint.trim().to_owned());
+    Ok(guard)
 }
 
 /// As [`init_from_env`] but with any span exporter (an in-memory one in
@@ -759,6 +795,7 @@ where
         shared,
         runtime,
         closed: false,
+        collector: None,
     }
 }
 
