@@ -124,19 +124,6 @@ impl SpanExporter for Collected {
     }
 }
 
-/// Attributes `tracing-opentelemetry` adds to every `tracing` span (source
-/// location, thread, timings): true but not what these examples are about.
-const HIDDEN: &[&str] = &[
-    "code.file.path",
-    "code.module.name",
-    "code.line.number",
-    "thread.id",
-    "thread.name",
-    "target",
-    "busy_ns",
-    "idle_ns",
-];
-
 fn print_tree(spans: &[SpanData]) {
     let ids: HashSet<SpanId> = spans.iter().map(|s| s.span_context.span_id()).collect();
     let mut roots: Vec<&SpanData> = spans
@@ -149,10 +136,6 @@ fn print_tree(spans: &[SpanData]) {
         println!();
         print_span(spans, root, "", None);
     }
-    println!(
-        "\n(hidden on request spans: {}, added by tracing-opentelemetry)",
-        HIDDEN.join(", ")
-    );
 }
 
 /// Prints `span` and its children. `last` is `None` for a root, else whether
@@ -187,11 +170,7 @@ fn print_span(all: &[SpanData], span: &SpanData, prefix: &str, last: Option<bool
     } else {
         format!("{inner}│    ")
     };
-    let shown: Vec<&KeyValue> = span
-        .attributes
-        .iter()
-        .filter(|kv| !HIDDEN.contains(&kv.key.as_str()))
-        .collect();
+    let shown: Vec<&KeyValue> = span.attributes.iter().collect();
     print_wrapped(&detail, &shown);
     for event in span.events.iter() {
         let mut line = format!(

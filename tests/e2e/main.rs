@@ -3,6 +3,7 @@
 //! the docker-compose stack's configuration (`deploy`).
 
 mod attribution;
+mod collector_faults;
 mod contract;
 mod deploy;
 mod dropin;

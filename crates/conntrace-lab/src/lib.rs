@@ -15,6 +15,9 @@
 //! - [`backlog`]: a listener whose full accept queue drops SYNs, and that
 //!   once released can forward to a server ([`FullBacklogListener`]).
 //! - [`connect_proxy`]: an HTTP CONNECT / forward proxy ([`ConnectProxy`]).
+//! - [`faulty_collector`]: an OTLP/gRPC endpoint that fails like real
+//!   collectors do: never reads, never answers, answers an error status,
+//!   answers late, speaks TLS ([`FaultyCollector`]).
 //!
 //! Everything runs on the caller's tokio runtime and listens on loopback only.
 
@@ -23,6 +26,7 @@ pub mod backlog;
 pub mod connect_proxy;
 pub mod delay_proxy;
 pub mod error;
+pub mod faulty_collector;
 pub mod nginx;
 pub mod otlp_receiver;
 pub mod pki;
@@ -35,6 +39,7 @@ pub use backlog::FullBacklogListener;
 pub use connect_proxy::{ConnectProxy, ConnectRecord};
 pub use delay_proxy::DelayProxy;
 pub use error::LabError;
+pub use faulty_collector::{CollectorFault, FaultyCollector};
 pub use nginx::{AccessLogEntry, Nginx, NginxConfig, NginxListener};
 pub use otlp_receiver::OtlpReceiver;
 pub use pki::{PkiFiles, TestPki};

@@ -114,10 +114,20 @@ impl OtlpReceiver {
     /// # Errors
     /// [`LabError::Io`] if a port cannot be bound.
     pub async fn start() -> Result<OtlpReceiver, LabError> {
+        Self::start_on(SocketAddr::from((Ipv4Addr::LOCALHOST, 0))).await
+    }
+
+    /// As [`start`](Self::start) with the gRPC listener on `grpc_addr`
+    /// (e.g. the port of a receiver that was stopped: a collector coming
+    /// back).
+    ///
+    /// # Errors
+    /// [`LabError::Io`] if a port cannot be bound.
+    pub async fn start_on(grpc_addr: SocketAddr) -> Result<OtlpReceiver, LabError> {
         let store = Arc::new(Store::default());
         let loopback = SocketAddr::from((Ipv4Addr::LOCALHOST, 0));
 
-        let incoming = tonic::transport::server::TcpIncoming::bind(loopback)
+        let incoming = tonic::transport::server::TcpIncoming::bind(grpc_addr)
             .map_err(|e| LabError::io("bind OTLP/gRPC receiver", e))?
             .with_nodelay(Some(true));
         let grpc_addr = incoming

@@ -18,7 +18,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::Context as _;
-use opentelemetry_otlp::{MetricExporter, Protocol, SpanExporter, WithExportConfig};
+use opentelemetry_otlp::{MetricExporter, SpanExporter};
 use opentelemetry_sdk::Resource;
 use opentelemetry_sdk::error::OTelSdkResult;
 use opentelemetry_sdk::trace::{SpanData, SpanExporter as SdkSpanExporter};
@@ -128,8 +128,30 @@ pub(crate) struct TelemetryReport {
     pub(crate) spans_written: Option<usize>,
     /// Absolute path of the OTLP JSON metrics file (sink `file`).
     pub(crate) metrics_file: Option<String>,
-    /// Why the export or the file write failed; `null` on success.
+    /// What the pipeline delivered and lost (sinks `otlp` and `file`).
+    pub(crate) delivery: Option<Delivery>,
+    /// Why the export or the file write failed, or what was lost; `null`
+    /// on success.
     pub(crate) error: Option<String>,
+}
+
+/// Counts of what reached the sink and what was lost (`otlp::ExportStats`).
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct Delivery {
+    /// Spans handed to the pipeline.
+    pub(crate) spans_ended: u64,
+    /// Spans the sink accepted.
+    pub(crate) spans_exported: u64,
+    /// Spans in exports the collector did not accept in time.
+    pub(crate) spans_failed: u64,
+    /// Spans never sent (queue full, or still queued at the shutdown deadline).
+    pub(crate) spans_dropped: u64,
+    /// Metric exports accepted.
+    pub(crate) metric_exports: u64,
+    /// Metric exports that failed.
+    pub(crate) metric_exports_failed: u64,
+    /// Seconds the final flush and shutdown took.
+    pub(crate) shutdown_seconds: f64,
 }
 
 impl Telemetry {
@@ -254,7 +276,7 @@ impl Telemetry {
                 && self.flush_error.is_none()
             {
                 self.flush_error = Some(match e {
-                    OtlpError::Export(detail) => crate::error::export_failure(&detail),
+                    OtlpError::Export { detail, .. } => crate::error::export_failure(&detail),
                     other => other.to_string(),
                 });
             }
@@ -277,28 +299,61 @@ impl Telemetry {
             traces_file: self.file.as_ref().map(|(f, _)| absolute(f.path())),
             spans_written: None,
             metrics_file: self.metrics_file.as_ref().map(|(f, _)| absolute(f.path())),
+            delivery: None,
             error: None,
         };
-        let Some(guard) = self.guard else {
+        let Some(mut guard) = self.guard else {
             return report;
         };
-        // Flushing blocks on the exporter; keep it off the runtime's workers.
-        let flushed = tokio::task::spawn_blocking(move || guard.shutdown()).await;
-        let final_error = match flushed {
-            Ok(Ok(())) => None,
-            Ok(Err(OtlpError::Export(detail))) => Some(crate::error::export_failure(&detail)),
-            Ok(Err(other)) => Some(other.to_string()),
-            Err(join) => Some(format!("the flush task failed: {join}")),
+        // Flushing blocks (at most the export timeout + otlp::SHUTDOWN_MARGIN);
+        // keep it off the runtime's workers.
+        let started = std::time::Instant::now();
+        let flushed = tokio::task::spawn_blocking(move || {
+            let closed = guard.close();
+            (closed, guard.stats())
+        })
+        .await;
+        let (final_error, stats) = match flushed {
+            Ok((Ok(()), stats)) => (None, Some(stats)),
+            Ok((Err(OtlpError::Export { detail, .. }), stats)) => {
+                (Some(crate::error::export_failure(&detail)), Some(stats))
+            }
+            Ok((Err(other), stats)) => (Some(other.to_string()), Some(stats)),
+            Err(join) => (Some(format!("the flush task failed: {join}")), None),
         };
+        if let Some(stats) = &stats {
+            report.delivery = Some(Delivery {
+                spans_ended: stats.spans_ended,
+                spans_exported: stats.spans_exported,
+                spans_failed: stats.spans_failed,
+                spans_dropped: stats.spans_dropped,
+                metric_exports: stats.metric_exports,
+                metric_exports_failed: stats.metric_exports_failed,
+                shutdown_seconds: started.elapsed().as_secs_f64(),
+            });
+        }
+        // An earlier failure explains the losses better than the last
+        // export's (which may have been cut before it ran).
+        let final_error = final_error.or_else(|| {
+            stats
+                .as_ref()
+                .filter(|s| s.has_losses())
+                .and_then(|s| s.last_failure.as_ref().map(ToString::to_string))
+        });
         // The first failure says most: once an intermediate flush failed,
         // the final one only reports a generic "Failed to flush".
         let flush_error = self.flush_error.clone().or(final_error);
+        let losses = stats
+            .as_ref()
+            .filter(|s| s.has_losses())
+            .map(|s| format!(" ({})", s.summary()))
+            .unwrap_or_default();
         if let Some(detail) = flush_error {
             report.error = Some(match &self.endpoint {
                 Some(endpoint) => crate::error::one_line(&format!(
-                    "could not export spans and metrics to the OTLP collector at {endpoint}: {detail}"
+                    "could not export spans and metrics to the OTLP collector at {endpoint}: {detail}{losses}"
                 )),
-                None => crate::error::one_line(&format!("could not flush spans: {detail}")),
+                None => crate::error::one_line(&format!("could not flush spans: {detail}{losses}")),
             });
         }
         if let Some((mut file, store)) = self.file {
@@ -359,10 +414,14 @@ impl SdkSpanExporter for Tee {
     }
 }
 
-/// The pipeline's options: [`resource`], [`metric_interval`], and for a
-/// quiet run no log lines on stderr unless `RUST_LOG` asks for them.
+/// The pipeline's options: the export timeout (flush and shutdown end by
+/// it plus `otlp::SHUTDOWN_MARGIN`), [`resource`], [`metric_interval`],
+/// and for a quiet run no log lines on stderr unless `RUST_LOG` asks for
+/// them.
 fn pipeline_options(quiet: bool) -> otlp::PipelineOptions {
+    let timeout = export_timeout(otlp::Signal::Traces).max(export_timeout(otlp::Signal::Metrics));
     otlp::PipelineOptions::default()
+        .export_timeout(Some(timeout))
         .resource(resource())
         .metric_interval(metric_interval())
         .default_log_level(if quiet { "off" } else { "warn" })
@@ -418,47 +477,19 @@ fn resource() -> Resource {
     }
 }
 
+/// The export timeout for `signal`: the environment's, else
+/// [`DEFAULT_EXPORT_TIMEOUT`].
+fn export_timeout(signal: otlp::Signal) -> Duration {
+    otlp::export_timeout_from_env(signal).unwrap_or(DEFAULT_EXPORT_TIMEOUT)
+}
+
 /// The OTLP span and metric exporters the environment describes, with the
-/// shorter default timeout.
+/// shorter default timeout (on the TCP connect as well as on each export).
 fn otlp_exporters() -> anyhow::Result<(SpanExporter, MetricExporter)> {
-    let timeout = |signal: &str| {
-        (!env_set(&format!("OTEL_EXPORTER_OTLP_{signal}_TIMEOUT"))
-            && !env_set("OTEL_EXPORTER_OTLP_TIMEOUT"))
-        .then_some(DEFAULT_EXPORT_TIMEOUT)
-    };
-    // The environment's timeout wins when set: the builder reads it then.
-    fn with_default<B: WithExportConfig>(builder: B, timeout: Option<Duration>) -> B {
-        match timeout {
-            Some(t) => builder.with_timeout(t),
-            None => builder,
-        }
-    }
-    let spans = match otlp::protocol_from_env()? {
-        Protocol::Grpc => {
-            with_default(SpanExporter::builder().with_tonic(), timeout("TRACES")).build()
-        }
-        _ => with_default(
-            SpanExporter::builder()
-                .with_http()
-                .with_protocol(Protocol::HttpBinary),
-            timeout("TRACES"),
-        )
-        .build(),
-    }
-    .context("invalid OTLP exporter settings")?;
-    let metrics = match otlp::metrics_protocol_from_env()? {
-        Protocol::Grpc => {
-            with_default(MetricExporter::builder().with_tonic(), timeout("METRICS")).build()
-        }
-        _ => with_default(
-            MetricExporter::builder()
-                .with_http()
-                .with_protocol(Protocol::HttpBinary),
-            timeout("METRICS"),
-        )
-        .build(),
-    }
-    .context("invalid OTLP metric exporter settings")?;
+    let spans = otlp::span_exporter_with_timeout(export_timeout(otlp::Signal::Traces))
+        .context("invalid OTLP exporter settings")?;
+    let metrics = otlp::metric_exporter_with_timeout(export_timeout(otlp::Signal::Metrics))
+        .context("invalid OTLP metric exporter settings")?;
     Ok((spans, metrics))
 }
 

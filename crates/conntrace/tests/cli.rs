@@ -5,7 +5,8 @@
 //! every `conntrace lab` scenario (in `cli/lab.rs`, part of this one test
 //! binary); the fixes from a new-user trial against `conntrace serve` (in
 //! `cli/trial.rs`); the HTML pages in headless Chromium and the probe's
-//! waterfall (in `cli/view.rs`).
+//! waterfall (in `cli/view.rs`); the export pipeline against failing
+//! collectors (in `cli/collector_faults.rs`).
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -27,6 +28,8 @@ mod curl;
 
 #[path = "cli/view.rs"]
 mod view;
+#[path = "cli/collector_faults.rs"]
+mod collector_faults;
 
 fn conntrace() -> tokio::process::Command {
     let mut c = tokio::process::Command::new(env!("CARGO_BIN_EXE_conntrace"));

@@ -27,6 +27,25 @@ static NEXT_CONNECTION_ID: AtomicU64 = AtomicU64::new(1);
 /// Process-wide request ids (internal: match a connect to its trigger).
 static NEXT_REQUEST_ID: AtomicU64 = AtomicU64::new(1);
 
+/// Handles built on the global meter provider before a pipeline installed
+/// one (their metrics go to the no-op provider); see [`global_meter_installed`].
+static BUILT_ON_NOOP_METER: AtomicU64 = AtomicU64::new(0);
+/// Set once a pipeline of this crate installed the global meter provider.
+static GLOBAL_METER_SET: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Handles that took the global meter before any pipeline installed one.
+#[cfg_attr(not(feature = "otlp"), allow(dead_code))]
+pub(crate) fn handles_on_global_meter() -> usize {
+    BUILT_ON_NOOP_METER.load(Ordering::Relaxed) as usize
+}
+
+/// A pipeline installed the global meter provider: handles built from now
+/// on record there.
+#[cfg_attr(not(feature = "otlp"), allow(dead_code))]
+pub(crate) fn global_meter_installed() {
+    GLOBAL_METER_SET.store(true, Ordering::Relaxed);
+}
+
 /// Default cap on the connections one handle tracks at once: 65,536.
 ///
 /// The registry keeps every connection until its close is observed, so it
@@ -326,6 +345,31 @@ impl Inner {
     }
 }
 
+impl Drop for Inner {
+    /// Hands the observable instruments their final values: 0 open
+    /// connections for every set reported before or still in the registry
+    /// (the clients are gone with the handle), the pool gauges as they are.
+    fn drop(&mut self) {
+        let mut open: Vec<(Vec<KeyValue>, i64)> = self
+            .open_sets
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .map(|a| (a.clone(), 0))
+            .collect();
+        for record in self.registry.snapshot() {
+            let mut attributes = connection_attributes(&record);
+            attributes.push(KeyValue::new(semconv::HTTP_CONNECTION_STATE, "idle"));
+            if open.len() < MAX_OPEN_SETS && !open.iter().any(|(a, _)| *a == attributes) {
+                open.push((attributes, 0));
+            }
+        }
+        let hosts = self.load.gauges(Instant::now());
+        self.metrics
+            .keep_final(crate::metrics::FinalObservations { open, hosts });
+    }
+}
+
 /// Most attribute sets remembered for reporting 0 open connections.
 const MAX_OPEN_SETS: usize = 4096;
 
@@ -448,7 +492,9 @@ impl ConnTraceBuilder {
     /// Records metrics (see [`semconv`](crate::semconv)'s metric names) with
     /// a meter from `provider` (scope `reqwest-conntrace`). Default: the
     /// global meter provider as installed when [`build`](Self::build) runs;
-    /// install yours first, or set it here.
+    /// install yours first, or set it here (the `otlp` set-up functions
+    /// fail with `OtlpError::BuiltBeforePipeline` when a handle took the
+    /// global meter before they installed theirs).
     pub fn meter_provider<P: MeterProvider>(mut self, provider: &P) -> Self {
         self.meter = Some(provider.meter_with_scope(scope()));
         self
@@ -512,9 +558,12 @@ impl ConnTraceBuilder {
 
     /// The handle.
     pub fn build(self) -> ConnTrace {
-        let meter = self
-            .meter
-            .unwrap_or_else(|| opentelemetry::global::meter_with_scope(scope()));
+        let meter = self.meter.unwrap_or_else(|| {
+            if !GLOBAL_METER_SET.load(Ordering::Relaxed) {
+                BUILT_ON_NOOP_METER.fetch_add(1, Ordering::Relaxed);
+            }
+            opentelemetry::global::meter_with_scope(scope())
+        });
         ConnTrace {
             inner: Arc::new_cyclic(|weak| Inner {
                 registry: Registry::new(self.capacity),

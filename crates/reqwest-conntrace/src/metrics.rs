@@ -6,7 +6,7 @@
 //! error type and our enumerated values; never a URL, path, peer address or
 //! connection id.
 
-use std::sync::Weak;
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Instant;
 
 use opentelemetry::KeyValue;
@@ -14,6 +14,7 @@ use opentelemetry::metrics::{
     Counter, Histogram, Meter, ObservableGauge, ObservableUpDownCounter, UpDownCounter,
 };
 
+use crate::advice::HostGauges;
 use crate::handle::Inner;
 use crate::semconv;
 
@@ -38,6 +39,20 @@ pub(crate) struct Metrics {
     _open_connections: ObservableUpDownCounter<i64>,
     _peak_in_flight: ObservableGauge<u64>,
     _idle_limit: ObservableGauge<u64>,
+    /// What the observable instruments report once the handle is gone.
+    last: Arc<Mutex<Option<FinalObservations>>>,
+}
+
+/// The observable instruments' values when the handle was dropped, so a
+/// final export (the pipeline's shutdown usually runs after the handle is
+/// gone) still carries every instrument.
+#[derive(Debug, Default)]
+pub(crate) struct FinalObservations {
+    /// `http.client.open_connections` by attribute set (0: the handle's
+    /// clients are gone).
+    pub(crate) open: Vec<(Vec<KeyValue>, i64)>,
+    /// Per-host pool gauges.
+    pub(crate) hosts: Vec<HostGauges>,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -62,7 +77,10 @@ impl Metrics {
         let open_inner = inner.clone();
         let peak_inner = inner.clone();
         let limit_inner = inner;
+        let last: Arc<Mutex<Option<FinalObservations>>> = Arc::default();
+        let (open_last, peak_last, limit_last) = (last.clone(), last.clone(), last.clone());
         Self {
+            last,
             request_duration: histogram(
                 meter,
                 semconv::HTTP_CLIENT_REQUEST_DURATION,
@@ -118,6 +136,12 @@ impl Metrics {
                         for (attributes, count) in inner.open_connections(Instant::now()) {
                             observer.observe(count, &attributes);
                         }
+                    } else if let Ok(last) = open_last.lock()
+                        && let Some(last) = last.as_ref()
+                    {
+                        for (attributes, count) in &last.open {
+                            observer.observe(*count, attributes);
+                        }
                     }
                 })
                 .build(),
@@ -128,10 +152,17 @@ impl Metrics {
                     "Peak number of concurrent requests to the host since the current advice interval started.",
                 )
                 .with_callback(move |observer| {
-                    if let Some(inner) = peak_inner.upgrade() {
-                        for g in inner.load.gauges(Instant::now()) {
+                    let observe = |gauges: &[HostGauges]| {
+                        for g in gauges {
                             observer.observe(g.peak_in_flight, &host_attributes(&g.server_address, g.server_port));
                         }
+                    };
+                    if let Some(inner) = peak_inner.upgrade() {
+                        observe(&inner.load.gauges(Instant::now()));
+                    } else if let Ok(last) = peak_last.lock()
+                        && let Some(last) = last.as_ref()
+                    {
+                        observe(&last.hosts);
                     }
                 })
                 .build(),
@@ -142,15 +173,32 @@ impl Metrics {
                     "pool_max_idle_per_host of the client serving the host, when set through reqwest-conntrace.",
                 )
                 .with_callback(move |observer| {
-                    if let Some(inner) = limit_inner.upgrade() {
-                        for g in inner.load.gauges(Instant::now()) {
+                    let observe = |gauges: &[HostGauges]| {
+                        for g in gauges {
                             if let Some(limit) = g.idle_limit {
                                 observer.observe(limit as u64, &host_attributes(&g.server_address, g.server_port));
                             }
                         }
+                    };
+                    if let Some(inner) = limit_inner.upgrade() {
+                        observe(&inner.load.gauges(Instant::now()));
+                    } else if let Ok(last) = limit_last.lock()
+                        && let Some(last) = last.as_ref()
+                    {
+                        observe(&last.hosts);
                     }
                 })
                 .build(),
+        }
+    }
+}
+
+impl Metrics {
+    /// Keeps what the observable instruments report after the handle is
+    /// dropped.
+    pub(crate) fn keep_final(&self, last: FinalObservations) {
+        if let Ok(mut slot) = self.last.lock() {
+            *slot = Some(last);
         }
     }
 }
