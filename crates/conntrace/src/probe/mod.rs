@@ -225,12 +225,18 @@ pub(crate) async fn run(args: ProbeArgs) -> anyhow::Result<ExitCode> {
         return Err(e);
     }
     let report = ProbeReport::new(&url, &args, modes, telemetry);
+    let title = format!("probe {}", report.url);
     if let Some(e) = stopped {
         if args.json {
             println!(
                 "{}",
                 serde_json::to_string_pretty(&report).context("cannot serialize the report")?
             );
+        }
+        // The failed request's spans were exported: the page shows them too
+        // (where the connect stopped, and the error on hover).
+        if let (Some(html), Some(spans)) = (html, spans) {
+            html.write(&title, &spans, false)?;
         }
         if let Some(t) = &report.telemetry.error {
             eprintln!("error: {t}");
@@ -255,7 +261,7 @@ pub(crate) async fn run(args: ProbeArgs) -> anyhow::Result<ExitCode> {
         }
     }
     if let (Some(html), Some(spans)) = (html, spans) {
-        html.write(&format!("probe {}", report.url), &spans, false)?;
+        html.write(&title, &spans, false)?;
     }
     let mut ok = true;
     if report.failed_requests > 0 {
