@@ -67,10 +67,36 @@ pub(crate) fn request_failure(err: &(dyn StdError + 'static), error_type: Option
         Some(lead) => format!("{lead}: {chain}"),
         None => chain,
     };
-    match fix(&text) {
+    let fix = fix(&text).or_else(|| {
+        // A TLS server that reads a plain HTTP request as a broken
+        // ClientHello may close without an alert (OpenSSL's `s_server`
+        // does; curl says "Empty reply from server").
+        (text.contains("connection closed before message completed") && is_plain_http(err))
+            .then_some(
+                "the server closed the connection without an answer; if that port speaks TLS, use https://",
+            )
+    });
+    match fix {
         Some(fix) => format!("{text}; fix: {fix}"),
         None => text,
     }
+}
+
+/// Whether the failed request's URL (from the `reqwest::Error` in the
+/// chain) is `http://`.
+fn is_plain_http(err: &(dyn StdError + 'static)) -> bool {
+    let mut current = Some(err);
+    while let Some(e) = current {
+        let reqwest = match e.downcast_ref::<reqwest_middleware::Error>() {
+            Some(reqwest_middleware::Error::Reqwest(r)) => Some(r),
+            _ => e.downcast_ref::<reqwest::Error>(),
+        };
+        if let Some(url) = reqwest.and_then(reqwest::Error::url) {
+            return url.scheme() == "http";
+        }
+        current = e.source();
+    }
+    false
 }
 
 /// What to do about a failed request, from its error text: the causes a

@@ -137,6 +137,38 @@ async fn protocol_mismatches_name_cause_and_fix() {
     assert!(err.contains("drop --http2"), "{err}");
 }
 
+/// `http://` to a TLS server that closes without an alert (as OpenSSL's
+/// `s_server` does on a plain HTTP request): the fix still says https://;
+/// the same close on an `https://` URL does not.
+#[tokio::test]
+async fn a_silent_close_on_plain_http_suggests_https() {
+    use tokio::io::AsyncReadExt;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let port = listener.local_addr().expect("addr").port();
+    let closer = tokio::spawn(async move {
+        // Read the request (or ClientHello), then close without a byte.
+        loop {
+            let Ok((mut socket, _)) = listener.accept().await else {
+                return;
+            };
+            let mut buf = [0u8; 1024];
+            let _ = socket.read(&mut buf).await;
+        }
+    });
+    let out = probe(&format!("http://127.0.0.1:{port}/"), &[]).await;
+    assert_cause_and_fix(
+        &out,
+        "connection closed before message completed",
+        "use https://",
+    );
+    let out = probe(&format!("https://127.0.0.1:{port}/"), &[]).await;
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert!(!stderr(&out).contains("use https://"), "{}", stderr(&out));
+    closer.abort();
+}
+
 /// A bad URL and an unknown lab scenario are bad command lines: exit 2,
 /// one line pointing to `--help`, like clap's own errors.
 #[tokio::test]
