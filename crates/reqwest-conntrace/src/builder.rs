@@ -259,11 +259,9 @@ impl InstrumentedClientBuilder {
         let idle_timeout = self
             .idle_timeout
             .unwrap_or(Some(REQWEST_DEFAULT_IDLE_TIMEOUT));
-        let client = Arc::new(ClientState::new(
-            idle_timeout,
-            self.max_idle_per_host,
-            proxy.clone(),
-        ));
+        let mut client = ClientState::new(idle_timeout, self.max_idle_per_host, proxy.clone());
+        client.http2_prior_knowledge = described.contains("http2_prior_knowledge: true");
+        let client = Arc::new(client);
         let mut builder = self
             .builder
             .tls_backend_preconfigured(config)

@@ -30,6 +30,10 @@ pub(crate) struct ClientState {
     /// The proxy every connection of this client goes through, when set
     /// through this crate.
     pub(crate) proxy: Option<url::Url>,
+    /// `http2_prior_knowledge` was set on reqwest's builder: every
+    /// connection speaks HTTP/2, negotiated by ALPN or not (h2c, or a TLS
+    /// server that ignores ALPN).
+    pub(crate) http2_prior_knowledge: bool,
 }
 
 impl ClientState {
@@ -44,6 +48,7 @@ impl ClientState {
             idle_timeout,
             max_idle_per_host,
             proxy,
+            http2_prior_knowledge: false,
         }
     }
 

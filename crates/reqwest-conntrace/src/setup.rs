@@ -343,10 +343,14 @@ pub(crate) fn emit_phases(
         }
         if let Some(e) = established {
             attrs.push(KeyValue::new(semconv::TLS_RESUMED, resumed));
-            attrs.push(KeyValue::new(
-                semconv::TLS_NEXT_PROTOCOL,
-                if e.http2 { "h2" } else { "http/1.1" },
-            ));
+            // Under prior knowledge ALPN offers only h2: a connection that
+            // did not negotiate it negotiated nothing (the server ignored
+            // ALPN), so there is no next protocol to report.
+            if e.http2 {
+                attrs.push(KeyValue::new(semconv::TLS_NEXT_PROTOCOL, "h2"));
+            } else if !attempt.client.http2_prior_knowledge {
+                attrs.push(KeyValue::new(semconv::TLS_NEXT_PROTOCOL, "http/1.1"));
+            }
             tls_resumed = Some(resumed);
             if tls_version.is_none() && resumed {
                 // A resumed 1.2 session logs CLIENT_RANDOM (seen by the key
@@ -430,7 +434,11 @@ pub(crate) fn emit_phases(
         }
         setup_span.set_attribute(KeyValue::new(
             semconv::NETWORK_PROTOCOL_VERSION,
-            if e.http2 { "2" } else { "1.1" },
+            if e.http2 || attempt.client.http2_prior_knowledge {
+                "2"
+            } else {
+                "1.1"
+            },
         ));
         if e.proxied || attempt.client.proxy.is_some() {
             setup_span.set_attribute(KeyValue::new(semconv::HTTP_CONNECTION_PROXIED, true));
