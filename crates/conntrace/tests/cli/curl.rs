@@ -169,6 +169,37 @@ async fn a_silent_close_on_plain_http_suggests_https() {
     closer.abort();
 }
 
+/// `--http2` against a server that reads the HTTP/2 preface as the start of
+/// an HTTP/1.1 request and waits for the rest (as OpenSSL's `s_server` does
+/// behind a TLS handshake that ignores ALPN): the timeout names the fix;
+/// the same timeout without `--http2` does not.
+#[tokio::test]
+async fn http2_timeout_against_a_waiting_server_names_the_fix() {
+    use tokio::io::AsyncReadExt;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let port = listener.local_addr().expect("addr").port();
+    let waiter = tokio::spawn(async move {
+        let mut open = Vec::new();
+        loop {
+            let Ok((mut socket, _)) = listener.accept().await else {
+                return;
+            };
+            let mut buf = [0u8; 1024];
+            let _ = socket.read(&mut buf).await;
+            open.push(socket);
+        }
+    });
+    let url = format!("http://127.0.0.1:{port}/");
+    let out = probe(&url, &["--http2", "--timeout", "1"]).await;
+    assert_cause_and_fix(&out, "timed out", "without --http2");
+    let out = probe(&url, &["--timeout", "1"]).await;
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert!(!stderr(&out).contains("--http2"), "{}", stderr(&out));
+    waiter.abort();
+}
+
 /// A bad URL and an unknown lab scenario are bad command lines: exit 2,
 /// one line pointing to `--help`, like clap's own errors.
 #[tokio::test]
