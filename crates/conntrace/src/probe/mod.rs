@@ -149,7 +149,7 @@ pub(crate) async fn run(args: ProbeArgs) -> anyhow::Result<ExitCode> {
     let url = parse_url(&args.url).map_err(crate::error::usage)?;
     let tls = args.client.tls_settings()?;
     let resolve = args.client.resolve_for(&url);
-    let html = args.html.open()?;
+    let html = args.html.open_apart_from(args.traces_out.as_deref())?;
     let mut telemetry = match html {
         Some(_) => Telemetry::init_capturing(args.traces_out.clone(), false)?,
         None => Telemetry::init(args.traces_out.clone(), false)?,

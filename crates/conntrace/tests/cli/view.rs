@@ -759,3 +759,39 @@ async fn view_redacts_urls_in_files_written_by_others() {
     );
     assert!(!stderr(&out).contains(MARK), "{}", stderr(&out));
 }
+
+/// A page never overwrites its own input: `view F --html F`, and `probe
+/// --html F --traces-out F` (or the metrics file beside it), are bad
+/// command lines (exit 2), refused before anything is written or sent.
+#[tokio::test]
+async fn html_page_refuses_to_overwrite_its_traces() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let lines =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/cli/collector-file-exporter.jsonl");
+    let traces = dir.path().join("traces.json");
+    std::fs::copy(&lines, &traces).expect("copy");
+    let before = std::fs::read(&traces).expect("read");
+    let mut cmd = conntrace();
+    cmd.arg("view").arg(&traces).arg("--html").arg(&traces);
+    let out = run(cmd).await;
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(stderr(&out).contains("same file"), "{}", stderr(&out));
+    assert_eq!(std::fs::read(&traces).expect("read"), before, "input kept");
+
+    let server = TestServer::builder().start().await.expect("server");
+    let new = dir.path().join("run.json");
+    let metrics = dir.path().join("run.metrics.json");
+    for page in [&new, &metrics] {
+        let mut cmd = conntrace();
+        cmd.args(["probe", &server.url("/"), "--requests", "1"])
+            .arg("--traces-out")
+            .arg(&new)
+            .arg("--html")
+            .arg(page);
+        let out = run(cmd).await;
+        assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+        assert!(stderr(&out).contains("same file"), "{}", stderr(&out));
+        assert!(!new.exists(), "nothing written");
+    }
+    assert_eq!(server.accepted_connections(), 0, "no request sent");
+}
