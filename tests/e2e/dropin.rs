@@ -99,6 +99,34 @@ async fn http2_prior_knowledge_on_reqwest_builder_offers_only_h2() {
     assert_eq!(outcomes(&t, &pki, &h2.url("/"), prior).await, (true, true));
 }
 
+/// `http2_prior_knowledge` on plain http (h2c): the connection speaks
+/// HTTP/2 without ALPN, and its setup span says so, as the request span and
+/// the response do (`network.protocol.version = 2`).
+#[tokio::test]
+async fn h2c_prior_knowledge_connection_says_http2() {
+    let t = telemetry();
+    let h2c = TestServer::builder()
+        .http_versions(HttpVersions::Http2Only)
+        .start()
+        .await
+        .expect("h2c server starts");
+    let client = t.client(reqwest::Client::builder().http2_prior_knowledge(), None);
+    let response = client.get(h2c.url("/")).send().await.expect("h2c GET");
+    assert_eq!(response.version(), reqwest::Version::HTTP_2);
+    response.bytes().await.expect("body");
+    let setup = t.named(semconv::CONNECTION_SETUP_SPAN);
+    assert_eq!(setup.len(), 1);
+    assert_eq!(
+        str_attr(&setup[0], semconv::NETWORK_PROTOCOL_VERSION).as_deref(),
+        Some("2")
+    );
+    let requests = t.requests();
+    assert_eq!(
+        str_attr(&requests[0], semconv::NETWORK_PROTOCOL_VERSION).as_deref(),
+        Some("2")
+    );
+}
+
 /// `tls_sni(false)` and `tls_sslkeylogfile(true)` on reqwest's builder no
 /// longer fail `build`; requests succeed as with the plain client.
 #[tokio::test]

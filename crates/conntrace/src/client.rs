@@ -107,8 +107,9 @@ pub(crate) struct ClientOptions {
     pub(crate) http1: bool,
 
     /// HTTP/2 only, by prior knowledge: h2c on http://; on https:// ALPN
-    /// offers only h2, so a server without HTTP/2 refuses the handshake.
-    /// [default: off; ALPN decides]
+    /// offers only h2, so a server without HTTP/2 refuses the handshake (or,
+    /// if it ignores ALPN, never answers: the request times out, as curl's
+    /// --http2-prior-knowledge does). [default: off; ALPN decides]
     #[arg(long)]
     pub(crate) http2: bool,
 
@@ -170,14 +171,22 @@ impl ClientOptions {
     /// these options: under `--http2`, a connection that broke once
     /// connected (hyper's `SendRequest`, a reset) most likely met a server
     /// without HTTP/2 (its h2c error text varies: `channel closed`,
-    /// `broken pipe`).
+    /// `broken pipe`); one that timed out may have met an HTTP/1.1 server
+    /// still waiting for the rest of a request (h2c, or a TLS server that
+    /// ignores ALPN, such as OpenSSL's `s_server`: curl's
+    /// `--http2-prior-knowledge` hangs there too).
     pub(crate) fn explain(&self, message: &str) -> String {
-        if self.http2
-            && !message.contains("; fix:")
-            && (message.contains("SendRequest") || message.contains("connection reset"))
-        {
+        if !self.http2 || message.contains("; fix:") {
+            return message.to_owned();
+        }
+        if message.contains("SendRequest") || message.contains("connection reset") {
             return format!(
                 "{message}; fix: the server may not speak HTTP/2 (h2c by prior knowledge on http://); drop --http2"
+            );
+        }
+        if message.starts_with("timed out") {
+            return format!(
+                "{message}; fix: a server without HTTP/2 (one that ignores ALPN, or plain HTTP/1.1) never answers HTTP/2 by prior knowledge; try without --http2"
             );
         }
         message.to_owned()

@@ -67,10 +67,36 @@ pub(crate) fn request_failure(err: &(dyn StdError + 'static), error_type: Option
         Some(lead) => format!("{lead}: {chain}"),
         None => chain,
     };
-    match fix(&text) {
+    let fix = fix(&text).or_else(|| {
+        // A TLS server that reads a plain HTTP request as a broken
+        // ClientHello may close without an alert (OpenSSL's `s_server`
+        // does; curl says "Empty reply from server").
+        (text.contains("connection closed before message completed") && is_plain_http(err))
+            .then_some(
+                "the server closed the connection without an answer; if that port speaks TLS, use https://",
+            )
+    });
+    match fix {
         Some(fix) => format!("{text}; fix: {fix}"),
         None => text,
     }
+}
+
+/// Whether the failed request's URL (from the `reqwest::Error` in the
+/// chain) is `http://`.
+fn is_plain_http(err: &(dyn StdError + 'static)) -> bool {
+    let mut current = Some(err);
+    while let Some(e) = current {
+        let reqwest = match e.downcast_ref::<reqwest_middleware::Error>() {
+            Some(reqwest_middleware::Error::Reqwest(r)) => Some(r),
+            _ => e.downcast_ref::<reqwest::Error>(),
+        };
+        if let Some(url) = reqwest.and_then(reqwest::Error::url) {
+            return url.scheme() == "http";
+        }
+        current = e.source();
+    }
+    false
 }
 
 /// What to do about a failed request, from its error text: the causes a
@@ -98,13 +124,39 @@ fn fix(text: &str) -> Option<&'static str> {
             "CaUsedAsEndEntity",
             "the server presents a CA certificate as its own; pass that certificate with --cacert FILE, or skip verification with -k",
         ),
+        // rustls 0.23 prints the `*Context` variants of `CertificateError`
+        // in words ("certificate not valid for name ...", "certificate
+        // expired: ..."), the others by their variant name.
         (
             "NotValidForName",
             "the certificate does not name this host; use a name it was issued for, or skip verification with -k",
         ),
         (
+            "not valid for name",
+            "the certificate does not name this host; use a name it was issued for, or skip verification with -k",
+        ),
+        (
             "Expired",
             "the certificate has expired (or the clock is wrong); skip verification with -k to probe anyway",
+        ),
+        (
+            "certificate expired",
+            "the certificate has expired (or the clock is wrong); skip verification with -k to probe anyway",
+        ),
+        (
+            "certificate not valid yet",
+            "the certificate is not valid yet (or the clock is wrong); skip verification with -k to probe anyway",
+        ),
+        // A trusted certificate carries the issuer's name but another key
+        // (a regenerated CA, or another test certificate with the same
+        // subject): webpki reports the signature check that failed.
+        (
+            "UnsupportedSignatureAlgorithmForPublicKey",
+            "a certificate trusted here has the issuer's name but not its key; pass the CA that signed it (or the server's own certificate) with --cacert FILE, or skip verification with -k",
+        ),
+        (
+            "BadSignature",
+            "a certificate trusted here has the issuer's name but not its key; pass the CA that signed it (or the server's own certificate) with --cacert FILE, or skip verification with -k",
         ),
     ];
     CAUSES
@@ -160,5 +212,44 @@ mod tests {
             "gRPC code: Unavailable: tcp connect error: refused (os error 111)"
         );
         assert_eq!(export_failure("plain"), "plain");
+    }
+
+    /// The certificate errors as rustls itself prints them (its `*Context`
+    /// variants in words) get their fix.
+    #[test]
+    fn rustls_certificate_errors_get_a_fix() {
+        use rustls::CertificateError as C;
+        use rustls::pki_types::{ServerName, UnixTime};
+        let name = ServerName::try_from("127.0.0.1").expect("name");
+        let at = |s| UnixTime::since_unix_epoch(std::time::Duration::from_secs(s));
+        for (err, fix_words) in [
+            (
+                C::NotValidForNameContext {
+                    expected: name,
+                    presented: vec!["DnsName(\"localhost\")".to_owned()],
+                },
+                "does not name this host",
+            ),
+            (
+                C::ExpiredContext {
+                    time: at(2_000),
+                    not_after: at(1_000),
+                },
+                "has expired",
+            ),
+            (
+                C::NotValidYetContext {
+                    time: at(1_000),
+                    not_before: at(2_000),
+                },
+                "not valid yet",
+            ),
+            (C::BadSignature, "--cacert"),
+        ] {
+            let err = rustls::Error::InvalidCertificate(err);
+            let line = request_failure(&err, Some("tls_certificate_invalid"));
+            assert!(line.contains("; fix: "), "{line}");
+            assert!(line.contains(fix_words), "{fix_words:?} in {line}");
+        }
     }
 }

@@ -166,37 +166,54 @@ impl UrlRedaction {
             let _ = out.set_password(Some(REDACTED));
         }
         if needs_query && let Some(query) = url.query() {
-            let mut redacted = String::with_capacity(query.len());
-            for (i, pair) in query.split('&').enumerate() {
-                if i > 0 {
-                    redacted.push('&');
-                }
-                match pair.split_once('=') {
-                    Some((k, _)) if self.is_secret_key(k) => {
-                        let _ = write!(redacted, "{k}={REDACTED}");
-                    }
-                    _ => redacted.push_str(pair),
-                }
-            }
-            out.set_query(Some(&redacted));
+            out.set_query(Some(&self.redact_query(query)));
         }
         out.to_string()
     }
 
-    /// A string that may not be a valid URL (a proxy URL in an error
-    /// message): redacted as a URL when it parses; otherwise anything
-    /// between `://` and the last `@` is replaced.
-    pub(crate) fn redact_str(&self, raw: &str) -> String {
-        match Url::parse(raw) {
-            Ok(url) => self.redact(&url),
-            Err(_) => match (raw.find("://"), raw.rfind('@')) {
-                (Some(s), Some(at)) if at > s => {
-                    format!("{}{REDACTED}{}", &raw[..s + 3], &raw[at..])
+    /// `query` (without `?`) with the values of the secret keys replaced.
+    fn redact_query(&self, query: &str) -> String {
+        let mut redacted = String::with_capacity(query.len());
+        for (i, pair) in query.split('&').enumerate() {
+            if i > 0 {
+                redacted.push('&');
+            }
+            match pair.split_once('=') {
+                Some((k, _)) if self.is_secret_key(k) => {
+                    let _ = write!(redacted, "{k}={REDACTED}");
                 }
-                (None, Some(at)) => format!("{REDACTED}{}", &raw[at..]),
-                _ => raw.to_owned(),
-            },
+                _ => redacted.push_str(pair),
+            }
         }
+        redacted
+    }
+
+    /// A string that may not be a valid URL (a proxy URL in an error
+    /// message, a mistyped URL echoed in a usage error): redacted as a URL
+    /// when it parses; otherwise anything between `://` and the last `@`
+    /// of the authority is replaced, the query's secret values are
+    /// replaced as in a URL, and the fragment is dropped.
+    pub(crate) fn redact_str(&self, raw: &str) -> String {
+        if let Ok(url) = Url::parse(raw) {
+            return self.redact(&url);
+        }
+        let raw = raw.split_once('#').map_or(raw, |(before, _)| before);
+        let (head, query) = match raw.split_once('?') {
+            Some((head, query)) => (head, Some(query)),
+            None => (raw, None),
+        };
+        let mut out = match (head.find("://"), head.rfind('@')) {
+            (Some(s), Some(at)) if at > s => {
+                format!("{}{REDACTED}{}", &head[..s + 3], &head[at..])
+            }
+            (None, Some(at)) => format!("{REDACTED}{}", &head[at..]),
+            _ => head.to_owned(),
+        };
+        if let Some(query) = query {
+            out.push('?');
+            out.push_str(&self.redact_query(query));
+        }
+        out
     }
 
     /// Free text with every URL in it (`scheme://...`, up to white space or
@@ -391,6 +408,16 @@ mod tests {
     #[test]
     fn unparseable_strings_lose_their_credentials() {
         assert_eq!(redact_str("http://u:p@[bad"), "http://REDACTED@[bad");
+        // A mistyped URL (port out of range) still hides its secret query
+        // values and its fragment; a `@` in the query is not user info.
+        assert_eq!(
+            redact_str("https://u:p@h:99999/x?token=T&a=1&X-AMZ-SIGNATURE=S&b=c@d#access_token=F"),
+            "https://REDACTED@h:99999/x?token=REDACTED&a=1&X-AMZ-SIGNATURE=REDACTED&b=c@d"
+        );
+        assert_eq!(
+            UrlRedaction::new().redact_text("invalid URL \"http://h:0x/?sig=S\": bad port"),
+            "invalid URL \"http://h:0x/?sig=REDACTED\": bad port"
+        );
         assert_eq!(
             redact_str("http://u:p@proxy:3128"),
             "http://REDACTED:REDACTED@proxy:3128/"

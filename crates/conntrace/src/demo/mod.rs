@@ -176,7 +176,7 @@ pub(crate) async fn run(args: DemoArgs) -> anyhow::Result<ExitCode> {
     // advice would be logged at the first forced miss of the warm-up, with
     // numbers that contradict the measured summary, which prints the same
     // advice from the whole phase.
-    let html = args.html.open()?;
+    let html = args.html.open_apart_from(Some(&args.traces_out))?;
     let mut telemetry = match html {
         Some(_) => Telemetry::init_capturing(Some(args.traces_out.clone()), true)?,
         None => Telemetry::init(Some(args.traces_out.clone()), true)?,

@@ -143,7 +143,7 @@ pub(crate) async fn run(args: LabArgs) -> anyhow::Result<ExitCode> {
         )));
     };
     check_parameters(scenario, &args).map_err(crate::error::usage)?;
-    let html = args.html.open()?;
+    let html = args.html.open_apart_from(args.traces_out.as_deref())?;
     let telemetry = Telemetry::init_capturing(args.traces_out.clone(), false)?;
     let mut lab = Lab {
         scenario,

@@ -149,7 +149,7 @@ pub(crate) async fn run(args: ProbeArgs) -> anyhow::Result<ExitCode> {
     let url = parse_url(&args.url).map_err(crate::error::usage)?;
     let tls = args.client.tls_settings()?;
     let resolve = args.client.resolve_for(&url);
-    let html = args.html.open()?;
+    let html = args.html.open_apart_from(args.traces_out.as_deref())?;
     let mut telemetry = match html {
         Some(_) => Telemetry::init_capturing(args.traces_out.clone(), false)?,
         None => Telemetry::init(args.traces_out.clone(), false)?,
@@ -225,12 +225,18 @@ pub(crate) async fn run(args: ProbeArgs) -> anyhow::Result<ExitCode> {
         return Err(e);
     }
     let report = ProbeReport::new(&url, &args, modes, telemetry);
+    let title = format!("probe {}", report.url);
     if let Some(e) = stopped {
         if args.json {
             println!(
                 "{}",
                 serde_json::to_string_pretty(&report).context("cannot serialize the report")?
             );
+        }
+        // The failed request's spans were exported: the page shows them too
+        // (where the connect stopped, and the error on hover).
+        if let (Some(html), Some(spans)) = (html, spans) {
+            html.write(&title, &spans, false)?;
         }
         if let Some(t) = &report.telemetry.error {
             eprintln!("error: {t}");
@@ -255,7 +261,7 @@ pub(crate) async fn run(args: ProbeArgs) -> anyhow::Result<ExitCode> {
         }
     }
     if let (Some(html), Some(spans)) = (html, spans) {
-        html.write(&format!("probe {}", report.url), &spans, false)?;
+        html.write(&title, &spans, false)?;
     }
     let mut ok = true;
     if report.failed_requests > 0 {

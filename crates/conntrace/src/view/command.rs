@@ -36,6 +36,7 @@ pub(crate) struct ViewArgs {
 /// A file that cannot be read, is not OTLP JSON or holds no span; a page
 /// that cannot be written.
 pub(crate) fn run(args: &ViewArgs) -> anyhow::Result<ExitCode> {
+    super::html::refuse_same_file(&args.html, &args.traces, "the traces file read")?;
     let out = HtmlOutput::create(&args.html)?;
     let shown = args.traces.display();
     let text = std::fs::read_to_string(&args.traces)

@@ -30,6 +30,46 @@ impl HtmlArg {
     pub(crate) fn open(&self) -> anyhow::Result<Option<HtmlOutput>> {
         self.html.as_deref().map(HtmlOutput::create).transpose()
     }
+
+    /// [`open`](Self::open), refusing a page path that is the run's
+    /// `--traces-out` file or the metrics file written beside it (the page
+    /// would overwrite the spans it is made from).
+    ///
+    /// # Errors
+    /// As [`open`](Self::open); the same file: a bad command line (exit 2).
+    pub(crate) fn open_apart_from(
+        &self,
+        traces: Option<&Path>,
+    ) -> anyhow::Result<Option<HtmlOutput>> {
+        if let (Some(page), Some(traces)) = (self.html.as_deref(), traces) {
+            refuse_same_file(page, traces, "--traces-out")?;
+            refuse_same_file(
+                page,
+                &crate::telemetry::metrics_path_beside(traces),
+                "the metrics file beside --traces-out",
+            )?;
+        }
+        self.open()
+    }
+}
+
+/// A bad command line (exit 2) when `page` names the same file as `other`
+/// (`what` says which), so a page never overwrites its own input.
+pub(crate) fn refuse_same_file(page: &Path, other: &Path, what: &str) -> anyhow::Result<()> {
+    let same = match (page.canonicalize(), other.canonicalize()) {
+        (Ok(a), Ok(b)) => a == b,
+        _ => match (std::path::absolute(page), std::path::absolute(other)) {
+            (Ok(a), Ok(b)) => a == b,
+            _ => false,
+        },
+    };
+    if same {
+        return Err(crate::error::usage(anyhow::anyhow!(
+            "--html {} is the same file as {what}; give the page a name of its own",
+            page.display()
+        )));
+    }
+    Ok(())
 }
 
 /// Where a page goes: created (checked) before the run, written at its end.

@@ -20,11 +20,17 @@
 //!
 //! Traces whose root says `demo.warmup = true` are left out, as in the
 //! demo's own numbers.
+//!
+//! Every text taken from the spans (names, attribute values, events, links,
+//! status messages) passes through the library's URL redaction
+//! (`UrlRedaction::redact_text`), so a file written by another exporter
+//! (a collector's file exporter behind an application without it) shows no
+//! credentials or signed-URL values either.
 
 use std::collections::{BTreeMap, HashMap};
 
 use conntrace_lab::ReceivedSpan;
-use reqwest_conntrace::semconv;
+use reqwest_conntrace::{UrlRedaction, semconv};
 use serde::Serialize;
 
 use crate::stats::{ratio, round3};
@@ -249,7 +255,7 @@ pub(crate) const DEFAULT_SHOWN_TRACES: usize = 6;
 pub(crate) fn build(title: &str, spans: &[ReceivedSpan], max_shown: usize) -> Page {
     let index = SpanIndex::new(spans);
     let mut page = Page {
-        title: title.to_owned(),
+        title: redacted(title),
         version: env!("CARGO_PKG_VERSION"),
         spans_total: spans.len(),
         traces_total: index.traces.len(),
@@ -277,8 +283,8 @@ pub(crate) fn build(title: &str, spans: &[ReceivedSpan], max_shown: usize) -> Pa
             continue;
         }
         let name = match trace.root.attributes().display(GROUP_ATTRIBUTE) {
-            Some(phase) => format!("{} {phase}", trace.root.name()),
-            None => trace.root.name().to_owned(),
+            Some(phase) => redacted(&format!("{} {phase}", trace.root.name())),
+            None => redacted(trace.root.name()),
         };
         match groups.iter_mut().find(|(n, _)| *n == name) {
             Some((_, v)) => v.push(trace),
@@ -402,9 +408,18 @@ impl Strings {
             return i;
         }
         let i = u32::try_from(self.list.len()).unwrap_or(u32::MAX);
-        self.list.push(s.to_owned());
+        self.list.push(redacted(s));
         self.index.insert(s.to_owned(), i);
         i
+    }
+}
+
+/// `text` with every URL in it redacted (user info, secret query values).
+fn redacted(text: &str) -> String {
+    if text.contains("://") {
+        UrlRedaction::new().redact_text(text)
+    } else {
+        text.to_owned()
     }
 }
 
@@ -588,7 +603,7 @@ impl RowBuilder<'_, '_> {
             .events()
             .iter()
             .map(|e| EventInfo {
-                name: e.name.clone(),
+                name: redacted(&e.name),
                 at_ms: rel_ms(e.time_unix_nano, self.t0),
                 attrs: self.strings.intern(&text(&e.attributes)),
             })
@@ -608,12 +623,12 @@ impl RowBuilder<'_, '_> {
             .collect();
         let status = match s.status_code() {
             opentelemetry_proto::tonic::trace::v1::status::StatusCode::Error => {
-                Some(format!("error: {}", s.status_message()))
+                Some(redacted(&format!("error: {}", s.status_message())))
             }
             _ => None,
         };
         self.page.spans.push(SpanInfo {
-            name: s.name().to_owned(),
+            name: redacted(s.name()),
             id: id.clone(),
             start_ms: rel_ms(s.start_unix_nanos(), self.t0),
             duration_ms: dur_ms(s),
@@ -650,8 +665,8 @@ impl RowBuilder<'_, '_> {
     /// The rows of one trace.
     fn trace(&mut self, t: &TraceParts<'_>) -> TraceView {
         let label = match attr_int(t.root, DEMO_FANOUT_INDEX_ATTRIBUTE) {
-            Some(n) => format!("{} {n}", t.root.name()),
-            None => t.root.name().to_owned(),
+            Some(n) => redacted(&format!("{} {n}", t.root.name())),
+            None => redacted(t.root.name()),
         };
         // A trace whose root is itself a request (an application without
         // a span around its calls) starts with that request's row.
@@ -669,7 +684,7 @@ impl RowBuilder<'_, '_> {
             let label = if in_batch {
                 format!("batch {}", batch_of(self.index, r, i))
             } else {
-                format!("{} #{}", r.name(), i + 1)
+                redacted(&format!("{} #{}", r.name(), i + 1))
             };
             let mut row = self.row("request", r, label);
             row.wait_ms = r

@@ -74,6 +74,45 @@ async fn insecure_accepts_and_a_missing_ca_names_the_fix() {
     assert!(stderr(&out).contains("-k"), "{}", stderr(&out));
 }
 
+/// A certificate that does not name the host asked for (the IP literal of a
+/// server whose leaf names only `localhost`): the cause in rustls' words
+/// and the fix.
+#[tokio::test]
+async fn a_certificate_for_another_name_names_the_fix() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let pki = TestPki::generate(&["localhost"]).expect("pki");
+    let ca = write(dir.path(), "ca.pem", pki.ca_cert_pem());
+    let server = https_server(&pki, HttpVersions::Http1Only).await;
+    let out = probe(&server.url("/"), &["--cacert", &ca]).await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    let out = probe(&server.ip_url("/"), &["--cacert", &ca]).await;
+    assert_cause_and_fix(&out, "not valid for name", "does not name this host");
+}
+
+/// `--html` on a probe whose first request fails: the page is written
+/// from the spans that were exported, the failed request included.
+#[tokio::test]
+async fn a_failed_probe_still_writes_its_page() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let port = listener.local_addr().expect("addr").port();
+    drop(listener);
+    let page = dir.path().join("failed.html");
+    let page_arg = page.display().to_string();
+    let out = probe(&format!("http://127.0.0.1:{port}/"), &["--html", &page_arg]).await;
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("connection refused"),
+        "{}",
+        stderr(&out)
+    );
+    let html = std::fs::read_to_string(&page).expect("page written");
+    assert!(
+        html.contains("connection_refused"),
+        "the failed request's error.type is on the page"
+    );
+}
+
 /// `http://` to a TLS port, and `--http2` against servers without HTTP/2
 /// (over TLS: ALPN; over plain HTTP: h2c): one line naming cause and fix.
 #[tokio::test]
@@ -98,6 +137,69 @@ async fn protocol_mismatches_name_cause_and_fix() {
     assert!(err.contains("drop --http2"), "{err}");
 }
 
+/// `http://` to a TLS server that closes without an alert (as OpenSSL's
+/// `s_server` does on a plain HTTP request): the fix still says https://;
+/// the same close on an `https://` URL does not.
+#[tokio::test]
+async fn a_silent_close_on_plain_http_suggests_https() {
+    use tokio::io::AsyncReadExt;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let port = listener.local_addr().expect("addr").port();
+    let closer = tokio::spawn(async move {
+        // Read the request (or ClientHello), then close without a byte.
+        loop {
+            let Ok((mut socket, _)) = listener.accept().await else {
+                return;
+            };
+            let mut buf = [0u8; 1024];
+            let _ = socket.read(&mut buf).await;
+        }
+    });
+    let out = probe(&format!("http://127.0.0.1:{port}/"), &[]).await;
+    assert_cause_and_fix(
+        &out,
+        "connection closed before message completed",
+        "use https://",
+    );
+    let out = probe(&format!("https://127.0.0.1:{port}/"), &[]).await;
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert!(!stderr(&out).contains("use https://"), "{}", stderr(&out));
+    closer.abort();
+}
+
+/// `--http2` against a server that reads the HTTP/2 preface as the start of
+/// an HTTP/1.1 request and waits for the rest (as OpenSSL's `s_server` does
+/// behind a TLS handshake that ignores ALPN): the timeout names the fix;
+/// the same timeout without `--http2` does not.
+#[tokio::test]
+async fn http2_timeout_against_a_waiting_server_names_the_fix() {
+    use tokio::io::AsyncReadExt;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let port = listener.local_addr().expect("addr").port();
+    let waiter = tokio::spawn(async move {
+        let mut open = Vec::new();
+        loop {
+            let Ok((mut socket, _)) = listener.accept().await else {
+                return;
+            };
+            let mut buf = [0u8; 1024];
+            let _ = socket.read(&mut buf).await;
+            open.push(socket);
+        }
+    });
+    let url = format!("http://127.0.0.1:{port}/");
+    let out = probe(&url, &["--http2", "--timeout", "1"]).await;
+    assert_cause_and_fix(&out, "timed out", "without --http2");
+    let out = probe(&url, &["--timeout", "1"]).await;
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert!(!stderr(&out).contains("--http2"), "{}", stderr(&out));
+    waiter.abort();
+}
+
 /// A bad URL and an unknown lab scenario are bad command lines: exit 2,
 /// one line pointing to `--help`, like clap's own errors.
 #[tokio::test]
@@ -105,6 +207,15 @@ async fn bad_url_and_unknown_scenario_exit_2() {
     let out = probe("not a url", &[]).await;
     assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
     assert!(stderr(&out).contains("conntrace probe --help"));
+    // A mistyped URL is echoed without its secrets.
+    let out = probe(
+        "https://S3CRETu:S3CRETp@localhost:99999/?token=S3CRETt&x=1#access_token=S3CRETf",
+        &[],
+    )
+    .await;
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(stderr(&out).contains("token=REDACTED"), "{}", stderr(&out));
+    assert!(!stderr(&out).contains("S3CRET"), "{}", stderr(&out));
     let mut cmd = conntrace();
     cmd.args(["lab", "no-such-scenario"]);
     let out = run(cmd).await;

@@ -704,3 +704,94 @@ async fn view_reads_collector_json_lines_and_rejects_other_files() {
     assert_eq!(out.status.code(), Some(1));
     assert!(!dir.path().join("x.html").exists(), "no page for bad input");
 }
+
+/// `conntrace view` of a file another exporter wrote with a URL's secrets
+/// in clear (in `url.full`, another attribute, an event, a link, the status
+/// message and the span name): the page holds none of them, and the URLs
+/// are still there, redacted.
+#[tokio::test]
+async fn view_redacts_urls_in_files_written_by_others() {
+    const MARK: &str = "S3CRETv";
+    let dir = tempfile::tempdir().expect("tempdir");
+    let url = format!(
+        "https://{MARK}u:{MARK}p@api.example/x?X-Amz-Signature={MARK}1&Token={MARK}2&page=3"
+    );
+    let s = |v: &str| serde_json::json!({ "stringValue": v });
+    let request = serde_json::json!({
+        "traceId": "5b8efff798038103d269b633813fc60c",
+        "spanId": "eee19b7ec3c1b174",
+        "name": format!("GET {url}"),
+        "kind": 3,
+        "startTimeUnixNano": "1544712660000000000",
+        "endTimeUnixNano": "1544712661000000000",
+        "attributes": [
+            {"key": "http.request.method", "value": s("GET")},
+            {"key": "url.full", "value": s(&url)},
+            {"key": "http.url", "value": s(&url)},
+            {"key": "http.connection.miss_reason", "value": s("cold")},
+        ],
+        "events": [{
+            "timeUnixNano": "1544712660500000000",
+            "name": "exception",
+            "attributes": [{"key": "exception.message", "value": s(&format!("error for url ({url})"))}],
+        }],
+        "links": [{
+            "traceId": "5b8efff798038103d269b633813fc60c",
+            "spanId": "eee19b7ec3c1b175",
+            "attributes": [{"key": "from", "value": s(&url)}],
+        }],
+        "status": {"code": 2, "message": format!("error sending request for url ({url})")},
+    });
+    let doc = serde_json::json!({"resourceSpans": [{"resource": {"attributes": []},
+        "scopeSpans": [{"scope": {"name": "reqwest-tracing"}, "spans": [request]}]}]});
+    let file = dir.path().join("other.json");
+    std::fs::write(&file, doc.to_string()).expect("write");
+    let page = dir.path().join("other.html");
+    let mut cmd = conntrace();
+    cmd.arg("view").arg(&file).arg("--html").arg(&page);
+    let out = run(cmd).await;
+    assert!(out.status.success(), "view failed: {}", stderr(&out));
+    let html = std::fs::read_to_string(&page).expect("page");
+    assert!(!html.contains(MARK), "the page leaks a secret");
+    assert!(
+        html.contains("X-Amz-Signature=REDACTED&Token=REDACTED&page=3"),
+        "the URLs are on the page, redacted"
+    );
+    assert!(!stderr(&out).contains(MARK), "{}", stderr(&out));
+}
+
+/// A page never overwrites its own input: `view F --html F`, and `probe
+/// --html F --traces-out F` (or the metrics file beside it), are bad
+/// command lines (exit 2), refused before anything is written or sent.
+#[tokio::test]
+async fn html_page_refuses_to_overwrite_its_traces() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let lines =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/cli/collector-file-exporter.jsonl");
+    let traces = dir.path().join("traces.json");
+    std::fs::copy(&lines, &traces).expect("copy");
+    let before = std::fs::read(&traces).expect("read");
+    let mut cmd = conntrace();
+    cmd.arg("view").arg(&traces).arg("--html").arg(&traces);
+    let out = run(cmd).await;
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(stderr(&out).contains("same file"), "{}", stderr(&out));
+    assert_eq!(std::fs::read(&traces).expect("read"), before, "input kept");
+
+    let server = TestServer::builder().start().await.expect("server");
+    let new = dir.path().join("run.json");
+    let metrics = dir.path().join("run.metrics.json");
+    for page in [&new, &metrics] {
+        let mut cmd = conntrace();
+        cmd.args(["probe", &server.url("/"), "--requests", "1"])
+            .arg("--traces-out")
+            .arg(&new)
+            .arg("--html")
+            .arg(page);
+        let out = run(cmd).await;
+        assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+        assert!(stderr(&out).contains("same file"), "{}", stderr(&out));
+        assert!(!new.exists(), "nothing written");
+    }
+    assert_eq!(server.accepted_connections(), 0, "no request sent");
+}
