@@ -3,6 +3,7 @@
 //! the docker-compose stack's configuration (`deploy`).
 
 mod contract;
+mod cost;
 mod deploy;
 mod fanout;
 mod kernel;

@@ -20,11 +20,17 @@ use crate::semconv;
 /// Attributes the response to the connection that carried it and records the
 /// pool attributes on `span`. Returns `None` when the response carries no
 /// `HttpInfo` or the connection is unknown to this handle.
+///
+/// Never waits: when this request's miss reason still waits on the kernel's
+/// answer (was the idle connection closed by the server?), `miss_deferred`
+/// is set and the reason is recorded when the request ends
+/// ([`RequestEnd::finish`]).
 pub(crate) fn attribute_response(
     inner: &Inner,
     state: &RequestState,
     span: &tracing::Span,
     info: Option<&HttpInfo>,
+    miss_deferred: &mut bool,
 ) -> Option<(ConnectionUse, Arc<ConnectionRecord>)> {
     let Some(info) = info else {
         state.finish(Fate::NoResponse);
@@ -68,6 +74,7 @@ pub(crate) fn attribute_response(
     // (on a spawned task, after the previous body ended) served it at once.
     let own_miss = state.miss();
     let idle_hit = reused && wait.is_zero() && own_miss.is_none();
+    *miss_deferred = own_miss.as_ref().is_some_and(|m| !m.is_settled());
     let miss_reason = (!idle_hit).then(|| {
         own_miss
             .map(|m| m.get())
@@ -91,14 +98,10 @@ pub(crate) fn attribute_response(
     if let Some(idle) = idle {
         span.set_attribute(semconv::HTTP_CONNECTION_IDLE_TIME, secs(idle));
     }
-    if let Some(reason) = miss_reason {
-        span.set_attribute(semconv::HTTP_CONNECTION_MISS_REASON, reason.as_str());
-        let mut attributes = state.host.attributes();
-        attributes.push(KeyValue::new(
-            semconv::HTTP_CONNECTION_MISS_REASON,
-            reason.as_str(),
-        ));
-        inner.metrics.pool_misses.add(1, &attributes);
+    if let Some(reason) = miss_reason
+        && !*miss_deferred
+    {
+        record_miss(inner, state, span, reason);
     }
     if let Some(advice) = inner.load.on_response(
         &state.host,
@@ -166,6 +169,18 @@ pub(crate) fn attribute_response(
     Some((usage, record))
 }
 
+/// `http.connection.miss_reason` on the request span, and one more
+/// `http.client.pool.misses`.
+fn record_miss(inner: &Inner, state: &RequestState, span: &tracing::Span, reason: MissReason) {
+    span.set_attribute(semconv::HTTP_CONNECTION_MISS_REASON, reason.as_str());
+    let mut attributes = state.host.attributes();
+    attributes.push(KeyValue::new(
+        semconv::HTTP_CONNECTION_MISS_REASON,
+        reason.as_str(),
+    ));
+    inner.metrics.pool_misses.add(1, &attributes);
+}
+
 /// A request failed with the connection closed under it (`error.type =
 /// connection_reset`) without calling the connector: it went out on a pooled
 /// connection, which the server had closed (a keep-alive race). Records that
@@ -213,6 +228,12 @@ pub(crate) struct RequestEnd {
     pub(crate) body_size: u64,
     /// `network.protocol.version` of the response.
     pub(crate) protocol_version: Option<&'static str>,
+    /// The miss reason was not known when the response arrived: record it
+    /// at the end (see [`attribute_response`]).
+    pub(crate) miss_deferred: bool,
+    /// The span records (an OpenTelemetry span, sampled): span attributes
+    /// are built only then. Default: `true`.
+    pub(crate) recording: bool,
     /// `http.request.method`, `server.address`, `server.port`, `url.scheme`.
     base_attributes: Vec<KeyValue>,
     finished: bool,
@@ -265,6 +286,8 @@ impl RequestEnd {
             connection: None,
             body_size: 0,
             protocol_version: None,
+            miss_deferred: false,
+            recording: true,
             base_attributes,
             finished: false,
         }
@@ -272,9 +295,11 @@ impl RequestEnd {
 
     /// Records an error on the span.
     pub(crate) fn fail(&mut self, error_type: &str, message: String) {
-        self.span
-            .set_attribute(semconv::ERROR_TYPE, error_type.to_owned());
-        self.span.set_status(Status::error(message));
+        if self.recording {
+            self.span
+                .set_attribute(semconv::ERROR_TYPE, error_type.to_owned());
+            self.span.set_status(Status::error(message));
+        }
         self.error_type = Some(error_type.to_owned());
     }
 
@@ -294,9 +319,20 @@ impl RequestEnd {
                 );
             }
             self.state.finish(Fate::NoResponse);
-        } else {
+        } else if self.recording {
             self.span
                 .set_attribute(semconv::HTTP_RESPONSE_BODY_SIZE, self.body_size as i64);
+        }
+        if self.miss_deferred
+            && let Some(reason) = self.state.miss().map(|m| m.get())
+        {
+            // The kernel's answer, or the fallback if it has not come yet.
+            let none = tracing::Span::none();
+            let span = if self.recording { &self.span } else { &none };
+            record_miss(&self.inner, &self.state, span, reason);
+            if let Some((usage, _)) = &mut self.connection {
+                usage.miss_reason = Some(reason);
+            }
         }
         if let Some((_, record)) = &self.connection {
             record.give_back();
@@ -319,7 +355,17 @@ impl RequestEnd {
             }
         }
         self.record_metrics(now);
-        let report = RequestReport {
+        if let Some(callback) = &self.inner.on_request_end {
+            callback.on_request_end(&self.report(kind, now));
+        }
+        // Release our handle so the span ends now (end of body), not when
+        // the response value is dropped later.
+        self.span = tracing::Span::none();
+    }
+
+    /// The [`RequestReport`] of the request ending at `now`.
+    fn report(&self, kind: EndKind, now: Instant) -> RequestReport {
+        RequestReport {
             method: self.method.clone(),
             url: self.url.clone(),
             started: self.state.started,
@@ -332,11 +378,7 @@ impl RequestEnd {
             body_size: self.body_size,
             body_complete: kind == EndKind::Complete,
             connection: self.connection.as_ref().map(|(u, _)| u.clone()),
-        };
-        self.inner.on_request_end.on_request_end(&report);
-        // Release our handle so the span ends now (end of body), not when
-        // the response value is dropped later.
-        self.span = tracing::Span::none();
+        }
     }
 }
 

@@ -17,7 +17,7 @@ use crate::kernel::{KernelLookup, KernelView};
 use crate::metrics::Metrics;
 use crate::pool::PoolHistory;
 use crate::registry::{ConnectionRecord, Registry};
-use crate::report::{DefaultOnRequestEnd, OnRequestEnd};
+use crate::report::OnRequestEnd;
 use crate::semconv;
 
 /// Process-wide connection ids, so that ids from several handles never clash.
@@ -83,7 +83,8 @@ pub(crate) struct Inner {
     clients_built: AtomicU64,
     pub(crate) clock: Clock,
     tracer: TracerSource,
-    pub(crate) on_request_end: Box<dyn OnRequestEnd>,
+    /// `None` for [`DefaultOnRequestEnd`]: no report is built.
+    pub(crate) on_request_end: Option<Box<dyn OnRequestEnd>>,
 }
 
 fn scope() -> InstrumentationScope {
@@ -281,7 +282,7 @@ pub struct ConnTraceBuilder {
     meter: Option<Meter>,
     advice_interval: Duration,
     capacity: usize,
-    on_request_end: Box<dyn OnRequestEnd>,
+    on_request_end: Option<Box<dyn OnRequestEnd>>,
 }
 
 impl std::fmt::Debug for ConnTraceBuilder {
@@ -299,7 +300,7 @@ impl Default for ConnTraceBuilder {
             meter: None,
             advice_interval: DEFAULT_POOL_ADVICE_INTERVAL,
             capacity: DEFAULT_REGISTRY_CAPACITY,
-            on_request_end: Box::new(DefaultOnRequestEnd),
+            on_request_end: None,
         }
     }
 }
@@ -345,9 +346,9 @@ impl ConnTraceBuilder {
     }
 
     /// Called with a [`RequestReport`](crate::RequestReport) when each request
-    /// ends. Default: [`DefaultOnRequestEnd`] (nothing).
+    /// ends. Default: [`DefaultOnRequestEnd`](crate::DefaultOnRequestEnd) (nothing, and no report is built).
     pub fn on_request_end(mut self, callback: impl OnRequestEnd) -> Self {
-        self.on_request_end = Box::new(callback);
+        self.on_request_end = Some(Box::new(callback));
         self
     }
 

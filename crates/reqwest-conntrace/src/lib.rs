@@ -70,6 +70,7 @@ mod redact;
 mod registry;
 mod report;
 mod request;
+mod sampling;
 pub mod semconv;
 mod setup;
 mod tcp;
@@ -93,4 +94,6 @@ pub use redact::redact_url;
 pub use report::{
     ConnectionSetup, ConnectionUse, DefaultOnRequestEnd, OnRequestEnd, RequestReport, TlsVersion,
 };
+pub use sampling::KeepConnectionSetups;
+pub use tcp::wait_for_pending_spans;
 pub use tls::TlsSettings;

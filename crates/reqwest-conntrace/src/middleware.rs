@@ -185,10 +185,6 @@ impl<F: Future> Future for Scoped<F> {
     }
 }
 
-/// Longest a response waits for its miss reason (the kernel's answer about
-/// the previous idle connection, asked when the connect started).
-const MISS_REASON_WAIT: std::time::Duration = std::time::Duration::from_millis(50);
-
 fn default_port(scheme: &str) -> u16 {
     match scheme {
         "https" => 443,
@@ -215,8 +211,15 @@ impl<M: MakeRequestSpan> Middleware for ConnTraceMiddleware<M> {
             None => String::new(),
         };
         let port = url.port().unwrap_or_else(|| default_port(&scheme));
-        let full = redact_url(url);
-        if records_http {
+        // Span attributes are built only for a span that records (nothing
+        // installed, or not sampled: none), `url.full` also for a report.
+        let recording = records(&span);
+        let full = if recording || inner.on_request_end.is_some() {
+            redact_url(url)
+        } else {
+            String::new()
+        };
+        if records_http && recording {
             let method = req.method().as_str();
             if is_known_method(method) {
                 span.set_attribute(semconv::HTTP_REQUEST_METHOD, method.to_owned());
@@ -241,6 +244,7 @@ impl<M: MakeRequestSpan> Middleware for ConnTraceMiddleware<M> {
             req.method().clone(),
             full,
         );
+        end.recording = recording;
         let result = Scoped {
             inner: next.run(req, extensions),
             state: state.clone(),
@@ -253,7 +257,7 @@ impl<M: MakeRequestSpan> Middleware for ConnTraceMiddleware<M> {
             Ok(response) => {
                 let status = response.status();
                 end.status = Some(status.as_u16());
-                if records_http {
+                if records_http && recording {
                     span.set_attribute(
                         semconv::HTTP_RESPONSE_STATUS_CODE,
                         i64::from(status.as_u16()),
@@ -266,28 +270,30 @@ impl<M: MakeRequestSpan> Middleware for ConnTraceMiddleware<M> {
                     http::Version::HTTP_3 => "3",
                     _ => "1.1",
                 };
-                span.set_attribute(semconv::NETWORK_PROTOCOL_VERSION, version);
+                if recording {
+                    span.set_attribute(semconv::NETWORK_PROTOCOL_VERSION, version);
+                }
                 end.protocol_version = Some(version);
                 if status.is_client_error() || status.is_server_error() {
                     end.fail(status.as_str(), format!("HTTP status {status}"));
                 }
-                // A miss whose reason waits on the kernel's answer (was the
-                // idle connection closed by the server?): bounded wait.
-                if let Some(miss) = state.miss() {
-                    miss.settled(MISS_REASON_WAIT).await;
-                }
+                // Never waits: a miss whose reason still waits on the
+                // kernel's answer is recorded when the request ends.
+                let none = tracing::Span::none();
                 end.connection = attribute_response(
                     &inner,
                     &state,
-                    &span,
+                    if recording { &span } else { &none },
                     response.extensions().get::<HttpInfo>(),
+                    &mut end.miss_deferred,
                 );
                 Ok(wrap_body(response, end))
             }
             Err(error) => {
                 let error_type = classify(&error);
                 if error_type == semconv::ERROR_TYPE_CONNECTION_RESET {
-                    attribute_failure(&inner, &state, &span);
+                    let none = tracing::Span::none();
+                    attribute_failure(&inner, &state, if recording { &span } else { &none });
                 }
                 end.fail(error_type, error_chain_text(&error));
                 end.finish(EndKind::Failed);
@@ -295,6 +301,13 @@ impl<M: MakeRequestSpan> Middleware for ConnTraceMiddleware<M> {
             }
         }
     }
+}
+
+/// Whether `span` is an OpenTelemetry span that records (the
+/// `tracing-opentelemetry` layer made it and the sampler kept it).
+fn records(span: &tracing::Span) -> bool {
+    use opentelemetry::trace::TraceContextExt;
+    !span.is_disabled() && span.context().span().is_recording()
 }
 
 /// Moves the response body into a [`TracedBody`] that ends the request.

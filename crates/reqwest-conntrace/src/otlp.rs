@@ -8,7 +8,10 @@
 //!   for gRPC, `http://localhost:4318` for HTTP), `OTEL_EXPORTER_OTLP_TIMEOUT`,
 //!   `OTEL_EXPORTER_OTLP_HEADERS`, `OTEL_SERVICE_NAME`,
 //!   `OTEL_RESOURCE_ATTRIBUTES`, `OTEL_TRACES_SAMPLER` and
-//!   `OTEL_TRACES_SAMPLER_ARG`. Read here: `OTEL_EXPORTER_OTLP_PROTOCOL` /
+//!   `OTEL_TRACES_SAMPLER_ARG` (that sampler decides every span but the
+//!   connection setups, which [`KeepConnectionSetups`](crate::KeepConnectionSetups)
+//!   always keeps: a setup whose request is not sampled becomes the root of
+//!   its own trace, linked to the request). Read here: `OTEL_EXPORTER_OTLP_PROTOCOL` /
 //!   `OTEL_EXPORTER_OTLP_TRACES_PROTOCOL`: `grpc` (default) or
 //!   `http/protobuf` (OTLP exporter spec, OpenTelemetry specification 1.x;
 //!   for `http/protobuf` the `ring` rustls provider is installed process-wide
@@ -61,6 +64,10 @@ pub enum OtlpError {
     Export(String),
 }
 
+/// Longest a flush waits for connection spans still ending
+/// ([`wait_for_pending_spans`](crate::wait_for_pending_spans)).
+const PENDING_SPANS_WAIT: Duration = Duration::from_secs(2);
+
 /// Keeps the pipeline alive; flushes and shuts the tracer and meter
 /// providers down when dropped (errors are then ignored: call
 /// [`shutdown`](Self::shutdown) to see them).
@@ -85,11 +92,15 @@ impl OtlpGuard {
         self.meter_provider.as_ref()
     }
 
-    /// Exports every span ended so far and the current metric values.
+    /// Exports every span ended so far and the current metric values,
+    /// after waiting (at most 2 s) for connection spans still waiting for
+    /// the kernel's answer ([`wait_for_pending_spans`](crate::wait_for_pending_spans)).
     ///
     /// # Errors
     /// [`OtlpError::Export`] when the collector did not take them.
     pub fn flush(&self) -> Result<(), OtlpError> {
+        // Connection spans still waiting for the kernel's answer end first.
+        crate::wait_for_pending_spans(PENDING_SPANS_WAIT);
         let spans = match &self.provider {
             Some(p) => p
                 .force_flush()
@@ -311,6 +322,7 @@ where
     });
     let provider = SdkTracerProvider::builder()
         .with_resource(resource)
+        .with_sampler(crate::KeepConnectionSetups::from_env())
         .with_batch_exporter(exporter)
         .build();
     opentelemetry::global::set_text_map_propagator(

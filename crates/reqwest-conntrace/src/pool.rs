@@ -11,7 +11,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use opentelemetry::KeyValue;
 
@@ -236,7 +236,6 @@ pub(crate) struct MissSlot {
     reason: OnceLock<MissReason>,
     /// Used if the kernel has not answered in time.
     fallback: MissReason,
-    ready: tokio::sync::Notify,
 }
 
 impl MissSlot {
@@ -250,13 +249,11 @@ impl MissSlot {
         Self {
             reason: OnceLock::new(),
             fallback,
-            ready: tokio::sync::Notify::new(),
         }
     }
 
     pub(crate) fn set(&self, reason: MissReason) {
         let _ = self.reason.set(reason);
-        self.ready.notify_waiters();
     }
 
     /// The reason, or the fallback if it is not known yet.
@@ -264,17 +261,8 @@ impl MissSlot {
         self.reason.get().copied().unwrap_or(self.fallback)
     }
 
-    /// Waits up to `timeout` for the reason, then returns what is known.
-    pub(crate) async fn settled(&self, timeout: Duration) -> MissReason {
-        if let Some(r) = self.reason.get() {
-            return *r;
-        }
-        let notified = self.ready.notified();
-        tokio::pin!(notified);
-        notified.as_mut().enable();
-        if self.reason.get().is_none() {
-            let _ = tokio::time::timeout(timeout, notified).await;
-        }
-        self.get()
+    /// Whether the reason is known (decided at once, or the kernel answered).
+    pub(crate) fn is_settled(&self) -> bool {
+        self.reason.get().is_some()
     }
 }
