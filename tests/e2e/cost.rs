@@ -9,6 +9,7 @@ use std::time::Duration;
 use conntrace_lab::{HttpVersions, OtlpReceiver, ReceivedSpan, TestPki, TestServer, TlsVersions};
 use futures::StreamExt;
 use opentelemetry::trace::TraceContextExt;
+use opentelemetry_otlp::WithExportConfig;
 use opentelemetry_sdk::trace::{Sampler, SdkTracerProvider};
 use reqwest_conntrace::{ConnTrace, KeepConnectionSetups, otlp, semconv};
 use tracing_opentelemetry::OpenTelemetrySpanExt;
@@ -55,7 +56,9 @@ fn named<'a>(spans: &'a [ReceivedSpan], name: &str) -> Vec<&'a ReceivedSpan> {
 /// holds every request span and every connection's setup, `tcp.connect`
 /// and `tls.handshake` span. `tcp.connect` ends when the kernel's answer
 /// arrives on the sock_diag thread, possibly after its response: the
-/// flush waits for it.
+/// flush waits for it (that wait, behind a slow kernel lookup, is proven
+/// deterministically by the unit test in `tcp.rs`; here the whole path is
+/// checked end to end).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_flush_delivers_every_span_of_churned_connections() {
     const CONNECTIONS: usize = 150;

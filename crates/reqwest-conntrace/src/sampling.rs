@@ -29,7 +29,7 @@
 //! signal. See `docs/ARCHITECTURE.md` for the trade-off against tail
 //! sampling in the collector.
 
-use opentelemetry::trace::{Link, SpanKind, TraceContextExt, TraceId, TraceState};
+use opentelemetry::trace::{Link, SpanKind, TraceContextExt, TraceId};
 use opentelemetry::{Context, KeyValue};
 use opentelemetry_sdk::trace::{SamplingDecision, SamplingResult, ShouldSample};
 
@@ -113,9 +113,7 @@ impl ShouldSample for KeepConnectionSetups {
             return SamplingResult {
                 decision: SamplingDecision::RecordAndSample,
                 attributes: Vec::new(),
-                trace_state: parent
-                    .map(|p| p.trace_state().clone())
-                    .unwrap_or_else(TraceState::default),
+                trace_state: parent.map(|p| p.trace_state().clone()).unwrap_or_default(),
             };
         }
         self.inner
