@@ -37,10 +37,18 @@ pub(crate) fn attribute_response(
         return None;
     };
     let (local, remote) = (info.local_addr(), info.remote_addr());
-    span.set_attribute(semconv::NETWORK_PEER_ADDRESS, remote.ip().to_string());
-    span.set_attribute(semconv::NETWORK_PEER_PORT, i64::from(remote.port()));
-    span.set_attribute(semconv::NETWORK_LOCAL_PORT, i64::from(local.port()));
+    let recording = !span.is_none();
+    let mut attributes = Vec::new();
+    if recording {
+        attributes.reserve(9);
+        attributes.extend([
+            KeyValue::new(semconv::NETWORK_PEER_ADDRESS, remote.ip().to_string()),
+            KeyValue::new(semconv::NETWORK_PEER_PORT, i64::from(remote.port())),
+            KeyValue::new(semconv::NETWORK_LOCAL_PORT, i64::from(local.port())),
+        ]);
+    }
     let Some(record) = inner.registry.get(local, remote) else {
+        set_attributes(span, attributes);
         state.finish(Fate::NoResponse);
         return None;
     };
@@ -90,14 +98,22 @@ pub(crate) fn attribute_response(
             })
     });
 
-    span.set_attribute(semconv::HTTP_CONNECTION_REUSED, reused);
-    span.set_attribute(semconv::HTTP_CONNECTION_ID, record.id() as i64);
-    span.set_attribute(semconv::HTTP_CONNECTION_WAIT_TIME, secs(wait));
-    span.set_attribute(semconv::HTTP_CONNECTION_REQUEST_COUNT, request_count as i64);
-    span.set_attribute(semconv::HTTP_CONNECTION_AGE, secs(age));
-    if let Some(idle) = idle {
-        span.set_attribute(semconv::HTTP_CONNECTION_IDLE_TIME, secs(idle));
+    if recording {
+        attributes.extend([
+            KeyValue::new(semconv::HTTP_CONNECTION_REUSED, reused),
+            KeyValue::new(semconv::HTTP_CONNECTION_ID, record.id() as i64),
+            KeyValue::new(semconv::HTTP_CONNECTION_WAIT_TIME, secs(wait)),
+            KeyValue::new(semconv::HTTP_CONNECTION_REQUEST_COUNT, request_count as i64),
+            KeyValue::new(semconv::HTTP_CONNECTION_AGE, secs(age)),
+        ]);
+        if let Some(idle) = idle {
+            attributes.push(KeyValue::new(
+                semconv::HTTP_CONNECTION_IDLE_TIME,
+                secs(idle),
+            ));
+        }
     }
+    set_attributes(span, attributes);
     if let Some(reason) = miss_reason
         && !*miss_deferred
     {
@@ -167,6 +183,18 @@ pub(crate) fn attribute_response(
         setup: record.setup.clone(),
     };
     Some((usage, record))
+}
+
+/// Sets `attributes` on `span`'s OpenTelemetry span in one call (one lock
+/// of the span) rather than one `set_attribute` dispatch through the
+/// subscriber each. `span` is already built: the middleware asked for its
+/// context to know whether it records.
+pub(crate) fn set_attributes(span: &tracing::Span, attributes: Vec<KeyValue>) {
+    use opentelemetry::trace::TraceContextExt;
+    if span.is_none() || attributes.is_empty() {
+        return;
+    }
+    span.context().span().set_attributes(attributes);
 }
 
 /// `http.connection.miss_reason` on the request span, and one more

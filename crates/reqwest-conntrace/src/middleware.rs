@@ -9,13 +9,16 @@ use std::time::Instant;
 
 use http::Extensions;
 use hyper_util::client::legacy::connect::HttpInfo;
+use opentelemetry::KeyValue;
 use pin_project_lite::pin_project;
 use reqwest::{Request, Response, ResponseBuilderExt};
 use reqwest_middleware::{Middleware, Next, Result};
 use tracing::Instrument;
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 
-use crate::attribution::{EndKind, RequestEnd, attribute_failure, attribute_response};
+use crate::attribution::{
+    EndKind, RequestEnd, attribute_failure, attribute_response, set_attributes,
+};
 use crate::body::TracedBody;
 use crate::error::{classify, error_chain_text};
 use crate::handle::ConnTrace;
@@ -221,16 +224,26 @@ impl<M: MakeRequestSpan> Middleware for ConnTraceMiddleware<M> {
         };
         if records_http && recording {
             let method = req.method().as_str();
+            let mut attributes = Vec::with_capacity(6);
             if is_known_method(method) {
-                span.set_attribute(semconv::HTTP_REQUEST_METHOD, method.to_owned());
+                attributes.push(KeyValue::new(
+                    semconv::HTTP_REQUEST_METHOD,
+                    method.to_owned(),
+                ));
             } else {
-                span.set_attribute(semconv::HTTP_REQUEST_METHOD, "_OTHER");
-                span.set_attribute(semconv::HTTP_REQUEST_METHOD_ORIGINAL, method.to_owned());
+                attributes.push(KeyValue::new(semconv::HTTP_REQUEST_METHOD, "_OTHER"));
+                attributes.push(KeyValue::new(
+                    semconv::HTTP_REQUEST_METHOD_ORIGINAL,
+                    method.to_owned(),
+                ));
             }
-            span.set_attribute(semconv::URL_FULL, full.clone());
-            span.set_attribute(semconv::URL_SCHEME, scheme.clone());
-            span.set_attribute(semconv::SERVER_ADDRESS, host.clone());
-            span.set_attribute(semconv::SERVER_PORT, i64::from(port));
+            attributes.extend([
+                KeyValue::new(semconv::URL_FULL, full.clone()),
+                KeyValue::new(semconv::URL_SCHEME, scheme.clone()),
+                KeyValue::new(semconv::SERVER_ADDRESS, host.clone()),
+                KeyValue::new(semconv::SERVER_PORT, i64::from(port)),
+            ]);
+            set_attributes(&span, attributes);
         }
 
         let state = Arc::new(RequestState::new(
@@ -257,11 +270,12 @@ impl<M: MakeRequestSpan> Middleware for ConnTraceMiddleware<M> {
             Ok(response) => {
                 let status = response.status();
                 end.status = Some(status.as_u16());
+                let mut attributes = Vec::new();
                 if records_http && recording {
-                    span.set_attribute(
+                    attributes.push(KeyValue::new(
                         semconv::HTTP_RESPONSE_STATUS_CODE,
                         i64::from(status.as_u16()),
-                    );
+                    ));
                 }
                 let version = match response.version() {
                     http::Version::HTTP_09 => "0.9",
@@ -271,7 +285,8 @@ impl<M: MakeRequestSpan> Middleware for ConnTraceMiddleware<M> {
                     _ => "1.1",
                 };
                 if recording {
-                    span.set_attribute(semconv::NETWORK_PROTOCOL_VERSION, version);
+                    attributes.push(KeyValue::new(semconv::NETWORK_PROTOCOL_VERSION, version));
+                    set_attributes(&span, attributes);
                 }
                 end.protocol_version = Some(version);
                 if status.is_client_error() || status.is_server_error() {

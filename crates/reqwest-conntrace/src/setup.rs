@@ -202,7 +202,11 @@ pub(crate) fn emit_phases(
     let mut address_fallback = false;
     let mut address_known = false;
     let mut tcp_pending = None;
-    let tcp_facts = Arc::new(OnceLock::new());
+    // Kept for the connection's report only: nothing per connection otherwise.
+    let tcp_facts = inner
+        .on_request_end
+        .is_some()
+        .then(|| Arc::new(OnceLock::new()));
     if !dns_failed {
         let tcp_end = tunnel_start.or(phases.tls_started).unwrap_or(end);
         tcp_duration = tcp_end.saturating_duration_since(tcp_start);

@@ -22,8 +22,9 @@ pub(crate) struct TcpSpanEnd {
     /// SYN retransmissions the phase's duration implies (0 when the winner
     /// was not the first address tried: its SYN clock started later).
     pub(crate) syn_by_timing: usize,
-    /// Where the kernel's facts go for the connection's report.
-    pub(crate) facts: Arc<OnceLock<TcpFacts>>,
+    /// Where the kernel's facts go for the connection's report, when a
+    /// report wants them (else the span alone carries them).
+    pub(crate) facts: Option<Arc<OnceLock<TcpFacts>>>,
     /// Counts the span as not ended yet, for [`wait_for_pending_spans`].
     pub(crate) _pending: PendingEnd,
 }
@@ -119,7 +120,9 @@ impl TcpSpanEnd {
                 i64::from(info.total_retransmits),
             ));
             syn = syn.min(info.total_retransmits as usize);
-            let _ = self.facts.set(facts.clone());
+            if let Some(kept) = &self.facts {
+                let _ = kept.set(facts.clone());
+            }
         }
         if syn > 0 {
             span.set_attribute(KeyValue::new(
@@ -189,7 +192,7 @@ mod tests {
             start: now,
             end: now,
             syn_by_timing: 0,
-            facts: Arc::new(OnceLock::new()),
+            facts: None,
             _pending: PendingEnd::new(),
         };
         let view = KernelView::new();
