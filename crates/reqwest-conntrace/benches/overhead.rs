@@ -26,7 +26,7 @@
 //! connections, after flushing the exporters. Each figure is the median of
 //! the rounds, which run interleaved.
 //!
-//! Run: `cargo bench -p reqwest-conntrace --bench overhead`
+//! Run: `cargo bench -p reqwest-conntrace --features otlp --bench overhead`
 //! (`CONNTRACE_BENCH_SCALE=0.2` for a quick pass, `CONNTRACE_BENCH_ROUNDS`
 //! for the number of rounds, default 3).
 
