@@ -122,7 +122,8 @@ pub(crate) fn attribute_response(
     if let Some(advice) = inner.load.on_response(
         &state.host,
         record.client.max_idle_per_host,
-        miss_reason == Some(MissReason::AllBusy),
+        // A reason still waiting for the kernel is not counted as forced.
+        miss_reason == Some(MissReason::AllBusy) && !*miss_deferred,
         now,
     ) {
         span.add_event(
