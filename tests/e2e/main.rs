@@ -5,6 +5,7 @@
 mod attribution;
 mod collector_faults;
 mod contract;
+mod cost;
 mod deploy;
 mod dropin;
 mod fanout;

@@ -66,6 +66,17 @@ async fn metrics_count_hits_misses_and_connections_with_bounded_attributes() {
         "the burst opened connections beyond the first"
     );
 
+    // Closes are learnt from the kernel's answers on the sock_diag thread,
+    // after the responses (nothing waits for them): wait for the first.
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while t
+        .metric(semconv::HTTP_CLIENT_CONNECTION_DURATION)
+        .is_empty()
+        && std::time::Instant::now() < deadline
+    {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
     // Names, units, kinds and the attribute contract (contract.rs).
     for m in OTEL_METRICS {
         let points = t.metric(m.name);

@@ -23,22 +23,36 @@ use crate::semconv;
 /// pool attributes on `span`. Returns `None` when the response carries no
 /// `HttpInfo` or the connection is unknown to this handle. `headers` are
 /// the response's (`Connection: close`, `Keep-Alive: timeout=N`).
+///
+/// Never waits: when this request's miss reason still waits on the kernel's
+/// answer (was the idle connection closed by the server?), `miss_deferred`
+/// is set and the reason is recorded when the request ends
+/// ([`RequestEnd::finish`]).
 pub(crate) fn attribute_response(
     inner: &Inner,
     state: &RequestState,
     span: &tracing::Span,
     info: Option<&HttpInfo>,
     headers: &http::HeaderMap,
+    miss_deferred: &mut bool,
 ) -> Option<(ConnectionUse, Arc<ConnectionRecord>)> {
     let Some(info) = info else {
         state.finish(Fate::NoResponse);
         return None;
     };
     let (local, remote) = (info.local_addr(), info.remote_addr());
-    span.set_attribute(semconv::NETWORK_PEER_ADDRESS, remote.ip().to_string());
-    span.set_attribute(semconv::NETWORK_PEER_PORT, i64::from(remote.port()));
-    span.set_attribute(semconv::NETWORK_LOCAL_PORT, i64::from(local.port()));
+    let recording = !span.is_none();
+    let mut attributes = Vec::new();
+    if recording {
+        attributes.reserve(9);
+        attributes.extend([
+            KeyValue::new(semconv::NETWORK_PEER_ADDRESS, remote.ip().to_string()),
+            KeyValue::new(semconv::NETWORK_PEER_PORT, i64::from(remote.port())),
+            KeyValue::new(semconv::NETWORK_LOCAL_PORT, i64::from(local.port())),
+        ]);
+    }
     let Some(record) = inner.registry.get(local, remote) else {
+        set_attributes(span, attributes);
         // Every connection of an instrumented client went through the
         // connector layer: one the registry lacks was refused at its cap
         // (or forgotten after an inferred close).
@@ -86,6 +100,7 @@ pub(crate) fn attribute_response(
     // that connect's miss (even when a freed connection served it first);
     // one served by a connection set up for another request (HTTP/2
     // waiters) carries that connection's miss.
+    *miss_deferred = state.miss().is_some_and(|m| !m.is_settled());
     let miss = (!idle_hit).then(|| {
         own_miss
             .or_else(|| record.miss.as_ref().map(|m| m.get()))
@@ -96,15 +111,25 @@ pub(crate) fn attribute_response(
     });
     let miss_reason = miss.map(|m| m.reason);
 
-    span.set_attribute(semconv::HTTP_CONNECTION_REUSED, reused);
-    span.set_attribute(semconv::HTTP_CONNECTION_ID, record.id() as i64);
-    span.set_attribute(semconv::HTTP_CONNECTION_WAIT_TIME, secs(wait));
-    span.set_attribute(semconv::HTTP_CONNECTION_REQUEST_COUNT, request_count as i64);
-    span.set_attribute(semconv::HTTP_CONNECTION_AGE, secs(age));
-    if let Some(idle) = idle {
-        span.set_attribute(semconv::HTTP_CONNECTION_IDLE_TIME, secs(idle));
+    if recording {
+        attributes.extend([
+            KeyValue::new(semconv::HTTP_CONNECTION_REUSED, reused),
+            KeyValue::new(semconv::HTTP_CONNECTION_ID, record.id() as i64),
+            KeyValue::new(semconv::HTTP_CONNECTION_WAIT_TIME, secs(wait)),
+            KeyValue::new(semconv::HTTP_CONNECTION_REQUEST_COUNT, request_count as i64),
+            KeyValue::new(semconv::HTTP_CONNECTION_AGE, secs(age)),
+        ]);
+        if let Some(idle) = idle {
+            attributes.push(KeyValue::new(
+                semconv::HTTP_CONNECTION_IDLE_TIME,
+                secs(idle),
+            ));
+        }
     }
-    if let Some(miss) = miss {
+    set_attributes(span, attributes);
+    if let Some(miss) = miss
+        && !*miss_deferred
+    {
         record_miss(inner, state, span, &miss);
     }
     record_server_keep_alive(span, &record, headers);
@@ -118,7 +143,8 @@ pub(crate) fn attribute_response(
     if let Some(advice) = inner.load.on_response(
         &state.host,
         record.client.max_idle_per_host,
-        miss_reason == Some(MissReason::AllBusy),
+        // A reason still waiting for the kernel is not counted as forced.
+        miss_reason == Some(MissReason::AllBusy) && !*miss_deferred,
         now,
     ) {
         span.add_event(
@@ -168,6 +194,18 @@ pub(crate) fn attribute_response(
         setup: record.setup.clone(),
     };
     Some((usage, record))
+}
+
+/// Sets `attributes` on `span`'s OpenTelemetry span in one call (one lock
+/// of the span) rather than one `set_attribute` dispatch through the
+/// subscriber each. `span` is already built: the middleware asked for its
+/// context to know whether it records.
+pub(crate) fn set_attributes(span: &tracing::Span, attributes: Vec<KeyValue>) {
+    use opentelemetry::trace::TraceContextExt;
+    if span.is_none() || attributes.is_empty() {
+        return;
+    }
+    span.context().span().set_attributes(attributes);
 }
 
 /// The miss reason on the span and the misses counter; the previous
@@ -401,6 +439,12 @@ pub(crate) struct RequestEnd {
     pub(crate) resend_count: u32,
     /// `network.protocol.version` of the response.
     pub(crate) protocol_version: Option<&'static str>,
+    /// The miss reason was not known when the response arrived: record it
+    /// at the end (see [`attribute_response`]).
+    pub(crate) miss_deferred: bool,
+    /// The span records (an OpenTelemetry span, sampled): span attributes
+    /// are built only then. Default: `true`.
+    pub(crate) recording: bool,
     /// `http.request.method`, `server.address`, `server.port`, `url.scheme`.
     base_attributes: Vec<KeyValue>,
     finished: bool,
@@ -456,6 +500,8 @@ impl RequestEnd {
             body_size: 0,
             protocol_version: None,
             resend_count: 0,
+            miss_deferred: false,
+            recording: true,
             base_attributes,
             finished: false,
         }
@@ -463,9 +509,11 @@ impl RequestEnd {
 
     /// Records an error on the span.
     pub(crate) fn fail(&mut self, error_type: &str, message: String) {
-        self.span
-            .set_attribute(semconv::ERROR_TYPE, error_type.to_owned());
-        self.span.set_status(Status::error(message));
+        if self.recording {
+            self.span
+                .set_attribute(semconv::ERROR_TYPE, error_type.to_owned());
+            self.span.set_status(Status::error(message));
+        }
         self.error_type = Some(error_type.to_owned());
     }
 
@@ -485,9 +533,20 @@ impl RequestEnd {
                 );
             }
             self.state.finish(Fate::NoResponse);
-        } else {
+        } else if self.recording {
             self.span
                 .set_attribute(semconv::HTTP_RESPONSE_BODY_SIZE, self.body_size as i64);
+        }
+        if self.miss_deferred
+            && let Some(miss) = self.state.miss().map(|m| m.get())
+        {
+            // The kernel's answer, or the fallback if it has not come yet.
+            let none = tracing::Span::none();
+            let span = if self.recording { &self.span } else { &none };
+            record_miss(&self.inner, &self.state, span, &miss);
+            if let Some((usage, _)) = &mut self.connection {
+                usage.miss_reason = Some(miss.reason);
+            }
         }
         if let Some((_, record)) = &self.connection {
             record.give_back();
@@ -540,7 +599,17 @@ impl RequestEnd {
             }
         }
         self.record_metrics(now);
-        let report = RequestReport {
+        if let Some(callback) = &self.inner.on_request_end {
+            callback.on_request_end(&self.report(kind, now));
+        }
+        // Release our handle so the span ends now (end of body), not when
+        // the response value is dropped later.
+        self.span = tracing::Span::none();
+    }
+
+    /// The [`RequestReport`] of the request ending at `now`.
+    fn report(&self, kind: EndKind, now: Instant) -> RequestReport {
+        RequestReport {
             method: self.method.clone(),
             url: self.url.clone(),
             started: self.state.started,
@@ -554,11 +623,7 @@ impl RequestEnd {
             body_complete: kind == EndKind::Complete,
             connection: self.connection.as_ref().map(|(u, _)| u.clone()),
             resend_count: self.resend_count,
-        };
-        self.inner.on_request_end.on_request_end(&report);
-        // Release our handle so the span ends now (end of body), not when
-        // the response value is dropped later.
-        self.span = tracing::Span::none();
+        }
     }
 }
 

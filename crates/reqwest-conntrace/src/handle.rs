@@ -19,7 +19,7 @@ use crate::metrics::Metrics;
 use crate::pool::{HostKey, PoolHistory};
 use crate::redact::UrlRedaction;
 use crate::registry::{ConnectionRecord, Registry};
-use crate::report::{DefaultOnRequestEnd, OnRequestEnd};
+use crate::report::OnRequestEnd;
 use crate::semconv;
 
 /// Process-wide connection ids, so that ids from several handles never clash.
@@ -117,7 +117,8 @@ pub(crate) struct Inner {
     clients_built: AtomicU64,
     pub(crate) clock: Clock,
     tracer: TracerSource,
-    pub(crate) on_request_end: Box<dyn OnRequestEnd>,
+    /// `None` for [`DefaultOnRequestEnd`](crate::DefaultOnRequestEnd): no report is built.
+    pub(crate) on_request_end: Option<Box<dyn OnRequestEnd>>,
     /// The redaction of every URL and error text this handle exports.
     pub(crate) redaction: UrlRedaction,
 }
@@ -447,7 +448,7 @@ pub struct ConnTraceBuilder {
     advice_interval: Duration,
     advice_hosts: usize,
     capacity: usize,
-    on_request_end: Box<dyn OnRequestEnd>,
+    on_request_end: Option<Box<dyn OnRequestEnd>>,
     redaction: UrlRedaction,
 }
 
@@ -467,7 +468,7 @@ impl Default for ConnTraceBuilder {
             advice_interval: DEFAULT_POOL_ADVICE_INTERVAL,
             advice_hosts: crate::advice::DEFAULT_POOL_ADVICE_HOSTS,
             capacity: DEFAULT_REGISTRY_CAPACITY,
-            on_request_end: Box::new(DefaultOnRequestEnd),
+            on_request_end: None,
             redaction: UrlRedaction::default(),
         }
     }
@@ -540,9 +541,9 @@ impl ConnTraceBuilder {
     }
 
     /// Called with a [`RequestReport`](crate::RequestReport) when each request
-    /// ends. Default: [`DefaultOnRequestEnd`] (nothing).
+    /// ends. Default: [`DefaultOnRequestEnd`](crate::DefaultOnRequestEnd) (nothing, and no report is built).
     pub fn on_request_end(mut self, callback: impl OnRequestEnd) -> Self {
-        self.on_request_end = Box::new(callback);
+        self.on_request_end = Some(Box::new(callback));
         self
     }
 

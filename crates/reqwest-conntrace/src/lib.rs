@@ -32,6 +32,14 @@
 //! `http.client.pool.peak_in_flight` / `.idle_limit`); see
 //! [`ConnTrace::pool_advice`].
 //!
+//! # Sampling and flushing
+//! A setup whose request span is not sampled becomes the root of its own
+//! trace, linked to the request; [`KeepConnectionSetups`] is the sampler
+//! that keeps every such setup while requests are head-sampled (`otlp`
+//! installs it). `tcp.connect` spans end when the kernel's answer arrives,
+//! off the request path: [`wait_for_pending_spans`] before flushing a
+//! tracer provider you set up yourself.
+//!
 //! # Use
 //! ```no_run
 //! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
@@ -74,6 +82,7 @@ mod redirect;
 mod registry;
 mod report;
 mod request;
+mod sampling;
 pub mod semconv;
 mod setup;
 mod tcp;
@@ -97,4 +106,6 @@ pub use redact::{DEFAULT_REDACTED_QUERY_KEYS, UrlRedaction, redact_url};
 pub use report::{
     ConnectionSetup, ConnectionUse, DefaultOnRequestEnd, OnRequestEnd, RequestReport, TlsVersion,
 };
+pub use sampling::KeepConnectionSetups;
+pub use tcp::wait_for_pending_spans;
 pub use tls::TlsSettings;

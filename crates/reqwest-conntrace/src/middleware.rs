@@ -9,13 +9,16 @@ use std::time::Instant;
 
 use http::Extensions;
 use hyper_util::client::legacy::connect::HttpInfo;
+use opentelemetry::KeyValue;
 use pin_project_lite::pin_project;
 use reqwest::{Request, Response, ResponseBuilderExt};
 use reqwest_middleware::{Middleware, Next, Result};
 use tracing::Instrument;
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 
-use crate::attribution::{EndKind, RequestEnd, attribute_failure, attribute_response};
+use crate::attribution::{
+    EndKind, RequestEnd, attribute_failure, attribute_response, set_attributes,
+};
 use crate::body::TracedBody;
 use crate::error::{classify, error_chain_text};
 use crate::handle::ConnTrace;
@@ -187,10 +190,6 @@ impl<F: Future> Future for Scoped<F> {
     }
 }
 
-/// Longest a response waits for its miss reason (the kernel's answer about
-/// the previous idle connection, asked when the connect started).
-const MISS_REASON_WAIT: std::time::Duration = std::time::Duration::from_millis(50);
-
 fn default_port(scheme: &str) -> u16 {
     match scheme {
         "https" => 443,
@@ -263,19 +262,36 @@ impl<M: MakeRequestSpan> ConnTraceMiddleware<M> {
             None => String::new(),
         };
         let port = url.port().unwrap_or_else(|| default_port(&scheme));
-        let full = inner.redaction.redact(url);
-        if records_http {
+        // Span attributes are built only for a span that records (nothing
+        // installed, or not sampled: none), `url.full` also for a report.
+        let recording = records(&span);
+        let full = if recording || inner.on_request_end.is_some() {
+            inner.redaction.redact(url)
+        } else {
+            String::new()
+        };
+        if records_http && recording {
             let method = req.method().as_str();
+            let mut attributes = Vec::with_capacity(6);
             if is_known_method(method) {
-                span.set_attribute(semconv::HTTP_REQUEST_METHOD, method.to_owned());
+                attributes.push(KeyValue::new(
+                    semconv::HTTP_REQUEST_METHOD,
+                    method.to_owned(),
+                ));
             } else {
-                span.set_attribute(semconv::HTTP_REQUEST_METHOD, "_OTHER");
-                span.set_attribute(semconv::HTTP_REQUEST_METHOD_ORIGINAL, method.to_owned());
+                attributes.push(KeyValue::new(semconv::HTTP_REQUEST_METHOD, "_OTHER"));
+                attributes.push(KeyValue::new(
+                    semconv::HTTP_REQUEST_METHOD_ORIGINAL,
+                    method.to_owned(),
+                ));
             }
-            span.set_attribute(semconv::URL_FULL, full.clone());
-            span.set_attribute(semconv::URL_SCHEME, scheme.clone());
-            span.set_attribute(semconv::SERVER_ADDRESS, host.clone());
-            span.set_attribute(semconv::SERVER_PORT, i64::from(port));
+            attributes.extend([
+                KeyValue::new(semconv::URL_FULL, full.clone()),
+                KeyValue::new(semconv::URL_SCHEME, scheme.clone()),
+                KeyValue::new(semconv::SERVER_ADDRESS, host.clone()),
+                KeyValue::new(semconv::SERVER_PORT, i64::from(port)),
+            ]);
+            set_attributes(&span, attributes);
         }
         if resend_count > 0 {
             span.set_attribute(semconv::HTTP_REQUEST_RESEND_COUNT, resend_count as i64);
@@ -293,6 +309,7 @@ impl<M: MakeRequestSpan> ConnTraceMiddleware<M> {
             full,
         );
         end.resend_count = resend_count as u32;
+        end.recording = recording;
         let result = Scoped {
             inner: next.run(req, extensions),
             state: state.clone(),
@@ -306,11 +323,12 @@ impl<M: MakeRequestSpan> ConnTraceMiddleware<M> {
                 end.headers_at = Some(Instant::now());
                 let status = response.status();
                 end.status = Some(status.as_u16());
-                if records_http {
-                    span.set_attribute(
+                let mut attributes = Vec::new();
+                if records_http && recording {
+                    attributes.push(KeyValue::new(
                         semconv::HTTP_RESPONSE_STATUS_CODE,
                         i64::from(status.as_u16()),
-                    );
+                    ));
                 }
                 let version = match response.version() {
                     http::Version::HTTP_09 => "0.9",
@@ -319,22 +337,24 @@ impl<M: MakeRequestSpan> ConnTraceMiddleware<M> {
                     http::Version::HTTP_3 => "3",
                     _ => "1.1",
                 };
-                span.set_attribute(semconv::NETWORK_PROTOCOL_VERSION, version);
+                if recording {
+                    attributes.push(KeyValue::new(semconv::NETWORK_PROTOCOL_VERSION, version));
+                    set_attributes(&span, attributes);
+                }
                 end.protocol_version = Some(version);
                 if status.is_client_error() || status.is_server_error() {
                     end.fail(status.as_str(), format!("HTTP status {status}"));
                 }
-                // A miss whose reason waits on the kernel's answer (was the
-                // idle connection closed by the server?): bounded wait.
-                if let Some(miss) = state.miss() {
-                    miss.settled(MISS_REASON_WAIT).await;
-                }
+                // Never waits: a miss whose reason still waits on the
+                // kernel's answer is recorded when the request ends.
+                let none = tracing::Span::none();
                 end.connection = attribute_response(
                     &inner,
                     &state,
-                    &span,
+                    if recording { &span } else { &none },
                     response.extensions().get::<HttpInfo>(),
                     response.headers(),
+                    &mut end.miss_deferred,
                 );
                 Ok(wrap_body(response, end))
             }
@@ -342,13 +362,26 @@ impl<M: MakeRequestSpan> ConnTraceMiddleware<M> {
                 // A proxy that refused the CONNECT is named as such.
                 let error_type = crate::proxy::refusal(&error)
                     .map_or_else(|| classify(&error), |r| r.error_type);
-                attribute_failure(&inner, &state, &span, error_type);
+                let none = tracing::Span::none();
+                attribute_failure(
+                    &inner,
+                    &state,
+                    if recording { &span } else { &none },
+                    error_type,
+                );
                 end.fail(error_type, error_chain_text(&inner.redaction, &error));
                 end.finish(EndKind::Failed);
                 Err(error)
             }
         }
     }
+}
+
+/// Whether `span` is an OpenTelemetry span that records (the
+/// `tracing-opentelemetry` layer made it and the sampler kept it).
+fn records(span: &tracing::Span) -> bool {
+    use opentelemetry::trace::TraceContextExt;
+    !span.is_disabled() && span.context().span().is_recording()
 }
 
 /// Moves the response body into a [`TracedBody`] that ends the request.

@@ -8,7 +8,10 @@
 //!   for gRPC, `http://localhost:4318` for HTTP), `OTEL_EXPORTER_OTLP_TIMEOUT`,
 //!   `OTEL_EXPORTER_OTLP_HEADERS`, `OTEL_SERVICE_NAME`,
 //!   `OTEL_RESOURCE_ATTRIBUTES`, `OTEL_TRACES_SAMPLER` and
-//!   `OTEL_TRACES_SAMPLER_ARG`. Read here: `OTEL_EXPORTER_OTLP_PROTOCOL` /
+//!   `OTEL_TRACES_SAMPLER_ARG` (that sampler decides every span but the
+//!   connection setups, which [`KeepConnectionSetups`](crate::KeepConnectionSetups)
+//!   always keeps: a setup whose request is not sampled becomes the root of
+//!   its own trace, linked to the request). Read here: `OTEL_EXPORTER_OTLP_PROTOCOL` /
 //!   `OTEL_EXPORTER_OTLP_TRACES_PROTOCOL`: `grpc` (default) or
 //!   `http/protobuf` (OTLP exporter spec, OpenTelemetry specification 1.x;
 //!   for `http/protobuf` the `ring` rustls provider is installed process-wide
@@ -129,6 +132,10 @@ pub enum OtlpError {
     },
 }
 
+/// Longest a flush waits for connection spans still ending
+/// ([`wait_for_pending_spans`](crate::wait_for_pending_spans)).
+const PENDING_SPANS_WAIT: Duration = Duration::from_secs(2);
+
 /// Keeps the pipeline alive; flushes and shuts the tracer and meter
 /// providers down when dropped (errors are then ignored: call
 /// [`shutdown`](Self::shutdown) to see them).
@@ -186,13 +193,18 @@ impl OtlpGuard {
         self.shared.timeout()
     }
 
-    /// Exports every span ended so far and the current metric values.
-    /// Returns within the export timeout plus [`SHUTDOWN_MARGIN`].
+    /// Exports every span ended so far and the current metric values,
+    /// after waiting (at most 2 s) for connection spans still waiting for
+    /// the kernel's answer ([`wait_for_pending_spans`](crate::wait_for_pending_spans)).
+    /// Returns within that wait plus the export timeout plus
+    /// [`SHUTDOWN_MARGIN`].
     ///
     /// # Errors
     /// [`OtlpError::Export`] when the collector did not take them, or
     /// anything was lost while the flush ran.
     pub fn flush(&self) -> Result<(), OtlpError> {
+        // Connection spans still waiting for the kernel's answer end first.
+        crate::wait_for_pending_spans(PENDING_SPANS_WAIT);
         let span_provider = self.provider.clone();
         let meter_provider = self.meter_provider.clone();
         self.bounded(
@@ -787,6 +799,7 @@ where
         .build();
     let provider = SdkTracerProvider::builder()
         .with_resource(options.resource.clone())
+        .with_sampler(crate::KeepConnectionSetups::from_env())
         .with_span_processor(CountingProcessor::new(batch, shared.clone()))
         .build();
     OtlpGuard {

@@ -469,7 +469,6 @@ pub(crate) struct MissSlot {
     miss: OnceLock<Miss>,
     /// Used if the kernel has not answered in time.
     fallback: Miss,
-    ready: tokio::sync::Notify,
 }
 
 impl MissSlot {
@@ -483,13 +482,11 @@ impl MissSlot {
         Self {
             miss: OnceLock::new(),
             fallback,
-            ready: tokio::sync::Notify::new(),
         }
     }
 
     pub(crate) fn set(&self, miss: Miss) {
         let _ = self.miss.set(miss);
-        self.ready.notify_waiters();
     }
 
     /// The miss, or the fallback if it is not known yet.
@@ -497,18 +494,9 @@ impl MissSlot {
         self.miss.get().copied().unwrap_or(self.fallback)
     }
 
-    /// Waits up to `timeout` for the miss, then returns what is known.
-    pub(crate) async fn settled(&self, timeout: Duration) -> Miss {
-        if let Some(m) = self.miss.get() {
-            return *m;
-        }
-        let notified = self.ready.notified();
-        tokio::pin!(notified);
-        notified.as_mut().enable();
-        if self.miss.get().is_none() {
-            let _ = tokio::time::timeout(timeout, notified).await;
-        }
-        self.get()
+    /// Whether the miss is known (decided at once, or the kernel answered).
+    pub(crate) fn is_settled(&self) -> bool {
+        self.miss.get().is_some()
     }
 }
 

@@ -438,7 +438,7 @@ mod tests {
                 proxied: false,
                 proxy_connect: None,
                 address_fallback: None,
-                tcp_facts: Arc::default(),
+                tcp_facts: None,
             }),
             SpanContext::empty_context(),
             None,

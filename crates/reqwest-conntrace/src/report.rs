@@ -69,8 +69,9 @@ pub struct ConnectionSetup {
     /// address list is unknown (DNS skipped: an IP literal or a reqwest
     /// `resolve` override; a proxy; a failed connect).
     pub address_fallback: Option<bool>,
-    /// Filled when the kernel answers (see [`tcp_facts`](Self::tcp_facts)).
-    pub(crate) tcp_facts: Arc<OnceLock<TcpFacts>>,
+    /// Filled when the kernel answers (see [`tcp_facts`](Self::tcp_facts));
+    /// `None` when no report wants them (nothing kept per connection).
+    pub(crate) tcp_facts: Option<Arc<OnceLock<TcpFacts>>>,
 }
 
 impl ConnectionSetup {
@@ -80,7 +81,7 @@ impl ConnectionSetup {
     /// unavailable, or until the kernel has answered (within milliseconds of
     /// the connect).
     pub fn tcp_facts(&self) -> Option<&TcpFacts> {
-        self.tcp_facts.get()
+        self.tcp_facts.as_ref().and_then(|f| f.get())
     }
 }
 

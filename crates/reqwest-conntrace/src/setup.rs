@@ -5,7 +5,9 @@ use std::net::SocketAddr;
 use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
-use opentelemetry::trace::{SpanBuilder, SpanContext, SpanKind, Status, TraceContextExt, Tracer};
+use opentelemetry::trace::{
+    Link, SpanBuilder, SpanContext, SpanKind, Status, TraceContextExt, Tracer,
+};
 use opentelemetry::{Array, Context, KeyValue, StringValue, Value};
 
 use crate::address;
@@ -44,6 +46,16 @@ pub(crate) fn start_setup_span(
         .with_kind(SpanKind::Internal)
         .with_start_time(inner.clock.wall(attempt.started))
         .with_attributes(attributes);
+    // A request that is not sampled: the setup is the root of its own
+    // trace, linked to the request, so a sampler can keep every setup while
+    // sampling requests (`KeepConnectionSetups`, see `sampling`).
+    let request = parent.span().span_context().clone();
+    if request.is_valid() && !request.is_sampled() {
+        let root = Context::new();
+        let span =
+            tracer.build_with_context(builder.with_links(vec![Link::with_context(request)]), &root);
+        return root.with_span(span);
+    }
     let span = tracer.build_with_context(builder, parent);
     parent.with_span(span)
 }
@@ -177,6 +189,12 @@ pub(crate) fn emit_phases(
         dns_duration = Some(dns_end.saturating_duration_since(dns.asked));
         tcp_start = dns_end;
     }
+    if let Some(miss) = &attempt.miss {
+        setup_span.set_attribute(KeyValue::new(
+            semconv::HTTP_CONNECTION_MISS_REASON,
+            miss.get().reason.as_str(),
+        ));
+    }
     let skipped = dns_skipped(attempt, &phases);
     if let Some(reason) = skipped {
         setup_span.set_attribute(KeyValue::new(semconv::HTTP_CONNECTION_DNS_SKIPPED, reason));
@@ -200,7 +218,11 @@ pub(crate) fn emit_phases(
     let mut address_fallback = false;
     let mut address_known = false;
     let mut tcp_pending = None;
-    let tcp_facts = Arc::new(OnceLock::new());
+    // Kept for the connection's report only: nothing per connection otherwise.
+    let tcp_facts = inner
+        .on_request_end
+        .is_some()
+        .then(|| Arc::new(OnceLock::new()));
     if !dns_failed {
         let tcp_end = tunnel_start.or(phases.tls_started).unwrap_or(end);
         tcp_duration = tcp_end.saturating_duration_since(tcp_start);
@@ -292,11 +314,14 @@ pub(crate) fn emit_phases(
             end: inner.clock.wall(tcp_end),
             syn_by_timing: syn_retransmits,
             facts: tcp_facts.clone(),
+            _pending: crate::tcp::PendingEnd::new(),
         };
         // A connected socket is looked up in the kernel before the span
-        // ends (by the caller, off this task); anything else ends now.
+        // ends (by the caller, off this task), when anyone reads the
+        // answer (a recorded span, a report); anything else ends now.
         if established.is_some_and(|e| e.local.is_some() && e.remote.is_some())
             && inner.kernel.is_available()
+            && (setup_span.is_recording() || inner.on_request_end.is_some())
         {
             tcp_pending = Some(ending);
         } else {

@@ -1,8 +1,9 @@
 //! The end of a `tcp.connect` span: SYN retransmissions waited out, and the
 //! kernel's own view of the socket when it answers.
 
-use std::sync::{Arc, OnceLock};
-use std::time::{Duration, SystemTime};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex, OnceLock};
+use std::time::{Duration, Instant, SystemTime};
 
 use opentelemetry::trace::TraceContextExt;
 use opentelemetry::{Context, KeyValue};
@@ -21,8 +22,62 @@ pub(crate) struct TcpSpanEnd {
     /// SYN retransmissions the phase's duration implies (0 when the winner
     /// was not the first address tried: its SYN clock started later).
     pub(crate) syn_by_timing: usize,
-    /// Where the kernel's facts go for the connection's report.
-    pub(crate) facts: Arc<OnceLock<TcpFacts>>,
+    /// Where the kernel's facts go for the connection's report, when a
+    /// report wants them (else the span alone carries them).
+    pub(crate) facts: Option<Arc<OnceLock<TcpFacts>>>,
+    /// Counts the span as not ended yet, for [`wait_for_pending_spans`].
+    pub(crate) _pending: PendingEnd,
+}
+
+/// `tcp.connect` spans created and not ended yet, in the whole process
+/// (most wait for the kernel's answer on the `conntrace-sock-diag` thread).
+static PENDING_ENDS: AtomicUsize = AtomicUsize::new(0);
+static ENDED: (Mutex<()>, Condvar) = (Mutex::new(()), Condvar::new());
+
+/// One span counted in the pending ends until dropped.
+#[derive(Debug)]
+pub(crate) struct PendingEnd(());
+
+impl PendingEnd {
+    pub(crate) fn new() -> Self {
+        PENDING_ENDS.fetch_add(1, Ordering::SeqCst);
+        PendingEnd(())
+    }
+}
+
+impl Drop for PendingEnd {
+    fn drop(&mut self) {
+        if PENDING_ENDS.fetch_sub(1, Ordering::SeqCst) == 1 {
+            // Under the lock, so a waiter between its check and its wait
+            // cannot miss the wake-up.
+            let _lock = ENDED.0.lock().unwrap_or_else(|e| e.into_inner());
+            ENDED.1.notify_all();
+        }
+    }
+}
+
+/// Waits until every connection span this crate has started has ended (at
+/// most `timeout`); `true` if none is left. Call it before flushing or
+/// shutting down a tracer provider you set up yourself:
+/// a `tcp.connect` span ends when the kernel's answer about its socket
+/// arrives (on the `conntrace-sock-diag` thread, usually within
+/// microseconds; a lookup queued longer than 1 s is given up), which may be
+/// after the response was handed to the caller. `otlp::OtlpGuard`'s
+/// flush, shutdown and drop (feature `otlp`) call it with a 2 s bound.
+pub fn wait_for_pending_spans(timeout: Duration) -> bool {
+    let deadline = Instant::now() + timeout;
+    let mut lock = ENDED.0.lock().unwrap_or_else(|e| e.into_inner());
+    while PENDING_ENDS.load(Ordering::SeqCst) > 0 {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return false;
+        }
+        lock = match ENDED.1.wait_timeout(lock, left) {
+            Ok((l, _)) => l,
+            Err(e) => e.into_inner().0,
+        };
+    }
+    true
 }
 
 impl std::fmt::Debug for TcpSpanEnd {
@@ -65,7 +120,9 @@ impl TcpSpanEnd {
                 i64::from(info.total_retransmits),
             ));
             syn = syn.min(info.total_retransmits as usize);
-            let _ = self.facts.set(facts.clone());
+            if let Some(kept) = &self.facts {
+                let _ = kept.set(facts.clone());
+            }
         }
         if syn > 0 {
             span.set_attribute(KeyValue::new(
@@ -87,5 +144,70 @@ impl TcpSpanEnd {
             );
         }
         span.end_with_timestamp(self.end);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::net::{Ipv4Addr, SocketAddr};
+    use std::sync::atomic::AtomicUsize;
+
+    use opentelemetry::trace::{Tracer, TracerProvider};
+    use opentelemetry_sdk::error::OTelSdkResult;
+    use opentelemetry_sdk::trace::{SdkTracerProvider, SpanData, SpanProcessor};
+
+    use super::*;
+    use crate::kernel::KernelView;
+
+    /// Counts ended spans.
+    #[derive(Debug, Clone, Default)]
+    struct Ended(Arc<AtomicUsize>);
+
+    impl SpanProcessor for Ended {
+        fn on_start(&self, _: &mut opentelemetry_sdk::trace::Span, _: &Context) {}
+        fn on_end(&self, _: SpanData) {
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+        fn force_flush(&self) -> OTelSdkResult {
+            Ok(())
+        }
+        fn shutdown_with_timeout(&self, _: Duration) -> OTelSdkResult {
+            Ok(())
+        }
+    }
+
+    /// A `tcp.connect` span queued for the kernel behind a slow lookup has
+    /// not ended when its connect is over; `wait_for_pending_spans` returns
+    /// only once it has, so a flush right after it exports it.
+    #[test]
+    fn waiting_for_pending_spans_outlasts_a_slow_kernel_lookup() {
+        let ended = Ended::default();
+        let provider = SdkTracerProvider::builder()
+            .with_span_processor(ended.clone())
+            .build();
+        let span = provider.tracer("test").start("tcp.connect");
+        let now = SystemTime::now();
+        let ending = TcpSpanEnd {
+            cx: Context::new().with_span(span),
+            start: now,
+            end: now,
+            syn_by_timing: 0,
+            facts: None,
+            _pending: PendingEnd::new(),
+        };
+        let view = KernelView::new();
+        let local = SocketAddr::from((Ipv4Addr::LOCALHOST, 1));
+        let remote = SocketAddr::from((Ipv4Addr::LOCALHOST, 2));
+        view.lookup_then(local, remote, |_| {
+            std::thread::sleep(Duration::from_millis(300))
+        });
+        view.lookup_then(local, remote, move |lookup| ending.finish(Some(&lookup)));
+        assert_eq!(ended.0.load(Ordering::SeqCst), 0, "still queued");
+        assert!(wait_for_pending_spans(Duration::from_secs(5)));
+        assert_eq!(
+            ended.0.load(Ordering::SeqCst),
+            1,
+            "ended before the wait returned"
+        );
     }
 }

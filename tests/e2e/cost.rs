@@ -1,0 +1,197 @@
+//! What the cost work promises beyond speed (speed itself is the
+//! `overhead` benchmark's): no span lost at a flush, and every connection
+//! setup kept while requests are head-sampled. Spans are read from the
+//! in-process OTLP receiver, exported over OTLP/gRPC by a batch processor.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use conntrace_lab::{HttpVersions, OtlpReceiver, ReceivedSpan, TestPki, TestServer, TlsVersions};
+use futures::StreamExt;
+use opentelemetry::trace::TraceContextExt;
+use opentelemetry_otlp::WithExportConfig;
+use opentelemetry_sdk::trace::{Sampler, SdkTracerProvider};
+use reqwest_conntrace::{ConnTrace, KeepConnectionSetups, otlp, semconv};
+use tracing_opentelemetry::OpenTelemetrySpanExt;
+use tracing_subscriber::layer::SubscriberExt;
+
+use crate::support::trust;
+
+/// A tracer provider exporting to `receiver` through a batch processor.
+fn provider_to(
+    receiver: &OtlpReceiver,
+    sampler: Option<KeepConnectionSetups>,
+) -> SdkTracerProvider {
+    let exporter = opentelemetry_otlp::SpanExporter::builder()
+        .with_tonic()
+        .with_endpoint(receiver.endpoint())
+        .build()
+        .expect("OTLP exporter");
+    let builder = SdkTracerProvider::builder().with_batch_exporter(exporter);
+    match sampler {
+        Some(s) => builder.with_sampler(s),
+        None => builder,
+    }
+    .build()
+}
+
+/// Flushes the way `otlp::OtlpGuard::flush` does: connection spans still
+/// ending first, then the provider (blocking: off the runtime's core).
+fn flush(provider: &SdkTracerProvider) {
+    tokio::task::block_in_place(|| {
+        assert!(
+            reqwest_conntrace::wait_for_pending_spans(Duration::from_secs(5)),
+            "connection spans still pending after 5 s"
+        );
+        provider.force_flush().expect("flush");
+    });
+}
+
+fn named<'a>(spans: &'a [ReceivedSpan], name: &str) -> Vec<&'a ReceivedSpan> {
+    spans.iter().filter(|s| s.name() == name).collect()
+}
+
+/// 150 connections churned at 6 in flight (the server closes each after its
+/// response): right after the flush returns, without waiting, the receiver
+/// holds every request span and every connection's setup, `tcp.connect`
+/// and `tls.handshake` span. `tcp.connect` ends when the kernel's answer
+/// arrives on the sock_diag thread, possibly after its response: the
+/// flush waits for it (that wait, behind a slow kernel lookup, is proven
+/// deterministically by the unit test in `tcp.rs`; here the whole path is
+/// checked end to end).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flush_delivers_every_span_of_churned_connections() {
+    const CONNECTIONS: usize = 150;
+    let receiver = OtlpReceiver::start().await.expect("OTLP receiver");
+    let provider = provider_to(&receiver, None);
+    let pki = TestPki::localhost().expect("pki");
+    let server = TestServer::builder()
+        .tls(&pki)
+        .tls_versions(TlsVersions::Tls13Only)
+        .http_versions(HttpVersions::Http1Only)
+        .keep_alive(false)
+        .start()
+        .await
+        .expect("server");
+    let client = ConnTrace::builder()
+        .tracer_provider(&provider)
+        .build()
+        .instrument_client(reqwest::Client::builder())
+        .tls(trust(&pki))
+        .build_with_middleware()
+        .expect("client");
+    let url = server.ip_url("/");
+    let subscriber = tracing_subscriber::registry().with(otlp::tracing_layer(&provider));
+    let _guard = tracing::subscriber::set_default(subscriber);
+    futures::stream::iter(0..CONNECTIONS)
+        .for_each_concurrent(6, |_| async {
+            let response = client.get(&url).send().await.expect("request");
+            response.bytes().await.expect("body");
+        })
+        .await;
+    assert_eq!(server.accepted_connections(), CONNECTIONS as u64);
+
+    flush(&provider);
+    let spans = receiver.spans();
+    let counts: Vec<(&str, usize)> = [
+        "GET",
+        semconv::CONNECTION_SETUP_SPAN,
+        semconv::TCP_CONNECT_SPAN,
+        semconv::TLS_HANDSHAKE_SPAN,
+    ]
+    .into_iter()
+    .map(|name| (name, named(&spans, name).len()))
+    .collect();
+    assert_eq!(
+        counts,
+        vec![
+            ("GET", CONNECTIONS),
+            (semconv::CONNECTION_SETUP_SPAN, CONNECTIONS),
+            (semconv::TCP_CONNECT_SPAN, CONNECTIONS),
+            (semconv::TLS_HANDSHAKE_SPAN, CONNECTIONS),
+        ],
+        "spans at the receiver right after the flush"
+    );
+}
+
+/// Requests head-sampled out (parent-based always_off) behind
+/// `KeepConnectionSetups`: no request span is exported, but the one
+/// connection the five requests needed is, as the root of its own trace
+/// with a link to the trace of the request whose miss started it, its
+/// `tcp.connect` and `tls.handshake` children in that new trace, and its
+/// miss reason (`cold`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unsampled_requests_keep_their_connection_setup_as_a_linked_trace() {
+    let receiver = OtlpReceiver::start().await.expect("OTLP receiver");
+    let sampler = KeepConnectionSetups::new(Sampler::ParentBased(Box::new(Sampler::AlwaysOff)));
+    let provider = provider_to(&receiver, Some(sampler));
+    let pki = TestPki::localhost().expect("pki");
+    let server = TestServer::builder()
+        .tls(&pki)
+        .tls_versions(TlsVersions::Tls13Only)
+        .http_versions(HttpVersions::Http1Only)
+        .start()
+        .await
+        .expect("server");
+    let conntrace = ConnTrace::builder().tracer_provider(&provider).build();
+    // The request spans' trace ids, as the middleware opens them.
+    let traces = Arc::new(Mutex::new(Vec::new()));
+    let seen = traces.clone();
+    let make_span = move |_: &reqwest::Request| {
+        let span = tracing::info_span!(target: "reqwest_conntrace", "HTTP request", otel.name = "GET", otel.kind = "client");
+        let cx = span.context();
+        let id = cx.span().span_context().trace_id();
+        seen.lock().expect("trace ids").push(id.to_string());
+        span
+    };
+    let client = reqwest_middleware::ClientBuilder::new(
+        conntrace
+            .instrument_client(reqwest::Client::builder())
+            .tls(trust(&pki))
+            .build()
+            .expect("client"),
+    )
+    .with(conntrace.middleware().make_span(make_span))
+    .build();
+    let url = server.ip_url("/");
+    let subscriber = tracing_subscriber::registry().with(otlp::tracing_layer(&provider));
+    let _guard = tracing::subscriber::set_default(subscriber);
+    for _ in 0..5 {
+        let response = client.get(&url).send().await.expect("request");
+        response.bytes().await.expect("body");
+    }
+    assert_eq!(server.accepted_connections(), 1, "one miss, four hits");
+
+    flush(&provider);
+    let spans = receiver.wait_for_spans(3, Duration::from_secs(10)).await;
+    let names: Vec<&str> = spans.iter().map(|s| s.name()).collect();
+    assert_eq!(
+        names.iter().filter(|n| **n == "GET").count(),
+        0,
+        "unsampled requests are not exported: {names:?}"
+    );
+    let setups = named(&spans, semconv::CONNECTION_SETUP_SPAN);
+    assert_eq!(setups.len(), 1, "{names:?}");
+    let setup = setups[0];
+    assert_eq!(setup.parent_span_id_hex(), None, "a root span");
+    let links = setup.links();
+    assert_eq!(links.len(), 1, "linked to its request");
+    let first_request = traces.lock().expect("trace ids")[0].clone();
+    assert_eq!(links[0].trace_id_hex, first_request);
+    assert_ne!(setup.trace_id_hex(), first_request, "its own trace");
+    assert_eq!(
+        setup.attr_str(semconv::HTTP_CONNECTION_MISS_REASON),
+        Some("cold")
+    );
+    for phase in [semconv::TCP_CONNECT_SPAN, semconv::TLS_HANDSHAKE_SPAN] {
+        let children = named(&spans, phase);
+        assert_eq!(children.len(), 1, "{phase}: {names:?}");
+        assert_eq!(children[0].trace_id_hex(), setup.trace_id_hex(), "{phase}");
+        assert_eq!(
+            children[0].parent_span_id_hex(),
+            Some(setup.span_id_hex()),
+            "{phase}"
+        );
+    }
+    assert_eq!(spans.len(), 3, "nothing else exported: {names:?}");
+}
