@@ -12,14 +12,14 @@ use opentelemetry::metrics::{Meter, MeterProvider};
 use opentelemetry::trace::TracerProvider;
 use opentelemetry::{InstrumentationScope, KeyValue};
 
-use crate::advice::PoolLoad;
-use crate::clock::Clock;
+use crate::export::clock::Clock;
+use crate::export::metrics::Metrics;
+use crate::export::report::{DefaultOnRequestEnd, OnRequestEnd};
 use crate::kernel::{KernelLookup, KernelView};
-use crate::metrics::Metrics;
-use crate::pool::{HostKey, PoolHistory};
+use crate::pool::advice::PoolLoad;
+use crate::pool::model::{HostKey, PoolHistory};
+use crate::pool::registry::{ConnectionRecord, Registry};
 use crate::redact::UrlRedaction;
-use crate::registry::{ConnectionRecord, Registry};
-use crate::report::{DefaultOnRequestEnd, OnRequestEnd};
 use crate::semconv;
 
 /// Process-wide connection ids, so that ids from several handles never clash.
@@ -156,9 +156,9 @@ impl Inner {
             KernelLookup::Found(facts) => {
                 if facts.state.closed_by_peer() {
                     record.set_end(if record.http2() {
-                        crate::miss::ConnectionEnd::GoAway
+                        crate::pool::miss::ConnectionEnd::GoAway
                     } else {
-                        crate::miss::ConnectionEnd::PeerFin
+                        crate::pool::miss::ConnectionEnd::PeerFin
                     });
                 } else if record.is_dropped_early() {
                     record.mark_discarded(record.last_activity());
@@ -172,9 +172,9 @@ impl Inner {
                     record.mark_discarded(record.last_activity());
                 } else if !record.is_discarded() && !record.is_over_idle_limit() {
                     record.set_end(if record.http2() {
-                        crate::miss::ConnectionEnd::GoAway
+                        crate::pool::miss::ConnectionEnd::GoAway
                     } else {
-                        crate::miss::ConnectionEnd::PeerClosed
+                        crate::pool::miss::ConnectionEnd::PeerClosed
                     });
                 }
                 self.connection_closed(record, Instant::now());
@@ -231,7 +231,7 @@ impl Inner {
     /// Forgets connections that closed without the handle seeing it: idle
     /// past their client's idle timeout (hyper-util's pool dropped them) at
     /// once; the idle-longest others (at most
-    /// [`SWEEP_KERNEL_CHECKS`](crate::registry::SWEEP_KERNEL_CHECKS)) when
+    /// [`SWEEP_KERNEL_CHECKS`](crate::pool::registry::SWEEP_KERNEL_CHECKS)) when
     /// the kernel shows their socket closed. Never one in use.
     fn sweep(self: &Arc<Self>, now: Instant) {
         let mut idle: Vec<Arc<ConnectionRecord>> = Vec::new();
@@ -247,7 +247,7 @@ impl Inner {
                 idle.push(record);
             }
         }
-        let checks = crate::registry::SWEEP_KERNEL_CHECKS;
+        let checks = crate::pool::registry::SWEEP_KERNEL_CHECKS;
         if idle.len() > checks {
             idle.select_nth_unstable_by_key(checks, |r| r.last_activity());
             idle.truncate(checks);
@@ -421,7 +421,7 @@ impl Default for ConnTraceBuilder {
             tracer: TracerSource::Global,
             meter: None,
             advice_interval: DEFAULT_POOL_ADVICE_INTERVAL,
-            advice_hosts: crate::advice::DEFAULT_POOL_ADVICE_HOSTS,
+            advice_hosts: crate::pool::advice::DEFAULT_POOL_ADVICE_HOSTS,
             capacity: DEFAULT_REGISTRY_CAPACITY,
             on_request_end: Box::new(DefaultOnRequestEnd),
             redaction: UrlRedaction::default(),

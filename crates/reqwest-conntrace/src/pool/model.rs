@@ -20,11 +20,11 @@ use std::time::{Duration, Instant};
 
 use opentelemetry::KeyValue;
 
-use crate::client::{ClientState, NEW_CLIENT_WINDOW};
 use crate::handle::Inner;
 use crate::kernel::KernelLookup;
-use crate::miss::{ConnectionEnd, MissReason};
-use crate::registry::ConnectionRecord;
+use crate::pool::client::{ClientState, NEW_CLIENT_WINDOW};
+use crate::pool::miss::{ConnectionEnd, MissReason};
+use crate::pool::registry::ConnectionRecord;
 use crate::semconv;
 
 /// A pool key as hyper-util keys its pool: scheme, host, port.

@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use reqwest::dns::{Addrs, Name, Resolve, Resolving};
 
-use crate::attempt::{self, DnsPhase};
+use crate::connect::attempt::{self, DnsPhase};
 use crate::error::{DnsError, classify, error_chain_text};
 
 /// A [`Resolve`] that records each lookup on the connect that triggered it

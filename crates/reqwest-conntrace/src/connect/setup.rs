@@ -8,13 +8,13 @@ use std::time::Instant;
 use opentelemetry::trace::{SpanBuilder, SpanContext, SpanKind, Status, TraceContextExt, Tracer};
 use opentelemetry::{Array, Context, KeyValue, StringValue, Value};
 
-use crate::address;
-use crate::attempt::{ConnectAttempt, Phases};
+use crate::connect::address;
+use crate::connect::attempt::{ConnectAttempt, Phases};
+use crate::connect::proxy::{ProxyRefusal, ProxyRoute};
+use crate::connect::tcp::TcpSpanEnd;
+use crate::export::report::{ConnectionSetup, TlsVersion};
 use crate::handle::Inner;
-use crate::proxy::{ProxyRefusal, ProxyRoute};
-use crate::report::{ConnectionSetup, TlsVersion};
 use crate::semconv;
-use crate::tcp::TcpSpanEnd;
 
 /// Facts about a finished connect read from reqwest's `Connected`.
 #[derive(Debug, Clone, Copy)]
@@ -309,7 +309,10 @@ pub(crate) fn emit_phases(
     if let Some(start) = tunnel_start {
         let mut attrs = Vec::new();
         if let Some(t) = &attempt.trigger {
-            attrs.extend(crate::metrics::host_attributes(&t.host.host, t.host.port));
+            attrs.extend(crate::export::metrics::host_attributes(
+                &t.host.host,
+                t.host.port,
+            ));
         }
         if let Some(r) = remote {
             attrs.push(KeyValue::new(

@@ -15,13 +15,13 @@ use reqwest_middleware::{Middleware, Next, Result};
 use tracing::Instrument;
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 
-use crate::attribution::{EndKind, RequestEnd, attribute_failure, attribute_response};
-use crate::body::TracedBody;
 use crate::error::{classify, error_chain_text};
 use crate::handle::ConnTrace;
-use crate::pool::HostKey;
-use crate::redirect::{HopScope, HopSlot, Template};
-use crate::request::{RequestScope, RequestState};
+use crate::pool::model::HostKey;
+use crate::request::attribution::{EndKind, RequestEnd, attribute_failure, attribute_response};
+use crate::request::body::TracedBody;
+use crate::request::redirect::{HopScope, HopSlot, Template};
+use crate::request::state::{RequestScope, RequestState};
 use crate::semconv;
 
 /// Makes the span a request's pool attributes land on.
@@ -340,7 +340,7 @@ impl<M: MakeRequestSpan> ConnTraceMiddleware<M> {
             }
             Err(error) => {
                 // A proxy that refused the CONNECT is named as such.
-                let error_type = crate::proxy::refusal(&error)
+                let error_type = crate::connect::proxy::refusal(&error)
                     .map_or_else(|| classify(&error), |r| r.error_type);
                 attribute_failure(&inner, &state, &span, error_type);
                 end.fail(error_type, error_chain_text(&inner.redaction, &error));

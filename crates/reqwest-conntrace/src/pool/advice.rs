@@ -28,7 +28,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use crate::pool::HostKey;
+use crate::pool::model::HostKey;
 use crate::semconv;
 
 /// Default cap on the hosts whose load one handle tracks at once: 1,024
@@ -177,11 +177,7 @@ impl PoolLoad {
         tracked
     }
 
-    fn request_started_locked(
-        &self,
-        host: &HostKey,
-        now: Instant,
-    ) -> (bool, Option<PoolAdvice>) {
+    fn request_started_locked(&self, host: &HostKey, now: Instant) -> (bool, Option<PoolAdvice>) {
         let mut hosts = self.hosts();
         if !hosts.contains_key(host) && hosts.len() >= self.max_hosts {
             let stale = hosts
