@@ -437,7 +437,7 @@ impl RequestEnd {
         let mut base_attributes = state.host.attributes();
         base_attributes.push(KeyValue::new(
             semconv::HTTP_REQUEST_METHOD,
-            crate::request::middleware::method_attribute(&method),
+            crate::request::method::method_attribute(&method),
         ));
         inner.metrics.active_requests.add(1, &base_attributes);
         if !inner.load.request_started(&state.host, state.started) {

@@ -20,6 +20,7 @@ use crate::handle::ConnTrace;
 use crate::pool::model::HostKey;
 use crate::request::attribution::{EndKind, RequestEnd, attribute_failure, attribute_response};
 use crate::request::body::TracedBody;
+use crate::request::method::is_known_method;
 use crate::request::redirect::{HopScope, HopSlot, Template};
 use crate::request::state::{RequestScope, RequestState};
 use crate::semconv;
@@ -51,10 +52,6 @@ pub trait MakeRequestSpan: Send + Sync + 'static {
 #[derive(Debug, Clone, Copy, Default)]
 pub struct DefaultMakeRequestSpan;
 
-const KNOWN_METHODS: &[&str] = &[
-    "GET", "HEAD", "POST", "PUT", "DELETE", "CONNECT", "OPTIONS", "TRACE", "PATCH", "QUERY",
-];
-
 impl MakeRequestSpan for DefaultMakeRequestSpan {
     fn make_span(&self, request: &Request) -> tracing::Span {
         let method = request.method().as_str();
@@ -70,20 +67,6 @@ impl MakeRequestSpan for DefaultMakeRequestSpan {
             otel.kind = "client",
         )
     }
-}
-
-fn is_known_method(method: &str) -> bool {
-    KNOWN_METHODS.contains(&method)
-}
-
-/// The `http.request.method` value: the method, or `_OTHER` outside the
-/// known set (HTTP semconv).
-pub(crate) fn method_attribute(method: &http::Method) -> &'static str {
-    KNOWN_METHODS
-        .iter()
-        .find(|m| **m == method.as_str())
-        .copied()
-        .unwrap_or("_OTHER")
 }
 
 /// Uses the current span: place [`ConnTraceMiddleware`] after

@@ -2,6 +2,7 @@
 //! middleware's span to the end of the response body.
 //!
 //! - `middleware`: [`ConnTraceMiddleware`](crate::ConnTraceMiddleware), the request span and the hand-off to reqwest;
+//! - `method`: the `http.request.method` value and the known-method set that names the span;
 //! - `state`: one request in flight, the thread-local current request, its pending setup spans;
 //! - `redirect`: redirect hops sent as physical requests of their own;
 //! - `attribution`: pool attribution of a response and the guard that ends a request once;
@@ -11,6 +12,7 @@
 pub(crate) mod attribution;
 pub(crate) mod body;
 pub(crate) mod fanout;
+pub(crate) mod method;
 pub(crate) mod middleware;
 pub(crate) mod redirect;
 pub(crate) mod state;
