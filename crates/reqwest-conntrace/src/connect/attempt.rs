@@ -10,7 +10,7 @@ use std::time::Instant;
 use crate::connect::proxy::ProxyRoute;
 use crate::export::report::TlsVersion;
 use crate::pool::client::ClientState;
-use crate::pool::model::MissSlot;
+use crate::pool::slot::MissSlot;
 use crate::request::state::RequestState;
 
 /// One connect: created when reqwest calls the connector (a pool miss),

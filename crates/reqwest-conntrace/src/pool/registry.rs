@@ -12,8 +12,9 @@ use opentelemetry::trace::SpanContext;
 
 use crate::export::report::ConnectionSetup;
 use crate::pool::client::ClientState;
+use crate::pool::host::HostKey;
 use crate::pool::miss::ConnectionEnd;
-use crate::pool::model::{HostKey, MissSlot};
+use crate::pool::slot::MissSlot;
 
 /// One established connection as this handle saw it being set up.
 #[derive(Debug)]

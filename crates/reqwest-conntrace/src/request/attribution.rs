@@ -14,8 +14,8 @@ use crate::export::report::{ConnectionUse, RequestReport};
 use crate::handle::Inner;
 use crate::kernel::KernelLookup;
 use crate::pool::miss::{ConnectionEnd, MissReason};
-use crate::pool::model::Miss;
 use crate::pool::registry::ConnectionRecord;
+use crate::pool::slot::Miss;
 use crate::request::state::{Fate, RequestState};
 use crate::semconv;
 

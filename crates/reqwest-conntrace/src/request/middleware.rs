@@ -17,7 +17,7 @@ use tracing_opentelemetry::OpenTelemetrySpanExt;
 
 use crate::error::{classify, error_chain_text};
 use crate::handle::ConnTrace;
-use crate::pool::model::HostKey;
+use crate::pool::host::HostKey;
 use crate::request::attribution::{EndKind, RequestEnd, attribute_failure, attribute_response};
 use crate::request::body::TracedBody;
 use crate::request::method::is_known_method;

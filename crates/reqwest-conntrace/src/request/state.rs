@@ -10,8 +10,9 @@ use std::time::{Instant, SystemTime};
 use opentelemetry::trace::{Status, TraceContextExt};
 use opentelemetry::{Context, KeyValue};
 
-use crate::pool::model::{HostKey, MissSlot};
+use crate::pool::host::HostKey;
 use crate::pool::registry::ConnectionRecord;
+use crate::pool::slot::MissSlot;
 use crate::semconv;
 
 /// One request going through the middleware.
