@@ -2,8 +2,8 @@
 //! connector layer, the resolver wrapper, the TLS hooks and the middleware.
 
 use std::net::SocketAddr;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
 
 use std::time::{Duration, Instant};
 
@@ -17,9 +17,11 @@ use crate::export::metrics::Metrics;
 use crate::export::report::{DefaultOnRequestEnd, OnRequestEnd};
 use crate::kernel::{KernelLookup, KernelView};
 use crate::pool::advice::PoolLoad;
+use crate::pool::client::ClientState;
 use crate::pool::host::HostKey;
-use crate::pool::model::PoolHistory;
+use crate::pool::model::{MissVerdict, PoolHistory, decide_from_kernel};
 use crate::pool::registry::{ConnectionRecord, Registry};
+use crate::pool::slot::MissSlot;
 use crate::redact::UrlRedaction;
 use crate::semconv;
 
@@ -268,6 +270,47 @@ impl Inner {
                     inner.apply_kernel_view(&record, &lookup);
                 }
             });
+        }
+    }
+
+    /// Classifies the miss of a connect `client` is starting to `host` now
+    /// (called from the connector layer when reqwest calls it): decided from
+    /// the history, or when the kernel answers about the candidate connection.
+    pub(crate) fn miss_slot(
+        self: &Arc<Self>,
+        host: &HostKey,
+        client: &ClientState,
+    ) -> Arc<MissSlot> {
+        let in_flight = self.load.in_flight(host);
+        match self
+            .pools
+            .classify_miss(host, client, Instant::now(), in_flight)
+        {
+            MissVerdict::Decided(miss) => Arc::new(MissSlot::decided(miss)),
+            MissVerdict::Closed { miss, record } => {
+                let at = record.last_activity();
+                record.mark_discarded(at);
+                self.connection_closed(&record, at);
+                Arc::new(MissSlot::decided(miss))
+            }
+            MissVerdict::AskKernel {
+                local,
+                remote,
+                candidate,
+                alive,
+            } => {
+                let slot = Arc::new(MissSlot::pending(alive));
+                let answer = slot.clone();
+                let weak: Weak<Inner> = Arc::downgrade(self);
+                self.kernel.lookup_then(local, remote, move |lookup| {
+                    let miss = decide_from_kernel(&candidate, &lookup, Instant::now(), alive);
+                    if let Some(inner) = weak.upgrade() {
+                        inner.apply_kernel_view(&candidate, &lookup);
+                    }
+                    answer.set(miss);
+                });
+                slot
+            }
         }
     }
 

@@ -137,7 +137,7 @@ where
         // reqwest calls the connector when hyper-util's pool checkout found
         // no usable idle connection: classify that miss now.
         let miss = trigger.as_ref().map(|t| {
-            let slot = crate::pool::model::miss_slot(&inner, &t.host, &self.client);
+            let slot = inner.miss_slot(&t.host, &self.client);
             t.note_miss(slot.clone());
             slot
         });

@@ -15,16 +15,15 @@
 use std::collections::{HashMap, VecDeque};
 use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
-use crate::handle::Inner;
 use crate::kernel::KernelLookup;
 use crate::pool::client::{ClientState, NEW_CLIENT_WINDOW};
 use crate::pool::host::HostKey;
 use crate::pool::miss::{ConnectionEnd, MissReason};
 use crate::pool::registry::ConnectionRecord;
-use crate::pool::slot::{Miss, MissSlot, Previous};
+use crate::pool::slot::{Miss, Previous};
 
 /// Connections remembered per host (most recent first out when full).
 const CONNECTIONS_PER_HOST: usize = 64;
@@ -405,42 +404,5 @@ impl PoolHistory {
             return true;
         }
         false
-    }
-}
-
-/// Classifies the miss of a connect `client` is starting to `host` now
-/// (called from the connector layer when reqwest calls it): decided from
-/// the history, or when the kernel answers about the candidate connection.
-pub(crate) fn miss_slot(inner: &Arc<Inner>, host: &HostKey, client: &ClientState) -> Arc<MissSlot> {
-    let in_flight = inner.load.in_flight(host);
-    match inner
-        .pools
-        .classify_miss(host, client, Instant::now(), in_flight)
-    {
-        MissVerdict::Decided(miss) => Arc::new(MissSlot::decided(miss)),
-        MissVerdict::Closed { miss, record } => {
-            let at = record.last_activity();
-            record.mark_discarded(at);
-            inner.connection_closed(&record, at);
-            Arc::new(MissSlot::decided(miss))
-        }
-        MissVerdict::AskKernel {
-            local,
-            remote,
-            candidate,
-            alive,
-        } => {
-            let slot = Arc::new(MissSlot::pending(alive));
-            let answer = slot.clone();
-            let weak: Weak<Inner> = Arc::downgrade(inner);
-            inner.kernel.lookup_then(local, remote, move |lookup| {
-                let miss = decide_from_kernel(&candidate, &lookup, Instant::now(), alive);
-                if let Some(inner) = weak.upgrade() {
-                    inner.apply_kernel_view(&candidate, &lookup);
-                }
-                answer.set(miss);
-            });
-            slot
-        }
     }
 }
