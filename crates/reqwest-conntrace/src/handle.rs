@@ -13,10 +13,10 @@ use opentelemetry::trace::TracerProvider;
 use opentelemetry::{InstrumentationScope, KeyValue};
 
 use crate::export::clock::Clock;
-use crate::export::metrics::Metrics;
+use crate::export::metrics::{Metrics, PoolObservations};
 use crate::export::report::{DefaultOnRequestEnd, OnRequestEnd};
 use crate::kernel::{KernelLookup, KernelView};
-use crate::pool::advice::PoolLoad;
+use crate::pool::advice::{HostGauges, PoolLoad};
 use crate::pool::client::ClientState;
 use crate::pool::host::HostKey;
 use crate::pool::model::{MissVerdict, PoolHistory, decide_from_kernel};
@@ -104,6 +104,16 @@ pub(crate) struct Inner {
     pub(crate) on_request_end: Box<dyn OnRequestEnd>,
     /// The redaction of every URL and error text this handle exports.
     pub(crate) redaction: UrlRedaction,
+}
+
+impl PoolObservations for Inner {
+    fn open_connections(self: Arc<Self>, now: Instant) -> Vec<(Vec<KeyValue>, i64)> {
+        Inner::open_connections(&self, now)
+    }
+
+    fn pool_gauges(&self, now: Instant) -> Vec<HostGauges> {
+        self.load.gauges(now)
+    }
 }
 
 fn scope() -> InstrumentationScope {
@@ -564,7 +574,7 @@ impl ConnTraceBuilder {
                 registry: Registry::new(self.capacity),
                 pools: PoolHistory::default(),
                 load: PoolLoad::new(self.advice_interval, self.advice_hosts),
-                metrics: Metrics::new(&meter, weak.clone()),
+                metrics: Metrics::new(&meter, weak.clone() as Weak<dyn PoolObservations>),
                 kernel: KernelView::new(),
                 registry_full_logged: AtomicBool::new(false),
                 open_sets: std::sync::Mutex::new(Vec::new()),

@@ -6,7 +6,7 @@
 //! error type and our enumerated values; never a URL, path, peer address or
 //! connection id.
 
-use std::sync::Weak;
+use std::sync::{Arc, Weak};
 use std::time::Instant;
 
 use opentelemetry::KeyValue;
@@ -14,7 +14,7 @@ use opentelemetry::metrics::{
     Counter, Histogram, Meter, ObservableGauge, ObservableUpDownCounter, UpDownCounter,
 };
 
-use crate::handle::Inner;
+use crate::pool::advice::HostGauges;
 use crate::semconv;
 
 /// Explicit bucket boundaries (seconds) the HTTP semantic conventions advise
@@ -23,6 +23,15 @@ use crate::semconv;
 pub(crate) const DURATION_BUCKETS: [f64; 14] = [
     0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
 ];
+
+/// What the observable instruments read at each collection; implemented by
+/// the handle, which the instruments hold only weakly.
+pub(crate) trait PoolObservations: Send + Sync {
+    /// Open connections by attribute set, for `http.client.open_connections`.
+    fn open_connections(self: Arc<Self>, now: Instant) -> Vec<(Vec<KeyValue>, i64)>;
+    /// Per host: this interval's peak in flight and the idle limit.
+    fn pool_gauges(&self, now: Instant) -> Vec<HostGauges>;
+}
 
 /// Every instrument of one handle.
 pub(crate) struct Metrics {
@@ -58,7 +67,7 @@ fn histogram(meter: &Meter, name: &'static str, description: &'static str) -> Hi
 impl Metrics {
     /// Creates the instruments; the observable ones read `inner` at each
     /// collection (a `Weak`, so they never keep the handle alive).
-    pub(crate) fn new(meter: &Meter, inner: Weak<Inner>) -> Self {
+    pub(crate) fn new(meter: &Meter, inner: Weak<dyn PoolObservations>) -> Self {
         let open_inner = inner.clone();
         let peak_inner = inner.clone();
         let limit_inner = inner;
@@ -129,7 +138,7 @@ impl Metrics {
                 )
                 .with_callback(move |observer| {
                     if let Some(inner) = peak_inner.upgrade() {
-                        for g in inner.load.gauges(Instant::now()) {
+                        for g in inner.pool_gauges(Instant::now()) {
                             observer.observe(g.peak_in_flight, &host_attributes(&g.server_address, g.server_port));
                         }
                     }
@@ -143,7 +152,7 @@ impl Metrics {
                 )
                 .with_callback(move |observer| {
                     if let Some(inner) = limit_inner.upgrade() {
-                        for g in inner.load.gauges(Instant::now()) {
+                        for g in inner.pool_gauges(Instant::now()) {
                             if let Some(limit) = g.idle_limit {
                                 observer.observe(limit as u64, &host_attributes(&g.server_address, g.server_port));
                             }
