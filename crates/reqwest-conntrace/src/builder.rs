@@ -5,8 +5,9 @@ use std::time::Duration;
 
 use reqwest::dns::Resolve;
 
+use crate::connect::address::AddressOrder;
 use crate::connect::connector::ConnectorLayer;
-use crate::connect::dns::{AddressOrder, TracedResolver};
+use crate::connect::dns::TracedResolver;
 use crate::connect::tls::TlsSettings;
 use crate::error::BuildError;
 use crate::handle::ConnTrace;

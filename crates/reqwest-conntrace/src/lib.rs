@@ -62,8 +62,9 @@ mod request;
 pub mod semconv;
 
 pub use builder::{InstrumentedClientBuilder, ReqwestClientBuilder};
+pub use connect::address::AddressOrder;
 pub use connect::connector::{ConnectFuture, ConnectService, ConnectorLayer};
-pub use connect::dns::{AddressOrder, SystemResolver, TracedResolver};
+pub use connect::dns::{SystemResolver, TracedResolver};
 pub use connect::tls::TlsSettings;
 pub use error::BuildError;
 pub use export::report::{

@@ -78,7 +78,7 @@ pub(crate) struct DnsPhase {
     /// address-order policy).
     pub(crate) connect_order: Vec<SocketAddr>,
     /// The policy that produced `connect_order`.
-    pub(crate) order: crate::connect::dns::AddressOrder,
+    pub(crate) order: crate::connect::address::AddressOrder,
     pub(crate) error: Option<(&'static str, String)>,
 }
 
