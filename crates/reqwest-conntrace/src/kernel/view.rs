@@ -19,7 +19,7 @@ use std::time::Instant;
 
 use super::error::OffReason;
 use super::facts::TcpFacts;
-#[cfg(test)]
+#[cfg(all(test, target_os = "linux"))]
 use super::facts::{TcpInfo, TcpState};
 use super::worker;
 
