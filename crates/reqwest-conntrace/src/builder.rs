@@ -5,12 +5,13 @@ use std::time::Duration;
 
 use reqwest::dns::Resolve;
 
-use crate::client::{ClientState, REQWEST_DEFAULT_IDLE_TIMEOUT};
-use crate::connector::ConnectorLayer;
-use crate::dns::{AddressOrder, TracedResolver};
+use crate::connect::address::AddressOrder;
+use crate::connect::connector::ConnectorLayer;
+use crate::connect::dns::TracedResolver;
+use crate::connect::tls::TlsSettings;
 use crate::error::BuildError;
 use crate::handle::ConnTrace;
-use crate::tls::TlsSettings;
+use crate::pool::client::{ClientState, REQWEST_DEFAULT_IDLE_TIMEOUT};
 
 /// A `reqwest::ClientBuilder` being instrumented: keeps every option already
 /// set on it (pool sizes, timeouts, proxies, `resolve` overrides, headers) and
@@ -114,7 +115,7 @@ impl ConnTrace {
 /// options to a preconfigured rustls config, so each one it shows is either
 /// carried over here or refused with [`BuildError::TlsOptionOnReqwestBuilder`].
 fn carry_over_tls(described: &str, mut tls: TlsSettings) -> Result<TlsSettings, BuildError> {
-    use crate::report::TlsVersion;
+    use crate::export::report::TlsVersion;
     let version = |field: &str| -> Result<Option<TlsVersion>, BuildError> {
         let Some(at) = described.find(&format!("{field}: Version(")) else {
             return Ok(None);
@@ -278,18 +279,18 @@ impl InstrumentedClientBuilder {
         if let Some(max) = self.max_idle_per_host {
             builder = builder.pool_max_idle_per_host(max);
         }
-        let rules = proxy.as_ref().map(crate::proxy::ProxyRules::all);
+        let rules = proxy.as_ref().map(crate::connect::proxy::ProxyRules::all);
         if let Some(p) = proxy {
             builder = builder.proxy(reqwest::Proxy::all(p.as_str())?);
         }
         // Redirect hops as requests of their own (see `redirect`).
-        if let Some(policy) = crate::redirect::takeover_policy(&described) {
+        if let Some(policy) = crate::request::redirect::takeover_policy(&described) {
             builder = builder.redirect(policy);
         }
         self.trace.inner().count_client();
         let client = builder.build()?;
-        let _ =
-            proxy_rules.set(rules.unwrap_or_else(|| crate::proxy::ProxyRules::of_client(&client)));
+        let _ = proxy_rules
+            .set(rules.unwrap_or_else(|| crate::connect::proxy::ProxyRules::of_client(&client)));
         Ok(client)
     }
 

@@ -2,8 +2,8 @@
 //! connector layer, the resolver wrapper, the TLS hooks and the middleware.
 
 use std::net::SocketAddr;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
 
 use std::time::{Duration, Instant};
 
@@ -12,14 +12,17 @@ use opentelemetry::metrics::{Meter, MeterProvider};
 use opentelemetry::trace::TracerProvider;
 use opentelemetry::{InstrumentationScope, KeyValue};
 
-use crate::advice::PoolLoad;
-use crate::clock::Clock;
+use crate::export::clock::Clock;
+use crate::export::metrics::{Metrics, PoolObservations};
+use crate::export::report::OnRequestEnd;
 use crate::kernel::{KernelLookup, KernelView};
-use crate::metrics::Metrics;
-use crate::pool::{HostKey, PoolHistory};
+use crate::pool::advice::{HostGauges, PoolLoad};
+use crate::pool::client::ClientState;
+use crate::pool::host::HostKey;
+use crate::pool::model::{MissVerdict, PoolHistory, decide_from_kernel};
+use crate::pool::registry::{ConnectionRecord, Registry};
+use crate::pool::slot::MissSlot;
 use crate::redact::UrlRedaction;
-use crate::registry::{ConnectionRecord, Registry};
-use crate::report::OnRequestEnd;
 use crate::semconv;
 
 /// Process-wide connection ids, so that ids from several handles never clash.
@@ -123,6 +126,16 @@ pub(crate) struct Inner {
     pub(crate) redaction: UrlRedaction,
 }
 
+impl PoolObservations for Inner {
+    fn open_connections(self: Arc<Self>, now: Instant) -> Vec<(Vec<KeyValue>, i64)> {
+        Inner::open_connections(&self, now)
+    }
+
+    fn pool_gauges(&self, now: Instant) -> Vec<HostGauges> {
+        self.load.gauges(now)
+    }
+}
+
 fn scope() -> InstrumentationScope {
     InstrumentationScope::builder(env!("CARGO_PKG_NAME"))
         .with_version(env!("CARGO_PKG_VERSION"))
@@ -176,9 +189,9 @@ impl Inner {
             KernelLookup::Found(facts) => {
                 if facts.state.closed_by_peer() {
                     record.set_end(if record.http2() {
-                        crate::miss::ConnectionEnd::GoAway
+                        crate::pool::miss::ConnectionEnd::GoAway
                     } else {
-                        crate::miss::ConnectionEnd::PeerFin
+                        crate::pool::miss::ConnectionEnd::PeerFin
                     });
                 } else if record.is_dropped_early() {
                     record.mark_discarded(record.last_activity());
@@ -192,9 +205,9 @@ impl Inner {
                     record.mark_discarded(record.last_activity());
                 } else if !record.is_discarded() && !record.is_over_idle_limit() {
                     record.set_end(if record.http2() {
-                        crate::miss::ConnectionEnd::GoAway
+                        crate::pool::miss::ConnectionEnd::GoAway
                     } else {
-                        crate::miss::ConnectionEnd::PeerClosed
+                        crate::pool::miss::ConnectionEnd::PeerClosed
                     });
                 }
                 self.connection_closed(record, Instant::now());
@@ -251,7 +264,7 @@ impl Inner {
     /// Forgets connections that closed without the handle seeing it: idle
     /// past their client's idle timeout (hyper-util's pool dropped them) at
     /// once; the idle-longest others (at most
-    /// [`SWEEP_KERNEL_CHECKS`](crate::registry::SWEEP_KERNEL_CHECKS)) when
+    /// [`SWEEP_KERNEL_CHECKS`](crate::pool::registry::SWEEP_KERNEL_CHECKS)) when
     /// the kernel shows their socket closed. Never one in use.
     fn sweep(self: &Arc<Self>, now: Instant) {
         let mut idle: Vec<Arc<ConnectionRecord>> = Vec::new();
@@ -267,7 +280,7 @@ impl Inner {
                 idle.push(record);
             }
         }
-        let checks = crate::registry::SWEEP_KERNEL_CHECKS;
+        let checks = crate::pool::registry::SWEEP_KERNEL_CHECKS;
         if idle.len() > checks {
             idle.select_nth_unstable_by_key(checks, |r| r.last_activity());
             idle.truncate(checks);
@@ -287,6 +300,47 @@ impl Inner {
                     inner.apply_kernel_view(&record, &lookup);
                 }
             });
+        }
+    }
+
+    /// Classifies the miss of a connect `client` is starting to `host` now
+    /// (called from the connector layer when reqwest calls it): decided from
+    /// the history, or when the kernel answers about the candidate connection.
+    pub(crate) fn miss_slot(
+        self: &Arc<Self>,
+        host: &HostKey,
+        client: &ClientState,
+    ) -> Arc<MissSlot> {
+        let in_flight = self.load.in_flight(host);
+        match self
+            .pools
+            .classify_miss(host, client, Instant::now(), in_flight)
+        {
+            MissVerdict::Decided(miss) => Arc::new(MissSlot::decided(miss)),
+            MissVerdict::Closed { miss, record } => {
+                let at = record.last_activity();
+                record.mark_discarded(at);
+                self.connection_closed(&record, at);
+                Arc::new(MissSlot::decided(miss))
+            }
+            MissVerdict::AskKernel {
+                local,
+                remote,
+                candidate,
+                alive,
+            } => {
+                let slot = Arc::new(MissSlot::pending(alive));
+                let answer = slot.clone();
+                let weak: Weak<Inner> = Arc::downgrade(self);
+                self.kernel.lookup_then(local, remote, move |lookup| {
+                    let miss = decide_from_kernel(&candidate, &lookup, Instant::now(), alive);
+                    if let Some(inner) = weak.upgrade() {
+                        inner.apply_kernel_view(&candidate, &lookup);
+                    }
+                    answer.set(miss);
+                });
+                slot
+            }
         }
     }
 
@@ -367,7 +421,7 @@ impl Drop for Inner {
         }
         let hosts = self.load.gauges(Instant::now());
         self.metrics
-            .keep_final(crate::metrics::FinalObservations { open, hosts });
+            .keep_final(crate::export::metrics::FinalObservations { open, hosts });
     }
 }
 
@@ -466,7 +520,7 @@ impl Default for ConnTraceBuilder {
             tracer: TracerSource::Global,
             meter: None,
             advice_interval: DEFAULT_POOL_ADVICE_INTERVAL,
-            advice_hosts: crate::advice::DEFAULT_POOL_ADVICE_HOSTS,
+            advice_hosts: crate::pool::advice::DEFAULT_POOL_ADVICE_HOSTS,
             capacity: DEFAULT_REGISTRY_CAPACITY,
             on_request_end: None,
             redaction: UrlRedaction::default(),
@@ -570,7 +624,7 @@ impl ConnTraceBuilder {
                 registry: Registry::new(self.capacity),
                 pools: PoolHistory::default(),
                 load: PoolLoad::new(self.advice_interval, self.advice_hosts),
-                metrics: Metrics::new(&meter, weak.clone()),
+                metrics: Metrics::new(&meter, weak.clone() as Weak<dyn PoolObservations>),
                 kernel: KernelView::new(),
                 registry_full_logged: AtomicBool::new(false),
                 open_sets: std::sync::Mutex::new(Vec::new()),

@@ -56,56 +56,38 @@
 //! the OpenTelemetry tracer provider (connection spans); [`otlp`] (feature
 //! `otlp`) sets both up from the standard `OTEL_*` variables.
 
-mod address;
-mod advice;
-mod attempt;
-mod attribution;
-mod body;
 mod builder;
-mod client;
-mod clock;
-mod connector;
-mod dns;
+mod connect;
 mod error;
-mod fanout;
+mod export;
 mod handle;
 mod kernel;
-mod metrics;
-mod middleware;
-mod miss;
 #[cfg(feature = "otlp")]
 pub mod otlp;
 mod pool;
-mod proxy;
 mod redact;
-mod redirect;
-mod registry;
-mod report;
 mod request;
-mod sampling;
 pub mod semconv;
-mod setup;
-mod tcp;
-mod tls;
 
-pub use advice::{DEFAULT_POOL_ADVICE_HOSTS, PoolAdvice};
 pub use builder::{InstrumentedClientBuilder, ReqwestClientBuilder};
-pub use connector::{ConnectFuture, ConnectService, ConnectorLayer};
-pub use dns::{AddressOrder, SystemResolver, TracedResolver};
+pub use connect::address::AddressOrder;
+pub use connect::connector::{ConnectFuture, ConnectService, ConnectorLayer};
+pub use connect::dns::{SystemResolver, TracedResolver};
+pub use connect::tcp::wait_for_pending_spans;
+pub use connect::tls::TlsSettings;
 pub use error::BuildError;
-pub use fanout::fan_out;
+pub use export::report::{
+    ConnectionSetup, ConnectionUse, DefaultOnRequestEnd, OnRequestEnd, RequestReport, TlsVersion,
+};
+pub use export::sampling::KeepConnectionSetups;
 pub use handle::{
     ConnTrace, ConnTraceBuilder, DEFAULT_POOL_ADVICE_INTERVAL, DEFAULT_REGISTRY_CAPACITY,
 };
 pub use kernel::{TcpFacts, TcpInfo, TcpState};
-pub use middleware::{
+pub use pool::advice::{DEFAULT_POOL_ADVICE_HOSTS, PoolAdvice};
+pub use pool::miss::MissReason;
+pub use redact::{DEFAULT_REDACTED_QUERY_KEYS, UrlRedaction, redact_url};
+pub use request::fanout::fan_out;
+pub use request::middleware::{
     ConnTraceMiddleware, DefaultMakeRequestSpan, MakeRequestSpan, UseCurrentSpan,
 };
-pub use miss::MissReason;
-pub use redact::{DEFAULT_REDACTED_QUERY_KEYS, UrlRedaction, redact_url};
-pub use report::{
-    ConnectionSetup, ConnectionUse, DefaultOnRequestEnd, OnRequestEnd, RequestReport, TlsVersion,
-};
-pub use sampling::KeepConnectionSetups;
-pub use tcp::wait_for_pending_spans;
-pub use tls::TlsSettings;

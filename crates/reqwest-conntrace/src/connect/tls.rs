@@ -27,9 +27,9 @@ use rustls::{
     ClientConfig, DigitallySignedStruct, KeyLog, NamedGroup, RootCertStore, SignatureScheme,
 };
 
-use crate::attempt;
+use crate::connect::attempt;
 use crate::error::BuildError;
-use crate::report::TlsVersion;
+use crate::export::report::TlsVersion;
 
 /// The TLS options of an instrumented client.
 ///

@@ -10,10 +10,11 @@ use std::time::{Duration, Instant};
 
 use opentelemetry::trace::SpanContext;
 
-use crate::client::ClientState;
-use crate::miss::ConnectionEnd;
-use crate::pool::{HostKey, MissSlot};
-use crate::report::ConnectionSetup;
+use crate::export::report::ConnectionSetup;
+use crate::pool::client::ClientState;
+use crate::pool::host::HostKey;
+use crate::pool::miss::ConnectionEnd;
+use crate::pool::slot::MissSlot;
 
 /// One established connection as this handle saw it being set up.
 #[derive(Debug)]
@@ -417,7 +418,7 @@ mod tests {
     use std::net::Ipv4Addr;
 
     use super::*;
-    use crate::report::ConnectionSetup;
+    use crate::export::report::ConnectionSetup;
 
     fn record(id: u64) -> Arc<ConnectionRecord> {
         Arc::new(ConnectionRecord::new(

@@ -28,7 +28,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use crate::pool::HostKey;
+use crate::pool::host::HostKey;
 use crate::semconv;
 
 /// Default cap on the hosts whose load one handle tracks at once: 1,024

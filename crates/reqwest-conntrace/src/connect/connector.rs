@@ -16,15 +16,15 @@ use tower_layer::Layer;
 use tower_service::Service;
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 
-use crate::attempt::{AttemptScope, ConnectAttempt};
-use crate::client::ClientState;
+use crate::connect::attempt::{AttemptScope, ConnectAttempt};
+use crate::connect::proxy::{self, ProxyRefusal, ProxyRules};
+use crate::connect::setup::{self, Ending, Established};
 use crate::error::{classify, error_chain_text};
 use crate::handle::{ConnTrace, Inner};
-use crate::proxy::{self, ProxyRefusal, ProxyRules};
-use crate::registry::ConnectionRecord;
-use crate::request::{self, PendingSetup};
+use crate::pool::client::ClientState;
+use crate::pool::registry::ConnectionRecord;
+use crate::request::state::{self as request, PendingSetup};
 use crate::semconv;
-use crate::setup::{self, Ending, Established};
 
 /// Tower layer for `reqwest::ClientBuilder::connector_layer`: wraps reqwest's
 /// connector so that every new connection gets an `http.connection_setup`
@@ -137,7 +137,7 @@ where
         // reqwest calls the connector when hyper-util's pool checkout found
         // no usable idle connection: classify that miss now.
         let miss = trigger.as_ref().map(|t| {
-            let slot = crate::pool::miss_slot(&inner, &t.host, &self.client);
+            let slot = inner.miss_slot(&t.host, &self.client);
             t.note_miss(slot.clone());
             slot
         });

@@ -14,8 +14,7 @@ use opentelemetry::metrics::{
     Counter, Histogram, Meter, ObservableGauge, ObservableUpDownCounter, UpDownCounter,
 };
 
-use crate::advice::HostGauges;
-use crate::handle::Inner;
+use crate::pool::advice::HostGauges;
 use crate::semconv;
 
 /// Explicit bucket boundaries (seconds) the HTTP semantic conventions advise
@@ -24,6 +23,15 @@ use crate::semconv;
 pub(crate) const DURATION_BUCKETS: [f64; 14] = [
     0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
 ];
+
+/// What the observable instruments read at each collection; implemented by
+/// the handle, which the instruments hold only weakly.
+pub(crate) trait PoolObservations: Send + Sync {
+    /// Open connections by attribute set, for `http.client.open_connections`.
+    fn open_connections(self: Arc<Self>, now: Instant) -> Vec<(Vec<KeyValue>, i64)>;
+    /// Per host: this interval's peak in flight and the idle limit.
+    fn pool_gauges(&self, now: Instant) -> Vec<HostGauges>;
+}
 
 /// Every instrument of one handle.
 pub(crate) struct Metrics {
@@ -73,7 +81,7 @@ fn histogram(meter: &Meter, name: &'static str, description: &'static str) -> Hi
 impl Metrics {
     /// Creates the instruments; the observable ones read `inner` at each
     /// collection (a `Weak`, so they never keep the handle alive).
-    pub(crate) fn new(meter: &Meter, inner: Weak<Inner>) -> Self {
+    pub(crate) fn new(meter: &Meter, inner: Weak<dyn PoolObservations>) -> Self {
         let open_inner = inner.clone();
         let peak_inner = inner.clone();
         let limit_inner = inner;
@@ -158,7 +166,7 @@ impl Metrics {
                         }
                     };
                     if let Some(inner) = peak_inner.upgrade() {
-                        observe(&inner.load.gauges(Instant::now()));
+                        observe(&inner.pool_gauges(Instant::now()));
                     } else if let Ok(last) = peak_last.lock()
                         && let Some(last) = last.as_ref()
                     {
@@ -181,7 +189,7 @@ impl Metrics {
                         }
                     };
                     if let Some(inner) = limit_inner.upgrade() {
-                        observe(&inner.load.gauges(Instant::now()));
+                        observe(&inner.pool_gauges(Instant::now()));
                     } else if let Ok(last) = limit_last.lock()
                         && let Some(last) = last.as_ref()
                     {

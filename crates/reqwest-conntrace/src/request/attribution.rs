@@ -9,14 +9,14 @@ use opentelemetry::KeyValue;
 use opentelemetry::trace::Status;
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 
-use crate::clock::secs;
+use crate::export::clock::secs;
+use crate::export::report::{ConnectionUse, RequestReport};
 use crate::handle::Inner;
 use crate::kernel::KernelLookup;
-use crate::miss::{ConnectionEnd, MissReason};
-use crate::pool::Miss;
-use crate::registry::ConnectionRecord;
-use crate::report::{ConnectionUse, RequestReport};
-use crate::request::{Fate, RequestState};
+use crate::pool::miss::{ConnectionEnd, MissReason};
+use crate::pool::registry::ConnectionRecord;
+use crate::pool::slot::Miss;
+use crate::request::state::{Fate, RequestState};
 use crate::semconv;
 
 /// Attributes the response to the connection that carried it and records the
@@ -481,7 +481,7 @@ impl RequestEnd {
         let mut base_attributes = state.host.attributes();
         base_attributes.push(KeyValue::new(
             semconv::HTTP_REQUEST_METHOD,
-            crate::middleware::method_attribute(&method),
+            crate::request::method::method_attribute(&method),
         ));
         inner.metrics.active_requests.add(1, &base_attributes);
         if !inner.load.request_started(&state.host, state.started) {

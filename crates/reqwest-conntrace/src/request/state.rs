@@ -10,8 +10,9 @@ use std::time::{Instant, SystemTime};
 use opentelemetry::trace::{Status, TraceContextExt};
 use opentelemetry::{Context, KeyValue};
 
-use crate::pool::{HostKey, MissSlot};
-use crate::registry::ConnectionRecord;
+use crate::pool::host::HostKey;
+use crate::pool::registry::ConnectionRecord;
+use crate::pool::slot::MissSlot;
 use crate::semconv;
 
 /// One request going through the middleware.
@@ -25,7 +26,7 @@ pub(crate) struct RequestState {
     /// Why the first connect this request triggered was needed.
     miss: Mutex<Option<Arc<MissSlot>>>,
     /// The fan-out batch the request was started in, if any.
-    pub(crate) batch: Option<Arc<crate::fanout::BatchStats>>,
+    pub(crate) batch: Option<Arc<crate::request::fanout::BatchStats>>,
 }
 
 #[derive(Debug, Default)]
@@ -61,7 +62,7 @@ impl RequestState {
             host,
             trigger: Mutex::new(TriggerState::default()),
             miss: Mutex::new(None),
-            batch: crate::fanout::current(),
+            batch: crate::request::fanout::current(),
         }
     }
 

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant, SystemTime};
 use opentelemetry::trace::TraceContextExt;
 use opentelemetry::{Context, KeyValue};
 
-use crate::address::SYN_RETRANSMIT_AT;
+use crate::connect::address::SYN_RETRANSMIT_AT;
 use crate::kernel::{KernelLookup, TcpFacts};
 use crate::semconv;
 

@@ -7,11 +7,11 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
-use crate::client::ClientState;
-use crate::pool::MissSlot;
-use crate::proxy::ProxyRoute;
-use crate::report::TlsVersion;
-use crate::request::RequestState;
+use crate::connect::proxy::ProxyRoute;
+use crate::export::report::TlsVersion;
+use crate::pool::client::ClientState;
+use crate::pool::slot::MissSlot;
+use crate::request::state::RequestState;
 
 /// One connect: created when reqwest calls the connector (a pool miss),
 /// finished when the connect future resolves or is dropped.
@@ -78,7 +78,7 @@ pub(crate) struct DnsPhase {
     /// address-order policy).
     pub(crate) connect_order: Vec<SocketAddr>,
     /// The policy that produced `connect_order`.
-    pub(crate) order: crate::dns::AddressOrder,
+    pub(crate) order: crate::connect::address::AddressOrder,
     pub(crate) error: Option<(&'static str, String)>,
 }
 

@@ -19,7 +19,7 @@ use std::error::Error as StdError;
 
 use hyper_util::client::proxy::matcher::Matcher;
 
-use crate::pool::HostKey;
+use crate::pool::host::HostKey;
 use crate::semconv;
 
 /// The proxy a connect to one target goes through.

@@ -8,17 +8,6 @@
 //! sandboxes without netlink, kernels without `tcp_diag`) every lookup
 //! answers [`KernelLookup::Unavailable`] after one warning.
 
-mod error;
-mod facts;
-#[cfg(not(target_os = "linux"))]
-mod no_sock_diag;
-#[cfg(target_os = "linux")]
-mod sock_diag;
-mod worker;
-
-#[cfg(not(target_os = "linux"))]
-use no_sock_diag as sock_diag;
-
 use std::fmt;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -28,8 +17,11 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 use std::time::Instant;
 
-use error::OffReason;
-pub use facts::{TcpFacts, TcpInfo, TcpState};
+use super::error::OffReason;
+use super::facts::TcpFacts;
+#[cfg(all(test, target_os = "linux"))]
+use super::facts::{TcpInfo, TcpState};
+use super::worker;
 
 /// The answer to one kernel lookup.
 #[derive(Debug, Clone, PartialEq)]

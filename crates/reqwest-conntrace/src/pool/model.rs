@@ -15,36 +15,15 @@
 use std::collections::{HashMap, VecDeque};
 use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
-use std::time::{Duration, Instant};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Instant;
 
-use opentelemetry::KeyValue;
-
-use crate::client::{ClientState, NEW_CLIENT_WINDOW};
-use crate::handle::Inner;
 use crate::kernel::KernelLookup;
-use crate::miss::{ConnectionEnd, MissReason};
-use crate::registry::ConnectionRecord;
-use crate::semconv;
-
-/// A pool key as hyper-util keys its pool: scheme, host, port.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub(crate) struct HostKey {
-    pub(crate) scheme: String,
-    pub(crate) host: String,
-    pub(crate) port: u16,
-}
-
-impl HostKey {
-    /// `server.address`, `server.port`, `url.scheme`.
-    pub(crate) fn attributes(&self) -> Vec<KeyValue> {
-        vec![
-            KeyValue::new(semconv::SERVER_ADDRESS, self.host.clone()),
-            KeyValue::new(semconv::SERVER_PORT, i64::from(self.port)),
-            KeyValue::new(semconv::URL_SCHEME, self.scheme.clone()),
-        ]
-    }
-}
+use crate::pool::client::{ClientState, NEW_CLIENT_WINDOW};
+use crate::pool::host::HostKey;
+use crate::pool::miss::{ConnectionEnd, MissReason};
+use crate::pool::registry::ConnectionRecord;
+use crate::pool::slot::{Miss, Previous};
 
 /// Connections remembered per host (most recent first out when full).
 const CONNECTIONS_PER_HOST: usize = 64;
@@ -63,18 +42,7 @@ pub(crate) struct PoolHistory {
     hosts: Mutex<HashMap<HostKey, HostHistory>>,
 }
 
-/// A connection whose end (or state) caused a miss: the facts named on
-/// the request as `http.connection.previous.*`.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub(crate) struct Previous {
-    pub(crate) id: u64,
-    /// End of its last response (or its ready time) to the miss.
-    pub(crate) idle: Duration,
-    pub(crate) request_count: u64,
-    /// How it ended; `None` while it is alive (`release_race`).
-    pub(crate) end: Option<ConnectionEnd>,
-}
-
+// Read from the registry's record, so it lives with the model, not in `slot`.
 impl Previous {
     fn of(record: &ConnectionRecord, now: Instant, end: Option<ConnectionEnd>) -> Self {
         Self {
@@ -82,29 +50,6 @@ impl Previous {
             idle: now.saturating_duration_since(record.last_activity()),
             request_count: record.requests.load(Ordering::Relaxed),
             end,
-        }
-    }
-}
-
-/// A miss's reason and the connection that caused it, if one did.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub(crate) struct Miss {
-    pub(crate) reason: MissReason,
-    pub(crate) previous: Option<Previous>,
-}
-
-impl Miss {
-    fn new(reason: MissReason) -> Self {
-        Self {
-            reason,
-            previous: None,
-        }
-    }
-
-    fn caused_by(reason: MissReason, previous: Previous) -> Self {
-        Self {
-            reason,
-            previous: Some(previous),
         }
     }
 }
@@ -459,80 +404,5 @@ impl PoolHistory {
             return true;
         }
         false
-    }
-}
-
-/// The miss of one connect, shared by the request that triggered it and the
-/// connection it made. Filled at once, or when the kernel answers.
-#[derive(Debug)]
-pub(crate) struct MissSlot {
-    miss: OnceLock<Miss>,
-    /// Used if the kernel has not answered in time.
-    fallback: Miss,
-}
-
-impl MissSlot {
-    pub(crate) fn decided(miss: Miss) -> Self {
-        let slot = Self::pending(miss);
-        let _ = slot.miss.set(miss);
-        slot
-    }
-
-    pub(crate) fn pending(fallback: Miss) -> Self {
-        Self {
-            miss: OnceLock::new(),
-            fallback,
-        }
-    }
-
-    pub(crate) fn set(&self, miss: Miss) {
-        let _ = self.miss.set(miss);
-    }
-
-    /// The miss, or the fallback if it is not known yet.
-    pub(crate) fn get(&self) -> Miss {
-        self.miss.get().copied().unwrap_or(self.fallback)
-    }
-
-    /// Whether the miss is known (decided at once, or the kernel answered).
-    pub(crate) fn is_settled(&self) -> bool {
-        self.miss.get().is_some()
-    }
-}
-
-/// Classifies the miss of a connect `client` is starting to `host` now
-/// (called from the connector layer when reqwest calls it): decided from
-/// the history, or when the kernel answers about the candidate connection.
-pub(crate) fn miss_slot(inner: &Arc<Inner>, host: &HostKey, client: &ClientState) -> Arc<MissSlot> {
-    let in_flight = inner.load.in_flight(host);
-    match inner
-        .pools
-        .classify_miss(host, client, Instant::now(), in_flight)
-    {
-        MissVerdict::Decided(miss) => Arc::new(MissSlot::decided(miss)),
-        MissVerdict::Closed { miss, record } => {
-            let at = record.last_activity();
-            record.mark_discarded(at);
-            inner.connection_closed(&record, at);
-            Arc::new(MissSlot::decided(miss))
-        }
-        MissVerdict::AskKernel {
-            local,
-            remote,
-            candidate,
-            alive,
-        } => {
-            let slot = Arc::new(MissSlot::pending(alive));
-            let answer = slot.clone();
-            let weak: Weak<Inner> = Arc::downgrade(inner);
-            inner.kernel.lookup_then(local, remote, move |lookup| {
-                let miss = decide_from_kernel(&candidate, &lookup, Instant::now(), alive);
-                if let Some(inner) = weak.upgrade() {
-                    inner.apply_kernel_view(&candidate, &lookup);
-                }
-                answer.set(miss);
-            });
-            slot
-        }
     }
 }

@@ -16,15 +16,16 @@ use reqwest_middleware::{Middleware, Next, Result};
 use tracing::Instrument;
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 
-use crate::attribution::{
-    EndKind, RequestEnd, attribute_failure, attribute_response, set_attributes,
-};
-use crate::body::TracedBody;
 use crate::error::{classify, error_chain_text};
 use crate::handle::ConnTrace;
-use crate::pool::HostKey;
-use crate::redirect::{HopScope, HopSlot, Template};
-use crate::request::{RequestScope, RequestState};
+use crate::pool::host::HostKey;
+use crate::request::attribution::{
+    EndKind, RequestEnd, attribute_failure, attribute_response, set_attributes,
+};
+use crate::request::body::TracedBody;
+use crate::request::method::is_known_method;
+use crate::request::redirect::{HopScope, HopSlot, Template};
+use crate::request::state::{RequestScope, RequestState};
 use crate::semconv;
 
 /// Makes the span a request's pool attributes land on.
@@ -54,10 +55,6 @@ pub trait MakeRequestSpan: Send + Sync + 'static {
 #[derive(Debug, Clone, Copy, Default)]
 pub struct DefaultMakeRequestSpan;
 
-const KNOWN_METHODS: &[&str] = &[
-    "GET", "HEAD", "POST", "PUT", "DELETE", "CONNECT", "OPTIONS", "TRACE", "PATCH", "QUERY",
-];
-
 impl MakeRequestSpan for DefaultMakeRequestSpan {
     fn make_span(&self, request: &Request) -> tracing::Span {
         let method = request.method().as_str();
@@ -73,20 +70,6 @@ impl MakeRequestSpan for DefaultMakeRequestSpan {
             otel.kind = "client",
         )
     }
-}
-
-fn is_known_method(method: &str) -> bool {
-    KNOWN_METHODS.contains(&method)
-}
-
-/// The `http.request.method` value: the method, or `_OTHER` outside the
-/// known set (HTTP semconv).
-pub(crate) fn method_attribute(method: &http::Method) -> &'static str {
-    KNOWN_METHODS
-        .iter()
-        .find(|m| **m == method.as_str())
-        .copied()
-        .unwrap_or("_OTHER")
 }
 
 /// Uses the current span: place [`ConnTraceMiddleware`] after
@@ -360,7 +343,7 @@ impl<M: MakeRequestSpan> ConnTraceMiddleware<M> {
             }
             Err(error) => {
                 // A proxy that refused the CONNECT is named as such.
-                let error_type = crate::proxy::refusal(&error)
+                let error_type = crate::connect::proxy::refusal(&error)
                     .map_or_else(|| classify(&error), |r| r.error_type);
                 let none = tracing::Span::none();
                 attribute_failure(

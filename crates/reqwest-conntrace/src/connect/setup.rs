@@ -10,13 +10,13 @@ use opentelemetry::trace::{
 };
 use opentelemetry::{Array, Context, KeyValue, StringValue, Value};
 
-use crate::address;
-use crate::attempt::{ConnectAttempt, Phases};
+use crate::connect::address;
+use crate::connect::attempt::{ConnectAttempt, Phases};
+use crate::connect::proxy::{ProxyRefusal, ProxyRoute};
+use crate::connect::tcp::TcpSpanEnd;
+use crate::export::report::{ConnectionSetup, TlsVersion};
 use crate::handle::Inner;
-use crate::proxy::{ProxyRefusal, ProxyRoute};
-use crate::report::{ConnectionSetup, TlsVersion};
 use crate::semconv;
-use crate::tcp::TcpSpanEnd;
 
 /// Facts about a finished connect read from reqwest's `Connected`.
 #[derive(Debug, Clone, Copy)]
@@ -314,7 +314,7 @@ pub(crate) fn emit_phases(
             end: inner.clock.wall(tcp_end),
             syn_by_timing: syn_retransmits,
             facts: tcp_facts.clone(),
-            _pending: crate::tcp::PendingEnd::new(),
+            _pending: crate::connect::tcp::PendingEnd::new(),
         };
         // A connected socket is looked up in the kernel before the span
         // ends (by the caller, off this task), when anyone reads the
@@ -334,7 +334,10 @@ pub(crate) fn emit_phases(
     if let Some(start) = tunnel_start {
         let mut attrs = Vec::new();
         if let Some(t) = &attempt.trigger {
-            attrs.extend(crate::metrics::host_attributes(&t.host.host, t.host.port));
+            attrs.extend(crate::export::metrics::host_attributes(
+                &t.host.host,
+                t.host.port,
+            ));
         }
         if let Some(r) = remote {
             attrs.push(KeyValue::new(

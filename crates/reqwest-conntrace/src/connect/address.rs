@@ -1,6 +1,8 @@
 //! Which resolved address a connect used and what became of the ones tried
 //! before it, read from hyper-util's documented connect order (there is no
-//! per-attempt hook), and the SYN retransmissions a connect waited out.
+//! per-attempt hook), the SYN retransmissions a connect waited out, and the
+//! order the resolved addresses are handed to the connector in
+//! ([`AddressOrder`]).
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -133,6 +135,72 @@ pub(crate) fn explain_choice(
         })
         .collect();
     Some(AddressChoice { index, skipped })
+}
+
+/// The order in which resolved addresses are handed to the connector.
+///
+/// hyper-util's connector (reqwest's) tries the addresses of the *first*
+/// address's family one after another (each with an equal share of the
+/// connect timeout), and starts on the other family 300 ms later if none has
+/// connected yet (Happy Eyeballs, RFC 6555 / RFC 8305). So the first address
+/// decides which family is preferred.
+///
+/// Trade-off (incident 4): with [`Keep`](Self::Keep) a resolver that answers
+/// IPv6 first makes every connect wait on IPv6; where IPv6 drops SYNs each
+/// new connection pays the 300 ms fallback delay, or a 1 s / 3 s SYN
+/// retransmit when no IPv4 address is left to race.
+/// [`Ipv4First`](Self::Ipv4First) avoids that on hosts whose IPv6 path is
+/// broken, at the price of never preferring a working IPv6 path.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[non_exhaustive]
+pub enum AddressOrder {
+    /// The resolver's order (`getaddrinfo` applies RFC 6724). Default.
+    #[default]
+    Keep,
+    /// IPv4 addresses first (in the resolver's order), IPv6 after them as
+    /// the Happy Eyeballs fallback.
+    Ipv4First,
+    /// IPv6 addresses first, IPv4 after them as the fallback.
+    Ipv6First,
+}
+
+impl AddressOrder {
+    /// The `http.connection.address_order` value: `keep`, `ipv4_first` or
+    /// `ipv6_first`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AddressOrder::Keep => "keep",
+            AddressOrder::Ipv4First => "ipv4_first",
+            AddressOrder::Ipv6First => "ipv6_first",
+        }
+    }
+
+    /// Reorders `addrs` by this policy; a stable partition, so the order
+    /// within each family is the resolver's.
+    pub fn apply(self, addrs: &[SocketAddr]) -> Vec<SocketAddr> {
+        let (v4, v6): (Vec<SocketAddr>, Vec<SocketAddr>) = addrs.iter().partition(|a| a.is_ipv4());
+        match self {
+            AddressOrder::Keep => addrs.to_vec(),
+            AddressOrder::Ipv4First => v4.into_iter().chain(v6).collect(),
+            AddressOrder::Ipv6First => v6.into_iter().chain(v4).collect(),
+        }
+    }
+}
+
+impl std::str::FromStr for AddressOrder {
+    type Err = String;
+
+    /// Parses `keep`, `ipv4-first` / `ipv4_first` or `ipv6-first` / `ipv6_first`.
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "keep" => Ok(AddressOrder::Keep),
+            "ipv4-first" | "ipv4_first" => Ok(AddressOrder::Ipv4First),
+            "ipv6-first" | "ipv6_first" => Ok(AddressOrder::Ipv6First),
+            other => Err(format!(
+                "unknown address order `{other}` (expected keep, ipv4-first or ipv6-first)"
+            )),
+        }
+    }
 }
 
 #[cfg(test)]

@@ -8,8 +8,8 @@ use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 
-use crate::attribution::{EndKind, RequestEnd};
 use crate::error::{classify, error_chain_text};
+use crate::request::attribution::{EndKind, RequestEnd};
 
 pin_project! {
     /// A response body that reports its end. Installed by the middleware on

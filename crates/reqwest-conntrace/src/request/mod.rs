@@ -1,0 +1,18 @@
+//! The request side: what happens on the path of one request, from the
+//! middleware's span to the end of the response body.
+//!
+//! - `middleware`: [`ConnTraceMiddleware`](crate::ConnTraceMiddleware), the request span and the hand-off to reqwest;
+//! - `method`: the `http.request.method` value and the known-method set that names the span;
+//! - `state`: one request in flight, the thread-local current request, its pending setup spans;
+//! - `redirect`: redirect hops sent as physical requests of their own;
+//! - `attribution`: pool attribution of a response and the guard that ends a request once;
+//! - `body`: the response body wrapper that ends the request at end of stream, error or drop;
+//! - `fanout`: [`fan_out`](crate::fan_out), batch futures under one parent span.
+
+pub(crate) mod attribution;
+pub(crate) mod body;
+pub(crate) mod fanout;
+pub(crate) mod method;
+pub(crate) mod middleware;
+pub(crate) mod redirect;
+pub(crate) mod state;
