@@ -41,7 +41,9 @@ pub const TCP_CONNECT_SPAN: &str = "tcp.connect";
 /// `network.peer.*` (the proxy). Its start is the start of the connect
 /// future's poll that completed the TCP connect and sent the CONNECT request
 /// (no hook exists between them): exact when that poll is the one the socket
-/// becoming writable woke, as it is for hyper-util's tunnel.
+/// becoming writable woke, as it is for hyper-util's tunnel. When one poll
+/// did it all (TCP connect, CONNECT round trip and TLS start, as happens on
+/// loopback), the span starts with that poll.
 pub const PROXY_CONNECT_SPAN: &str = "proxy.connect";
 /// Name of the TLS phase span (child of [`CONNECTION_SETUP_SPAN`], https
 /// only): from building the ClientHello to the connection being ready.
