@@ -150,5 +150,8 @@ if [ -n "$failed_tests" ]; then
     echo "   failed tests (binary: test):"
     echo "$failed_tests" | sed 's/^/  /'
 fi
+# Binaries that failed without a failing test line (a crash, a build error).
+sed -n '/^error: [0-9]* targets\{0,1\} failed:/,$p' "$test_log" 2>/dev/null | sed 's/^/   /'
+
 echo "   full test output: $test_log"
 exit 1
