@@ -402,6 +402,131 @@ async fn bad_input_gets_one_clear_line() {
     );
 }
 
+/// Every integer in `text`, in order.
+fn integers(text: &str) -> Vec<i64> {
+    text.split(|c: char| !c.is_ascii_digit())
+        .filter(|t| !t.is_empty())
+        .map(|t| t.parse().expect("integer"))
+        .collect()
+}
+
+/// The demo's text output reads in one pass: every row of the comparison
+/// table is defined in the legend under it, and per phase the
+/// reconciliation lines repeat the table's figures and add up: the
+/// connections the server accepted = the misses (one connect each) plus or
+/// minus the connects the line names; of those, served calls + served none
+/// = accepted, split into first calls of new connections + spare ones later
+/// taken from the idle pool; connections used = opened in the measured part
+/// + kept from the warm-up.
+#[tokio::test]
+async fn demo_text_defines_every_figure_and_its_connections_add_up() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut cmd = conntrace();
+    cmd.args([
+        "demo",
+        "--duration",
+        "2",
+        "--warmup",
+        "1",
+        "--quiet",
+        "--traces-out",
+    ])
+    .arg(dir.path().join("traces.json"));
+    let out = run(cmd).await;
+    assert!(out.status.success(), "demo failed: {}", stderr(&out));
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let lines: Vec<&str> = text.lines().collect();
+    let legend_at = lines
+        .iter()
+        .position(|l| *l == "legend:")
+        .unwrap_or_else(|| panic!("no legend:\n{text}"));
+    let legend: Vec<&str> = lines[legend_at + 1..]
+        .iter()
+        .take_while(|l| l.starts_with("  "))
+        .copied()
+        .collect();
+    // The comparison table: the box-drawn rows just above the legend.
+    let mut table: HashMap<String, Vec<String>> = HashMap::new();
+    for row in lines[..legend_at]
+        .iter()
+        .rev()
+        .take_while(|l| !l.is_empty())
+        .filter(|l| l.starts_with('│') && l.contains('┆'))
+    {
+        let cells: Vec<String> = row
+            .trim_matches('│')
+            .split('┆')
+            .map(|c| c.trim().to_owned())
+            .collect();
+        table.insert(cells[0].clone(), cells[1..].to_vec());
+    }
+    assert!(table.len() > 10, "comparison rows:\n{text}");
+    for label in table.keys().filter(|l| !l.is_empty()) {
+        assert!(
+            legend.iter().any(|l| l
+                .strip_prefix("  ")
+                .and_then(|l| l.strip_prefix(label.as_str()))
+                .is_some_and(|rest| rest.starts_with(": ") && rest.len() > 10)),
+            "row {label:?} is not defined in the legend:\n{}",
+            legend.join("\n")
+        );
+    }
+    let cell = |row: &str, phase: usize| -> i64 { integers(&table[row][phase])[0] };
+    let opened_lines: Vec<usize> = lines
+        .iter()
+        .enumerate()
+        .filter(|(_, l)| l.starts_with("  connections opened (server) "))
+        .map(|(i, _)| i)
+        .collect();
+    assert_eq!(
+        opened_lines.len(),
+        2,
+        "one reconciliation per phase:\n{text}"
+    );
+    for (phase, &at) in opened_lines.iter().enumerate() {
+        let line = lines[at];
+        let (counts, rest) = line.split_once(" waited for busy").expect("misses");
+        let n = integers(counts);
+        let (opened, new, waited) = (n[0], n[1], n[2]);
+        assert_eq!(opened, cell("connections opened (server)", phase), "{line}");
+        let misses = integers(&table["misses: new conn. / waited for busy"][phase]);
+        assert_eq!((new, waited), (misses[0], misses[1]), "{line}");
+        let adjust = integers(rest.split(':').next().unwrap_or_default());
+        let adjust = match (rest.starts_with(" + "), rest.starts_with(" - ")) {
+            (true, _) => adjust[0],
+            (_, true) => -adjust[0],
+            _ => 0,
+        };
+        assert_eq!(opened, new + waited + adjust, "{line}");
+        let mut next = at + 1;
+        let mut served = 0;
+        if opened > 0 {
+            let of = integers(lines[next]);
+            assert!(lines[next].starts_with("  of those "), "{}", lines[next]);
+            let (total, used, first, spare, none) = (of[0], of[1], of[2], of[3], of[4]);
+            assert_eq!(total, opened, "{}", lines[next]);
+            assert_eq!(first + spare, used, "{}", lines[next]);
+            assert_eq!(used + none, opened, "{}", lines[next]);
+            served = used;
+            next += 1;
+        }
+        assert!(
+            lines[next].starts_with("  connections used "),
+            "{}",
+            lines[next]
+        );
+        let u = integers(lines[next]);
+        assert_eq!(
+            u[0],
+            cell("connections used (TLS resumed)", phase),
+            "{}",
+            lines[next]
+        );
+        assert_eq!(u[1], served, "{}", lines[next]);
+        assert_eq!(u[0], u[1] + u[2], "{}", lines[next]);
+    }
+}
+
 /// The demo (shortened): the small pool misses more than the right-sized
 /// one, and without an endpoint it writes the spans as OTLP JSON that
 /// decodes into request spans with pool attributes.
