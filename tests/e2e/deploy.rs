@@ -109,8 +109,8 @@ fn prometheus_name(name: &str, unit: &str, kind: Kind) -> String {
 
 /// The series names a metric shows up under in Prometheus.
 fn prometheus_series(m: &OtelMetric) -> Vec<String> {
-    let base = prometheus_name(m.name, m.unit, m.kind);
-    match m.kind {
+    let base = prometheus_name(m.name, m.unit, m.instrument);
+    match m.instrument {
         Kind::Histogram => ["_bucket", "_sum", "_count"]
             .iter()
             .map(|s| format!("{base}{s}"))

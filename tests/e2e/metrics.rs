@@ -66,13 +66,20 @@ async fn metrics_count_hits_misses_and_connections_with_bounded_attributes() {
         "the burst opened connections beyond the first"
     );
 
-    // Names, units, kinds and the attribute contract (contract.rs).
+    // Names, units, kinds and the attribute contract (contract.rs): every
+    // exported metric is in the library's table, and every entry is exported.
+    for name in t.metric_names() {
+        assert!(
+            OTEL_METRICS.iter().any(|m| m.name == name),
+            "{name} is exported but not in semconv::METRICS"
+        );
+    }
     for m in OTEL_METRICS {
         let points = t.metric(m.name);
         assert!(!points.is_empty(), "{} exported", m.name);
         for p in &points {
             assert_eq!(p.unit, m.unit, "{} unit", m.name);
-            assert_eq!(p.kind, m.kind, "{} instrument kind", m.name);
+            assert_eq!(p.kind, m.instrument, "{} instrument kind", m.name);
             for (k, _) in &p.attributes {
                 assert!(m.attributes.contains(&k.as_str()), "{} carries {k}", m.name);
             }
