@@ -8,13 +8,16 @@ use tokio::net::TcpListener;
 
 use crate::util::{get1, h1, tcp};
 
-const ONE_WAY: Duration = Duration::from_millis(25);
+/// 50 ms each way (RTT 100 ms): long enough that a loaded machine's
+/// scheduling delays stay inside the margins below, which tell N round
+/// trips from N + 1 (N + 3/4 RTT at most).
+const ONE_WAY: Duration = Duration::from_millis(50);
 
 fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1000.0
 }
 
-/// Through a 25 ms one-way proxy (RTT 50 ms): a new connection's first
+/// Through a 50 ms one-way proxy (RTT 100 ms): a new connection's first
 /// request costs ~2 RTT (handshake charge + request), each further request
 /// on the connection ~1 RTT, and a 1 MB response (many chunks) ~1 RTT too,
 /// i.e. chunks are pipelined, not delayed one after the other.
@@ -25,7 +28,8 @@ async fn adds_one_rtt_per_round_trip() {
         .await
         .expect("proxy");
     let rtt = proxy.rtt();
-    assert_eq!(rtt, Duration::from_millis(50));
+    assert_eq!(rtt, Duration::from_millis(100));
+    let margin = rtt * 3 / 4;
 
     let started = Instant::now();
     let mut sender = h1(tcp(proxy.addr()).await).await;
@@ -56,19 +60,13 @@ async fn adds_one_rtt_per_round_trip() {
         ms(bulk)
     );
     assert!(
-        first >= rtt * 2 && first < rtt * 2 + Duration::from_millis(40),
+        first >= rtt * 2 && first < rtt * 2 + margin,
         "first {first:?}"
     );
     for d in &again {
-        assert!(
-            *d >= rtt && *d < rtt + Duration::from_millis(25),
-            "reused {d:?}"
-        );
+        assert!(*d >= rtt && *d < rtt + margin, "reused {d:?}");
     }
-    assert!(
-        bulk >= rtt && bulk < rtt + Duration::from_millis(60),
-        "1 MB took {bulk:?}"
-    );
+    assert!(bulk >= rtt && bulk < rtt + margin, "1 MB took {bulk:?}");
     assert_eq!(proxy.connections(), 1);
     assert_eq!(server.accepted_connections(), 1);
     assert!(proxy.bytes_to_client() > 1_000_000);
@@ -110,7 +108,7 @@ async fn half_close_and_no_handshake_mode() {
     assert_eq!(answer, "got 5 bytes");
     // One round trip: request + EOF travel together, answer + EOF back.
     assert!(
-        took >= proxy.rtt() && took < proxy.rtt() + Duration::from_millis(30),
+        took >= proxy.rtt() && took < proxy.rtt() * 7 / 4,
         "{took:?}"
     );
 
