@@ -637,14 +637,21 @@ async fn demo_replays_incident_2_and_writes_otlp_json() {
 // receiver: what arrives must be the same trace the demo reported.
 // ---------------------------------------------------------------------------
 
-/// The rotel collector binary: `$ROTEL_AGENT` when set, else `rotel-agent`
-/// inside the `rotel` Python package that `pip install rotel` put on this
-/// machine. Panics (the test fails, it does not skip) when it is missing.
+/// The rotel collector binary: `$ROTEL_AGENT` when set (scripts/test.sh
+/// sets it), else `rotel-agent` inside the `rotel` Python package of the
+/// virtual environment scripts/test.sh creates (`target/venv`), else of
+/// `python3`. Panics (the test fails, it does not skip) when it is missing.
 fn rotel_agent() -> std::path::PathBuf {
     if let Some(path) = std::env::var_os("ROTEL_AGENT") {
         return path.into();
     }
-    let out = std::process::Command::new("python3")
+    let venv = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/venv/bin/python");
+    let python = if venv.is_file() {
+        venv
+    } else {
+        "python3".into()
+    };
+    let out = std::process::Command::new(python)
         .args([
             "-c",
             "import os, rotel; print(os.path.join(os.path.dirname(rotel.__file__), 'rotel-agent'))",
@@ -653,7 +660,7 @@ fn rotel_agent() -> std::path::PathBuf {
         .expect("python3 runs");
     assert!(
         out.status.success(),
-        "rotel is not installed (scripts/test.sh installs it: pip install rotel==0.0.1a15): {}",
+        "rotel is not installed (bash scripts/test.sh installs rotel==0.0.1a15 into target/venv): {}",
         String::from_utf8_lossy(&out.stderr)
     );
     let path = std::path::PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
