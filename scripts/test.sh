@@ -38,7 +38,7 @@ need ss iproute2            # checks the kernel (sock_diag) lookups
 need promtool prometheus    # deploy/prometheus checks, dashboard PromQL
 need amtool prometheus-alertmanager # deploy/alertmanager check
 need cc gcc libc6-dev       # ring's C code
-need python3 python3        # the rotel venv below
+need python3 python3 python3-venv # the rotel venv below
 # python3-venv: Debian splits `python3 -m venv` (with ensurepip) out of python3.
 if command -v python3 >/dev/null 2>&1 && ! python3 -c 'import ensurepip, venv' >/dev/null 2>&1; then
     need_apt+=(python3-venv)
