@@ -8,9 +8,10 @@ use tokio::net::TcpListener;
 
 use crate::util::{get1, h1, tcp};
 
-/// 50 ms each way (RTT 100 ms): long enough that a loaded machine's
-/// scheduling delays stay inside the margins below, which tell N round
-/// trips from N + 1 (N + 3/4 RTT at most).
+/// 50 ms each way (RTT 100 ms). Each check below is "N round trips, not
+/// N + 1": at least N RTT, and less than N + 1 RTT (an extra round trip
+/// cannot take less), the widest margin that still tells them apart, so a
+/// loaded machine's scheduling delays fit inside it.
 const ONE_WAY: Duration = Duration::from_millis(50);
 
 fn ms(d: Duration) -> f64 {
@@ -29,7 +30,7 @@ async fn adds_one_rtt_per_round_trip() {
         .expect("proxy");
     let rtt = proxy.rtt();
     assert_eq!(rtt, Duration::from_millis(100));
-    let margin = rtt * 3 / 4;
+    let margin = rtt;
 
     let started = Instant::now();
     let mut sender = h1(tcp(proxy.addr()).await).await;
@@ -107,10 +108,7 @@ async fn half_close_and_no_handshake_mode() {
     let took = started.elapsed();
     assert_eq!(answer, "got 5 bytes");
     // One round trip: request + EOF travel together, answer + EOF back.
-    assert!(
-        took >= proxy.rtt() && took < proxy.rtt() * 7 / 4,
-        "{took:?}"
-    );
+    assert!(took >= proxy.rtt() && took < proxy.rtt() * 2, "{took:?}");
 
     let dead = TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let dead_addr = dead.local_addr().expect("addr");
