@@ -255,8 +255,8 @@ async fn lab_minimum_requests_still_reproduce() {
 }
 
 /// Incident 3, at 100 ms RTT (long enough that a loaded machine's
-/// scheduling delays stay well inside the half-RTT margins that tell N from
-/// N + 1 round trips): a connection per request is a miss every time
+/// scheduling delays stay inside the margins, which scale with the RTT): a
+/// connection per request is a miss every time
 /// with TLS 1.2 costing 3 RTT of setup and TLS 1.3 2 RTT; TLS 1.2
 /// resumption saves one; resumed counts match the servers'; pooled runs set
 /// up one connection; the full accept queue costs one SYN retransmit (1 s),
