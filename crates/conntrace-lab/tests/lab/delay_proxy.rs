@@ -67,7 +67,10 @@ async fn adds_one_rtt_per_round_trip() {
     for d in &again {
         assert!(*d >= rtt && *d < rtt + margin, "reused {d:?}");
     }
-    assert!(bulk >= rtt && bulk < rtt + margin, "1 MB took {bulk:?}");
+    // Pipelined: about one RTT. Delayed chunk by chunk it would take one
+    // RTT per chunk (dozens for 1 MB); 5 RTT leaves room for the CPU time
+    // of copying 1 MB on a loaded machine and still tells them apart.
+    assert!(bulk >= rtt && bulk < rtt * 5, "1 MB took {bulk:?}");
     assert_eq!(proxy.connections(), 1);
     assert_eq!(server.accepted_connections(), 1);
     assert!(proxy.bytes_to_client() > 1_000_000);
