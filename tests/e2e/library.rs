@@ -317,7 +317,7 @@ async fn http2_concurrent_first_requests_coalesce_onto_one_connection() {
 }
 
 /// hyper-util's pool race: request B starts while the only connection is
-/// busy with A; B's connect (TLS 1.2 through a 200 ms RTT proxy: 3 RTT) is
+/// busy with A; B's connect (TLS 1.2 through a 400 ms RTT proxy: 3 RTT) is
 /// slower than A's response (1 RTT), so B is served by A's connection once
 /// it is released: B is a hit that waited, its connect finishes in the
 /// background and says it did not serve its trigger.
@@ -326,7 +326,9 @@ async fn pool_race_busy_connection_frees_before_the_new_connect() {
     let t = telemetry();
     let pki = TestPki::localhost().expect("pki");
     let server = tls_server(&pki, TlsVersions::Tls12Only, HttpVersions::Http1Only).await;
-    let proxy = conntrace_lab::DelayProxy::start(server.addr(), Duration::from_millis(100))
+    // 400 ms RTT: B's connect ends ~2 RTT after B's response, a margin a
+    // loaded machine's scheduling delays do not eat (at 200 ms they did).
+    let proxy = conntrace_lab::DelayProxy::start(server.addr(), Duration::from_millis(200))
         .await
         .expect("proxy");
     let url = format!("https://localhost:{}/", proxy.addr().port());
@@ -370,8 +372,15 @@ async fn pool_race_busy_connection_frees_before_the_new_connect() {
     let (ra, rb) = tokio::join!(a, b);
     ra.expect("a");
     rb.expect("b");
-    // Let the background connect finish and land in the pool.
-    tokio::time::sleep(Duration::from_millis(900)).await;
+    // Wait for the background connect to finish and land in the pool.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while t.setups().len() < 2 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "B's background connect never ended"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 
     let requests = t.requests();
     assert_eq!(requests.len(), 3);
