@@ -1,8 +1,10 @@
 //! The docker-compose stack's configuration (docker-compose.yml, deploy/)
 //! checked without Docker: every file parses, the files agree with each
-//! other (ports, service names, mounted paths, datasource uid), and every
-//! metric name the Prometheus rules and the Grafana dashboard use is one the
-//! library's OTLP metrics become in Prometheus.
+//! other (ports, service names, mounted paths, start-up order, datasource
+//! uids, trace links, alert routes, runbook links), and every metric and
+//! label the Prometheus rules and the Grafana dashboard use is one the
+//! library's OTLP metrics become in Prometheus. promtool (dashboard PromQL)
+//! and amtool (Alertmanager routing) run for real.
 //!
 //! Which edit breaks which test (each test's comment says more):
 //! - rename a metric in `semconv` (via [`OTEL_METRICS`]) only, or in rules.yml / the
@@ -11,13 +13,24 @@
 //!   it -> `collector_receives_otlp_on_the_published_ports`;
 //! - move the prometheus exporter off 8889 (or rename the compose service)
 //!   -> `prometheus_scrapes_the_collector_exporter`;
-//! - change the datasource uid or URL on one side only ->
-//!   `grafana_reads_prometheus_and_loads_the_dashboard`;
+//! - change a datasource uid or URL on one side only ->
+//!   `grafana_reads_prometheus_and_jaeger_and_loads_the_dashboard`;
+//! - drop a panel's trace link, or link a label the panel does not carry ->
+//!   `pool_panels_link_to_the_matching_traces`;
+//! - drop memory_limiter, move batch before sampling, stop keeping misses ->
+//!   `collector_limits_memory_and_keeps_every_miss_and_error`;
+//! - route warnings to the pager, point a webhook elsewhere ->
+//!   `alerts_route_by_severity_to_a_receiver_in_the_stack`;
+//! - hard-code a runbook URL, or drop RUNBOOK_BASE_URL's default ->
+//!   `runbook_links_come_from_one_variable_and_resolve_by_default`;
+//! - a depends_on without condition, or on a service without health check
+//!   -> `compose_starts_in_order_on_health_checks`;
 //! - delete or move a mounted file -> `compose_mounts_existing_files_and_pins_images`.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
+use reqwest_conntrace::semconv;
 use serde::Deserialize;
 
 use crate::contract::{Kind, OTEL_METRICS, OtelMetric};
@@ -35,6 +48,10 @@ const EXPORTER_LABELS: &[&str] = &[
 
 /// The README section every alert's runbook_url points at.
 const RUNBOOK_HEADING: &str = "## Alerting on pool misses";
+
+/// Prometheus' external label holding the runbook base URL (one variable,
+/// RUNBOOK_BASE_URL, in docker-compose.yml).
+const RUNBOOK_LABEL: &str = "runbook_base_url";
 
 // ---------------------------------------------------------------------------
 // OTel -> Prometheus names, as the OpenTelemetry Collector (contrib)
@@ -92,8 +109,8 @@ fn prometheus_name(name: &str, unit: &str, kind: Kind) -> String {
 
 /// The series names a metric shows up under in Prometheus.
 fn prometheus_series(m: &OtelMetric) -> Vec<String> {
-    let base = prometheus_name(m.name, m.unit, m.kind);
-    match m.kind {
+    let base = prometheus_name(m.name, m.unit, m.instrument);
+    match m.instrument {
         Kind::Histogram => ["_bucket", "_sum", "_count"]
             .iter()
             .map(|s| format!("{base}{s}"))
@@ -391,9 +408,32 @@ struct ComposeService {
     #[serde(default)]
     ports: Vec<String>,
     #[serde(default)]
-    depends_on: Vec<String>,
+    depends_on: BTreeMap<String, DependsOn>,
+    healthcheck: Option<Healthcheck>,
+    #[allow(dead_code)]
+    mem_limit: Option<String>,
     #[allow(dead_code)]
     restart: Option<String>,
+}
+
+/// `depends_on: {SERVICE: {condition: ...}}` (the long form: start-up waits
+/// for the condition, not only for the container to exist).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct DependsOn {
+    condition: String,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Healthcheck {
+    test: Vec<String>,
+    #[allow(dead_code)]
+    interval: Option<String>,
+    #[allow(dead_code)]
+    timeout: Option<String>,
+    #[allow(dead_code)]
+    retries: Option<u32>,
 }
 
 impl ComposeService {
@@ -472,6 +512,8 @@ fn service_by_image<'a>(compose: &'a Compose, image: &str) -> (&'a str, &'a Comp
 #[derive(Debug, Deserialize)]
 struct Collector {
     receivers: BTreeMap<String, serde_norway::Value>,
+    #[serde(default)]
+    extensions: BTreeMap<String, serde_norway::Value>,
     processors: BTreeMap<String, serde_norway::Value>,
     exporters: BTreeMap<String, serde_norway::Value>,
     service: CollectorService,
@@ -479,6 +521,8 @@ struct Collector {
 
 #[derive(Debug, Deserialize)]
 struct CollectorService {
+    #[serde(default)]
+    extensions: Vec<String>,
     pipelines: BTreeMap<String, Pipeline>,
 }
 
@@ -570,6 +614,14 @@ struct Datasources {
     datasources: Vec<Datasource>,
 }
 
+fn datasources() -> Vec<Datasource> {
+    yaml::<Datasources>(DATASOURCES).datasources
+}
+
+fn datasource_by_uid<'a>(sources: &'a [Datasource], uid: &str) -> Option<&'a Datasource> {
+    sources.iter().find(|d| d.uid == uid)
+}
+
 #[derive(Debug, Deserialize)]
 struct Datasource {
     uid: String,
@@ -593,7 +645,7 @@ struct ProviderOptions {
     path: String,
 }
 
-const DATASOURCES: &str = "deploy/grafana/provisioning/datasources/prometheus.yml";
+const DATASOURCES: &str = "deploy/grafana/provisioning/datasources/datasources.yml";
 const PROVIDERS: &str = "deploy/grafana/provisioning/dashboards/conntrace.yml";
 const DASHBOARD: &str = "deploy/grafana/dashboards/conntrace.json";
 
@@ -681,7 +733,7 @@ fn compose_mounts_existing_files_and_pins_images() {
             "service {name}: image {} is not pinned to a version",
             svc.image
         );
-        for dep in &svc.depends_on {
+        for dep in svc.depends_on.keys() {
             assert!(
                 compose.services.contains_key(dep),
                 "service {name} depends on unknown {dep}"
@@ -720,6 +772,20 @@ fn collector_receives_otlp_on_the_published_ports() {
             .expect("prometheus exporter"),
         &["endpoint"],
     ));
+    let health = endpoint_port(yaml_str(
+        collector
+            .extensions
+            .get("health_check")
+            .expect("health_check extension"),
+        &["endpoint"],
+    ));
+    assert!(
+        collector
+            .service
+            .extensions
+            .contains(&"health_check".to_owned()),
+        "the health_check extension is enabled in service.extensions"
+    );
     let published = svc.published();
     for want in [grpc, http] {
         assert!(
@@ -729,7 +795,7 @@ fn collector_receives_otlp_on_the_published_ports() {
     }
     for (host, container) in &published {
         assert!(
-            [grpc, http, exporter].contains(container),
+            [grpc, http, exporter, health].contains(container),
             "published {host}:{container} goes to no collector listener"
         );
     }
@@ -858,34 +924,48 @@ fn prometheus_scrapes_the_collector_exporter() {
     }
 }
 
-/// Grafana's provisioned datasource is the compose service `prometheus` on
-/// the port Prometheus listens on; every datasource reference in the
-/// dashboard uses its uid; the dashboard provider reads the directory the
-/// dashboard JSON is mounted in.
+/// Each provisioned datasource is a compose service on the port it listens
+/// on (Prometheus on its published port, Jaeger's query service on 16686);
+/// every datasource reference in the dashboard names one of their uids with
+/// the right type; the dashboard provider reads the directory the dashboard
+/// JSON is mounted in.
 #[test]
-fn grafana_reads_prometheus_and_loads_the_dashboard() {
+fn grafana_reads_prometheus_and_jaeger_and_loads_the_dashboard() {
     let compose = compose();
-    let (prom_service, prom) = service_by_image(&compose, "prom/prometheus");
     let (_, grafana) = service_by_image(&compose, "grafana/grafana");
-    let ds: Datasources = yaml(DATASOURCES);
-    let [ds] = ds.datasources.as_slice() else {
-        panic!("one datasource expected")
-    };
-    assert_eq!(ds.kind, "prometheus");
-    let prom_port = prom
-        .published()
-        .first()
-        .map(|(_, c)| *c)
-        .expect("prometheus port");
-    assert_eq!(ds.url, format!("http://{prom_service}:{prom_port}"));
+    let sources = datasources();
+    for (kind, image) in [
+        ("prometheus", "prom/prometheus"),
+        ("jaeger", "jaegertracing/jaeger"),
+    ] {
+        let (service, svc) = service_by_image(&compose, image);
+        let ds = sources
+            .iter()
+            .find(|d| d.kind == kind)
+            .unwrap_or_else(|| panic!("no {kind} datasource in {DATASOURCES}"));
+        let port = svc
+            .published()
+            .first()
+            .map(|(_, c)| *c)
+            .unwrap_or_else(|| panic!("{service} publishes no port"));
+        assert_eq!(
+            ds.url,
+            format!("http://{service}:{port}"),
+            "{kind} datasource URL"
+        );
+    }
 
     let dash = dashboard();
     let mut refs = Vec::new();
     json_values(&dash, "datasource", &mut refs);
     assert!(refs.len() > 5, "panels and targets name their datasource");
-    for r in refs {
-        assert_eq!(r["uid"], ds.uid.as_str(), "datasource reference {r}");
-        assert_eq!(r["type"], "prometheus");
+    for r in refs
+        .into_iter()
+        .chain(trace_link_queries().iter().map(|q| &q["datasource"]))
+    {
+        let ds = datasource_by_uid(&sources, r["uid"].as_str().unwrap_or_default())
+            .unwrap_or_else(|| panic!("datasource reference {r}: no such provisioned uid"));
+        assert_eq!(r["type"], ds.kind.as_str(), "datasource reference {r}");
     }
 
     // deploy/grafana/provisioning/KIND/FILE must appear at
@@ -916,6 +996,228 @@ fn grafana_reads_prometheus_and_loads_the_dashboard() {
         .get("GF_DASHBOARDS_DEFAULT_HOME_DASHBOARD_PATH")
     {
         assert_eq!(home, &dashboard_in_container);
+    }
+}
+
+/// The labels a panel's series carry: the `by (...)` labels of its queries
+/// (every pool panel aggregates), or for a bare recording rule the `by`
+/// labels of the rule's expression.
+fn panel_series_labels(panel: &serde_json::Value, rules: &[Rule]) -> BTreeSet<String> {
+    let mut out = BTreeSet::new();
+    for target in panel["targets"].as_array().into_iter().flatten() {
+        let expr = target["expr"].as_str().unwrap_or_default();
+        out.extend(output_labels(expr, rules));
+    }
+    out.remove("le");
+    out
+}
+
+/// The `by` labels of an expression, or when it has none, those of the
+/// recording rules it reads (recursively).
+fn output_labels(expr: &str, rules: &[Rule]) -> BTreeSet<String> {
+    let labels = by_labels(expr);
+    if !labels.is_empty() {
+        return labels;
+    }
+    promql_names(expr)
+        .metrics
+        .iter()
+        .filter_map(|m| {
+            rules
+                .iter()
+                .find(|r| r.record.as_deref() == Some(m.as_str()))
+        })
+        .flat_map(|r| output_labels(&r.expr, rules))
+        .collect()
+}
+
+/// Label names inside every `by (...)` of an expression.
+fn by_labels(expr: &str) -> BTreeSet<String> {
+    let mut out = BTreeSet::new();
+    let mut rest = expr;
+    while let Some(i) = rest.find("by") {
+        let after = &rest[i + 2..];
+        let word_start =
+            i == 0 || !rest[..i].ends_with(|c: char| c.is_ascii_alphanumeric() || c == '_');
+        if word_start && let Some(list) = after.trim_start().strip_prefix('(') {
+            let list = list.split(')').next().unwrap_or_default();
+            out.extend(
+                list.split(',')
+                    .map(|l| l.trim().to_owned())
+                    .filter(|l| !l.is_empty()),
+            );
+        }
+        rest = after;
+    }
+    out
+}
+
+/// Every Jaeger search query the dashboard's data links open (the `panes`
+/// parameter of each `/explore` link), with the panel it belongs to.
+fn trace_links() -> Vec<(serde_json::Value, serde_json::Value)> {
+    let dash = dashboard();
+    let mut out = Vec::new();
+    for panel in dash["panels"].as_array().expect("panels") {
+        for link in panel["fieldConfig"]["defaults"]["links"]
+            .as_array()
+            .into_iter()
+            .flatten()
+        {
+            let url = link["url"].as_str().expect("link url");
+            let panes = url
+                .strip_prefix("/explore?")
+                .and_then(|q| q.split('&').find_map(|kv| kv.strip_prefix("panes=")))
+                .unwrap_or_else(|| panic!("link {url} is not an Explore link with panes="));
+            let panes: serde_json::Value =
+                serde_json::from_str(panes).unwrap_or_else(|e| panic!("panes of {url}: {e}"));
+            for pane in panes.as_object().expect("panes is an object").values() {
+                for q in pane["queries"].as_array().expect("queries") {
+                    out.push((panel.clone(), q.clone()));
+                }
+            }
+        }
+    }
+    out
+}
+
+fn trace_link_queries() -> Vec<serde_json::Value> {
+    trace_links().into_iter().map(|(_, q)| q).collect()
+}
+
+/// Every pool panel (each timeseries panel) links to the traces behind
+/// the clicked series: a Jaeger search for that series' service (`job` =
+/// service.name), host (server.address) and, where the panel splits by
+/// them, miss reason, reuse or TLS resumption. Each search tag is an
+/// attribute the library sets (a `semconv` constant) and takes its value
+/// from the Prometheus label that same attribute became, a label the
+/// panel's series carry; each operation is one of the library's span names.
+/// Renaming a label in a panel's `by (...)` without its link, or linking
+/// to an attribute that is not exported, fails here.
+#[test]
+fn pool_panels_link_to_the_matching_traces() {
+    let rules = rules();
+    let attributes = [
+        semconv::SERVER_ADDRESS,
+        semconv::SERVER_PORT,
+        semconv::HTTP_CONNECTION_MISS_REASON,
+        semconv::HTTP_CONNECTION_REUSED,
+        semconv::TLS_RESUMED,
+        semconv::DNS_QUESTION_NAME,
+    ];
+    let miss_reasons = [
+        semconv::MISS_REASON_COLD,
+        semconv::MISS_REASON_ALL_BUSY,
+        semconv::MISS_REASON_IDLE_EXPIRED,
+        semconv::MISS_REASON_CLOSED_BY_PEER,
+        semconv::MISS_REASON_DISCARDED,
+        semconv::MISS_REASON_NEW_CLIENT,
+    ];
+    let operations = [
+        semconv::CONNECTION_SETUP_SPAN,
+        semconv::DNS_LOOKUP_SPAN,
+        semconv::TCP_CONNECT_SPAN,
+        semconv::TLS_HANDSHAKE_SPAN,
+    ];
+    let dash = dashboard();
+    let timeseries: Vec<&serde_json::Value> = dash["panels"]
+        .as_array()
+        .expect("panels")
+        .iter()
+        .filter(|p| p["type"] == "timeseries")
+        .collect();
+    assert!(timeseries.len() >= 6, "the pool panels");
+    let links = trace_links();
+    for panel in &timeseries {
+        let title = panel["title"].as_str().unwrap_or_default();
+        let queries: Vec<&serde_json::Value> = links
+            .iter()
+            .filter(|(p, _)| p["id"] == panel["id"])
+            .map(|(_, q)| q)
+            .collect();
+        assert!(
+            !queries.is_empty(),
+            "panel {title:?} has no link to its traces"
+        );
+        let labels = panel_series_labels(panel, &rules);
+        let label_ref = |value: &str| -> Option<String> {
+            value
+                .strip_prefix("${__field.labels.")
+                .and_then(|v| v.strip_suffix('}'))
+                .map(str::to_owned)
+        };
+        for q in queries {
+            assert_eq!(q["queryType"], "search", "{title}: {q}");
+            let service = q["service"].as_str().unwrap_or_default();
+            assert_eq!(
+                label_ref(service).as_deref(),
+                Some("job"),
+                "{title}: the service is the series' job (service.name)"
+            );
+            assert!(labels.contains("job"), "{title}: series carry no job");
+            if let Some(op) = q["operation"].as_str() {
+                assert!(
+                    operations.contains(&op),
+                    "{title}: operation {op} is not one of our spans"
+                );
+            }
+            let tags = q["tags"].as_str().unwrap_or_default();
+            let mut keys = BTreeSet::new();
+            // Jaeger's tag search: logfmt `key=value` pairs.
+            for pair in tags.split_whitespace() {
+                let (key, value) = pair
+                    .split_once('=')
+                    .unwrap_or_else(|| panic!("{title}: tag {pair:?} is not key=value"));
+                assert!(
+                    attributes.contains(&key),
+                    "{title}: tag {key} is not an attribute we set"
+                );
+                keys.insert(key);
+                match label_ref(value) {
+                    Some(label) => {
+                        assert_eq!(
+                            label,
+                            prometheus_label(key),
+                            "{title}: tag {key} takes its value from another attribute's label"
+                        );
+                        assert!(
+                            labels.contains(&label),
+                            "{title}: series carry no {label} (they have {labels:?})"
+                        );
+                    }
+                    None if key == semconv::HTTP_CONNECTION_MISS_REASON => {
+                        assert!(
+                            miss_reasons.contains(&value),
+                            "{title}: miss reason {value}"
+                        )
+                    }
+                    None => assert!(
+                        ["true", "false"].contains(&value),
+                        "{title}: fixed value {value} for {key}"
+                    ),
+                }
+            }
+            if labels.contains("server_address") {
+                assert!(
+                    keys.contains(semconv::SERVER_ADDRESS),
+                    "{title}: the link does not narrow to the host"
+                );
+            }
+            for (label, key) in [
+                (
+                    "http_connection_miss_reason",
+                    semconv::HTTP_CONNECTION_MISS_REASON,
+                ),
+                ("http_connection_reused", semconv::HTTP_CONNECTION_REUSED),
+                ("tls_resumed", semconv::TLS_RESUMED),
+            ] {
+                if labels.contains(label) {
+                    assert!(
+                        keys.contains(key),
+                        "{title}: series split by {label}, the link does not"
+                    );
+                }
+            }
+        }
     }
 }
 
@@ -988,7 +1290,8 @@ fn rules_and_dashboard_use_only_exported_names() {
 
 /// Every alert has a severity, a `for:` (no alert on one bad scrape), a
 /// summary naming the service and host and showing the value, a one-line
-/// fix, and a runbook_url pointing at the README section that exists.
+/// fix, and a runbook_url built from the one base URL (the external label
+/// `runbook_base_url`) and the anchor of the README section that exists.
 #[test]
 fn alerts_carry_severity_summary_fix_and_runbook() {
     let readme = read("README.md");
@@ -1042,7 +1345,7 @@ fn alerts_carry_severity_summary_fix_and_runbook() {
         );
         assert_eq!(
             rule.annotations.get("runbook_url").map(String::as_str),
-            Some(format!("README.md#{anchor}").as_str()),
+            Some(format!("{{{{ $externalLabels.{RUNBOOK_LABEL} }}}}#{anchor}").as_str()),
             "{name}: runbook_url"
         );
     }
@@ -1079,4 +1382,370 @@ fn dashboard_queries_are_valid_promql() {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+/// Start-up is ordered on conditions, not on container creation: every
+/// `depends_on` names a condition, a `service_healthy` dependency has a
+/// health check, every service has one except the collector (its contrib
+/// image is FROM scratch: no shell or HTTP client to run one; the compose
+/// header says so), and the dependencies have no cycle.
+#[test]
+fn compose_starts_in_order_on_health_checks() {
+    let compose = compose();
+    let (collector, _) = service_by_image(&compose, "otel/opentelemetry-collector");
+    for (name, svc) in &compose.services {
+        if name != collector {
+            let check = svc
+                .healthcheck
+                .as_ref()
+                .unwrap_or_else(|| panic!("service {name} has no healthcheck"));
+            assert_eq!(
+                check.test.first().map(String::as_str),
+                Some("CMD"),
+                "{name}: {check:?}"
+            );
+            let port = svc.published().first().map(|(_, c)| *c);
+            assert!(
+                check.test.iter().any(|a| port
+                    .is_some_and(|p| a.contains(&format!("localhost:{p}")))
+                    || a.contains("localhost:13133")),
+                "{name}: the health check probes none of its listeners: {check:?}"
+            );
+        }
+        for (dep, on) in &svc.depends_on {
+            assert!(
+                [
+                    "service_healthy",
+                    "service_started",
+                    "service_completed_successfully"
+                ]
+                .contains(&on.condition.as_str()),
+                "{name} -> {dep}: condition {}",
+                on.condition
+            );
+            if on.condition == "service_healthy" {
+                assert!(
+                    compose.services[dep].healthcheck.is_some(),
+                    "{name} waits for {dep} to be healthy, which has no healthcheck"
+                );
+            }
+        }
+    }
+    // Topological order exists (no cycle): peel services whose
+    // dependencies have all started.
+    let mut started: BTreeSet<&str> = BTreeSet::new();
+    while started.len() < compose.services.len() {
+        let next: Vec<&str> = compose
+            .services
+            .iter()
+            .filter(|(n, s)| {
+                !started.contains(n.as_str())
+                    && s.depends_on.keys().all(|d| started.contains(d.as_str()))
+            })
+            .map(|(n, _)| n.as_str())
+            .collect();
+        assert!(
+            !next.is_empty(),
+            "depends_on cycle among {:?}",
+            compose.services.keys()
+        );
+        started.extend(next);
+    }
+    // What waits for what: traces need Jaeger, alerts need Alertmanager,
+    // Grafana needs both of its datasources.
+    let (jaeger, _) = service_by_image(&compose, "jaegertracing/jaeger");
+    let (prom, prom_svc) = service_by_image(&compose, "prom/prometheus");
+    let (am, _) = service_by_image(&compose, "prom/alertmanager");
+    let (_, grafana) = service_by_image(&compose, "grafana/grafana");
+    let (_, collector_svc) = service_by_image(&compose, "otel/opentelemetry-collector");
+    assert!(collector_svc.depends_on.contains_key(jaeger));
+    assert!(prom_svc.depends_on.contains_key(am));
+    assert!(grafana.depends_on.contains_key(prom) && grafana.depends_on.contains_key(jaeger));
+}
+
+/// The collector runs the contrib distribution (the only one with
+/// tail_sampling); memory_limiter is the first processor of every pipeline
+/// and batch the last; the traces pipeline tail-samples with a policy
+/// keeping every trace carrying `http.connection.miss_reason` (any value),
+/// one keeping every error, and a probabilistic one for the rest; metrics
+/// are not sampled.
+#[test]
+fn collector_limits_memory_and_keeps_every_miss_and_error() {
+    let compose = compose();
+    let (_, svc) = service_by_image(&compose, "otel/opentelemetry-collector");
+    assert!(
+        svc.image
+            .starts_with("otel/opentelemetry-collector-contrib:"),
+        "tail_sampling is in the contrib image only: {}",
+        svc.image
+    );
+    let collector = collector();
+    for (name, p) in &collector.service.pipelines {
+        assert_eq!(
+            p.processors.first().map(String::as_str),
+            Some("memory_limiter"),
+            "{name}: memory_limiter first"
+        );
+        assert_eq!(
+            p.processors.last().map(String::as_str),
+            Some("batch"),
+            "{name}: batch last"
+        );
+    }
+    let metrics = &collector.service.pipelines["metrics"];
+    assert!(
+        !metrics
+            .processors
+            .iter()
+            .any(|p| p.starts_with("tail_sampling"))
+    );
+    let traces = &collector.service.pipelines["traces"];
+    let sampler = traces
+        .processors
+        .iter()
+        .find(|p| p.starts_with("tail_sampling"))
+        .expect("traces are tail-sampled");
+    let policies = collector.processors[sampler]["policies"]
+        .as_sequence()
+        .expect("policies");
+    let kind = |p: &serde_norway::Value| p["type"].as_str().unwrap_or_default().to_owned();
+    let miss = policies
+        .iter()
+        .find(|p| kind(p) == "string_attribute")
+        .expect("a string_attribute policy");
+    assert_eq!(
+        yaml_str(miss, &["string_attribute", "key"]),
+        semconv::HTTP_CONNECTION_MISS_REASON
+    );
+    assert_eq!(
+        miss["string_attribute"]["enabled_regex_matching"].as_bool(),
+        Some(true)
+    );
+    let values: Vec<&str> = miss["string_attribute"]["values"]
+        .as_sequence()
+        .expect("values")
+        .iter()
+        .filter_map(|v| v.as_str())
+        .collect();
+    assert_eq!(values, vec![".+"], "any miss reason");
+    let errors = policies
+        .iter()
+        .find(|p| kind(p) == "status_code")
+        .expect("a status_code policy");
+    assert_eq!(
+        errors["status_code"]["status_codes"]
+            .as_sequence()
+            .and_then(|c| c.first())
+            .and_then(|c| c.as_str()),
+        Some("ERROR")
+    );
+    let hits = policies
+        .iter()
+        .find(|p| kind(p) == "probabilistic")
+        .expect("plain hits sampled");
+    let pct = hits["probabilistic"]["sampling_percentage"]
+        .as_f64()
+        .expect("percentage");
+    assert!(pct > 0.0 && pct < 100.0, "{pct}");
+    // Sampling would be pointless after an exporter that sends everything.
+    assert!(
+        traces
+            .exporters
+            .iter()
+            .all(|e| !e.starts_with("prometheus"))
+    );
+}
+
+// deploy/alertmanager/alertmanager.yml: only what the checks read.
+#[derive(Debug, Deserialize)]
+struct Alertmanager {
+    receivers: Vec<AmReceiver>,
+}
+
+#[derive(Debug, Deserialize)]
+struct AmReceiver {
+    name: String,
+    #[serde(default)]
+    webhook_configs: Vec<AmWebhook>,
+}
+
+#[derive(Debug, Deserialize)]
+struct AmWebhook {
+    url: String,
+}
+
+const ALERTMANAGER: &str = "deploy/alertmanager/alertmanager.yml";
+
+/// The receiver Alertmanager's routing tree picks for `labels`, as amtool
+/// (Debian's prometheus-alertmanager, installed by scripts/test.sh)
+/// computes it from the real config.
+fn amtool_route(labels: &[(&str, &str)]) -> String {
+    let out = std::process::Command::new("amtool")
+        .args(["config", "routes", "test", "--config.file"])
+        .arg(repo_root().join(ALERTMANAGER))
+        .args(labels.iter().map(|(k, v)| format!("{k}={v}")))
+        .output()
+        .expect("amtool runs (scripts/test.sh installs Debian's prometheus-alertmanager)");
+    assert!(
+        out.status.success(),
+        "amtool config routes test failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).trim().to_owned()
+}
+
+/// Alerts page someone: Prometheus sends them to the compose service
+/// running Alertmanager on its port; amtool routes every severity the rules
+/// use to a receiver of its own (page and warning apart); each receiver's
+/// webhook is a compose service on a port it publishes, and that service is
+/// the pager log whose script listens on that port.
+#[test]
+fn alerts_route_by_severity_to_a_receiver_in_the_stack() {
+    #[derive(Debug, Deserialize)]
+    struct Alerting {
+        alerting: AlertingBlock,
+    }
+    #[derive(Debug, Deserialize)]
+    struct AlertingBlock {
+        alertmanagers: Vec<AmTargets>,
+    }
+    #[derive(Debug, Deserialize)]
+    struct AmTargets {
+        static_configs: Vec<StaticConfig>,
+    }
+    let compose = compose();
+    let (am_service, am) = service_by_image(&compose, "prom/alertmanager");
+    let am_port = am
+        .published()
+        .first()
+        .map(|(_, c)| *c)
+        .expect("alertmanager port");
+    let prom: Alerting = yaml("deploy/prometheus/prometheus.yml");
+    let targets: Vec<&String> = prom
+        .alerting
+        .alertmanagers
+        .iter()
+        .flat_map(|a| &a.static_configs)
+        .flat_map(|c| &c.targets)
+        .collect();
+    assert_eq!(targets, vec![&format!("{am_service}:{am_port}")]);
+    assert!(
+        am.container_path_of(ALERTMANAGER).is_some_and(|path| am
+            .command
+            .iter()
+            .any(|c| c == &format!("--config.file={path}"))),
+        "alertmanager runs with the mounted config: {:?}",
+        am.command
+    );
+
+    let severities: BTreeSet<String> = rules()
+        .iter()
+        .filter(|r| r.alert.is_some())
+        .filter_map(|r| r.labels.get("severity").cloned())
+        .collect();
+    assert!(severities.contains("page") && severities.contains("warning"));
+    let config: Alertmanager = yaml(ALERTMANAGER);
+    let mut chosen = BTreeMap::new();
+    for severity in &severities {
+        let receiver = amtool_route(&[
+            ("alertname", "HttpClientPoolMissRatioHigh"),
+            ("severity", severity),
+        ]);
+        let r = config
+            .receivers
+            .iter()
+            .find(|r| r.name == receiver)
+            .unwrap_or_else(|| panic!("amtool routed {severity} to unknown receiver {receiver}"));
+        assert!(
+            !r.webhook_configs.is_empty(),
+            "receiver {receiver} notifies no one"
+        );
+        chosen.insert(severity.clone(), receiver);
+    }
+    assert_ne!(
+        chosen["page"], chosen["warning"],
+        "pages and warnings are routed apart"
+    );
+
+    let pager_script = read("deploy/alertmanager/pager_log.py");
+    for r in &config.receivers {
+        for hook in &r.webhook_configs {
+            let rest = hook
+                .url
+                .strip_prefix("http://")
+                .unwrap_or_else(|| panic!("webhook {} is not http://", hook.url));
+            let authority = rest.split('/').next().unwrap_or_default();
+            let (host, port) = authority.split_once(':').expect("host:port");
+            let port = port.parse::<u16>().expect("port");
+            let svc = compose
+                .services
+                .get(host)
+                .unwrap_or_else(|| panic!("webhook {} is not a compose service", hook.url));
+            assert!(
+                svc.published().iter().any(|(_, c)| *c == port),
+                "{host} does not publish {port}"
+            );
+            assert!(
+                svc.container_path_of("deploy/alertmanager/pager_log.py")
+                    .is_some_and(|p| svc.command.contains(&p)),
+                "{host} runs the pager log"
+            );
+            assert!(
+                pager_script.contains(&format!("\"PAGER_LOG_PORT\", \"{port}\"")),
+                "pager_log.py listens on {port}"
+            );
+        }
+    }
+}
+
+/// The runbook links resolve: Prometheus' external label runbook_base_url
+/// comes from one variable (RUNBOOK_BASE_URL), which docker-compose.yml
+/// passes to Prometheus with a default that is README.md as the pager-log
+/// service serves it (mounted where it serves from, on its published
+/// port); the README has the section every runbook_url's anchor names.
+#[test]
+fn runbook_links_come_from_one_variable_and_resolve_by_default() {
+    #[derive(Debug, Deserialize)]
+    struct Global {
+        global: GlobalBlock,
+    }
+    #[derive(Debug, Deserialize)]
+    struct GlobalBlock {
+        external_labels: BTreeMap<String, String>,
+    }
+    let prom: Global = yaml("deploy/prometheus/prometheus.yml");
+    assert_eq!(
+        prom.global
+            .external_labels
+            .get(RUNBOOK_LABEL)
+            .map(String::as_str),
+        Some("${RUNBOOK_BASE_URL}")
+    );
+    let compose = compose();
+    let (_, prom_svc) = service_by_image(&compose, "prom/prometheus");
+    let value = prom_svc
+        .environment
+        .get("RUNBOOK_BASE_URL")
+        .expect("prometheus gets RUNBOOK_BASE_URL");
+    let default = value
+        .strip_prefix("${RUNBOOK_BASE_URL:-")
+        .and_then(|v| v.strip_suffix('}'))
+        .unwrap_or_else(|| panic!("RUNBOOK_BASE_URL has no default: {value}"));
+    let rest = default
+        .strip_prefix("http://localhost:")
+        .expect("a local default");
+    let (port, path) = rest.split_once('/').expect("port/path");
+    let port = port.parse::<u16>().expect("port");
+    let (name, server) = compose
+        .services
+        .iter()
+        .find(|(_, s)| s.published().iter().any(|(h, _)| *h == port))
+        .unwrap_or_else(|| panic!("no service publishes {port}"));
+    assert_eq!(path, "README.md");
+    assert_eq!(
+        server.container_path_of("README.md").as_deref(),
+        Some("/srv/docs/README.md"),
+        "{name} serves README.md from /srv/docs"
+    );
+    assert!(read("deploy/alertmanager/pager_log.py").contains("\"PAGER_LOG_DOCS\", \"/srv/docs\""));
 }

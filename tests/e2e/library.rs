@@ -317,8 +317,8 @@ async fn http2_concurrent_first_requests_coalesce_onto_one_connection() {
 }
 
 /// hyper-util's pool race: request B starts while the only connection is
-/// busy with A; B's connect (TLS 1.2 through a 200 ms RTT proxy: 3 RTT) is
-/// slower than A's response (1 RTT), so B is served by A's connection once
+/// busy with A; B's connect (TLS 1.2 through a 400 ms RTT proxy, resumed:
+/// 2 RTT) is slower than A's response, so B is served by A's connection once
 /// it is released: B is a hit that waited, its connect finishes in the
 /// background and says it did not serve its trigger.
 #[tokio::test]
@@ -326,7 +326,11 @@ async fn pool_race_busy_connection_frees_before_the_new_connect() {
     let t = telemetry();
     let pki = TestPki::localhost().expect("pki");
     let server = tls_server(&pki, TlsVersions::Tls12Only, HttpVersions::Http1Only).await;
-    let proxy = conntrace_lab::DelayProxy::start(server.addr(), Duration::from_millis(100))
+    // 400 ms RTT. B's connect resumes the warm-up's TLS session (2 RTT
+    // through the proxy, not 3), so it ends at B's start + 2 RTT while B
+    // ends at 2 RTT (A's response, then B's): the margin is B's head start,
+    // half an RTT here (it was 40 ms, which a loaded machine ate).
+    let proxy = conntrace_lab::DelayProxy::start(server.addr(), Duration::from_millis(200))
         .await
         .expect("proxy");
     let url = format!("https://localhost:{}/", proxy.addr().port());
@@ -357,7 +361,7 @@ async fn pool_race_busy_connection_frees_before_the_new_connect() {
     let b = {
         let (client, url) = (client.clone(), url.clone());
         async move {
-            tokio::time::sleep(Duration::from_millis(40)).await;
+            tokio::time::sleep(Duration::from_millis(200)).await;
             client
                 .get(url)
                 .send()
@@ -370,8 +374,15 @@ async fn pool_race_busy_connection_frees_before_the_new_connect() {
     let (ra, rb) = tokio::join!(a, b);
     ra.expect("a");
     rb.expect("b");
-    // Let the background connect finish and land in the pool.
-    tokio::time::sleep(Duration::from_millis(900)).await;
+    // Wait for the background connect to finish and land in the pool.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while t.setups().len() < 2 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "B's background connect never ended"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 
     let requests = t.requests();
     assert_eq!(requests.len(), 3);
@@ -398,6 +409,11 @@ async fn pool_race_busy_connection_frees_before_the_new_connect() {
     assert_eq!(
         str_attr(background, semconv::HTTP_CONNECTION_SETUP_OUTCOME).as_deref(),
         Some(semconv::SETUP_OUTCOME_POOLED)
+    );
+    assert_eq!(
+        bool_attr(background, semconv::TLS_RESUMED),
+        Some(true),
+        "B's connect resumed the warm-up's session (2 RTT, see above)"
     );
     assert!(
         background.end_time > b.end_time,

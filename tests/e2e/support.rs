@@ -179,6 +179,24 @@ impl Telemetry {
         points
     }
 
+    /// The names of every metric exported so far.
+    pub(crate) fn metric_names(&self) -> Vec<String> {
+        self.metric_exporter.reset();
+        self.meter_provider.force_flush().expect("metrics flush");
+        let exported = self
+            .metric_exporter
+            .get_finished_metrics()
+            .expect("in-memory metric exporter");
+        exported
+            .iter()
+            .rev()
+            .take(1)
+            .flat_map(|rm| rm.scope_metrics())
+            .flat_map(|sm| sm.metrics())
+            .map(|m| m.name().to_owned())
+            .collect()
+    }
+
     /// An instrumented client behind the middleware, trusting only `pki`'s
     /// CA when given, recording into this provider.
     pub(crate) fn client(

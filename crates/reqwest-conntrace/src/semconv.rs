@@ -340,6 +340,139 @@ pub const HTTP_CLIENT_POOL_PEAK_IN_FLIGHT: &str = "http.client.pool.peak_in_flig
 /// [`InstrumentedClientBuilder::pool_max_idle_per_host`](crate::InstrumentedClientBuilder::pool_max_idle_per_host).
 pub const HTTP_CLIENT_POOL_IDLE_LIMIT: &str = "http.client.pool.idle_limit";
 
+/// The instrument a metric in [`METRICS`] is recorded with. It decides
+/// the OTLP data type and how the metric arrives in Prometheus (through
+/// the OpenTelemetry Collector's `prometheus` exporter: a counter gets
+/// `_total`, a histogram `_bucket` / `_sum` / `_count`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Instrument {
+    /// Monotonic sum (OTLP `Sum`, `is_monotonic = true`): a Prometheus counter.
+    Counter,
+    /// Non-monotonic sum (OTLP `Sum`, `is_monotonic = false`): a Prometheus gauge.
+    UpDownCounter,
+    /// Last value (OTLP `Gauge`): a Prometheus gauge.
+    Gauge,
+    /// Explicit-bucket histogram (OTLP `Histogram`).
+    Histogram,
+}
+
+/// One metric this crate exports over OTLP (an entry of [`METRICS`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Metric {
+    /// The metric's name: one of the metric constants of this module.
+    pub name: &'static str,
+    /// Its unit as exported (UCUM: `s`, or a `{annotation}` for counts).
+    pub unit: &'static str,
+    /// The instrument it is recorded with.
+    pub instrument: Instrument,
+    /// Every attribute key a data point of it can carry (a point carries a
+    /// subset: e.g. `error.type` only on failures).
+    pub attributes: &'static [&'static str],
+}
+
+/// Every metric this crate exports, with its unit, instrument and the
+/// attribute keys its points can carry: what dashboards and alert rules can
+/// rely on. The end-to-end tests check it against what the SDK exports
+/// (names, units, instruments, attribute keys) and check the repository's
+/// Prometheus rules and Grafana dashboard against it.
+pub const METRICS: &[Metric] = &[
+    Metric {
+        name: HTTP_CLIENT_REQUEST_DURATION,
+        unit: "s",
+        instrument: Instrument::Histogram,
+        attributes: &[
+            HTTP_REQUEST_METHOD,
+            SERVER_ADDRESS,
+            SERVER_PORT,
+            URL_SCHEME,
+            HTTP_RESPONSE_STATUS_CODE,
+            ERROR_TYPE,
+            NETWORK_PROTOCOL_VERSION,
+            HTTP_CONNECTION_REUSED,
+        ],
+    },
+    Metric {
+        name: HTTP_CLIENT_ACTIVE_REQUESTS,
+        unit: "{request}",
+        instrument: Instrument::UpDownCounter,
+        attributes: &[HTTP_REQUEST_METHOD, SERVER_ADDRESS, SERVER_PORT, URL_SCHEME],
+    },
+    Metric {
+        name: DNS_LOOKUP_DURATION,
+        unit: "s",
+        instrument: Instrument::Histogram,
+        attributes: &[DNS_QUESTION_NAME, ERROR_TYPE],
+    },
+    Metric {
+        name: HTTP_CLIENT_OPEN_CONNECTIONS,
+        unit: "{connection}",
+        instrument: Instrument::UpDownCounter,
+        attributes: &[
+            HTTP_CONNECTION_STATE,
+            SERVER_ADDRESS,
+            SERVER_PORT,
+            URL_SCHEME,
+            NETWORK_PROTOCOL_VERSION,
+        ],
+    },
+    Metric {
+        name: HTTP_CLIENT_CONNECTION_DURATION,
+        unit: "s",
+        instrument: Instrument::Histogram,
+        attributes: &[
+            SERVER_ADDRESS,
+            SERVER_PORT,
+            URL_SCHEME,
+            NETWORK_PROTOCOL_VERSION,
+        ],
+    },
+    Metric {
+        name: HTTP_CLIENT_CONNECTION_SETUP_DURATION,
+        unit: "s",
+        instrument: Instrument::Histogram,
+        attributes: &[
+            SERVER_ADDRESS,
+            SERVER_PORT,
+            URL_SCHEME,
+            NETWORK_TYPE,
+            TLS_PROTOCOL_VERSION,
+            TLS_RESUMED,
+            ERROR_TYPE,
+        ],
+    },
+    Metric {
+        name: HTTP_CLIENT_CONNECTIONS_OPENED,
+        unit: "{connection}",
+        instrument: Instrument::Counter,
+        attributes: &[SERVER_ADDRESS, SERVER_PORT, URL_SCHEME, TLS_RESUMED],
+    },
+    Metric {
+        name: HTTP_CLIENT_POOL_MISSES,
+        unit: "{request}",
+        instrument: Instrument::Counter,
+        attributes: &[
+            SERVER_ADDRESS,
+            SERVER_PORT,
+            URL_SCHEME,
+            HTTP_CONNECTION_MISS_REASON,
+        ],
+    },
+    Metric {
+        name: HTTP_CLIENT_POOL_PEAK_IN_FLIGHT,
+        unit: "{request}",
+        instrument: Instrument::Gauge,
+        attributes: &[SERVER_ADDRESS, SERVER_PORT],
+    },
+    Metric {
+        name: HTTP_CLIENT_POOL_IDLE_LIMIT,
+        unit: "{connection}",
+        instrument: Instrument::Gauge,
+        attributes: &[SERVER_ADDRESS, SERVER_PORT],
+    },
+];
+
 // ---------------------------------------------------------------------------
 // Events
 // ---------------------------------------------------------------------------

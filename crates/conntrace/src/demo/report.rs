@@ -66,6 +66,9 @@ pub(crate) struct PhaseSummary {
     pub(crate) fanout_miss_ratio: f64,
     /// Distinct connections that served the calls.
     pub(crate) connections_used: usize,
+    /// Of those, connections opened during the measured part (the others
+    /// were opened during the warm-up and kept in the idle pool).
+    pub(crate) connections_used_opened_measured: usize,
     /// Of those, connections whose TLS handshake resumed a session.
     pub(crate) tls_resumed_connections: usize,
     /// TCP connections the server accepted during the phase: every connect
@@ -229,6 +232,7 @@ impl PhaseSummary {
             fanouts_with_miss,
             fanout_miss_ratio: ratio(fanouts_with_miss as f64, run.fanouts.len() as f64),
             connections_used: conns.len(),
+            connections_used_opened_measured: measured_setups.len(),
             tls_resumed_connections: conns
                 .values()
                 .filter(|c| c.tls_resumed == Some(true))

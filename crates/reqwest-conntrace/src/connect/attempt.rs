@@ -57,7 +57,10 @@ pub(crate) struct Phases {
     pub(crate) previous_poll_started: Option<Instant>,
     /// At TLS start: the start of the poll before the one that began TLS.
     /// Through a CONNECT proxy that poll completed the TCP connect and sent
-    /// the CONNECT request (see `semconv::PROXY_CONNECT_SPAN`).
+    /// the CONNECT request (see `semconv::PROXY_CONNECT_SPAN`). When the
+    /// poll that began TLS is the first one (on loopback the TCP connect,
+    /// the CONNECT round trip and the TLS start can all complete in one
+    /// poll), that poll's start.
     pub(crate) tunnel_started: Option<Instant>,
     /// At TLS start: the start of the poll that began TLS.
     pub(crate) tls_poll_started: Option<Instant>,
@@ -120,7 +123,7 @@ impl ConnectAttempt {
         let mut p = self.phases();
         if p.tls_started.is_none() {
             p.tls_started = Some(Instant::now());
-            p.tunnel_started = p.previous_poll_started;
+            p.tunnel_started = p.previous_poll_started.or(p.poll_started);
             p.tls_poll_started = p.poll_started;
         }
     }
@@ -158,5 +161,47 @@ impl Drop for AttemptScope {
     fn drop(&mut self) {
         let previous = self.previous.take();
         let _ = CURRENT.try_with(|c| *c.borrow_mut() = previous);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::time::{Duration, Instant};
+
+    use super::*;
+    use crate::pool::client::ClientState;
+
+    fn attempt() -> ConnectAttempt {
+        ConnectAttempt::new(
+            1,
+            None,
+            Arc::new(ClientState::new(None, None)),
+            None,
+            None,
+            None,
+        )
+    }
+
+    /// The tunnel starts with the poll before the one that began TLS.
+    #[test]
+    fn tunnel_starts_with_the_poll_before_tls() {
+        let a = attempt();
+        let t0 = Instant::now();
+        a.mark_poll(t0);
+        a.mark_poll(t0 + Duration::from_millis(1));
+        a.mark_tls_started();
+        assert_eq!(a.phases().tunnel_started, Some(t0));
+    }
+
+    /// One poll that connected, tunneled and began TLS (loopback): the
+    /// tunnel starts with that poll instead of being lost.
+    #[test]
+    fn tunnel_in_the_first_poll_starts_with_it() {
+        let a = attempt();
+        let t0 = Instant::now();
+        a.mark_poll(t0);
+        a.mark_tls_started();
+        assert_eq!(a.phases().tunnel_started, Some(t0));
     }
 }
