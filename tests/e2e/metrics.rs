@@ -92,6 +92,11 @@ async fn metrics_count_hits_misses_and_connections_with_bounded_attributes() {
     }
     for m in OTEL_METRICS {
         let points = t.metric(m.name);
+        // Metrics of a degradation (a full table) are checked where one is
+        // provoked (scale.rs).
+        if reqwest_conntrace::semconv::DEGRADATION_METRICS.contains(&m.name) {
+            continue;
+        }
         assert!(!points.is_empty(), "{} exported", m.name);
         for p in &points {
             assert_eq!(p.unit, m.unit, "{} unit", m.name);

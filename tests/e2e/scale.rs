@@ -226,6 +226,16 @@ async fn a_full_registry_is_visible_and_the_requests_are_unaffected() {
     let points = t.metric(semconv::HTTP_CLIENT_REQUESTS_UNTRACKED);
     assert_eq!(points.len(), 1, "{points:?}");
     assert_eq!(points[0].value, (2 * (HELD - CAP)) as f64);
+    // As the library's metric table says (the contract dashboards rely on).
+    let entry = crate::contract::OTEL_METRICS
+        .iter()
+        .find(|m| m.name == semconv::HTTP_CLIENT_REQUESTS_UNTRACKED)
+        .expect("the untracked counter is in semconv::METRICS");
+    assert_eq!(points[0].unit, entry.unit);
+    assert_eq!(points[0].kind, entry.instrument);
+    for (k, _) in &points[0].attributes {
+        assert!(entry.attributes.contains(&k.as_str()), "carries {k}");
+    }
     assert_eq!(points[0].unit, "{request}");
     assert_eq!(points[0].kind, crate::contract::Kind::Counter);
     let mut keys: Vec<&str> = points[0]

@@ -471,7 +471,25 @@ pub const METRICS: &[Metric] = &[
         instrument: Instrument::Gauge,
         attributes: &[SERVER_ADDRESS, SERVER_PORT],
     },
+    // Recorded only when a bounded table is full (see
+    // [`DEGRADATION_METRICS`]): absent from an ordinary run's export.
+    Metric {
+        name: HTTP_CLIENT_REQUESTS_UNTRACKED,
+        unit: "{request}",
+        instrument: Instrument::Counter,
+        attributes: &[
+            SERVER_ADDRESS,
+            SERVER_PORT,
+            URL_SCHEME,
+            HTTP_CONNECTION_UNTRACKED,
+        ],
+    },
 ];
+
+/// The entries of [`METRICS`] recorded only when something degraded (a
+/// bounded table was full): an ordinary run exports every other metric, and
+/// these only then.
+pub const DEGRADATION_METRICS: &[&str] = &[HTTP_CLIENT_REQUESTS_UNTRACKED];
 
 // ---------------------------------------------------------------------------
 // Events

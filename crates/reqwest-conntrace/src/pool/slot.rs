@@ -2,7 +2,7 @@
 //! and the slot the triggering request and the new connection share while
 //! the kernel is asked.
 
-use std::sync::OnceLock;
+use std::sync::{Mutex, OnceLock};
 use std::time::Duration;
 
 use crate::pool::miss::{ConnectionEnd, MissReason};
@@ -42,13 +42,26 @@ impl Miss {
     }
 }
 
+/// What to do with the miss once the kernel has answered.
+type Waiter = Box<dyn FnOnce(Miss) + Send>;
+
 /// The miss of one connect, shared by the request that triggered it and the
 /// connection it made. Filled at once, or when the kernel answers.
-#[derive(Debug)]
 pub(crate) struct MissSlot {
     miss: OnceLock<Miss>,
     /// Used if the kernel has not answered in time.
     fallback: Miss,
+    /// Run once the miss is known ([`when_settled`](Self::when_settled)).
+    waiters: Mutex<Vec<Waiter>>,
+}
+
+impl std::fmt::Debug for MissSlot {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MissSlot")
+            .field("miss", &self.miss.get())
+            .field("fallback", &self.fallback)
+            .finish_non_exhaustive()
+    }
 }
 
 impl MissSlot {
@@ -62,11 +75,37 @@ impl MissSlot {
         Self {
             miss: OnceLock::new(),
             fallback,
+            waiters: Mutex::new(Vec::new()),
         }
     }
 
+    /// The kernel answered: the miss is known; runs the waiters (on the
+    /// calling thread, the kernel view's).
     pub(crate) fn set(&self, miss: Miss) {
-        let _ = self.miss.set(miss);
+        let waiters = {
+            let mut waiters = self.waiters.lock().unwrap_or_else(|e| e.into_inner());
+            let _ = self.miss.set(miss);
+            std::mem::take(&mut *waiters)
+        };
+        let miss = self.get();
+        for waiter in waiters {
+            waiter(miss);
+        }
+    }
+
+    /// Runs `then` with the miss once it is known: at once if it is,
+    /// otherwise when the kernel answers (the kernel view always answers,
+    /// within its 1 s queue limit). Nothing waits: a request that ended
+    /// before the answer records its miss from here.
+    pub(crate) fn when_settled(&self, then: impl FnOnce(Miss) + Send + 'static) {
+        {
+            let mut waiters = self.waiters.lock().unwrap_or_else(|e| e.into_inner());
+            if self.miss.get().is_none() {
+                waiters.push(Box::new(then));
+                return;
+            }
+        }
+        then(self.get());
     }
 
     /// The miss, or the fallback if it is not known yet.

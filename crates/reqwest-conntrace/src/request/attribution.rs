@@ -538,14 +538,26 @@ impl RequestEnd {
                 .set_attribute(semconv::HTTP_RESPONSE_BODY_SIZE, self.body_size as i64);
         }
         if self.miss_deferred
-            && let Some(miss) = self.state.miss().map(|m| m.get())
+            && let Some(slot) = self.state.miss()
         {
-            // The kernel's answer, or the fallback if it has not come yet.
-            let none = tracing::Span::none();
-            let span = if self.recording { &self.span } else { &none };
-            record_miss(&self.inner, &self.state, span, &miss);
+            // Recorded when the kernel answers (at once if it has): the span
+            // stays open until then (its end waits, the caller does not), and
+            // a flush waits for it like for `tcp.connect`.
+            let span = if self.recording {
+                self.span.clone()
+            } else {
+                tracing::Span::none()
+            };
+            let (inner, state) = (self.inner.clone(), self.state.clone());
+            let pending = crate::connect::tcp::PendingEnd::new();
+            slot.when_settled(move |miss| {
+                record_miss(&inner, &state, &span, &miss);
+                drop(pending);
+            });
+            // The report gets what is known now: the kernel's answer or,
+            // when it has not come yet, the fallback.
             if let Some((usage, _)) = &mut self.connection {
-                usage.miss_reason = Some(miss.reason);
+                usage.miss_reason = Some(slot.get().reason);
             }
         }
         if let Some((_, record)) = &self.connection {
