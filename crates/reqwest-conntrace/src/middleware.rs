@@ -334,6 +334,7 @@ impl<M: MakeRequestSpan> ConnTraceMiddleware<M> {
                     &state,
                     &span,
                     response.extensions().get::<HttpInfo>(),
+                    response.version(),
                     response.headers(),
                 );
                 Ok(wrap_body(response, end))
