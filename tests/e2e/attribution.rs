@@ -349,6 +349,93 @@ async fn request_limit_is_its_own_reason_and_names_the_previous_connection() {
     }
 }
 
+/// A server that closes after every response, as `openssl s_server -www`
+/// does: HTTP/1.0 without `Connection: keep-alive` (served on its own
+/// runtime thread by a minimal responder), and HTTP/1.1 with `Connection:
+/// close` on every response. Every request after the first is a
+/// `request_limit` miss naming the previous connection (1 request,
+/// `connection_close`), never `all_busy`; each request was on its own
+/// connection as the server accepted them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn server_closing_after_every_response_is_request_limit() {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .expect("server runtime");
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    listener.set_nonblocking(true).expect("nonblocking");
+    let http10 = format!("http://{}/", listener.local_addr().expect("addr"));
+    let accepted: Arc<Mutex<Vec<u16>>> = Arc::default();
+    let ports = Arc::clone(&accepted);
+    runtime.spawn(async move {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::from_std(listener).expect("listener");
+        while let Ok((mut stream, peer)) = listener.accept().await {
+            ports.lock().expect("ports").push(peer.port());
+            tokio::spawn(async move {
+                let mut head = Vec::new();
+                let mut buf = [0u8; 1024];
+                while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match stream.read(&mut buf).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => head.extend_from_slice(&buf[..n]),
+                    }
+                }
+                let reply = b"HTTP/1.0 200 OK\r\nContent-Length: 2\r\n\r\nok";
+                let _ = stream.write_all(reply).await;
+                let _ = stream.shutdown().await;
+            });
+        }
+    });
+    let h11 = RemoteServer::start(plain_h1().max_requests_per_connection(Some(1))).await;
+    for url in [http10, h11.get().url("/")] {
+        let t = telemetry();
+        let client = t.client(reqwest::Client::builder(), None);
+        for _ in 0..6 {
+            get(&client, &url).await;
+        }
+        let spans: Vec<Seen> = requests(&t, 6).iter().map(seen).collect();
+        let ports: Vec<i64> = spans.iter().map(|s| s.local_port.expect("port")).collect();
+        let mut distinct = ports.clone();
+        distinct.sort_unstable();
+        distinct.dedup();
+        assert_eq!(distinct.len(), 6, "a connection per request: {spans:#?}");
+        for (i, s) in spans.iter().enumerate().skip(1) {
+            assert_eq!(
+                s.reason.as_deref(),
+                Some(semconv::MISS_REASON_REQUEST_LIMIT),
+                "{url} {i}: {spans:#?}"
+            );
+            assert_eq!(s.previous_id, spans[i - 1].id, "{i}");
+            assert_eq!(s.previous_count, Some(1), "{i}");
+            assert_eq!(
+                s.previous_end.as_deref(),
+                Some(semconv::CONNECTION_END_CONNECTION_CLOSE),
+                "{i}"
+            );
+        }
+        if url == h11.get().url("/") {
+            let server: Vec<i64> = h11
+                .get()
+                .requests()
+                .iter()
+                .map(|r| i64::from(r.remote_port()))
+                .collect();
+            assert_eq!(server, ports, "the lab server's requests");
+        } else {
+            let server: Vec<i64> = accepted
+                .lock()
+                .expect("ports")
+                .iter()
+                .map(|p| i64::from(*p))
+                .collect();
+            assert_eq!(server, ports, "the HTTP/1.0 server's accepted connections");
+        }
+    }
+    runtime.shutdown_background();
+}
+
 /// The server closes idle connections after 100 ms, with FIN or with RST:
 /// the next request 300 ms later is `closed_by_peer`, naming the closed
 /// connection and how it ended. On a loaded machine hyper may not have seen

@@ -701,6 +701,14 @@ async fn demo_replays_incident_2_and_writes_otlp_json() {
         phases[1]["advice"].is_null(),
         "right-sized pool is not advised"
     );
+    // One number: the advice states the peak the table shows (the
+    // library's, over the whole phase), and suggests it.
+    let peak = phases[0]["in_flight_peak"].as_u64().expect("peak");
+    assert!(
+        advice.contains(&format!("observed peak in flight {peak},"))
+            && advice.ends_with(&format!(">= {peak}")),
+        "table peak {peak} vs advice {advice}"
+    );
     for p in phases {
         let tail = &p["tail"];
         assert_eq!(tail["quantile"].as_f64(), Some(0.998));

@@ -1,6 +1,8 @@
 //! `conntrace probe URL`: incident 1's measurement. The same GET, N times
 //! with a new connection each time (`fresh`) and N times over one reused
 //! connection (`reuse`), timed by the library's `OnRequestEnd` reports.
+//! Each mode has its own `ConnTrace` handle, so the second mode's first
+//! request is `cold`, not `new_client` (the two clients are on purpose).
 
 mod report;
 mod text;
@@ -154,8 +156,6 @@ pub(crate) async fn run(args: ProbeArgs) -> anyhow::Result<ExitCode> {
         Some(_) => Telemetry::init_capturing(args.traces_out.clone(), false)?,
         None => Telemetry::init(args.traces_out.clone(), false)?,
     };
-    let trace = ConnTrace::builder().on_request_end(CaptureReports).build();
-
     let mut modes = Vec::new();
     // A client that could not be built: no report.
     let mut fatal = None;
@@ -173,6 +173,11 @@ pub(crate) async fn run(args: ProbeArgs) -> anyhow::Result<ExitCode> {
             },
             address_order: args.client.address_order.order(),
         };
+        // A handle per mode: the reuse mode's client is not judged against
+        // the fresh mode's (its first request is `cold`, not `new_client`,
+        // whose fix "share one client" does not apply to two clients made
+        // on purpose). Connection ids stay unique across modes.
+        let trace = ConnTrace::builder().on_request_end(CaptureReports).build();
         let client = match spec.build(&trace) {
             Ok(c) => c,
             Err(e) => {

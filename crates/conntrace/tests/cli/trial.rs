@@ -230,6 +230,41 @@ async fn probe_counts_a_wait_for_a_busy_connection_as_a_miss() {
     );
 }
 
+/// Both modes (the default): the reuse mode's first request is `cold`, not
+/// `new_client` (the fresh mode's client existed just before it, on
+/// purpose); the fresh mode's later requests are `pool_disabled`, and the
+/// reuse mode's later ones reuse the connection its first request opened
+/// (or name hyper-util's release race).
+#[tokio::test]
+async fn probe_reuse_mode_after_fresh_mode_starts_cold() {
+    let served = serve(&[]).await;
+    let ca = served.ca.to_str().expect("utf-8 path").to_owned();
+    let json = probe_json(&[served.url.as_str(), "--cacert", &ca, "-n", "3"]).await;
+    let modes = json["modes"].as_array().expect("modes");
+    assert_eq!(modes.len(), 2, "{json}");
+    let reasons = |m: &Value| -> Vec<Value> {
+        m["requests"]
+            .as_array()
+            .expect("requests")
+            .iter()
+            .map(|r| r["miss_reason"].clone())
+            .collect()
+    };
+    assert_eq!(modes[0]["mode"], "fresh");
+    assert_eq!(
+        reasons(&modes[0]),
+        ["cold", "pool_disabled", "pool_disabled"],
+        "{json}"
+    );
+    assert_eq!(modes[1]["mode"], "reuse");
+    let reuse = modes[1]["requests"].as_array().expect("requests");
+    assert_eq!(reuse[0]["miss_reason"], "cold", "{json}");
+    for r in &reuse[1..] {
+        let hit = r["miss_reason"].is_null() && r["connection_id"] == reuse[0]["connection_id"];
+        assert!(hit || r["miss_reason"] == "release_race", "{json}");
+    }
+}
+
 /// Every argument error is one `error:` line pointing at the subcommand's
 /// help, exit status 2; --help and --version are clap's, unchanged.
 #[tokio::test]

@@ -41,9 +41,9 @@ pub enum MissReason {
     /// `http.connection.previous.end` says how.
     ClosedByPeer,
     /// `request_limit`: the server ended the most recent connection on
-    /// purpose with its last response (`Connection: close`), as servers do
-    /// when a connection reached its request limit (nginx
-    /// `keepalive_requests`).
+    /// purpose with its last response (`Connection: close`, or HTTP/1.0
+    /// without `Connection: keep-alive`), as servers do when a connection
+    /// reached its request limit (nginx `keepalive_requests`).
     RequestLimit,
     /// `pool_disabled`: the client keeps no idle connection on purpose
     /// (`pool_max_idle_per_host(0)`), so every request after the first
@@ -140,7 +140,8 @@ impl std::fmt::Display for MissReason {
 /// (`http.connection.previous.end` on the request whose miss it caused).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub(crate) enum ConnectionEnd {
-    /// `connection_close`: its last response carried `Connection: close`.
+    /// `connection_close`: its last response carried `Connection: close`
+    /// (or was HTTP/1.0 without `Connection: keep-alive`).
     ConnectionClose,
     /// `goaway`: HTTP/2; the server ended it (GOAWAY, then close).
     GoAway,

@@ -45,7 +45,8 @@ pub(crate) struct ConnectionRecord {
     /// the connection unless it had already read the whole body (then it
     /// went back to the pool). Cleared by a later response on it.
     dropped_early: AtomicBool,
-    /// The latest response carried `Connection: close`.
+    /// The latest response said the server closes (`Connection: close`,
+    /// or HTTP/1.0 without keep-alive).
     connection_close: AtomicBool,
     /// How it ended, once known (first cause wins).
     end: OnceLock<ConnectionEnd>,

@@ -21,8 +21,9 @@ use crate::semconv;
 
 /// Attributes the response to the connection that carried it and records the
 /// pool attributes on `span`. Returns `None` when the response carries no
-/// `HttpInfo` or the connection is unknown to this handle. `headers` are
-/// the response's (`Connection: close`, `Keep-Alive: timeout=N`).
+/// `HttpInfo` or the connection is unknown to this handle. `version` and
+/// `headers` are the response's (`HTTP/1.0`, `Connection: close`,
+/// `Keep-Alive: timeout=N`).
 ///
 /// Never waits: when this request's miss reason still waits on the kernel's
 /// answer (was the idle connection closed by the server?), `miss_deferred`
@@ -33,6 +34,7 @@ pub(crate) fn attribute_response(
     state: &RequestState,
     span: &tracing::Span,
     info: Option<&HttpInfo>,
+    version: http::Version,
     headers: &http::HeaderMap,
     miss_deferred: &mut bool,
 ) -> Option<(ConnectionUse, Arc<ConnectionRecord>)> {
@@ -65,7 +67,7 @@ pub(crate) fn attribute_response(
     // believed (an early-dropped body, the idle limit), and it is not stalled.
     record.mark_alive();
     record.clear_over_idle_limit();
-    record.set_connection_close(!record.http2() && says_connection_close(headers));
+    record.set_connection_close(!record.http2() && server_closes(version, headers));
     let start = state.started;
     let ready = record.ready_at();
     // The end of the previous response on the connection (or its ready time).
@@ -232,15 +234,23 @@ fn record_miss(inner: &Inner, state: &RequestState, span: &tracing::Span, miss: 
     inner.metrics.pool_misses.add(1, &attributes);
 }
 
-/// Whether an HTTP/1.1 response says the server closes the connection after
-/// it (`Connection: close`, RFC 9112 §9.6).
-fn says_connection_close(headers: &http::HeaderMap) -> bool {
+/// Whether an HTTP/1.x response says the server closes the connection after
+/// it: `Connection: close` (RFC 9112 §9.6), or an HTTP/1.0 response without
+/// `Connection: keep-alive` (RFC 9112 §9.3; hyper's client parser decides
+/// keep-alive the same way, so hyper does not pool that connection).
+fn server_closes(version: http::Version, headers: &http::HeaderMap) -> bool {
+    let has = |name: &str| connection_token(headers, name);
+    has("close") || (version < http::Version::HTTP_11 && !has("keep-alive"))
+}
+
+/// Whether the `Connection` header lists `token` (case-insensitive).
+fn connection_token(headers: &http::HeaderMap, token: &str) -> bool {
     headers
         .get_all(http::header::CONNECTION)
         .iter()
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(','))
-        .any(|token| token.trim().eq_ignore_ascii_case("close"))
+        .any(|t| t.trim().eq_ignore_ascii_case(token))
 }
 
 /// The `timeout` parameter of a `Keep-Alive` response header (RFC 2068
@@ -702,20 +712,21 @@ mod tests {
 
     #[test]
     fn connection_close_is_a_token_of_the_connection_header() {
-        assert!(says_connection_close(&headers(&[("connection", "close")])));
-        assert!(says_connection_close(&headers(&[(
-            "connection",
-            "Upgrade, Close"
-        )])));
-        assert!(!says_connection_close(&headers(&[(
-            "connection",
-            "keep-alive"
-        )])));
-        assert!(!says_connection_close(&headers(&[(
-            "x-connection",
-            "close"
-        )])));
-        assert!(!says_connection_close(&headers(&[])));
+        let closes = |pairs| server_closes(http::Version::HTTP_11, &headers(pairs));
+        assert!(closes(&[("connection", "close")]));
+        assert!(closes(&[("connection", "Upgrade, Close")]));
+        assert!(!closes(&[("connection", "keep-alive")]));
+        assert!(!closes(&[("x-connection", "close")]));
+        assert!(!closes(&[]));
+    }
+
+    #[test]
+    fn http10_closes_unless_it_says_keep_alive() {
+        let closes = |pairs| server_closes(http::Version::HTTP_10, &headers(pairs));
+        assert!(closes(&[]));
+        assert!(closes(&[("connection", "close")]));
+        assert!(!closes(&[("connection", "Keep-Alive")]));
+        assert!(closes(&[("connection", "keep-alive, close")]));
     }
 
     #[test]

@@ -336,6 +336,7 @@ impl<M: MakeRequestSpan> ConnTraceMiddleware<M> {
                     &state,
                     if recording { &span } else { &none },
                     response.extensions().get::<HttpInfo>(),
+                    response.version(),
                     response.headers(),
                     &mut end.miss_deferred,
                 );
