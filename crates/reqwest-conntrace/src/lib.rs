@@ -93,6 +93,7 @@ pub use middleware::{
     ConnTraceMiddleware, DefaultMakeRequestSpan, MakeRequestSpan, UseCurrentSpan,
 };
 pub use miss::MissReason;
+pub use pool::DEFAULT_POOL_HISTORY_HOSTS;
 pub use redact::{DEFAULT_REDACTED_QUERY_KEYS, UrlRedaction, redact_url};
 pub use report::{
     ConnectionSetup, ConnectionUse, DefaultOnRequestEnd, OnRequestEnd, RequestReport, TlsVersion,
