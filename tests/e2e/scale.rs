@@ -524,4 +524,25 @@ async fn pool_limits_set_on_reqwests_builder_are_marked_unknown_not_guessed() {
         );
     }
     assert_eq!(server.accepted_connections(), 4);
+    // The misses counter says the same.
+    let unknown: Vec<_> = t
+        .metric(semconv::HTTP_CLIENT_POOL_MISSES)
+        .into_iter()
+        .filter(|p| {
+            p.get(semconv::HTTP_CONNECTION_POOL_LIMITS) == Some(semconv::POOL_LIMITS_UNKNOWN)
+        })
+        .collect();
+    let mut reasons: Vec<&str> = unknown
+        .iter()
+        .filter_map(|p| p.get(semconv::HTTP_CONNECTION_MISS_REASON))
+        .collect();
+    reasons.sort_unstable();
+    assert_eq!(
+        reasons,
+        [
+            semconv::MISS_REASON_IDLE_EXPIRED,
+            semconv::MISS_REASON_POOL_CLOSED
+        ],
+        "{unknown:?}"
+    );
 }

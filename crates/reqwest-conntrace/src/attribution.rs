@@ -199,6 +199,12 @@ fn record_miss(inner: &Inner, state: &RequestState, span: &tracing::Span, miss: 
     }
     let mut attributes = state.host.attributes();
     attributes.push(KeyValue::new(semconv::HTTP_CONNECTION_MISS_REASON, reason));
+    if miss.limits_unknown {
+        attributes.push(KeyValue::new(
+            semconv::HTTP_CONNECTION_POOL_LIMITS,
+            semconv::POOL_LIMITS_UNKNOWN,
+        ));
+    }
     inner.metrics.pool_misses.add(1, &attributes);
 }
 

@@ -322,7 +322,8 @@ pub const HTTP_CLIENT_CONNECTION_SETUP_DURATION: &str = "http.client.connection.
 pub const HTTP_CLIENT_CONNECTIONS_OPENED: &str = "http.client.connections.opened";
 /// `http.client.pool.misses` (counter, `{request}`), ours: requests that were
 /// not idle hits, by [`HTTP_CONNECTION_MISS_REASON`], with `server.address`,
-/// `server.port`, `url.scheme`.
+/// `server.port`, `url.scheme`, and [`HTTP_CONNECTION_POOL_LIMITS`] when
+/// the reason depended on a pool limit this crate could not read.
 pub const HTTP_CLIENT_POOL_MISSES: &str = "http.client.pool.misses";
 /// `http.client.requests.untracked` (counter, `{request}`), ours: requests
 /// whose pool facts are missing because a bounded table was full, by
