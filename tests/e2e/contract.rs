@@ -119,6 +119,7 @@ pub(crate) const OTEL_METRICS: &[OtelMetric] = &[
             semconv::SERVER_PORT,
             semconv::URL_SCHEME,
             semconv::HTTP_CONNECTION_MISS_REASON,
+            semconv::HTTP_CONNECTION_POOL_LIMITS,
         ],
     },
     OtelMetric {

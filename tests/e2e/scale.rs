@@ -476,35 +476,39 @@ async fn a_full_pool_history_forgets_a_host_whose_connections_expired() {
 }
 
 /// Pool settings put on reqwest's builder cannot be read: an idle timeout
-/// of 200 ms set there is not mistaken for reqwest's 90 s default. The
-/// client's own close (the kernel shows our side closed the idle
-/// connection) is reported as `pool_closed` with
-/// `http.connection.pool.limits = unknown`; with the idle limit known
-/// (set through this crate) it is inferred as `idle_expired`, still
-/// marked unknown. Neither claims `all_busy`.
+/// of 200 ms set there is not mistaken for reqwest's 90 s default, nor the
+/// close it causes for the idle limit (`all_busy`, what was reported
+/// before): our side's close (the kernel shows it) is `pool_closed` with
+/// `http.connection.pool.limits = unknown`. With the idle timeout set here
+/// (60 s) and `pool_max_idle_per_host(0)` on reqwest's builder, the close
+/// is inferred to be the idle limit's (`all_busy`), still marked unknown.
 #[tokio::test]
 async fn pool_limits_set_on_reqwests_builder_are_marked_unknown_not_guessed() {
     let t = telemetry();
     let server = TestServer::start_plain().await.expect("server");
     let conntrace = t.conntrace_builder().build();
-    for (known_idle_limit, reason) in [
+    for (known_idle_timeout, reason) in [
         (false, semconv::MISS_REASON_POOL_CLOSED),
-        (true, semconv::MISS_REASON_IDLE_EXPIRED),
+        (true, semconv::MISS_REASON_ALL_BUSY),
     ] {
-        let mut builder = conntrace.instrument_client(
-            reqwest::Client::builder().pool_idle_timeout(Duration::from_millis(200)),
-        );
-        if known_idle_limit {
-            builder = builder.pool_max_idle_per_host(8);
-        }
+        let builder = if known_idle_timeout {
+            conntrace
+                .instrument_client(reqwest::Client::builder().pool_max_idle_per_host(0))
+                .pool_idle_timeout(Some(Duration::from_secs(60)))
+        } else {
+            conntrace.instrument_client(
+                reqwest::Client::builder().pool_idle_timeout(Duration::from_millis(200)),
+            )
+        };
         let client = builder.build_with_middleware().expect("client");
-        let path = format!("/limits/{known_idle_limit}");
+        let path = format!("/limits/{known_idle_timeout}");
         for _ in 0..2 {
             let response = client.get(server.url(&path)).send().await.expect("request");
             assert_eq!(response.status(), 200);
             response.bytes().await.expect("body");
-            // Well past the 200 ms idle timeout: hyper-util's pool closes it.
-            tokio::time::sleep(Duration::from_millis(1000)).await;
+            // Well past the 200 ms idle timeout: hyper-util's pool has
+            // closed it (or closed it at release, over the limit of 0).
+            tokio::time::sleep(Duration::from_millis(600)).await;
         }
         let spans = t.requests();
         let second = spans
@@ -540,7 +544,7 @@ async fn pool_limits_set_on_reqwests_builder_are_marked_unknown_not_guessed() {
     assert_eq!(
         reasons,
         [
-            semconv::MISS_REASON_IDLE_EXPIRED,
+            semconv::MISS_REASON_ALL_BUSY,
             semconv::MISS_REASON_POOL_CLOSED
         ],
         "{unknown:?}"

@@ -189,8 +189,9 @@ impl InstrumentedClientBuilder {
     /// reported as `idle_expired`. `None` keeps idle connections forever.
     /// Set it here rather than on reqwest's builder, where this crate cannot
     /// read it: left unset, the idle timeout is unknown to this crate, and
-    /// misses it would explain are inferred or reported as `pool_closed`
-    /// (with `http.connection.pool.limits = unknown`). Default: reqwest's,
+    /// a miss after the pool closed an idle connection is reported as
+    /// `pool_closed` (with `http.connection.pool.limits = unknown`), no
+    /// keep-alive mismatch is flagged. Default: reqwest's,
     /// 90 s.
     pub fn pool_idle_timeout(mut self, timeout: Option<Duration>) -> Self {
         self.idle_timeout = Some(timeout);
@@ -203,8 +204,9 @@ impl InstrumentedClientBuilder {
     /// is reported as `all_busy`. Set it here rather than on reqwest's
     /// builder, where this crate cannot read it: left unset, the limit is
     /// unknown to this crate (no `http.client.pool.idle_limit` gauge, no
-    /// pool advice, misses it would explain are inferred or reported as
-    /// `pool_closed` with `http.connection.pool.limits = unknown`).
+    /// pool advice; a miss it explains is inferred as `all_busy` when the
+    /// idle timeout is known, else `pool_closed`, either with
+    /// `http.connection.pool.limits = unknown`).
     /// Default: reqwest's, unlimited.
     pub fn pool_max_idle_per_host(mut self, max: usize) -> Self {
         self.max_idle_per_host = Some(max);

@@ -58,9 +58,9 @@ pub enum MissReason {
     ReleaseRace,
     /// `pool_closed`: the client's own pool closed the most recent idle
     /// connection (the kernel shows our side closed it), and which limit
-    /// did is unknown: the pool settings were set on reqwest's builder,
-    /// where this crate cannot read them (over `pool_max_idle_per_host` at
-    /// release, or past `pool_idle_timeout`). The span also carries
+    /// did is unknown: its `pool_idle_timeout` did not come through this
+    /// crate's builder (reqwest's builder cannot be read), so it may have
+    /// expired, or it was released over `pool_max_idle_per_host`. The span also carries
     /// `http.connection.pool.limits = unknown`.
     PoolClosed,
     /// `discarded`: the previous response on the most recent connection was

@@ -230,17 +230,17 @@ pub(crate) fn decide_from_kernel(
         }
         // Our side closed it and nothing we saw explains why: hyper-util's
         // pool dropped it, at release over its idle limit or past its idle
-        // timeout. With both limits known (and neither reached, or an
-        // earlier row had said so), the idle pool was full at release.
-        // With one unknown, the other being known and not reached names
-        // it (the unknown limit was reached); with both unknown, which
-        // one is not known: `pool_closed`.
+        // timeout. With the idle timeout known and not reached (row 9; our
+        // release time is no later than hyper-util's), the idle limit did
+        // it: `all_busy`, inferred when that limit is unknown. With the
+        // idle timeout unknown, either may have (our release model can miss
+        // a release over the limit): `pool_closed`.
         KernelLookup::Found(facts) if facts.state.closed_by_us() => {
             let client = &candidate.client;
-            let (reason, end) = match (client.max_idle_known, client.idle_timeout_known) {
-                (true, true) | (false, true) => (MissReason::AllBusy, ConnectionEnd::IdleLimit),
-                (true, false) => (MissReason::IdleExpired, ConnectionEnd::IdleTimeout),
-                (false, false) => (MissReason::PoolClosed, ConnectionEnd::PoolClosed),
+            let (reason, end) = if client.idle_timeout_known {
+                (MissReason::AllBusy, ConnectionEnd::IdleLimit)
+            } else {
+                (MissReason::PoolClosed, ConnectionEnd::PoolClosed)
             };
             let miss = Miss::caused_by(reason, Previous::of(candidate, now, Some(end)));
             if client.limits_known() {

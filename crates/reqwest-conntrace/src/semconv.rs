@@ -457,7 +457,8 @@ pub const MISS_REASON_POOL_CLOSED: &str = "pool_closed";
 pub const HTTP_CONNECTION_POOL_LIMITS: &str = "http.connection.pool.limits";
 /// [`HTTP_CONNECTION_POOL_LIMITS`]: the limit was not read; the reason
 /// was inferred from what the kernel shows (our side closed the idle
-/// connection) and what is known, or is [`MISS_REASON_POOL_CLOSED`].
+/// connection; with the idle timeout known, the idle limit did it:
+/// `all_busy`), or is [`MISS_REASON_POOL_CLOSED`].
 pub const POOL_LIMITS_UNKNOWN: &str = "unknown";
 
 /// `http.connection.previous.id` (int, request span, misses caused by a
