@@ -38,6 +38,8 @@ async fn metrics_count_hits_misses_and_connections_with_bounded_attributes() {
     let client = handle
         .instrument_client(reqwest::Client::builder())
         .pool_max_idle_per_host(1)
+        // Both limits known: closes at release are told from expiries.
+        .pool_idle_timeout(Some(Duration::from_secs(90)))
         .build_with_middleware()
         .expect("client");
     let url = server.url("/");

@@ -386,3 +386,177 @@ async fn a_full_pool_advice_table_is_visible_and_pool_attributes_stay() {
         .collect();
     assert_eq!(warnings.len(), 1, "{:?}", logs.lines());
 }
+
+/// The pool history at a cap of one host: while the first host's
+/// connection is alive in the pool, a miss to a second host is untracked
+/// (attribute in place of a miss reason, counter, one WARN line naming
+/// `pool_history_hosts`), not a silent `cold`; the request and its
+/// connection attributes are unaffected.
+#[tokio::test]
+async fn a_full_pool_history_is_visible_and_the_request_is_unaffected() {
+    let logs = Logs::default();
+    let t = telemetry_logging_to(Some(logs.clone()));
+    let server = TestServer::start_plain().await.expect("server");
+    let client = t
+        .conntrace_builder()
+        .pool_history_hosts(1)
+        .build()
+        .instrument_client(reqwest::Client::builder().resolve("second.test", server.addr()))
+        .pool_idle_timeout(Some(Duration::from_secs(60)))
+        .build_with_middleware()
+        .expect("client");
+    let second = format!("http://second.test:{}/second", server.addr().port());
+    for url in [server.url("/first"), second.clone(), second] {
+        let response = client.get(&url).send().await.expect("request");
+        assert_eq!(response.status(), 200);
+        response.bytes().await.expect("body");
+    }
+    assert_eq!(server.accepted_connections(), 2);
+    let spans = t.requests();
+    assert_eq!(spans.len(), 3);
+    let untracked: Vec<&SpanData> = spans
+        .iter()
+        .filter(|s| has(s, semconv::HTTP_CONNECTION_UNTRACKED))
+        .collect();
+    assert_eq!(untracked.len(), 1, "{spans:#?}");
+    assert_eq!(
+        str_attr(untracked[0], semconv::HTTP_CONNECTION_UNTRACKED).as_deref(),
+        Some(semconv::UNTRACKED_POOL_HISTORY)
+    );
+    assert!(!has(untracked[0], semconv::HTTP_CONNECTION_MISS_REASON));
+    for span in &spans {
+        assert!(has(span, semconv::HTTP_CONNECTION_ID), "{span:#?}");
+        assert_eq!(
+            i64_attr(span, semconv::HTTP_RESPONSE_STATUS_CODE),
+            Some(200)
+        );
+    }
+    let points = t.metric(semconv::HTTP_CLIENT_REQUESTS_UNTRACKED);
+    assert_eq!(points.len(), 1, "{points:?}");
+    assert_eq!(points[0].value, 1.0);
+    assert_eq!(
+        points[0].get(semconv::HTTP_CONNECTION_UNTRACKED),
+        Some(semconv::UNTRACKED_POOL_HISTORY)
+    );
+    assert_eq!(points[0].get(semconv::SERVER_ADDRESS), Some("second.test"));
+    let warnings: Vec<String> = logs
+        .lines()
+        .into_iter()
+        .filter(|l| l.contains("WARN") && l.contains("pool_history_hosts"))
+        .collect();
+    assert_eq!(warnings.len(), 1, "{:?}", logs.lines());
+}
+
+/// At the same cap, a host whose only connection expired idle makes room:
+/// the second host is tracked (its first miss is `cold`, nothing untracked).
+#[tokio::test]
+async fn a_full_pool_history_forgets_a_host_whose_connections_expired() {
+    let t = telemetry();
+    let server = TestServer::start_plain().await.expect("server");
+    let client = t
+        .conntrace_builder()
+        .pool_history_hosts(1)
+        .build()
+        .instrument_client(reqwest::Client::builder().resolve("second.test", server.addr()))
+        .pool_idle_timeout(Some(Duration::from_millis(100)))
+        .build_with_middleware()
+        .expect("client");
+    let response = client
+        .get(server.url("/first"))
+        .send()
+        .await
+        .expect("request");
+    response.bytes().await.expect("body");
+    // Past the client's idle timeout: the first host's connection is dead.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let second = format!("http://second.test:{}/second", server.addr().port());
+    let response = client.get(&second).send().await.expect("request");
+    assert_eq!(response.status(), 200);
+    response.bytes().await.expect("body");
+    let spans = t.requests();
+    assert_eq!(spans.len(), 2);
+    for span in &spans {
+        assert!(!has(span, semconv::HTTP_CONNECTION_UNTRACKED), "{span:#?}");
+        assert_eq!(
+            str_attr(span, semconv::HTTP_CONNECTION_MISS_REASON).as_deref(),
+            Some(semconv::MISS_REASON_COLD),
+            "{span:#?}"
+        );
+    }
+}
+
+/// Pool settings put on reqwest's builder cannot be read: an idle timeout
+/// of 200 ms set there is not mistaken for reqwest's 90 s default, nor the
+/// close it causes for the idle limit (`all_busy`, what was reported
+/// before): our side's close (the kernel shows it) is `pool_closed` with
+/// `http.connection.pool.limits = unknown`. With the idle timeout set here
+/// (60 s) and `pool_max_idle_per_host(0)` on reqwest's builder, the close
+/// is inferred to be the idle limit's (`all_busy`), still marked unknown.
+#[tokio::test]
+async fn pool_limits_set_on_reqwests_builder_are_marked_unknown_not_guessed() {
+    let t = telemetry();
+    let server = TestServer::start_plain().await.expect("server");
+    let conntrace = t.conntrace_builder().build();
+    for (known_idle_timeout, reason) in [
+        (false, semconv::MISS_REASON_POOL_CLOSED),
+        (true, semconv::MISS_REASON_ALL_BUSY),
+    ] {
+        let builder = if known_idle_timeout {
+            conntrace
+                .instrument_client(reqwest::Client::builder().pool_max_idle_per_host(0))
+                .pool_idle_timeout(Some(Duration::from_secs(60)))
+        } else {
+            conntrace.instrument_client(
+                reqwest::Client::builder().pool_idle_timeout(Duration::from_millis(200)),
+            )
+        };
+        let client = builder.build_with_middleware().expect("client");
+        let path = format!("/limits/{known_idle_timeout}");
+        for _ in 0..2 {
+            let response = client.get(server.url(&path)).send().await.expect("request");
+            assert_eq!(response.status(), 200);
+            response.bytes().await.expect("body");
+            // Well past the 200 ms idle timeout: hyper-util's pool has
+            // closed it (or closed it at release, over the limit of 0).
+            tokio::time::sleep(Duration::from_millis(600)).await;
+        }
+        let spans = t.requests();
+        let second = spans
+            .iter()
+            .filter(|s| str_attr(s, semconv::URL_FULL).is_some_and(|u| u.ends_with(&path)))
+            .max_by_key(|s| s.start_time)
+            .expect("second request span");
+        assert_eq!(
+            str_attr(second, semconv::HTTP_CONNECTION_MISS_REASON).as_deref(),
+            Some(reason),
+            "{second:#?}"
+        );
+        assert_eq!(
+            str_attr(second, semconv::HTTP_CONNECTION_POOL_LIMITS).as_deref(),
+            Some(semconv::POOL_LIMITS_UNKNOWN),
+            "{second:#?}"
+        );
+    }
+    assert_eq!(server.accepted_connections(), 4);
+    // The misses counter says the same.
+    let unknown: Vec<_> = t
+        .metric(semconv::HTTP_CLIENT_POOL_MISSES)
+        .into_iter()
+        .filter(|p| {
+            p.get(semconv::HTTP_CONNECTION_POOL_LIMITS) == Some(semconv::POOL_LIMITS_UNKNOWN)
+        })
+        .collect();
+    let mut reasons: Vec<&str> = unknown
+        .iter()
+        .filter_map(|p| p.get(semconv::HTTP_CONNECTION_MISS_REASON))
+        .collect();
+    reasons.sort_unstable();
+    assert_eq!(
+        reasons,
+        [
+            semconv::MISS_REASON_ALL_BUSY,
+            semconv::MISS_REASON_POOL_CLOSED
+        ],
+        "{unknown:?}"
+    );
+}

@@ -255,7 +255,14 @@ impl ClientSpec {
             instrumented = instrumented.pool_max_idle_per_host(k);
         }
         instrumented
+            .pool_idle_timeout(Some(REQWEST_DEFAULT_POOL_IDLE_TIMEOUT))
             .build_with_middleware()
             .context("cannot build the HTTP client")
     }
 }
+
+/// reqwest's default pool idle timeout (reqwest 0.13 `ClientBuilder`,
+/// 90 s), stated on the instrumented builder by every client of this CLI:
+/// the library does not assume defaults it cannot read.
+pub(crate) const REQWEST_DEFAULT_POOL_IDLE_TIMEOUT: std::time::Duration =
+    std::time::Duration::from_secs(90);

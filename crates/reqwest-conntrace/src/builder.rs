@@ -11,7 +11,7 @@ use crate::connect::dns::TracedResolver;
 use crate::connect::tls::TlsSettings;
 use crate::error::BuildError;
 use crate::handle::ConnTrace;
-use crate::pool::client::{ClientState, REQWEST_DEFAULT_IDLE_TIMEOUT};
+use crate::pool::client::ClientState;
 
 /// A `reqwest::ClientBuilder` being instrumented: keeps every option already
 /// set on it (pool sizes, timeouts, proxies, `resolve` overrides, headers) and
@@ -189,7 +189,11 @@ impl InstrumentedClientBuilder {
     /// connections older than this are dropped, and a miss that follows is
     /// reported as `idle_expired`. `None` keeps idle connections forever.
     /// Set it here rather than on reqwest's builder, where this crate cannot
-    /// read it. Default: reqwest's, 90 s.
+    /// read it: left unset, the idle timeout is unknown to this crate, and
+    /// a miss after the pool closed an idle connection is reported as
+    /// `pool_closed` (with `http.connection.pool.limits = unknown`), no
+    /// keep-alive mismatch is flagged. Default: reqwest's,
+    /// 90 s.
     pub fn pool_idle_timeout(mut self, timeout: Option<Duration>) -> Self {
         self.idle_timeout = Some(timeout);
         self
@@ -199,7 +203,12 @@ impl InstrumentedClientBuilder {
     /// `pool_max_idle_per_host`): a connection released while the pool
     /// already holds this many idle ones is closed, and the miss that follows
     /// is reported as `all_busy`. Set it here rather than on reqwest's
-    /// builder, where this crate cannot read it. Default: reqwest's, unlimited.
+    /// builder, where this crate cannot read it: left unset, the limit is
+    /// unknown to this crate (no `http.client.pool.idle_limit` gauge, no
+    /// pool advice; a miss it explains is inferred as `all_busy` when the
+    /// idle timeout is known, else `pool_closed`, either with
+    /// `http.connection.pool.limits = unknown`).
+    /// Default: reqwest's, unlimited.
     pub fn pool_max_idle_per_host(mut self, max: usize) -> Self {
         self.max_idle_per_host = Some(max);
         self
@@ -257,10 +266,9 @@ impl InstrumentedClientBuilder {
             ),
             None => None,
         };
-        let idle_timeout = self
-            .idle_timeout
-            .unwrap_or(Some(REQWEST_DEFAULT_IDLE_TIMEOUT));
-        let client = Arc::new(ClientState::new(idle_timeout, self.max_idle_per_host));
+        // Pool settings not given here are unknown (reqwest's builder may
+        // hold them, unreadably): no decision assumes reqwest's defaults.
+        let client = Arc::new(ClientState::new(self.idle_timeout, self.max_idle_per_host));
         let layer = ConnectorLayer::for_client(self.trace.clone(), client)
             .connect_timeout(self.connect_timeout)
             .http2_prior_knowledge(described.contains("http2_prior_knowledge: true"));

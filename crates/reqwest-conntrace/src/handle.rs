@@ -501,6 +501,7 @@ pub struct ConnTraceBuilder {
     meter: Option<Meter>,
     advice_interval: Duration,
     advice_hosts: usize,
+    history_hosts: usize,
     capacity: usize,
     on_request_end: Option<Box<dyn OnRequestEnd>>,
     redaction: UrlRedaction,
@@ -521,6 +522,7 @@ impl Default for ConnTraceBuilder {
             meter: None,
             advice_interval: DEFAULT_POOL_ADVICE_INTERVAL,
             advice_hosts: crate::pool::advice::DEFAULT_POOL_ADVICE_HOSTS,
+            history_hosts: crate::pool::model::DEFAULT_POOL_HISTORY_HOSTS,
             capacity: DEFAULT_REGISTRY_CAPACITY,
             on_request_end: None,
             redaction: UrlRedaction::default(),
@@ -577,6 +579,24 @@ impl ConnTraceBuilder {
         self
     }
 
+    /// The most hosts whose connections the pool history (what a miss's
+    /// reason is read from) remembers at once. When it is full, a host
+    /// whose connections are all closed or idle-expired is forgotten (the
+    /// one unused the longest; its next miss reads `cold`, its pool having
+    /// emptied). When every remembered host still has a live connection, a
+    /// miss to a further host is untracked: it carries
+    /// `http.connection.untracked = pool_history` instead of
+    /// `http.connection.miss_reason`, counts in
+    /// `http.client.requests.untracked`, and one WARN line (target
+    /// `reqwest_conntrace`) names this setting. The same applies to a host
+    /// once it had more than 64 open connections at once (one was
+    /// forgotten). Default:
+    /// [`DEFAULT_POOL_HISTORY_HOSTS`](crate::DEFAULT_POOL_HISTORY_HOSTS) (1,024).
+    pub fn pool_history_hosts(mut self, hosts: usize) -> Self {
+        self.history_hosts = hosts;
+        self
+    }
+
     /// The most connections the handle tracks at once (a memory cap). A
     /// connection is tracked from its connect until its close is observed,
     /// so the registry holds what the instrumented clients hold; no tracked
@@ -622,7 +642,7 @@ impl ConnTraceBuilder {
         ConnTrace {
             inner: Arc::new_cyclic(|weak| Inner {
                 registry: Registry::new(self.capacity),
-                pools: PoolHistory::default(),
+                pools: PoolHistory::new(self.history_hosts),
                 load: PoolLoad::new(self.advice_interval, self.advice_hosts),
                 metrics: Metrics::new(&meter, weak.clone() as Weak<dyn PoolObservations>),
                 kernel: KernelView::new(),

@@ -86,6 +86,7 @@ pub use handle::{
 pub use kernel::{TcpFacts, TcpInfo, TcpState};
 pub use pool::advice::{DEFAULT_POOL_ADVICE_HOSTS, PoolAdvice};
 pub use pool::miss::MissReason;
+pub use pool::model::DEFAULT_POOL_HISTORY_HOSTS;
 pub use redact::{DEFAULT_REDACTED_QUERY_KEYS, UrlRedaction, redact_url};
 pub use request::fanout::fan_out;
 pub use request::middleware::{

@@ -322,7 +322,8 @@ pub const HTTP_CLIENT_CONNECTION_SETUP_DURATION: &str = "http.client.connection.
 pub const HTTP_CLIENT_CONNECTIONS_OPENED: &str = "http.client.connections.opened";
 /// `http.client.pool.misses` (counter, `{request}`), ours: requests that were
 /// not idle hits, by [`HTTP_CONNECTION_MISS_REASON`], with `server.address`,
-/// `server.port`, `url.scheme`.
+/// `server.port`, `url.scheme`, and [`HTTP_CONNECTION_POOL_LIMITS`] when
+/// the reason depended on a pool limit this crate could not read.
 pub const HTTP_CLIENT_POOL_MISSES: &str = "http.client.pool.misses";
 /// `http.client.requests.untracked` (counter, `{request}`), ours: requests
 /// whose pool facts are missing because a bounded table was full, by
@@ -457,6 +458,7 @@ pub const METRICS: &[Metric] = &[
             SERVER_PORT,
             URL_SCHEME,
             HTTP_CONNECTION_MISS_REASON,
+            HTTP_CONNECTION_POOL_LIMITS,
         ],
     },
     Metric {
@@ -592,6 +594,24 @@ pub const MISS_REASON_POOL_DISABLED: &str = "pool_disabled";
 /// [`HTTP_CONNECTION_MISS_REASON`]: the previous HTTP/1.1 connection was
 /// alive and free but hyper-util had not put it back into its pool yet.
 pub const MISS_REASON_RELEASE_RACE: &str = "release_race";
+/// [`HTTP_CONNECTION_MISS_REASON`]: the client's own pool closed the
+/// previous idle connection, under pool limits this crate could not read
+/// (set on reqwest's builder); see [`POOL_LIMITS_UNKNOWN`].
+pub const MISS_REASON_POOL_CLOSED: &str = "pool_closed";
+
+/// `http.connection.pool.limits` (string, request span, on misses), ours:
+/// present when the miss reason depended on a pool limit
+/// (`pool_max_idle_per_host`, `pool_idle_timeout`) this crate could not
+/// read, because it was not set through
+/// [`InstrumentedClientBuilder`](crate::InstrumentedClientBuilder) (it may
+/// have been set on reqwest's builder, whose settings are not readable).
+/// Its one value is [`POOL_LIMITS_UNKNOWN`].
+pub const HTTP_CONNECTION_POOL_LIMITS: &str = "http.connection.pool.limits";
+/// [`HTTP_CONNECTION_POOL_LIMITS`]: the limit was not read; the reason
+/// was inferred from what the kernel shows (our side closed the idle
+/// connection; with the idle timeout known, the idle limit did it:
+/// `all_busy`), or is [`MISS_REASON_POOL_CLOSED`].
+pub const POOL_LIMITS_UNKNOWN: &str = "unknown";
 
 /// `http.connection.previous.id` (int, request span, misses caused by a
 /// connection that ended): the id of that connection.
@@ -623,6 +643,10 @@ pub const CONNECTION_END_HTTP2_ERROR: &str = "http2_error";
 pub const CONNECTION_END_IDLE_TIMEOUT: &str = "idle_timeout";
 /// [`HTTP_CONNECTION_PREVIOUS_END`]: released while the idle pool was full.
 pub const CONNECTION_END_IDLE_LIMIT: &str = "idle_limit";
+/// `http.connection.previous.end`: the client's pool closed it (the
+/// kernel shows our side's close) under pool limits this crate could not
+/// read ([`MISS_REASON_POOL_CLOSED`]).
+pub const CONNECTION_END_POOL_CLOSED: &str = "pool_closed";
 /// [`HTTP_CONNECTION_PREVIOUS_END`]: a response body was dropped before its end.
 pub const CONNECTION_END_DISCARDED: &str = "discarded";
 
@@ -693,6 +717,14 @@ pub const UNTRACKED_CONNECTION_REGISTRY: &str = "connection_registry";
 /// pool attributes are unaffected. A request untracked in both tables
 /// carries [`UNTRACKED_CONNECTION_REGISTRY`] (it counts under both values).
 pub const UNTRACKED_POOL_ADVICE: &str = "pool_advice";
+/// [`HTTP_CONNECTION_UNTRACKED`]: the request's host is not in the pool
+/// history the miss reason is read from: its table was full of hosts with
+/// live connections
+/// ([`ConnTraceBuilder::pool_history_hosts`](crate::ConnTraceBuilder::pool_history_hosts)),
+/// or the host had more than 64 open connections at once and one was
+/// forgotten. The request carries no `http.connection.miss_reason`
+/// (its connection attributes are unaffected).
+pub const UNTRACKED_POOL_HISTORY: &str = "pool_history";
 
 /// [`HTTP_CONNECTION_ADDRESS_OUTCOME`]: the address's share of the connect timeout elapsed.
 pub const ADDRESS_OUTCOME_TIMED_OUT: &str = "timed_out";

@@ -322,6 +322,7 @@ async fn run_phases(
             )
             .tls(tls.clone())
             .pool_max_idle_per_host(pool)
+            .pool_idle_timeout(Some(crate::client::REQWEST_DEFAULT_POOL_IDLE_TIMEOUT))
             .connect_timeout(Duration::from_secs(10))
             .map_reqwest(reqwest::ClientBuilder::http1_only)
             .build_with_middleware()

@@ -47,6 +47,7 @@ pub(crate) fn client(trace: &ConnTrace, pki: &TestPki) -> InstrumentedClientBuil
                 .user_agent(concat!("conntrace-lab/", env!("CARGO_PKG_VERSION"))),
         )
         .tls(tls(pki))
+        .pool_idle_timeout(Some(crate::client::REQWEST_DEFAULT_POOL_IDLE_TIMEOUT))
 }
 
 /// Builds the client; one error line when the library refuses.

@@ -53,7 +53,7 @@ impl ConnectorLayer {
     /// with reqwest's default pool settings (90 s idle timeout, unlimited
     /// idle connections per host).
     pub fn new(trace: ConnTrace) -> Self {
-        Self::for_client(trace, Arc::new(ClientState::reqwest_defaults()))
+        Self::for_client(trace, Arc::new(ClientState::unknown_settings()))
     }
 
     pub(crate) fn for_client(trace: ConnTrace, client: Arc<ClientState>) -> Self {

@@ -4,10 +4,6 @@
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-/// reqwest's default pool idle timeout (`ClientBuilder::pool_idle_timeout`,
-/// reqwest 0.13: 90 s).
-pub(crate) const REQWEST_DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(90);
-
 /// A client whose first request to a host comes less than this long after
 /// it was built counts as a new client
 /// (miss reason `new_client`) when an earlier client of the handle had
@@ -22,22 +18,36 @@ static NEXT_CLIENT_ID: AtomicU64 = AtomicU64::new(1);
 pub(crate) struct ClientState {
     pub(crate) id: u64,
     pub(crate) built_at: Instant,
-    /// The pool idle timeout the client was built with (`None`: never expires).
+    /// The pool idle timeout the client was built with (`None`: never
+    /// expires, or not known: see `idle_timeout_known`).
     pub(crate) idle_timeout: Option<Duration>,
-    /// `pool_max_idle_per_host`, when set through this crate (reqwest's
-    /// default is unlimited).
+    /// `pool_idle_timeout` came through this crate's builder. When it did
+    /// not, reqwest's builder may have set it, unreadably: no decision
+    /// assumes reqwest's default.
+    pub(crate) idle_timeout_known: bool,
+    /// `pool_max_idle_per_host`, when set through this crate (`None`:
+    /// unlimited, or not known: see `max_idle_known`).
     pub(crate) max_idle_per_host: Option<usize>,
+    /// `pool_max_idle_per_host` came through this crate's builder.
+    pub(crate) max_idle_known: bool,
     /// The keep-alive mismatch warning was logged for this client.
     keep_alive_warned: AtomicBool,
 }
 
 impl ClientState {
-    pub(crate) fn new(idle_timeout: Option<Duration>, max_idle_per_host: Option<usize>) -> Self {
+    /// `None`: the setting did not come through this crate's builder
+    /// (unknown); `Some(v)`: set to `v`.
+    pub(crate) fn new(
+        idle_timeout: Option<Option<Duration>>,
+        max_idle_per_host: Option<usize>,
+    ) -> Self {
         Self {
             id: NEXT_CLIENT_ID.fetch_add(1, Ordering::Relaxed),
             built_at: Instant::now(),
-            idle_timeout,
+            idle_timeout: idle_timeout.flatten(),
+            idle_timeout_known: idle_timeout.is_some(),
             max_idle_per_host,
+            max_idle_known: max_idle_per_host.is_some(),
             keep_alive_warned: AtomicBool::new(false),
         }
     }
@@ -48,8 +58,14 @@ impl ClientState {
         !self.keep_alive_warned.swap(true, Ordering::Relaxed)
     }
 
-    /// A client with reqwest's default pool settings and no known proxy.
-    pub(crate) fn reqwest_defaults() -> Self {
-        Self::new(Some(REQWEST_DEFAULT_IDLE_TIMEOUT), None)
+    /// Both pool limits came through this crate's builder.
+    pub(crate) fn limits_known(&self) -> bool {
+        self.idle_timeout_known && self.max_idle_known
+    }
+
+    /// A client built outside this crate's builder (the connector layer
+    /// added to reqwest's builder): its pool settings are unknown.
+    pub(crate) fn unknown_settings() -> Self {
+        Self::new(None, None)
     }
 }

@@ -56,6 +56,13 @@ pub enum MissReason {
     /// (typically the next one of a sequential loop on a busy runtime) opens
     /// a connection instead.
     ReleaseRace,
+    /// `pool_closed`: the client's own pool closed the most recent idle
+    /// connection (the kernel shows our side closed it), and which limit
+    /// did is unknown: its `pool_idle_timeout` did not come through this
+    /// crate's builder (reqwest's builder cannot be read), so it may have
+    /// expired, or it was released over `pool_max_idle_per_host`. The span also carries
+    /// `http.connection.pool.limits = unknown`.
+    PoolClosed,
     /// `discarded`: the previous response on the most recent connection was
     /// dropped before its body was read to the end, so HTTP/1.1 could not
     /// return the connection to the pool.
@@ -80,6 +87,7 @@ impl MissReason {
             MissReason::RequestLimit => semconv::MISS_REASON_REQUEST_LIMIT,
             MissReason::PoolDisabled => semconv::MISS_REASON_POOL_DISABLED,
             MissReason::ReleaseRace => semconv::MISS_REASON_RELEASE_RACE,
+            MissReason::PoolClosed => semconv::MISS_REASON_POOL_CLOSED,
         }
     }
 
@@ -113,11 +121,14 @@ impl MissReason {
             MissReason::ReleaseRace => {
                 "nothing to tune: the extra connection joins the pool; yield once (tokio::task::yield_now) between a body's end and the next request if it matters"
             }
+            MissReason::PoolClosed => {
+                "set pool_max_idle_per_host and pool_idle_timeout on InstrumentedClientBuilder instead of reqwest's builder, so the limit that closed it can be named"
+            }
         }
     }
 
     /// Every reason, in documentation order.
-    pub const ALL: [MissReason; 9] = [
+    pub const ALL: [MissReason; 10] = [
         MissReason::Cold,
         MissReason::AllBusy,
         MissReason::IdleExpired,
@@ -127,6 +138,7 @@ impl MissReason {
         MissReason::RequestLimit,
         MissReason::PoolDisabled,
         MissReason::ReleaseRace,
+        MissReason::PoolClosed,
     ];
 }
 
@@ -158,6 +170,9 @@ pub(crate) enum ConnectionEnd {
     IdleTimeout,
     /// `idle_limit`: released while the idle pool was full; hyper closed it.
     IdleLimit,
+    /// `pool_closed`: the client's pool closed it (the kernel shows our
+    /// side's close), under pool limits this crate could not read.
+    PoolClosed,
     /// `discarded`: a response body was dropped before its end; hyper closed it.
     Discarded,
 }
@@ -187,6 +202,7 @@ impl ConnectionEnd {
             ConnectionEnd::Http2Error => semconv::CONNECTION_END_HTTP2_ERROR,
             ConnectionEnd::IdleTimeout => semconv::CONNECTION_END_IDLE_TIMEOUT,
             ConnectionEnd::IdleLimit => semconv::CONNECTION_END_IDLE_LIMIT,
+            ConnectionEnd::PoolClosed => semconv::CONNECTION_END_POOL_CLOSED,
             ConnectionEnd::Discarded => semconv::CONNECTION_END_DISCARDED,
         }
     }

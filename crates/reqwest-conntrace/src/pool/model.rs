@@ -24,22 +24,55 @@ use crate::pool::host::HostKey;
 use crate::pool::miss::{ConnectionEnd, MissReason};
 use crate::pool::registry::ConnectionRecord;
 use crate::pool::slot::{Miss, Previous};
+use crate::semconv;
 
-/// Connections remembered per host (most recent first out when full).
-const CONNECTIONS_PER_HOST: usize = 64;
-/// Hosts remembered per handle; the one unused the longest is forgotten.
-const MAX_HOSTS: usize = 1024;
+/// Connections remembered per host: past it, a closed one is forgotten
+/// first; when all are open, the oldest is, and the host's misses are
+/// untracked from then on (`http.connection.untracked = pool_history`).
+pub(crate) const CONNECTIONS_PER_HOST: usize = 64;
+
+/// Default of [`ConnTraceBuilder::pool_history_hosts`](crate::ConnTraceBuilder::pool_history_hosts):
+/// the most hosts whose connections the pool history (what miss reasons are
+/// read from) remembers at once.
+pub const DEFAULT_POOL_HISTORY_HOSTS: usize = 1024;
 
 #[derive(Debug)]
 struct HostHistory {
     connections: VecDeque<Arc<ConnectionRecord>>,
     last_used: Instant,
+    /// An open connection was forgotten (more than
+    /// [`CONNECTIONS_PER_HOST`] open at once): the history is incomplete.
+    forgot_open: bool,
+}
+
+impl HostHistory {
+    /// Nothing left that a miss could be blamed on: every connection is
+    /// closed, or idle past its client's idle timeout.
+    fn is_dead(&self, now: Instant) -> bool {
+        self.connections.iter().all(|r| {
+            r.is_closed()
+                || (r.in_use() == 0
+                    && r.client
+                        .idle_timeout
+                        .is_some_and(|t| now.saturating_duration_since(r.last_activity()) >= t))
+        })
+    }
 }
 
 /// Every client's connections by host.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct PoolHistory {
     hosts: Mutex<HashMap<HostKey, HostHistory>>,
+    /// Most hosts remembered ([`DEFAULT_POOL_HISTORY_HOSTS`]).
+    capacity: usize,
+    /// The "pool history full" warning was logged.
+    full_logged: std::sync::atomic::AtomicBool,
+}
+
+impl Default for PoolHistory {
+    fn default() -> Self {
+        Self::new(DEFAULT_POOL_HISTORY_HOSTS)
+    }
 }
 
 // Read from the registry's record, so it lives with the model, not in `slot`.
@@ -119,12 +152,27 @@ pub(crate) fn decide_from_kernel(
                 Previous::of(candidate, now, Some(ConnectionEnd::GoAway)),
             )
         }
-        // Our side closed it and nothing we saw explains why: hyper-util
-        // dropped it at release, its idle pool being full.
-        KernelLookup::Found(facts) if facts.state.closed_by_us() => Miss::caused_by(
-            MissReason::AllBusy,
-            Previous::of(candidate, now, Some(ConnectionEnd::IdleLimit)),
-        ),
+        // Our side closed it and nothing we saw explains why: hyper-util's
+        // pool dropped it, at release over its idle limit or past its idle
+        // timeout. With the idle timeout known and not reached (row 9; our
+        // release time is no later than hyper-util's), the idle limit did
+        // it: `all_busy`, inferred when that limit is unknown. With the
+        // idle timeout unknown, either may have (our release model can miss
+        // a release over the limit): `pool_closed`.
+        KernelLookup::Found(facts) if facts.state.closed_by_us() => {
+            let client = &candidate.client;
+            let (reason, end) = if client.idle_timeout_known {
+                (MissReason::AllBusy, ConnectionEnd::IdleLimit)
+            } else {
+                (MissReason::PoolClosed, ConnectionEnd::PoolClosed)
+            };
+            let miss = Miss::caused_by(reason, Previous::of(candidate, now, Some(end)));
+            if client.limits_known() {
+                miss
+            } else {
+                miss.limits_unknown()
+            }
+        }
         // Alive and free, yet the checkout failed. HTTP/2: the server sent
         // GOAWAY and has not closed the socket yet. HTTP/1.1: `alive`
         // (another request holds it, or hyper-util had not put it back).
@@ -141,27 +189,44 @@ pub(crate) fn decide_from_kernel(
 }
 
 impl PoolHistory {
+    /// A history of at most `capacity` hosts.
+    pub(crate) fn new(capacity: usize) -> Self {
+        Self {
+            hosts: Mutex::new(HashMap::new()),
+            capacity,
+            full_logged: std::sync::atomic::AtomicBool::new(false),
+        }
+    }
+
     fn hosts(&self) -> MutexGuard<'_, HashMap<HostKey, HostHistory>> {
         self.hosts.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Remembers a new connection to `host`, and its DNS answer as the
-    /// newest for the host.
-    pub(crate) fn record_connection(&self, host: HostKey, record: Arc<ConnectionRecord>) {
+    /// newest for the host. When the table is full, a host whose
+    /// connections are all closed (or idle-expired) is forgotten, the one
+    /// unused the longest; when none is, `host` is not remembered and
+    /// `false` is returned (the table is full of live hosts).
+    pub(crate) fn record_connection(&self, host: HostKey, record: Arc<ConnectionRecord>) -> bool {
         let now = Instant::now();
         let mut hosts = self.hosts();
-        if hosts.len() >= MAX_HOSTS
-            && !hosts.contains_key(&host)
-            && let Some(oldest) = hosts
+        if hosts.len() >= self.capacity && !hosts.contains_key(&host) {
+            let dead = hosts
                 .iter()
+                .filter(|(_, h)| h.is_dead(now))
                 .min_by_key(|(_, h)| h.last_used)
-                .map(|(k, _)| k.clone())
-        {
-            hosts.remove(&oldest);
+                .map(|(k, _)| k.clone());
+            match dead {
+                Some(oldest) => {
+                    hosts.remove(&oldest);
+                }
+                None => return false,
+            }
         }
         let history = hosts.entry(host).or_insert_with(|| HostHistory {
             connections: VecDeque::new(),
             last_used: now,
+            forgot_open: false,
         });
         history.last_used = now;
         // A newer DNS answer: the host's older connections to an address it
@@ -181,9 +246,34 @@ impl PoolHistory {
             }
         }
         if history.connections.len() >= CONNECTIONS_PER_HOST {
-            history.connections.pop_front();
+            match history.connections.iter().position(|r| r.is_closed()) {
+                Some(closed) => {
+                    history.connections.remove(closed);
+                }
+                None => {
+                    history.connections.pop_front();
+                    history.forgot_open = true;
+                }
+            }
         }
         history.connections.push_back(record);
+        true
+    }
+
+    /// `host` has no place in a full table of live hosts (the request's
+    /// miss is untracked), checked before its connect.
+    fn is_untracked(
+        hosts: &HashMap<HostKey, HostHistory>,
+        host: &HostKey,
+        capacity: usize,
+    ) -> bool {
+        match hosts.get(host) {
+            Some(history) => history.forgot_open,
+            None => {
+                let now = Instant::now();
+                hosts.len() >= capacity && !hosts.values().any(|h| h.is_dead(now))
+            }
+        }
     }
 
     /// Why `client` found no idle connection to `host` at `now` (called when
@@ -199,6 +289,19 @@ impl PoolHistory {
         in_flight: u64,
     ) -> MissVerdict {
         let hosts = self.hosts();
+        if Self::is_untracked(&hosts, host, self.capacity) {
+            if !self.full_logged.swap(true, Ordering::Relaxed) {
+                tracing::warn!(
+                    target: "reqwest_conntrace",
+                    "pool history full: {} hosts with live connections (or over {} open connections to one host); misses to further hosts are untracked ({}={}); raise ConnTraceBuilder::pool_history_hosts",
+                    hosts.len(),
+                    CONNECTIONS_PER_HOST,
+                    semconv::HTTP_CONNECTION_UNTRACKED,
+                    semconv::UNTRACKED_POOL_HISTORY,
+                );
+            }
+            return MissVerdict::Decided(Miss::untracked());
+        }
         let mine: Vec<&Arc<ConnectionRecord>> = hosts
             .get(host)
             .map(|h| {

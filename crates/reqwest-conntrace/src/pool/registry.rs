@@ -444,7 +444,7 @@ mod tests {
             }),
             SpanContext::empty_context(),
             None,
-            Arc::new(ClientState::reqwest_defaults()),
+            Arc::new(ClientState::unknown_settings()),
             None,
             None,
         ))

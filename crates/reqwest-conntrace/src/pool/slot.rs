@@ -24,6 +24,12 @@ pub(crate) struct Previous {
 pub(crate) struct Miss {
     pub(crate) reason: MissReason,
     pub(crate) previous: Option<Previous>,
+    /// The host is not (fully) in the pool history: `reason` is not known,
+    /// the request says `http.connection.untracked = pool_history`.
+    pub(crate) untracked: bool,
+    /// The decision depended on a pool limit this crate could not read
+    /// (set on reqwest's builder): `http.connection.pool.limits = unknown`.
+    pub(crate) limits_unknown: bool,
 }
 
 impl Miss {
@@ -31,13 +37,29 @@ impl Miss {
         Self {
             reason,
             previous: None,
+            untracked: false,
+            limits_unknown: false,
         }
     }
 
     pub(crate) fn caused_by(reason: MissReason, previous: Previous) -> Self {
         Self {
-            reason,
             previous: Some(previous),
+            ..Self::new(reason)
+        }
+    }
+
+    pub(crate) fn untracked() -> Self {
+        Self {
+            untracked: true,
+            ..Self::new(MissReason::Cold)
+        }
+    }
+
+    pub(crate) fn limits_unknown(self) -> Self {
+        Self {
+            limits_unknown: true,
+            ..self
         }
     }
 }

@@ -106,12 +106,9 @@ pub(crate) fn attribute_response(
     let miss = (!idle_hit).then(|| {
         own_miss
             .or_else(|| record.miss.as_ref().map(|m| m.get()))
-            .unwrap_or(Miss {
-                reason: MissReason::Cold,
-                previous: None,
-            })
+            .unwrap_or(Miss::new(MissReason::Cold))
     });
-    let miss_reason = miss.map(|m| m.reason);
+    let miss_reason = miss.filter(|m| !m.untracked).map(|m| m.reason);
 
     if recording {
         attributes.extend([
@@ -213,6 +210,17 @@ pub(crate) fn set_attributes(span: &tracing::Span, attributes: Vec<KeyValue>) {
 /// The miss reason on the span and the misses counter; the previous
 /// connection, when one caused the miss.
 fn record_miss(inner: &Inner, state: &RequestState, span: &tracing::Span, miss: &Miss) {
+    if miss.untracked {
+        // The host is not in the pool history: no reason is known.
+        inner.note_untracked(span, &state.host, semconv::UNTRACKED_POOL_HISTORY);
+        return;
+    }
+    if miss.limits_unknown {
+        span.set_attribute(
+            semconv::HTTP_CONNECTION_POOL_LIMITS,
+            semconv::POOL_LIMITS_UNKNOWN,
+        );
+    }
     let reason = miss.reason.as_str();
     span.set_attribute(semconv::HTTP_CONNECTION_MISS_REASON, reason);
     if let Some(previous) = &miss.previous {
@@ -231,6 +239,12 @@ fn record_miss(inner: &Inner, state: &RequestState, span: &tracing::Span, miss: 
     }
     let mut attributes = state.host.attributes();
     attributes.push(KeyValue::new(semconv::HTTP_CONNECTION_MISS_REASON, reason));
+    if miss.limits_unknown {
+        attributes.push(KeyValue::new(
+            semconv::HTTP_CONNECTION_POOL_LIMITS,
+            semconv::POOL_LIMITS_UNKNOWN,
+        ));
+    }
     inner.metrics.pool_misses.add(1, &attributes);
 }
 
@@ -285,7 +299,11 @@ fn record_server_keep_alive(
     };
     span.set_attribute(semconv::HTTP_CONNECTION_SERVER_KEEP_ALIVE, secs(server));
     let client = record.client.idle_timeout;
-    if first != Some(true) || client.is_some_and(|c| c <= server) {
+    // An idle timeout this crate could not read is not compared.
+    if first != Some(true)
+        || !record.client.idle_timeout_known
+        || client.is_some_and(|c| c <= server)
+    {
         return;
     }
     let client_secs = client.map_or(f64::INFINITY, secs);
