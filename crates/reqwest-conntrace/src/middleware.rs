@@ -303,7 +303,13 @@ impl<M: MakeRequestSpan> ConnTraceMiddleware<M> {
 
         match result {
             Ok(response) => {
-                end.headers_at = Some(Instant::now());
+                let headers_at = Instant::now();
+                end.headers_at = Some(headers_at);
+                span.add_event_with_timestamp(
+                    semconv::EVENT_RESPONSE_HEADERS,
+                    inner.clock.wall(headers_at),
+                    Vec::new(),
+                );
                 let status = response.status();
                 end.status = Some(status.as_u16());
                 if records_http {
