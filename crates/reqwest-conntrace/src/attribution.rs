@@ -556,8 +556,11 @@ impl RequestEnd {
             resend_count: self.resend_count,
         };
         self.inner.on_request_end.on_request_end(&report);
-        // Release our handle so the span ends now (end of body), not when
-        // the response value is dropped later.
+        // tracing-opentelemetry (0.34) stamps a span's end at its last
+        // exit, which was when the headers arrived: enter it once more so
+        // the exported end is now (the end of the body). Then release our
+        // handle so the span closes now, not when the response is dropped.
+        self.span.in_scope(|| ());
         self.span = tracing::Span::none();
     }
 }

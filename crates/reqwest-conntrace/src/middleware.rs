@@ -303,13 +303,10 @@ impl<M: MakeRequestSpan> ConnTraceMiddleware<M> {
 
         match result {
             Ok(response) => {
-                let headers_at = Instant::now();
-                end.headers_at = Some(headers_at);
-                span.add_event_with_timestamp(
-                    semconv::EVENT_RESPONSE_HEADERS,
-                    inner.clock.wall(headers_at),
-                    Vec::new(),
-                );
+                end.headers_at = Some(Instant::now());
+                // Stamped now on the wall clock, as the span's start and
+                // end are: the page splits the bar at it.
+                span.add_event(semconv::EVENT_RESPONSE_HEADERS, Vec::new());
                 let status = response.status();
                 end.status = Some(status.as_u16());
                 if records_http {

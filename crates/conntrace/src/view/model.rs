@@ -45,6 +45,10 @@ const WARMUP_ATTRIBUTE: &str = "demo.warmup";
 /// Root attribute holding the demo phase's idle-pool size.
 const DEMO_IDLE_LIMIT_ATTRIBUTE: &str = "demo.pool_max_idle_per_host";
 
+/// Root attribute holding the probe mode's idle-pool size (absent when the
+/// client keeps reqwest's default, unlimited).
+const PROBE_IDLE_LIMIT_ATTRIBUTE: &str = "conntrace.probe.pool_max_idle_per_host";
+
 /// Root attribute holding the demo fan-out's number.
 const DEMO_FANOUT_INDEX_ATTRIBUTE: &str = "demo.fanout.index";
 
@@ -88,7 +92,8 @@ pub(crate) struct Group {
     pub(crate) name: String,
     /// `server.address:server.port` of its requests, sorted.
     pub(crate) hosts: Vec<String>,
-    /// The idle-pool size: the demo phase's `demo.pool_max_idle_per_host`,
+    /// The idle-pool size: the demo phase's `demo.pool_max_idle_per_host`
+    /// or the probe mode's `conntrace.probe.pool_max_idle_per_host`,
     /// else `http.client.pool.idle_limit` of an
     /// `http.connection.pool_advice` event; `None` when the spans do not say.
     pub(crate) idle_limit: Option<i64>,
@@ -164,6 +169,11 @@ pub(crate) struct Row {
     /// Request: `http.connection.wait_time`, ms.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) wait_ms: Option<f64>,
+    /// Request: when its response headers arrived (the
+    /// `http.receive.start` event), ms after the group's start: the end of
+    /// "server", the start of "body".
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) headers_ms: Option<f64>,
     /// Request: `http.connection.miss_reason`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) miss_reason: Option<String>,
@@ -468,7 +478,8 @@ fn build_group(
     let mut idle_limit = None;
     for t in traces {
         if idle_limit.is_none() {
-            idle_limit = attr_int(t.root, DEMO_IDLE_LIMIT_ATTRIBUTE);
+            idle_limit = attr_int(t.root, DEMO_IDLE_LIMIT_ATTRIBUTE)
+                .or_else(|| attr_int(t.root, PROBE_IDLE_LIMIT_ATTRIBUTE));
         }
         for (i, r) in t.requests.iter().enumerate() {
             requests += 1;
@@ -651,6 +662,7 @@ impl RowBuilder<'_, '_> {
             start_ms: rel_ms(s.start_unix_nanos(), self.t0),
             end_ms: rel_ms(s.end_unix_nanos(), self.t0),
             wait_ms: None,
+            headers_ms: None,
             miss_reason: None,
             error_type: s.attr_str(semconv::ERROR_TYPE).map(str::to_owned),
             connection_id: s.attr_i64(semconv::HTTP_CONNECTION_ID),
@@ -690,6 +702,11 @@ impl RowBuilder<'_, '_> {
             row.wait_ms = r
                 .attr_f64(semconv::HTTP_CONNECTION_WAIT_TIME)
                 .map(|s| round3(s * 1000.0));
+            row.headers_ms = r
+                .events()
+                .iter()
+                .find(|e| e.name == semconv::EVENT_RESPONSE_HEADERS)
+                .map(|e| rel_ms(e.time_unix_nano, self.t0));
             row.miss_reason = r
                 .attr_str(semconv::HTTP_CONNECTION_MISS_REASON)
                 .map(str::to_owned);
