@@ -831,7 +831,9 @@ mod tests {
 
     /// Warm-up traces are left out, demo phases group, misses count per
     /// batch, requests in flight step, a request's own connect and a span
-    /// link both resolve to the drawn setup span, a failed request counts.
+    /// link both resolve to the drawn setup span, a failed request counts,
+    /// the headers event splits a request, the probe's idle-pool size is
+    /// its idle limit.
     #[test]
     fn spans_become_groups_rows_and_counts() {
         let mut list = vec![
@@ -913,7 +915,15 @@ mod tests {
                 json!({"http.request.method": "GET", "http.connection.reused": true, "http.connection.id": 1, "http.connection.wait_time": 0.0}),
             ),
             // A probe mode with one failed request.
-            span("c", "c1", "", "probe fresh", 500, 600, json!({})),
+            span(
+                "c",
+                "c1",
+                "",
+                "probe fresh",
+                500,
+                600,
+                json!({"conntrace.probe.pool_max_idle_per_host": 0}),
+            ),
             span(
                 "c",
                 "c2",
@@ -927,6 +937,9 @@ mod tests {
         // The hit links to connection 1's setup span.
         list[10]["links"] = json!([{"traceId": "b".repeat(32), "spanId": "b5".repeat(8),
             "attributes": [{"key": "http.connection.id", "value": {"intValue": "1"}}]}]);
+        // The first request's response headers arrived at 55 ms.
+        list[5]["events"] = json!([{"name": "http.receive.start",
+            "timeUnixNano": (1_700_000_000_000_000_000u64 + 55_000_000).to_string()}]);
         let page = build("t", &spans(list), 0);
         assert_eq!(page.spans_total, 13);
         assert_eq!(page.warmup_traces, 1);
@@ -960,6 +973,8 @@ mod tests {
         assert_eq!(rows[0].label, "user_request 1");
         assert_eq!(rows[1].label, "batch 0");
         assert_eq!(rows[1].wait_ms, Some(30.0));
+        assert_eq!(rows[1].headers_ms, Some(55.0));
+        assert_eq!(rows[3].headers_ms, None);
         assert_eq!(rows[1].miss_reason.as_deref(), Some("cold"));
         let setup = rows[2].span;
         assert_eq!(page.spans[setup].name, "http.connection_setup");
@@ -980,7 +995,7 @@ mod tests {
 
         let probe = &page.groups[1];
         assert_eq!((probe.requests, probe.misses, probe.failed), (1, 0, 1));
-        assert_eq!(probe.idle_limit, None);
+        assert_eq!(probe.idle_limit, Some(0));
         assert_eq!(probe.shown[0].rows[1].label, "GET #1");
     }
 }

@@ -10,7 +10,7 @@
     d3.schemeTableau10[6], d3.schemeTableau10[1], d3.schemeTableau10[8], d3.schemeTableau10[0],
   ]);
   const heat = d3.scaleSequential(d3.interpolateReds).domain([0, 1]);
-  const ROW = 14, STEP = 18, TRACE_GAP = 10, TOP = 24;
+  const ROW = 14, STEP = 18, TRACE_GAP = 10, TRACE_HEAD = 14, TOP = 24;
 
   const f2 = d3.format(".2f"), f1 = d3.format(".1f");
   const fmtMs = (v) => (v >= 1000 ? f2(v / 1000) + " s" : f1(v) + " ms");
@@ -61,7 +61,11 @@
   swatch("wait", null, "wait for a connection");
   swatch("server", null, "server (to the response headers)");
   swatch("body", null, "body");
-  swatch("response", null, "response (no headers time)");
+  // Spans without the http.receive.start event (files from other tools or
+  // older versions) get one bar from the connection to the end.
+  const unsplit = groups.some((g) => g.shown.some((t) => t.rows.some(
+    (r) => r.kind === "request" && r.headers_ms == null && !r.error_type)));
+  if (unsplit) swatch("response", null, "server + body (no http.receive.start event)");
   swatch("root", null, "trace root");
   swatch("miss", null, "pool miss (reason beside the bar)");
   swatch("link", null, "served by this connection");
@@ -167,9 +171,10 @@
   }
 
   // Measures the labels and notes as drawn (one layout pass): the label
-  // column fits the longest label, up to 40 % of the narrowest column
-  // (longer ones end in "…", the whole text on hover), and the time scale
-  // leaves room right of every bar for its note.
+  // column fits the longest row label, up to 40 % of the narrowest column
+  // (longer ones end in "…", the whole text on hover; a trace's root label
+  // heads its block across the whole column), and the time scale leaves
+  // room right of every bar for its note.
   function lay() {
     const labelMax = Math.min(340, 0.4 * (d3.min(colWidth) || 480));
     const measure = d3.select("body").append("svg").attr("class", "timeline")
@@ -185,12 +190,13 @@
     let left = 60;
     for (const r of rows) {
       let text = r.row.label;
-      while (text.length > 1 && r.label.getComputedTextLength() > labelMax) {
+      const max = r.row.kind === "root" ? colWidth[r.i] - 8 : labelMax;
+      while (text.length > 1 && r.label.getComputedTextLength() > max) {
         text = text.slice(0, -1);
         r.label.textContent = text + "…";
       }
       labels.set(r.row, r.label.textContent);
-      left = Math.max(left, labelX(r.row) + r.label.getComputedTextLength() + 16);
+      if (r.row.kind !== "root") left = Math.max(left, labelX(r.row) + r.label.getComputedTextLength() + 16);
     }
     left = Math.ceil(left);
     // Pixels per ms: the bars fit every column; each note fits its column,
@@ -226,7 +232,7 @@
         + fmtMs(g.shown_from_ms) + " into the group");
     const width = layout.widths[i], LEFT = layout.left, plot = windowMs * layout.k;
     let height = TOP;
-    for (const t of g.shown) height += t.rows.length * STEP + TRACE_GAP;
+    for (const t of g.shown) height += TRACE_HEAD + t.rows.length * STEP + TRACE_GAP;
     // Built detached and attached once: no style work while it grows.
     const svg = d3.create("svg").attr("class", "timeline").attr("width", width).attr("height", height + 4);
     const x = d3.scaleLinear([g.shown_from_ms, g.shown_from_ms + windowMs], [LEFT, LEFT + plot]);
@@ -242,6 +248,7 @@
         .attr("data-misses", t.misses);
       tg.append("line").attr("class", "trace-sep").attr("x1", 0).attr("x2", width)
         .attr("y1", yTop - 3).attr("y2", yTop - 3);
+      yTop += TRACE_HEAD;
       t.rows.forEach((row, i) => {
         const y = yTop + i * STEP + ROW / 2;
         rowY.set(row.span, y);
@@ -276,7 +283,8 @@
     // the whole text in its title, and the hover shows the span.
     const label = layout.labels.get(row);
     const labelText = g.append("text").attr("class", labelClass(row))
-      .attr("x", labelX(row)).attr("y", y + 4).attr("data-span", row.span).text(label);
+      .attr("x", labelX(row)).attr("y", row.kind === "root" ? y - ROW / 2 - 3 : y + 4)
+      .attr("data-span", row.span).text(label);
     if (label !== row.label) labelText.append("title").text(row.label);
     const x0 = x(row.start_ms), x1 = Math.max(x(row.end_ms), x0 + 1);
     const bar = (cls, a, b, h) => g.append("rect").attr("class", "bar " + cls)
@@ -359,7 +367,8 @@
     d3.select(this).selectAll("text").each(function () {
       const b = this.getBoundingClientRect();
       if (b.left < box.left - 0.5 || b.right > box.right + 0.5) overflow++;
-      else if (this.classList.contains("row-label") && b.right > box.left + layout.left - 8) overflow++;
+      else if (this.classList.contains("row-label") && !this.classList.contains("trace-label")
+        && b.right > box.left + layout.left - 8) overflow++;
     });
   });
   document.body.dataset.overflow = String(overflow);
