@@ -26,10 +26,10 @@ mod trial;
 #[path = "cli/curl.rs"]
 mod curl;
 
-#[path = "cli/collector_faults.rs"]
-mod collector_faults;
 #[path = "cli/view.rs"]
 mod view;
+#[path = "cli/collector_faults.rs"]
+mod collector_faults;
 
 fn conntrace() -> tokio::process::Command {
     let mut c = tokio::process::Command::new(env!("CARGO_BIN_EXE_conntrace"));

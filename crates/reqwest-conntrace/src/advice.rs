@@ -177,7 +177,11 @@ impl PoolLoad {
         tracked
     }
 
-    fn request_started_locked(&self, host: &HostKey, now: Instant) -> (bool, Option<PoolAdvice>) {
+    fn request_started_locked(
+        &self,
+        host: &HostKey,
+        now: Instant,
+    ) -> (bool, Option<PoolAdvice>) {
         let mut hosts = self.hosts();
         if !hosts.contains_key(host) && hosts.len() >= self.max_hosts {
             let stale = hosts
