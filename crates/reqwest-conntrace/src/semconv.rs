@@ -545,6 +545,13 @@ pub const EVENT_TLS_SERVER_FINISHED: &str = "tls.server_finished";
 /// between the span's start and this event was spent queueing for a thread of
 /// tokio's blocking pool (`getaddrinfo` blocks), not resolving.
 pub const EVENT_DNS_LOOKUP_BEGAN: &str = "dns.lookup_began";
+/// Event on the request span: the response headers arrived (reqwest handed
+/// the response over, before any body byte was read). Its time minus the
+/// span's start is the time to first byte, the same instant as
+/// `RequestReport::time_to_first_byte`; from it to the span's end the body
+/// was read. The name is the one OpenTelemetry Go's `otelhttptrace` gives the
+/// first response byte (`GotFirstResponseByte`); semconv v1.42.0 has none.
+pub const EVENT_RESPONSE_HEADERS: &str = "http.receive.start";
 /// Event on the setup span when an HTTP/2 connect lost the ALPN race: another
 /// HTTP/2 connection to the same origin was established first and hyper-util
 /// closed this one unused.

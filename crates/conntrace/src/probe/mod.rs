@@ -192,7 +192,13 @@ pub(crate) async fn run(args: ProbeArgs) -> anyhow::Result<ExitCode> {
             conntrace.probe.mode = mode.as_str(),
             conntrace.probe.requests = args.requests,
             conntrace.probe.concurrency = args.concurrency,
+            conntrace.probe.pool_max_idle_per_host = tracing::field::Empty,
         );
+        // The client's idle-pool size (absent: reqwest's default, unlimited);
+        // the page draws it as the idle limit.
+        if let Some(k) = spec.pool_max_idle_per_host {
+            span.record("conntrace.probe.pool_max_idle_per_host", k as u64);
+        }
         let started = Instant::now();
         let rows = run_mode(&client, &url, mode, args.requests, args.concurrency)
             .instrument(span)

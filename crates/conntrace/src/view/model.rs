@@ -45,6 +45,10 @@ const WARMUP_ATTRIBUTE: &str = "demo.warmup";
 /// Root attribute holding the demo phase's idle-pool size.
 const DEMO_IDLE_LIMIT_ATTRIBUTE: &str = "demo.pool_max_idle_per_host";
 
+/// Root attribute holding the probe mode's idle-pool size (absent when the
+/// client keeps reqwest's default, unlimited).
+const PROBE_IDLE_LIMIT_ATTRIBUTE: &str = "conntrace.probe.pool_max_idle_per_host";
+
 /// Root attribute holding the demo fan-out's number.
 const DEMO_FANOUT_INDEX_ATTRIBUTE: &str = "demo.fanout.index";
 
@@ -88,7 +92,8 @@ pub(crate) struct Group {
     pub(crate) name: String,
     /// `server.address:server.port` of its requests, sorted.
     pub(crate) hosts: Vec<String>,
-    /// The idle-pool size: the demo phase's `demo.pool_max_idle_per_host`,
+    /// The idle-pool size: the demo phase's `demo.pool_max_idle_per_host`
+    /// or the probe mode's `conntrace.probe.pool_max_idle_per_host`,
     /// else `http.client.pool.idle_limit` of an
     /// `http.connection.pool_advice` event; `None` when the spans do not say.
     pub(crate) idle_limit: Option<i64>,
@@ -164,6 +169,11 @@ pub(crate) struct Row {
     /// Request: `http.connection.wait_time`, ms.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) wait_ms: Option<f64>,
+    /// Request: when its response headers arrived (the
+    /// `http.receive.start` event), ms after the group's start: the end of
+    /// "server", the start of "body".
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) headers_ms: Option<f64>,
     /// Request: `http.connection.miss_reason`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) miss_reason: Option<String>,
@@ -468,7 +478,8 @@ fn build_group(
     let mut idle_limit = None;
     for t in traces {
         if idle_limit.is_none() {
-            idle_limit = attr_int(t.root, DEMO_IDLE_LIMIT_ATTRIBUTE);
+            idle_limit = attr_int(t.root, DEMO_IDLE_LIMIT_ATTRIBUTE)
+                .or_else(|| attr_int(t.root, PROBE_IDLE_LIMIT_ATTRIBUTE));
         }
         for (i, r) in t.requests.iter().enumerate() {
             requests += 1;
@@ -651,6 +662,7 @@ impl RowBuilder<'_, '_> {
             start_ms: rel_ms(s.start_unix_nanos(), self.t0),
             end_ms: rel_ms(s.end_unix_nanos(), self.t0),
             wait_ms: None,
+            headers_ms: None,
             miss_reason: None,
             error_type: s.attr_str(semconv::ERROR_TYPE).map(str::to_owned),
             connection_id: s.attr_i64(semconv::HTTP_CONNECTION_ID),
@@ -690,6 +702,11 @@ impl RowBuilder<'_, '_> {
             row.wait_ms = r
                 .attr_f64(semconv::HTTP_CONNECTION_WAIT_TIME)
                 .map(|s| round3(s * 1000.0));
+            row.headers_ms = r
+                .events()
+                .iter()
+                .find(|e| e.name == semconv::EVENT_RESPONSE_HEADERS)
+                .map(|e| rel_ms(e.time_unix_nano, self.t0));
             row.miss_reason = r
                 .attr_str(semconv::HTTP_CONNECTION_MISS_REASON)
                 .map(str::to_owned);
@@ -814,7 +831,9 @@ mod tests {
 
     /// Warm-up traces are left out, demo phases group, misses count per
     /// batch, requests in flight step, a request's own connect and a span
-    /// link both resolve to the drawn setup span, a failed request counts.
+    /// link both resolve to the drawn setup span, a failed request counts,
+    /// the headers event splits a request, the probe's idle-pool size is
+    /// its idle limit.
     #[test]
     fn spans_become_groups_rows_and_counts() {
         let mut list = vec![
@@ -896,7 +915,15 @@ mod tests {
                 json!({"http.request.method": "GET", "http.connection.reused": true, "http.connection.id": 1, "http.connection.wait_time": 0.0}),
             ),
             // A probe mode with one failed request.
-            span("c", "c1", "", "probe fresh", 500, 600, json!({})),
+            span(
+                "c",
+                "c1",
+                "",
+                "probe fresh",
+                500,
+                600,
+                json!({"conntrace.probe.pool_max_idle_per_host": 0}),
+            ),
             span(
                 "c",
                 "c2",
@@ -910,6 +937,9 @@ mod tests {
         // The hit links to connection 1's setup span.
         list[10]["links"] = json!([{"traceId": "b".repeat(32), "spanId": "b5".repeat(8),
             "attributes": [{"key": "http.connection.id", "value": {"intValue": "1"}}]}]);
+        // The first request's response headers arrived at 55 ms.
+        list[5]["events"] = json!([{"name": "http.receive.start",
+            "timeUnixNano": (1_700_000_000_000_000_000u64 + 55_000_000).to_string()}]);
         let page = build("t", &spans(list), 0);
         assert_eq!(page.spans_total, 13);
         assert_eq!(page.warmup_traces, 1);
@@ -943,6 +973,8 @@ mod tests {
         assert_eq!(rows[0].label, "user_request 1");
         assert_eq!(rows[1].label, "batch 0");
         assert_eq!(rows[1].wait_ms, Some(30.0));
+        assert_eq!(rows[1].headers_ms, Some(55.0));
+        assert_eq!(rows[3].headers_ms, None);
         assert_eq!(rows[1].miss_reason.as_deref(), Some("cold"));
         let setup = rows[2].span;
         assert_eq!(page.spans[setup].name, "http.connection_setup");
@@ -963,7 +995,7 @@ mod tests {
 
         let probe = &page.groups[1];
         assert_eq!((probe.requests, probe.misses, probe.failed), (1, 0, 1));
-        assert_eq!(probe.idle_limit, None);
+        assert_eq!(probe.idle_limit, Some(0));
         assert_eq!(probe.shown[0].rows[1].label, "GET #1");
     }
 }

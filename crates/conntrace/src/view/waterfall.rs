@@ -11,6 +11,9 @@
 //! `http.connection.wait_time` (time before the connect started, or waiting
 //! for a connection another request opened or was using); *server* is
 //! connection to response headers, *body* headers to the end of the body.
+//! The headers moment is `RequestReport::time_to_first_byte`, taken where
+//! the library stamps the request span's `http.receive.start` event, which
+//! the HTML page splits its bars at: both pictures split alike.
 
 use console::{Color, Style, Term};
 

@@ -121,6 +121,28 @@ fn dur_text(markup: &str) -> &str {
     &markup[start..start + end]
 }
 
+/// The `data-ms` of the `<rect class="bar CLASS"` in `markup`, if drawn.
+fn bar_ms(markup: &str, class: &str) -> Option<f64> {
+    let at = markup.find(&format!("<rect class=\"bar {class}\""))?;
+    let tag = &markup[at..at + markup[at..].find('>')?];
+    attr(tag, "data-ms")?.parse().ok()
+}
+
+/// The page laid out every label and note inside its picture (the page's
+/// own check in the browser: `data-overflow` counts texts cut by an
+/// edge or running into the time axis); no label was shortened.
+fn labels_fit(dom: &str) {
+    let body = &dom[dom.find("<body").expect("body")..];
+    let tag = &body[..body.find('>').expect("body tag")];
+    assert_eq!(attr(tag, "data-overflow"), Some("0"), "texts cut: {tag}");
+    let labels = dom.matches("class=\"row-label").count();
+    assert!(labels > 0);
+    for (at, _) in dom.match_indices("class=\"row-label") {
+        let text = &dom[at..at + dom[at..].find("</text>").expect("label end")];
+        assert!(!text.contains('…') && !text.contains("<title>"), "{text}");
+    }
+}
+
 /// The spans of a demo run, by id, with their children.
 struct Spans {
     all: Vec<ReceivedSpan>,
@@ -326,6 +348,46 @@ async fn demo_page_in_a_browser_shows_what_its_spans_say() {
                 markers.insert(id.to_owned(), reason.to_owned());
                 assert!(body.contains(&format!(">{}<", format_args!(" {reason}"))));
             }
+            // wait | server | body: wait is `http.connection.wait_time`, the
+            // headers arrived at the `http.receive.start` event, the body
+            // ends with the span (the page rounds times to µs).
+            let start = span.start_unix_nanos() as f64 / 1e6;
+            let end = span.end_unix_nanos() as f64 / 1e6;
+            let headers = span
+                .events()
+                .iter()
+                .find(|e| e.name == semconv::EVENT_RESPONSE_HEADERS)
+                .map(|e| e.time_unix_nano as f64 / 1e6)
+                .unwrap_or_else(|| panic!("{name}: request {id} has no headers event"));
+            let had = start
+                + span
+                    .attr_f64(semconv::HTTP_CONNECTION_WAIT_TIME)
+                    .expect("wait time")
+                    * 1000.0;
+            // `wait_time` can end after the headers (it ends when the
+            // previous response on the connection was read to its end,
+            // REFERENCE 10): then no server time, as in the waterfall.
+            let want = [
+                ("wait", had - start),
+                ("server", headers - had),
+                ("body", end - headers.max(had)),
+            ];
+            for (class, ms) in want {
+                let got = bar_ms(body, class);
+                if class == "wait" && got.is_none() {
+                    assert!(ms < 0.001, "{name}: {id} waited {ms} ms, no wait bar");
+                    continue;
+                }
+                let got = got.unwrap_or_else(|| panic!("{name}: {id} has no {class} bar"));
+                assert!(
+                    (got - ms.max(0.0)).abs() <= 0.003,
+                    "{name}: request {id} {class} {got} ms, the spans say {ms} ms ({want:?}, {body})"
+                );
+            }
+            assert!(
+                headers > start && headers <= end,
+                "{name}: {id} headers inside the span"
+            );
             // The duration beside the bar is the span's.
             assert!(
                 shows_duration(dur_text(body), span),
@@ -409,6 +471,8 @@ async fn demo_page_in_a_browser_shows_what_its_spans_say() {
         "the small pool's fan-outs miss, so the markers are tested"
     );
 
+    labels_fit(&dom);
+
     let png = artefacts().join("demo.png");
     let _ = std::fs::remove_file(&png);
     chromium(&page, &[&format!("--screenshot={}", png.display())]).await;
@@ -431,7 +495,7 @@ async fn demo_page_in_a_browser_shows_what_its_spans_say() {
     let hover = artefacts().join("demo-hover.html");
     let html = std::fs::read_to_string(&page).expect("page");
     let script = format!(
-        "<script>const bar = document.querySelector('g.row[data-span-id=\"{first_miss}\"] rect.bar.response'); const box = bar.getBoundingClientRect(); bar.dispatchEvent(new MouseEvent('mousemove', {{bubbles: true, clientX: box.x + 2, clientY: box.y + 2}}));</script></body>"
+        "<script>const bar = document.querySelector('g.row[data-span-id=\"{first_miss}\"] rect.bar.server'); const box = bar.getBoundingClientRect(); bar.dispatchEvent(new MouseEvent('mousemove', {{bubbles: true, clientX: box.x + 2, clientY: box.y + 2}}));</script></body>"
     );
     std::fs::write(&hover, html.replacen("</body>", &script, 1)).expect("hover page");
     let dom = rendered_dom(&hover).await;
@@ -559,10 +623,19 @@ async fn probe_waterfall_is_plain_text_off_a_terminal() {
         .expect("delay proxy");
     let url = format!("https://localhost:{}/", proxy.addr().port());
     let mut cmd = conntrace();
-    cmd.args(["probe", &url, "--requests", "3", "--waterfall", "--cacert"])
-        .arg(&files.ca)
-        .arg("--html")
-        .arg(artefacts().join("probe.html"));
+    cmd.args([
+        "probe",
+        &url,
+        "--requests",
+        "3",
+        "--pool-max-idle-per-host",
+        "2",
+        "--waterfall",
+        "--cacert",
+    ])
+    .arg(&files.ca)
+    .arg("--html")
+    .arg(artefacts().join("probe.html"));
     let out = run(cmd).await;
     assert!(out.status.success(), "probe failed: {}", stderr(&out));
     let text = String::from_utf8_lossy(&out.stdout).into_owned();
@@ -629,6 +702,15 @@ async fn probe_waterfall_is_plain_text_off_a_terminal() {
             "{mode}"
         );
     }
+    // The idle limit each mode's client had: 0 (fresh) and the flag's 2.
+    for (mode, limit) in [("fresh", 0), ("reuse", 2)] {
+        let overview = section(&dom, "group", &format!("probe {mode}"));
+        assert!(
+            overview.contains(&format!(">idle limit {limit}<")),
+            "{mode}: the idle limit line"
+        );
+    }
+    labels_fit(&dom);
 }
 
 /// `conntrace lab connect-proxy --html`: the tunnel's `proxy.connect`
@@ -661,6 +743,11 @@ async fn lab_page_draws_the_proxy_phase() {
         dom.matches("class=\"phase phase-proxy").count() as u64,
         tunnels
     );
+    // The root labels (`lab connect-proxy: RUN`) are whole.
+    assert!(dom.contains(">lab connect-proxy: "), "a root label");
+    labels_fit(&dom);
+    let png = artefacts().join("lab-connect-proxy.png");
+    chromium(&page, &[&format!("--screenshot={}", png.display())]).await;
 }
 
 /// `conntrace view` reads what an OpenTelemetry Collector's file exporter

@@ -642,8 +642,11 @@ impl RequestEnd {
         if let Some(callback) = &self.inner.on_request_end {
             callback.on_request_end(&self.report(kind, now));
         }
-        // Release our handle so the span ends now (end of body), not when
-        // the response value is dropped later.
+        // tracing-opentelemetry (0.34) stamps a span's end at its last
+        // exit, which was when the headers arrived: enter it once more so
+        // the exported end is now (the end of the body). Then release our
+        // handle so the span closes now, not when the response is dropped.
+        self.span.in_scope(|| ());
         self.span = tracing::Span::none();
     }
 

@@ -10,7 +10,7 @@
     d3.schemeTableau10[6], d3.schemeTableau10[1], d3.schemeTableau10[8], d3.schemeTableau10[0],
   ]);
   const heat = d3.scaleSequential(d3.interpolateReds).domain([0, 1]);
-  const ROW = 14, STEP = 18, TRACE_GAP = 10, LEFT = 118, RIGHT = 200, TOP = 24;
+  const ROW = 14, STEP = 18, TRACE_GAP = 10, TRACE_HEAD = 14, TOP = 24;
 
   const f2 = d3.format(".2f"), f1 = d3.format(".1f");
   const fmtMs = (v) => (v >= 1000 ? f2(v / 1000) + " s" : f1(v) + " ms");
@@ -59,7 +59,13 @@
   swatch("phase-proxy", phaseColour("proxy"), "proxy CONNECT");
   swatch("phase-tls", phaseColour("tls"), "TLS handshake");
   swatch("wait", null, "wait for a connection");
-  swatch("response", null, "server + body");
+  swatch("server", null, "server (to the response headers)");
+  swatch("body", null, "body");
+  // Spans without the http.receive.start event (files from other tools or
+  // older versions) get one bar from the connection to the end.
+  const unsplit = groups.some((g) => g.shown.some((t) => t.rows.some(
+    (r) => r.kind === "request" && r.headers_ms == null && !r.error_type)));
+  if (unsplit) swatch("response", null, "server + body (no http.receive.start event)");
   swatch("root", null, "trace root");
   swatch("miss", null, "pool miss (reason beside the bar)");
   swatch("link", null, "served by this connection");
@@ -132,8 +138,11 @@
       svg.append("text").attr("class", "idle-limit-text").attr("x", width - m.right + 4)
         .attr("y", y(g.idle_limit) + 4).text("idle limit " + g.idle_limit);
     }
+    // The peak's label above its level, moved up clear of the idle limit's.
+    let peakY = y(g.in_flight_peak) - 4;
+    if (g.idle_limit != null && Math.abs(peakY - (y(g.idle_limit) + 4)) < 12) peakY = y(g.idle_limit) - 9;
     svg.append("text").attr("class", "note peak-text").attr("x", width - m.right + 4)
-      .attr("y", y(g.in_flight_peak) - 4).text("peak " + g.in_flight_peak);
+      .attr("y", Math.max(10, peakY)).text("peak " + g.in_flight_peak);
     svg.append("g").attr("class", "axis").attr("transform", "translate(0," + (height - m.bottom) + ")")
       .call(d3.axisBottom(x).ticks(Math.max(2, Math.floor(width / 90))).tickFormat((v) => fmtMs(v)));
     svg.append("g").attr("class", "axis").attr("transform", "translate(" + m.left + ",0)")
@@ -143,20 +152,92 @@
   // Timeline: per group a column; the shown traces on one time axis, the
   // same milliseconds per pixel in every column.
   const windowMs = Math.max(1, d3.max(groups, (g) => g.shown_to_ms - g.shown_from_ms) || 1);
-  groups.forEach((g, i) => drawColumn(g, columns[i]));
+  const colWidth = columns.map((col) => Math.max(480, col.node().clientWidth || 640));
+  const layout = lay();
+  groups.forEach((g, i) => drawColumn(g, columns[i], i));
 
-  function drawColumn(g, col) {
+  // The text right of a row's bar, as [class, text] tspans.
+  function noteParts(row, t) {
+    let note = fmtMs(page.spans[row.span].duration_ms);
+    if (row.kind === "root" && t.misses) note += " · " + plural(t.misses, "miss", "misses");
+    if (row.kind === "connection") note += " · " + (row.outcome || (row.error_type ? "failed" : "no outcome"));
+    const parts = [["dur", note]];
+    if (row.miss_reason) parts.push(["miss-text", " " + row.miss_reason]);
+    if (row.error_type) parts.push(["miss-text", " " + row.error_type]);
+    if (row.kind === "request" && row.served_how === "link" && row.served_by == null) {
+      parts.push(["note", " via conn #" + row.connection_id + " (not drawn)"]);
+    }
+    return parts;
+  }
+
+  // Measures the labels and notes as drawn (one layout pass): the label
+  // column fits the longest row label, up to 40 % of the narrowest column
+  // (longer ones end in "…", the whole text on hover; a trace's root label
+  // heads its block across the whole column), and the time scale leaves
+  // room right of every bar for its note.
+  function lay() {
+    const labelMax = Math.min(340, 0.4 * (d3.min(colWidth) || 480));
+    const measure = d3.select("body").append("svg").attr("class", "timeline")
+      .attr("width", 0).attr("height", 0).style("position", "absolute").style("visibility", "hidden");
+    const rows = [];
+    groups.forEach((g, i) => g.shown.forEach((t) => t.rows.forEach((row) => {
+      const label = measure.append("text").attr("class", labelClass(row)).text(row.label).node();
+      const note = measure.append("text").attr("class", "bar-note");
+      for (const [cls, text] of noteParts(row, t)) note.append("tspan").attr("class", cls).text(text);
+      rows.push({ g, i, row, label, note: note.node() });
+    })));
+    const labels = new Map();
+    let left = 60;
+    for (const r of rows) {
+      let text = r.row.label;
+      const max = r.row.kind === "root" ? colWidth[r.i] - 8 : labelMax;
+      while (text.length > 1 && r.label.getComputedTextLength() > max) {
+        text = text.slice(0, -1);
+        r.label.textContent = text + "…";
+      }
+      labels.set(r.row, r.label.textContent);
+      if (r.row.kind !== "root") left = Math.max(left, labelX(r.row) + r.label.getComputedTextLength() + 16);
+    }
+    left = Math.ceil(left);
+    // Pixels per ms: the bars fit every column; each note fits its column,
+    // unless that would shrink the bars to under a quarter (the column
+    // then scrolls).
+    const barsK = d3.min(colWidth, (w) => (w - left - 28) / windowMs); // room for the last tick's text
+    let k = barsK;
+    for (const r of rows) {
+      const ms = Math.max(0.001, r.row.end_ms - r.g.shown_from_ms);
+      k = Math.min(k, (colWidth[r.i] - left - 10 - r.note.getComputedTextLength()) / ms);
+    }
+    k = Math.max(k, barsK / 4);
+    const widths = colWidth.slice();
+    for (const r of rows) {
+      const end = left + Math.max(0, r.row.end_ms - r.g.shown_from_ms) * k + 10 + r.note.getComputedTextLength();
+      widths[r.i] = Math.max(widths[r.i], Math.ceil(end));
+    }
+    measure.remove();
+    return { left, k, widths, labels };
+  }
+
+  function labelClass(row) {
+    return "row-label" + (row.kind === "root" ? " trace-label" : "");
+  }
+
+  function labelX(row) {
+    return row.kind === "connection" ? 14 : 2;
+  }
+
+  function drawColumn(g, col, i) {
     col.append("h2").text(g.name).append("span").attr("class", "sub")
       .text("  " + g.shown.length + " of " + plural(g.traces, "trace", "traces") + " shown, from "
         + fmtMs(g.shown_from_ms) + " into the group");
-    const width = Math.max(480, col.node().clientWidth || 640);
+    const width = layout.widths[i], LEFT = layout.left, plot = windowMs * layout.k;
     let height = TOP;
-    for (const t of g.shown) height += t.rows.length * STEP + TRACE_GAP;
+    for (const t of g.shown) height += TRACE_HEAD + t.rows.length * STEP + TRACE_GAP;
     // Built detached and attached once: no style work while it grows.
     const svg = d3.create("svg").attr("class", "timeline").attr("width", width).attr("height", height + 4);
-    const x = d3.scaleLinear([g.shown_from_ms, g.shown_from_ms + windowMs], [LEFT, width - RIGHT]);
+    const x = d3.scaleLinear([g.shown_from_ms, g.shown_from_ms + windowMs], [LEFT, LEFT + plot]);
     svg.append("g").attr("class", "axis").attr("transform", "translate(0," + (TOP - 4) + ")")
-      .call(d3.axisTop(x).ticks(Math.max(2, Math.floor((width - LEFT - RIGHT) / 80)))
+      .call(d3.axisTop(x).ticks(Math.max(2, Math.floor(plot / 80)))
         .tickFormat((v) => fmtMs(v - g.shown_from_ms)));
     const links = svg.append("g").attr("class", "links");
     const rowY = new Map(); // span index -> row centre y
@@ -167,6 +248,7 @@
         .attr("data-misses", t.misses);
       tg.append("line").attr("class", "trace-sep").attr("x1", 0).attr("x2", width)
         .attr("y1", yTop - 3).attr("y2", yTop - 3);
+      yTop += TRACE_HEAD;
       t.rows.forEach((row, i) => {
         const y = yTop + i * STEP + ROW / 2;
         rowY.set(row.span, y);
@@ -197,25 +279,33 @@
       .attr("data-span-id", span.id);
     if (row.miss_reason) g.attr("data-miss", row.miss_reason);
     if (row.connection_id != null) g.attr("data-connection-id", row.connection_id);
-    // Labels fit left of the time axis; the whole name is in the hover.
-    const label = row.label.length > 19 ? row.label.slice(0, 18) + "…" : row.label;
-    g.append("text").attr("class", "row-label" + (row.kind === "root" ? " trace-label" : ""))
-      .attr("x", row.kind === "connection" ? 14 : 2).attr("y", y + 4).attr("data-span", row.span).text(label);
+    // Labels fit left of the time axis (see lay); a shortened one has
+    // the whole text in its title, and the hover shows the span.
+    const label = layout.labels.get(row);
+    const labelText = g.append("text").attr("class", labelClass(row))
+      .attr("x", labelX(row)).attr("y", row.kind === "root" ? y - ROW / 2 - 3 : y + 4)
+      .attr("data-span", row.span).text(label);
+    if (label !== row.label) labelText.append("title").text(row.label);
     const x0 = x(row.start_ms), x1 = Math.max(x(row.end_ms), x0 + 1);
     const bar = (cls, a, b, h) => g.append("rect").attr("class", "bar " + cls)
       .attr("x", a).attr("y", y - h / 2).attr("width", Math.max(1, b - a)).attr("height", h)
       .attr("data-span", row.span);
-    let note = fmtMs(span.duration_ms);
     if (row.kind === "root") {
       bar("root", x0, x1, 6);
-      if (t.misses) note += " · " + plural(t.misses, "miss", "misses");
     } else if (row.kind === "request") {
-      if (row.wait_ms == null) {
-        bar(row.error_type ? "failed" : "response", x0, x1, ROW);
+      // wait | server | body, as the terminal waterfall splits them: the
+      // connection was had at start + wait_time, the headers arrived at
+      // the http.receive.start event. data-ms holds each part's length.
+      const part = (cls, a, b) => bar(cls, x(a), Math.max(x(b), x(a) + 1), ROW)
+        .attr("data-ms", d3.format(".3f")(Math.max(0, b - a)));
+      const had = Math.min(row.end_ms, row.start_ms + (row.wait_ms || 0));
+      if (row.wait_ms > 0) part("wait", row.start_ms, had);
+      if (row.headers_ms != null) {
+        const headers = Math.min(row.end_ms, Math.max(had, row.headers_ms));
+        part("server", had, headers);
+        part("body", headers, row.end_ms);
       } else {
-        const xw = Math.min(x1, x(row.start_ms + row.wait_ms));
-        if (row.wait_ms > 0) bar("wait", x0, xw, ROW);
-        bar("response", xw, x1, ROW);
+        part(row.error_type ? "failed" : "response", had, row.end_ms);
       }
       if (row.miss_reason) {
         g.append("path").attr("class", "miss-marker").attr("data-reason", row.miss_reason)
@@ -231,15 +321,9 @@
         .attr("fill", (p) => phaseColour(p.phase))
         .attr("x", (p) => x(p.start_ms)).attr("y", y - ROW / 2 + 1)
         .attr("width", (p) => Math.max(1, x(p.end_ms) - x(p.start_ms))).attr("height", ROW - 2);
-      note += " · " + (row.outcome || (row.error_type ? "failed" : "no outcome"));
     }
     const text = g.append("text").attr("class", "bar-note").attr("x", x1 + 4).attr("y", y + 4);
-    text.append("tspan").attr("class", "dur").text(note);
-    if (row.miss_reason) text.append("tspan").attr("class", "miss-text").text(" " + row.miss_reason);
-    if (row.error_type) text.append("tspan").attr("class", "miss-text").text(" " + row.error_type);
-    if (row.kind === "request" && row.served_how === "link" && row.served_by == null) {
-      text.append("tspan").attr("class", "note").text(" via conn #" + row.connection_id + " (not drawn)");
-    }
+    for (const [cls, s] of noteParts(row, t)) text.append("tspan").attr("class", cls).text(s);
   }
 
   // Hover: every element with data-span shows that span.
@@ -275,6 +359,19 @@
     tip.style("left", Math.max(4, left) + "px").style("top", Math.max(4, top) + "px");
   });
 
+  // Layout check (the tests read it): texts cut by their picture's edge,
+  // and row labels running into the time axis.
+  let overflow = 0;
+  d3.selectAll("svg.timeline, svg.inflight, svg.heat").each(function () {
+    const box = this.getBoundingClientRect();
+    d3.select(this).selectAll("text").each(function () {
+      const b = this.getBoundingClientRect();
+      if (b.left < box.left - 0.5 || b.right > box.right + 0.5) overflow++;
+      else if (this.classList.contains("row-label") && !this.classList.contains("trace-label")
+        && b.right > box.left + layout.left - 8) overflow++;
+    });
+  });
+  document.body.dataset.overflow = String(overflow);
   document.body.dataset.rendered = "ok";
   document.body.dataset.renderMs = String(Math.round(performance.now() - started));
 })();
