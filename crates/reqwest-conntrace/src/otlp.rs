@@ -214,8 +214,10 @@ impl OtlpGuard {
         )
     }
 
-    /// Flushes and shuts the pipeline down; returns within the export
-    /// timeout plus [`SHUTDOWN_MARGIN`]. Spans still queued when that
+    /// Flushes and shuts the pipeline down, after waiting (at most 2 s,
+    /// usually microseconds) for spans still waiting on the kernel's answer
+    /// ([`wait_for_pending_spans`](crate::wait_for_pending_spans)); then
+    /// returns within the export timeout plus [`SHUTDOWN_MARGIN`]. Spans still queued when that
     /// deadline passes are counted as dropped. [`stats`](Self::stats) then
     /// holds the final counts. Calling it again does nothing.
     ///
@@ -228,6 +230,9 @@ impl OtlpGuard {
             return Ok(());
         }
         self.closed = true;
+        // Connection spans (and request spans whose miss reason waits on the
+        // kernel's answer) end first, so none is lost to the shutdown.
+        crate::wait_for_pending_spans(PENDING_SPANS_WAIT);
         let wait = self.shared.timeout() + DEADLINE_SLACK;
         let span_provider = self.provider.clone();
         let meter_provider = self.meter_provider.clone();

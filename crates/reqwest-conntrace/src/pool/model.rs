@@ -27,7 +27,9 @@ use crate::pool::slot::{Miss, Previous};
 use crate::semconv;
 
 /// Connections remembered per host: past it, a closed one is forgotten
-/// first; when all are open, the oldest is, and the host's misses are
+/// first, then one the pool has closed as far as the history knows (over
+/// the idle limit, idle past the idle timeout, ended); when all are open,
+/// the oldest is, and the host's misses are
 /// untracked from then on (`http.connection.untracked = pool_history`).
 pub(crate) const CONNECTIONS_PER_HOST: usize = 64;
 
@@ -246,7 +248,25 @@ impl PoolHistory {
             }
         }
         if history.connections.len() >= CONNECTIONS_PER_HOST {
-            match history.connections.iter().position(|r| r.is_closed()) {
+            // A closed one first; then one hyper-util has closed as far as
+            // the history knows (released over the idle limit, idle past
+            // the idle timeout, or ended): such a one can no longer be a
+            // miss's candidate. Only an open one is a loss.
+            let now = Instant::now();
+            let gone = |r: &Arc<ConnectionRecord>| {
+                r.in_use() == 0
+                    && (r.is_over_idle_limit()
+                        || r.end().is_some()
+                        || r.client
+                            .idle_timeout
+                            .is_some_and(|t| now.saturating_duration_since(r.last_activity()) >= t))
+            };
+            let forgettable = history
+                .connections
+                .iter()
+                .position(|r| r.is_closed())
+                .or_else(|| history.connections.iter().position(gone));
+            match forgettable {
                 Some(closed) => {
                     history.connections.remove(closed);
                 }
