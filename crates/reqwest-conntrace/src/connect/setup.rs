@@ -72,6 +72,14 @@ fn network_type(addr: &SocketAddr) -> &'static str {
     if addr.is_ipv4() { "ipv4" } else { "ipv6" }
 }
 
+/// `network.peer.address` and `network.peer.port` of `peer`.
+fn peer_attributes(peer: &SocketAddr) -> [KeyValue; 2] {
+    [
+        KeyValue::new(semconv::NETWORK_PEER_ADDRESS, peer.ip().to_string()),
+        KeyValue::new(semconv::NETWORK_PEER_PORT, i64::from(peer.port())),
+    ]
+}
+
 fn dns_skipped(attempt: &ConnectAttempt, phases: &Phases) -> Option<&'static str> {
     if phases.dns.is_some() {
         return None;
@@ -228,14 +236,7 @@ pub(crate) fn emit_phases(
         tcp_duration = tcp_end.saturating_duration_since(tcp_start);
         let mut attrs = vec![KeyValue::new(semconv::NETWORK_TRANSPORT, "tcp")];
         if let Some(r) = remote {
-            attrs.push(KeyValue::new(
-                semconv::NETWORK_PEER_ADDRESS,
-                r.ip().to_string(),
-            ));
-            attrs.push(KeyValue::new(
-                semconv::NETWORK_PEER_PORT,
-                i64::from(r.port()),
-            ));
+            attrs.extend(peer_attributes(&r));
             attrs.push(KeyValue::new(semconv::NETWORK_TYPE, network_type(&r)));
         }
         let mut choice = None;
@@ -340,14 +341,7 @@ pub(crate) fn emit_phases(
             ));
         }
         if let Some(r) = remote {
-            attrs.push(KeyValue::new(
-                semconv::NETWORK_PEER_ADDRESS,
-                r.ip().to_string(),
-            ));
-            attrs.push(KeyValue::new(
-                semconv::NETWORK_PEER_PORT,
-                i64::from(r.port()),
-            ));
+            attrs.extend(peer_attributes(&r));
         }
         attrs.extend(route.map(proxy_attributes).into_iter().flatten());
         if let Some(status) = refusal.and_then(|r| r.status) {
@@ -466,14 +460,9 @@ pub(crate) fn emit_phases(
     }
     if let Some(e) = established {
         if let Some(r) = e.remote {
-            setup_span.set_attribute(KeyValue::new(
-                semconv::NETWORK_PEER_ADDRESS,
-                r.ip().to_string(),
-            ));
-            setup_span.set_attribute(KeyValue::new(
-                semconv::NETWORK_PEER_PORT,
-                i64::from(r.port()),
-            ));
+            for kv in peer_attributes(&r) {
+                setup_span.set_attribute(kv);
+            }
             setup_span.set_attribute(KeyValue::new(semconv::NETWORK_TYPE, network_type(&r)));
         }
         if let Some(l) = e.local {
