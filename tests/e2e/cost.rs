@@ -160,10 +160,16 @@ async fn unsampled_requests_keep_their_connection_setup_as_a_linked_trace() {
         let response = client.get(&url).send().await.expect("request");
         response.bytes().await.expect("body");
     }
-    assert_eq!(server.accepted_connections(), 1, "one miss, four hits");
+    // One connection, or more when a sequential request beat hyper-util's
+    // return of the connection to its pool (`release_race`): the server's
+    // count of accepted connections is the truth the spans must match.
+    let accepted = server.accepted_connections();
+    assert!(accepted >= 1, "the first request paid for a connection");
 
     flush(&provider);
-    let spans = receiver.wait_for_spans(3, Duration::from_secs(10)).await;
+    let spans = receiver
+        .wait_for_spans(3 * accepted as usize, Duration::from_secs(10))
+        .await;
     let names: Vec<&str> = spans.iter().map(|s| s.name()).collect();
     assert_eq!(
         names.iter().filter(|n| **n == "GET").count(),
@@ -171,27 +177,44 @@ async fn unsampled_requests_keep_their_connection_setup_as_a_linked_trace() {
         "unsampled requests are not exported: {names:?}"
     );
     let setups = named(&spans, semconv::CONNECTION_SETUP_SPAN);
-    assert_eq!(setups.len(), 1, "{names:?}");
-    let setup = setups[0];
-    assert_eq!(setup.parent_span_id_hex(), None, "a root span");
-    let links = setup.links();
-    assert_eq!(links.len(), 1, "linked to its request");
-    let first_request = traces.lock().expect("trace ids")[0].clone();
-    assert_eq!(links[0].trace_id_hex, first_request);
-    assert_ne!(setup.trace_id_hex(), first_request, "its own trace");
     assert_eq!(
-        setup.attr_str(semconv::HTTP_CONNECTION_MISS_REASON),
-        Some("cold")
+        setups.len(),
+        accepted as usize,
+        "one per accepted connection: {names:?}"
     );
+    let requests = traces.lock().expect("trace ids").clone();
+    for setup in &setups {
+        assert_eq!(setup.parent_span_id_hex(), None, "a root span");
+        let links = setup.links();
+        assert_eq!(links.len(), 1, "linked to its request");
+        assert!(
+            requests.contains(&links[0].trace_id_hex),
+            "a request's trace"
+        );
+        assert!(!requests.contains(&setup.trace_id_hex()), "its own trace");
+        assert!(setup.has_attr(semconv::HTTP_CONNECTION_MISS_REASON));
+    }
+    // The first request's miss is the cold one.
+    let cold: Vec<_> = setups
+        .iter()
+        .filter(|s| s.attr_str(semconv::HTTP_CONNECTION_MISS_REASON) == Some("cold"))
+        .collect();
+    assert_eq!(cold.len(), 1, "{names:?}");
+    assert_eq!(cold[0].links()[0].trace_id_hex, requests[0]);
     for phase in [semconv::TCP_CONNECT_SPAN, semconv::TLS_HANDSHAKE_SPAN] {
         let children = named(&spans, phase);
-        assert_eq!(children.len(), 1, "{phase}: {names:?}");
-        assert_eq!(children[0].trace_id_hex(), setup.trace_id_hex(), "{phase}");
-        assert_eq!(
-            children[0].parent_span_id_hex(),
-            Some(setup.span_id_hex()),
-            "{phase}"
-        );
+        assert_eq!(children.len(), accepted as usize, "{phase}: {names:?}");
+        for child in children {
+            let parent = setups
+                .iter()
+                .find(|s| Some(s.span_id_hex()) == child.parent_span_id_hex())
+                .unwrap_or_else(|| panic!("{phase} under a setup span"));
+            assert_eq!(child.trace_id_hex(), parent.trace_id_hex(), "{phase}");
+        }
     }
-    assert_eq!(spans.len(), 3, "nothing else exported: {names:?}");
+    assert_eq!(
+        spans.len(),
+        3 * accepted as usize,
+        "nothing else exported: {names:?}"
+    );
 }
