@@ -188,11 +188,7 @@ impl Inner {
             }
             KernelLookup::Found(facts) => {
                 if facts.state.closed_by_peer() {
-                    record.set_end(if record.http2() {
-                        crate::pool::miss::ConnectionEnd::GoAway
-                    } else {
-                        crate::pool::miss::ConnectionEnd::PeerFin
-                    });
+                    record.closed_by_server(true);
                 } else if record.is_dropped_early() {
                     record.mark_discarded(record.last_activity());
                 }
@@ -204,11 +200,7 @@ impl Inner {
                 if record.is_dropped_early() {
                     record.mark_discarded(record.last_activity());
                 } else if !record.is_discarded() && !record.is_over_idle_limit() {
-                    record.set_end(if record.http2() {
-                        crate::pool::miss::ConnectionEnd::GoAway
-                    } else {
-                        crate::pool::miss::ConnectionEnd::PeerClosed
-                    });
+                    record.closed_by_server(false);
                 }
                 self.connection_closed(record, Instant::now());
             }
@@ -328,12 +320,19 @@ impl Inner {
                 remote,
                 candidate,
                 alive,
+                requests_seen,
             } => {
                 let slot = Arc::new(MissSlot::pending(alive));
                 let answer = slot.clone();
                 let weak: Weak<Inner> = Arc::downgrade(self);
                 self.kernel.lookup_then(local, remote, move |lookup| {
-                    let miss = decide_from_kernel(&candidate, &lookup, Instant::now(), alive);
+                    let miss = decide_from_kernel(
+                        &candidate,
+                        &lookup,
+                        Instant::now(),
+                        alive,
+                        requests_seen,
+                    );
                     if let Some(inner) = weak.upgrade() {
                         inner.apply_kernel_view(&candidate, &lookup);
                     }

@@ -95,13 +95,14 @@ pub(crate) enum MissVerdict {
     /// The reason is known from the history alone.
     Decided(Miss),
     /// Known from the history, and it shows `record` closed (hyper closed
-    /// it after its body was dropped early).
+    /// it after its body failed).
     Closed {
         miss: Miss,
         record: Arc<ConnectionRecord>,
     },
-    /// The most recent idle connection should still be in the pool: the
-    /// kernel's view of its socket decides ([`decide_from_kernel`]).
+    /// The most recent idle connection should still be in the pool (or its
+    /// body was dropped, which closed it only if hyper had not read it
+    /// all): the kernel's view of its socket decides ([`decide_from_kernel`]).
     AskKernel {
         local: SocketAddr,
         remote: SocketAddr,
@@ -109,38 +110,77 @@ pub(crate) enum MissVerdict {
         /// When the kernel shows the socket alive (HTTP/1.1), or gives no
         /// answer.
         alive: Miss,
+        /// The candidate's request count when the miss was classified.
+        requests_seen: u64,
     },
 }
 
 /// The reason for a miss whose candidate (the most recently released idle
 /// connection, not known closed, not expired) the kernel shows as
-/// `lookup`. See the decision table in docs/REFERENCE.md section 14.
+/// `lookup`; `requests_seen` is the candidate's request count when the
+/// miss was classified. See the decision table in docs/REFERENCE.md
+/// section 14.
+///
+/// The answer comes later than the classification. An HTTP/1.1 candidate
+/// that carried a response in between was alive and not closed at the
+/// miss (it was still serving a request, or hyper-util had not put it back
+/// yet): its later end (that response's `Connection: close`, say) is not
+/// the cause, whatever the kernel now shows, and the miss is `alive`.
 pub(crate) fn decide_from_kernel(
     candidate: &ConnectionRecord,
     lookup: &KernelLookup,
     now: Instant,
     alive: Miss,
+    requests_seen: u64,
 ) -> Miss {
-    let server_end = if candidate.http2() {
-        ConnectionEnd::GoAway
-    } else {
-        ConnectionEnd::PeerFin
+    if !candidate.http2()
+        && (candidate.requests.load(Ordering::Relaxed) != requests_seen
+            || candidate.said_connection_close())
+    {
+        return alive;
+    }
+    let gone = match lookup {
+        KernelLookup::NotFound => true,
+        KernelLookup::Found(facts) => facts.state.closed_by_us(),
+        KernelLookup::Unavailable | KernelLookup::TimedOut => false,
     };
+    // Its body was dropped before the end: closed by our side (gone at
+    // once when unread data was left: RST) means hyper had not read it all;
+    // established means it had, and the pool was putting it back.
+    if candidate.is_dropped_early() {
+        return match lookup {
+            _ if gone => {
+                candidate.set_end(ConnectionEnd::Discarded);
+                Miss::caused_by(
+                    MissReason::Discarded,
+                    Previous::of(candidate, now, Some(ConnectionEnd::Discarded)),
+                )
+            }
+            KernelLookup::Found(facts) if facts.state.closed_by_peer() => {
+                let end = candidate.closed_by_server(true);
+                Miss::caused_by(
+                    MissReason::ClosedByPeer,
+                    Previous::of(candidate, now, Some(end)),
+                )
+            }
+            KernelLookup::Found(_) => alive,
+            // No kernel: the model's belief.
+            _ => Miss::caused_by(
+                MissReason::Discarded,
+                Previous::of(candidate, now, Some(ConnectionEnd::Discarded)),
+            ),
+        };
+    }
     match lookup {
         KernelLookup::Found(facts) if facts.state.closed_by_peer() => {
-            candidate.set_end(server_end);
+            let end = candidate.closed_by_server(true);
             Miss::caused_by(
                 MissReason::ClosedByPeer,
-                Previous::of(candidate, now, Some(server_end)),
+                Previous::of(candidate, now, Some(end)),
             )
         }
         KernelLookup::NotFound => {
-            let end = if candidate.http2() {
-                ConnectionEnd::GoAway
-            } else {
-                ConnectionEnd::PeerClosed
-            };
-            candidate.set_end(end);
+            let end = candidate.closed_by_server(false);
             Miss::caused_by(
                 MissReason::ClosedByPeer,
                 Previous::of(candidate, now, Some(end)),
@@ -148,10 +188,10 @@ pub(crate) fn decide_from_kernel(
         }
         // HTTP/2: after the server's GOAWAY the client may close first.
         KernelLookup::Found(facts) if facts.state.closed_by_us() && candidate.http2() => {
-            candidate.set_end(ConnectionEnd::GoAway);
+            candidate.infer_end(ConnectionEnd::GoAway);
             Miss::caused_by(
                 MissReason::ClosedByPeer,
-                Previous::of(candidate, now, Some(ConnectionEnd::GoAway)),
+                Previous::of(candidate, now, candidate.end()),
             )
         }
         // Our side closed it and nothing we saw explains why: hyper-util's
@@ -179,10 +219,10 @@ pub(crate) fn decide_from_kernel(
         // GOAWAY and has not closed the socket yet. HTTP/1.1: `alive`
         // (another request holds it, or hyper-util had not put it back).
         KernelLookup::Found(_) if candidate.http2() => {
-            candidate.set_end(ConnectionEnd::GoAway);
+            candidate.infer_end(ConnectionEnd::GoAway);
             Miss::caused_by(
                 MissReason::ClosedByPeer,
-                Previous::of(candidate, now, Some(ConnectionEnd::GoAway)),
+                Previous::of(candidate, now, candidate.end()),
             )
         }
         KernelLookup::Found(_) => alive,
@@ -362,14 +402,20 @@ impl PoolHistory {
             // 4. Every established connection is in use.
             return MissVerdict::Decided(Miss::new(MissReason::AllBusy));
         };
+        // Read before the rest: a response on it from now on shows it alive.
+        let requests_seen = candidate.requests.load(Ordering::Relaxed);
         let previous = |end| Previous::of(candidate, now, Some(end));
-        // 5. Its body was dropped before the end (hyper had not read it all,
-        //    or the pool would have handed the connection out).
-        if candidate.is_discarded() || candidate.is_dropped_early() {
+        // 5. Its body failed: hyper closed it.
+        if candidate.is_discarded() {
             return MissVerdict::Closed {
                 miss: Miss::caused_by(MissReason::Discarded, previous(ConnectionEnd::Discarded)),
                 record: Arc::clone(candidate),
             };
+        }
+        // 5b. Its body was dropped before the end: closed only if hyper had
+        //     not read it all; the kernel tells.
+        if candidate.is_dropped_early() {
+            return Self::ask_kernel(&hosts, host, candidate, in_flight, now, requests_seen);
         }
         // 6. The server said it would close it.
         if candidate.said_connection_close() {
@@ -400,11 +446,23 @@ impl PoolHistory {
                 previous(ConnectionEnd::IdleTimeout),
             ));
         }
-        // 10. Alive as far as we know: the kernel decides. If it is alive,
-        //     either another request in flight to the host holds it
-        //     (hyper-util hands a connection out before its response shows
-        //     us who has it): `all_busy`; or nothing else is in flight, so
-        //     hyper-util had not put it back yet: `release_race`.
+        // 10. Alive as far as we know: the kernel decides.
+        Self::ask_kernel(&hosts, host, candidate, in_flight, now, requests_seen)
+    }
+
+    /// Row 10 (and 5, a dropped body): the kernel's view of `candidate`'s
+    /// socket decides. If it is alive, either another request in flight to
+    /// the host holds it (hyper-util hands a connection out before its
+    /// response shows us who has it): `all_busy`; or nothing else is in
+    /// flight, so hyper-util had not put it back yet: `release_race`.
+    fn ask_kernel(
+        hosts: &HashMap<HostKey, HostHistory>,
+        host: &HostKey,
+        candidate: &Arc<ConnectionRecord>,
+        in_flight: u64,
+        now: Instant,
+        requests_seen: u64,
+    ) -> MissVerdict {
         let attributed: u64 = hosts
             .get(host)
             .map(|h| h.connections.iter().map(|r| u64::from(r.in_use())).sum())
@@ -421,6 +479,16 @@ impl PoolHistory {
                 remote,
                 candidate: Arc::clone(candidate),
                 alive,
+                requests_seen,
+            },
+            // No socket to ask about: a dropped body is believed to have
+            // closed it.
+            _ if candidate.is_dropped_early() => MissVerdict::Closed {
+                miss: Miss::caused_by(
+                    MissReason::Discarded,
+                    Previous::of(candidate, now, Some(ConnectionEnd::Discarded)),
+                ),
+                record: Arc::clone(candidate),
             },
             _ => MissVerdict::Decided(alive),
         }
@@ -527,5 +595,287 @@ impl PoolHistory {
             return true;
         }
         false
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::net::Ipv4Addr;
+    use std::time::Duration;
+
+    use opentelemetry::trace::SpanContext;
+
+    use super::*;
+    use crate::export::report::ConnectionSetup;
+    use crate::kernel::{TcpFacts, TcpState};
+
+    fn host() -> HostKey {
+        HostKey {
+            scheme: "http".to_owned(),
+            host: "127.0.0.1".to_owned(),
+            port: 80,
+        }
+    }
+
+    /// A plain HTTP/1.1 connection (or HTTP/2 with `http2`) of `client`,
+    /// ready at `at`, remembered by `pools`.
+    fn connection(
+        pools: &PoolHistory,
+        client: &Arc<ClientState>,
+        id: u64,
+        at: Instant,
+        http2: bool,
+    ) -> Arc<ConnectionRecord> {
+        let record = Arc::new(ConnectionRecord::new(
+            Arc::new(ConnectionSetup {
+                id,
+                started: at,
+                local_addr: Some((Ipv4Addr::LOCALHOST, 40000 + id as u16).into()),
+                peer_addr: Some((Ipv4Addr::LOCALHOST, 80).into()),
+                dns: None,
+                dns_skipped: Some("ip_literal"),
+                dns_answers: Vec::new(),
+                tcp: Duration::ZERO,
+                tls: None,
+                total: Duration::ZERO,
+                tls_version: None,
+                tls_resumed: None,
+                http2,
+                proxied: false,
+                proxy_connect: None,
+                address_fallback: None,
+                tcp_facts: None,
+            }),
+            SpanContext::empty_context(),
+            None,
+            Arc::clone(client),
+            Some(host()),
+            None,
+        ));
+        assert!(pools.record_connection(host(), Arc::clone(&record)));
+        record
+    }
+
+    /// One response on `record`, as the middleware and the body wrapper
+    /// record it: headers (saying `close` or not), then the body's end at
+    /// `end`.
+    fn response(record: &ConnectionRecord, close: bool, end: Instant) {
+        record.take();
+        record.set_connection_close(close);
+        record.count_request();
+        record.give_back();
+        record.mark_released(end);
+        if close {
+            record.set_end(ConnectionEnd::ConnectionClose);
+        }
+    }
+
+    fn gone() -> KernelLookup {
+        KernelLookup::NotFound
+    }
+
+    fn state(state: TcpState) -> KernelLookup {
+        KernelLookup::Found(TcpFacts { state, info: None })
+    }
+
+    fn ask(verdict: MissVerdict) -> (Arc<ConnectionRecord>, Miss, u64) {
+        match verdict {
+            MissVerdict::AskKernel {
+                candidate,
+                alive,
+                requests_seen,
+                ..
+            } => (candidate, alive, requests_seen),
+            other => panic!("expected a kernel lookup: {other:?}"),
+        }
+    }
+
+    fn decided(verdict: MissVerdict) -> Miss {
+        match verdict {
+            MissVerdict::Decided(miss) => miss,
+            other => panic!("expected a decided miss: {other:?}"),
+        }
+    }
+
+    fn client() -> Arc<ClientState> {
+        // Idle timeout known (none), idle limit unlimited.
+        Arc::new(ClientState::new(Some(None), None))
+    }
+
+    /// Header first: the miss was classified while the connection had
+    /// carried 4 (alive, not yet back in hyper-util's pool); then its 5th
+    /// response said `Connection: close` and hyper closed it; only then did
+    /// the kernel answer (the socket is gone). The miss is the release race
+    /// it was, not `closed_by_peer`; the next miss is `request_limit`.
+    #[test]
+    fn connection_close_before_the_kernel_answer_wins_over_the_gone_socket() {
+        let pools = PoolHistory::default();
+        let client = client();
+        let t0 = Instant::now();
+        let a = connection(&pools, &client, 1, t0, false);
+        for i in 1..=4 {
+            response(&a, false, t0 + Duration::from_millis(i));
+        }
+        let at = t0 + Duration::from_millis(5);
+        let (candidate, alive, seen) = ask(pools.classify_miss(&host(), &client, at, 1));
+        assert_eq!((candidate.id(), seen), (1, 4));
+        assert_eq!(alive.reason, MissReason::ReleaseRace);
+        // hyper-util hands the connection to the waiting request after all:
+        // its 5th response says it closes; the socket is gone by the answer.
+        response(&a, true, t0 + Duration::from_millis(6));
+        let miss = decide_from_kernel(&candidate, &gone(), at, alive, seen);
+        assert_eq!(miss, alive);
+        assert_eq!(miss.previous.map(|p| (p.id, p.end)), Some((1, None)));
+        // The request after the 5th: `request_limit`, naming it.
+        let next = decided(pools.classify_miss(&host(), &client, t0 + Duration::from_millis(7), 1));
+        assert_eq!(next.reason, MissReason::RequestLimit);
+        let previous = next.previous.expect("previous");
+        assert_eq!(
+            (previous.id, previous.request_count, previous.end),
+            (1, 5, Some(ConnectionEnd::ConnectionClose))
+        );
+        assert_eq!(a.end(), Some(ConnectionEnd::ConnectionClose));
+    }
+
+    /// Header first, a miss classified after the 5th response's headers
+    /// arrived but before its count was read (another request in flight),
+    /// answered with the server's FIN: still not the kernel's news.
+    #[test]
+    fn a_close_announced_while_the_kernel_was_asked_is_not_closed_by_peer() {
+        let pools = PoolHistory::default();
+        let client = client();
+        let t0 = Instant::now();
+        let a = connection(&pools, &client, 1, t0, false);
+        response(&a, false, t0 + Duration::from_millis(1));
+        let at = t0 + Duration::from_millis(2);
+        let (candidate, alive, seen) = ask(pools.classify_miss(&host(), &client, at, 2));
+        assert_eq!(
+            alive.reason,
+            MissReason::AllBusy,
+            "another request in flight"
+        );
+        a.take();
+        a.set_connection_close(true);
+        let miss = decide_from_kernel(&candidate, &state(TcpState::CloseWait), at, alive, seen);
+        assert_eq!(miss.reason, MissReason::AllBusy);
+        assert_eq!(a.end(), None, "the kernel's view was not applied to it");
+    }
+
+    /// Kernel first: a sweep saw the socket closed by the server (its FIN)
+    /// before the response that said `Connection: close` was attributed,
+    /// then again (gone) before its body ended. The response's evidence
+    /// replaces the kernel's inference, and the next miss is
+    /// `request_limit` with `previous.end = connection_close`.
+    #[test]
+    fn the_kernel_view_before_the_header_yields_to_connection_close() {
+        let pools = PoolHistory::default();
+        let client = client();
+        let t0 = Instant::now();
+        let a = connection(&pools, &client, 1, t0, false);
+        for i in 1..=4 {
+            response(&a, false, t0 + Duration::from_millis(i));
+        }
+        // The server wrote its 5th response and closed: the kernel shows FIN.
+        assert_eq!(a.closed_by_server(true), ConnectionEnd::PeerFin);
+        a.take();
+        a.set_connection_close(true);
+        a.count_request();
+        // The socket is gone before the body ends.
+        assert_eq!(a.closed_by_server(false), ConnectionEnd::ConnectionClose);
+        a.give_back();
+        a.mark_released(t0 + Duration::from_millis(6));
+        a.set_end(ConnectionEnd::ConnectionClose);
+        assert_eq!(a.end(), Some(ConnectionEnd::ConnectionClose));
+        let next = decided(pools.classify_miss(&host(), &client, t0 + Duration::from_millis(7), 1));
+        assert_eq!(next.reason, MissReason::RequestLimit);
+        assert_eq!(
+            next.previous.and_then(|p| p.end),
+            Some(ConnectionEnd::ConnectionClose)
+        );
+    }
+
+    /// An idle close the kernel shows, then a request that failed on the
+    /// connection with a reset (the keep-alive race): the reset, seen on the
+    /// connection itself, names the end whichever came first.
+    #[test]
+    fn a_reset_seen_on_the_connection_beats_the_kernel_view_in_either_order() {
+        let pools = PoolHistory::default();
+        let client = client();
+        let t0 = Instant::now();
+        for (id, kernel_first) in [(1, true), (2, false)] {
+            let r = connection(&pools, &client, id, t0, false);
+            response(&r, false, t0 + Duration::from_millis(1));
+            if kernel_first {
+                r.closed_by_server(false);
+            }
+            r.set_end(ConnectionEnd::PeerReset);
+            if !kernel_first {
+                r.closed_by_server(true);
+            }
+            assert_eq!(
+                r.end(),
+                Some(ConnectionEnd::PeerReset),
+                "kernel first: {kernel_first}"
+            );
+        }
+    }
+
+    /// HTTP/2: a connection error seen on a request names the end over the
+    /// `goaway` the kernel's view suggests, in either order; with nothing
+    /// seen on it, the kernel's `goaway` stands.
+    #[test]
+    fn an_http2_error_beats_the_inferred_goaway_in_either_order() {
+        let pools = PoolHistory::default();
+        let client = client();
+        let t0 = Instant::now();
+        let first = connection(&pools, &client, 1, t0, true);
+        first.closed_by_server(false);
+        first.set_end(ConnectionEnd::Http2Error);
+        let second = connection(&pools, &client, 2, t0, true);
+        second.set_end(ConnectionEnd::Http2Error);
+        second.closed_by_server(false);
+        assert_eq!(first.end(), Some(ConnectionEnd::Http2Error));
+        assert_eq!(second.end(), Some(ConnectionEnd::Http2Error));
+        let third = connection(&pools, &client, 3, t0, true);
+        response(&third, false, t0 + Duration::from_millis(1));
+        let at = t0 + Duration::from_millis(2);
+        let (candidate, alive, seen) = ask(pools.classify_miss(&host(), &client, at, 1));
+        assert_eq!(candidate.id(), 3);
+        let miss = decide_from_kernel(&candidate, &gone(), at, alive, seen);
+        assert_eq!(miss.reason, MissReason::ClosedByPeer);
+        assert_eq!(
+            miss.previous.and_then(|p| p.end),
+            Some(ConnectionEnd::GoAway)
+        );
+    }
+
+    /// A body dropped before its end closed the connection only if hyper
+    /// had not read it all: the kernel decides (gone or closed by our side:
+    /// `discarded`; established: hyper-util was putting it back, the miss
+    /// is the release race), and a response on it meanwhile shows it alive.
+    #[test]
+    fn a_dropped_body_is_discarded_only_when_the_kernel_shows_it_closed() {
+        let pools = PoolHistory::default();
+        let client = client();
+        let t0 = Instant::now();
+        let a = connection(&pools, &client, 1, t0, false);
+        a.take();
+        a.count_request();
+        a.give_back();
+        a.mark_dropped_early(t0 + Duration::from_millis(1));
+        let at = t0 + Duration::from_millis(2);
+        for (lookup, reason) in [
+            (gone(), MissReason::Discarded),
+            (state(TcpState::TimeWait), MissReason::Discarded),
+            (state(TcpState::Established), MissReason::ReleaseRace),
+        ] {
+            let (candidate, alive, seen) = ask(pools.classify_miss(&host(), &client, at, 1));
+            let miss = decide_from_kernel(&candidate, &lookup, at, alive, seen);
+            assert_eq!(miss.reason, reason, "{lookup:?}");
+        }
+        let (candidate, alive, seen) = ask(pools.classify_miss(&host(), &client, at, 1));
+        response(&a, false, t0 + Duration::from_millis(3));
+        let miss = decide_from_kernel(&candidate, &gone(), at, alive, seen);
+        assert_eq!(miss.reason, MissReason::ReleaseRace);
     }
 }

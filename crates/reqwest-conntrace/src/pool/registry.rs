@@ -48,8 +48,13 @@ pub(crate) struct ConnectionRecord {
     /// The latest response said the server closes (`Connection: close`,
     /// or HTTP/1.0 without keep-alive).
     connection_close: AtomicBool,
-    /// How it ended, once known (first cause wins).
-    end: OnceLock<ConnectionEnd>,
+    /// How it ended, as its own traffic showed it (a response's
+    /// `Connection: close`, a request's error, a dropped body): first wins.
+    end_seen: OnceLock<ConnectionEnd>,
+    /// How it ended, as inferred from the kernel's view of its socket:
+    /// first wins, and [`end_seen`](Self::end_seen) overrides it whenever it
+    /// arrives (the kernel's answer may come before or after it).
+    end_inferred: OnceLock<ConnectionEnd>,
     /// The server's advertised keep-alive timeout (`Keep-Alive: timeout=N`),
     /// in milliseconds; 0 = none seen.
     server_keep_alive_ms: AtomicU64,
@@ -85,7 +90,8 @@ impl ConnectionRecord {
             last_released: Mutex::new(None),
             dropped_early: AtomicBool::new(false),
             connection_close: AtomicBool::new(false),
-            end: OnceLock::new(),
+            end_seen: OnceLock::new(),
+            end_inferred: OnceLock::new(),
             server_keep_alive_ms: AtomicU64::new(0),
             stream_resets: AtomicU64::new(0),
             stalled: AtomicBool::new(false),
@@ -128,14 +134,42 @@ impl ConnectionRecord {
         self.connection_close.load(Ordering::Relaxed)
     }
 
-    /// Records how it ended (the first cause recorded wins).
+    /// Records how it ended, as its own traffic showed it (a response
+    /// header, a request's error, a body dropped or failed): the first one
+    /// recorded wins, over any [`infer_end`](Self::infer_end).
     pub(crate) fn set_end(&self, end: ConnectionEnd) {
-        let _ = self.end.set(end);
+        let _ = self.end_seen.set(end);
     }
 
-    /// How it ended, if known.
+    /// Records how it ended as inferred from the kernel's view of its
+    /// socket (FIN, gone, closed by our side): used only while its own
+    /// traffic said nothing (see [`set_end`](Self::set_end)).
+    pub(crate) fn infer_end(&self, end: ConnectionEnd) {
+        let _ = self.end_inferred.set(end);
+    }
+
+    /// How it ended, if known: its own traffic's word first.
     pub(crate) fn end(&self) -> Option<ConnectionEnd> {
-        self.end.get().copied()
+        self.end_seen.get().or(self.end_inferred.get()).copied()
+    }
+
+    /// The kernel shows the server closed it (`fin`: its FIN is seen,
+    /// CLOSE_WAIT / LAST_ACK; otherwise the socket is gone): records that
+    /// end, as the response's own evidence names it when it had some (its
+    /// last response said `Connection: close`), else as the kernel shows it
+    /// (`goaway` for HTTP/2, `peer_fin`, `peer_closed`), and returns how it
+    /// ended (an end its own traffic recorded first stays).
+    pub(crate) fn closed_by_server(&self, fin: bool) -> ConnectionEnd {
+        if self.said_connection_close() {
+            self.set_end(ConnectionEnd::ConnectionClose);
+        } else if self.http2() {
+            self.infer_end(ConnectionEnd::GoAway);
+        } else if fin {
+            self.infer_end(ConnectionEnd::PeerFin);
+        } else {
+            self.infer_end(ConnectionEnd::PeerClosed);
+        }
+        self.end().unwrap_or(ConnectionEnd::PeerClosed)
     }
 
     /// Records the server's advertised keep-alive timeout; returns `true`

@@ -62,12 +62,17 @@ pub(crate) fn attribute_response(
         state.finish(Fate::NoResponse);
         return None;
     };
-    let request_count = record.count_request();
+    // In use first, its count last: a miss classified meanwhile either
+    // sees it busy, or sees its count grow before the kernel's answer about
+    // it is applied (`decide_from_kernel`), so a close announced by this
+    // response is never read as the kernel's news.
+    record.take();
     // A response arrived: the pool had kept the connection whatever we
     // believed (an early-dropped body, the idle limit), and it is not stalled.
     record.mark_alive();
     record.clear_over_idle_limit();
     record.set_connection_close(!record.http2() && server_closes(version, headers));
+    let request_count = record.count_request();
     let start = state.started;
     let ready = record.ready_at();
     // The end of the previous response on the connection (or its ready time).
@@ -94,7 +99,6 @@ pub(crate) fn attribute_response(
     let age = start.saturating_duration_since(ready);
     let paid = record.trigger_id == Some(state.id);
     let now = Instant::now();
-    record.take();
     if let Some(batch) = &state.batch {
         batch.record(reused, wait);
     }
