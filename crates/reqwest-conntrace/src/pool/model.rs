@@ -494,6 +494,29 @@ impl PoolHistory {
         }
     }
 
+    /// The end to name for `previous` when its miss is recorded: the one
+    /// decided, unless the connection's own traffic has since shown how the
+    /// server ended it (a request on it failed with a reset, GOAWAY or an
+    /// HTTP/2 error after the kernel's view decided the miss): that wins.
+    /// A connection that was alive at the miss (no end) stays so.
+    pub(crate) fn previous_end(
+        &self,
+        host: &HostKey,
+        previous: &Previous,
+    ) -> Option<ConnectionEnd> {
+        let decided = previous.end?;
+        if !decided.by_server() {
+            return Some(decided);
+        }
+        let hosts = self.hosts();
+        let seen = hosts
+            .get(host)
+            .and_then(|h| h.connections.iter().find(|r| r.id() == previous.id))
+            .and_then(|r| r.seen_end())
+            .filter(|e| e.by_server());
+        Some(seen.unwrap_or(decided))
+    }
+
     /// The connection this request's own connect made, if it succeeded.
     pub(crate) fn made_for(
         &self,
@@ -846,6 +869,44 @@ mod tests {
         assert_eq!(
             miss.previous.and_then(|p| p.end),
             Some(ConnectionEnd::GoAway)
+        );
+    }
+
+    /// HTTP/2 killed with a connection error while a request was asking the
+    /// kernel: the kernel's view decided `goaway` first, the failed
+    /// request's `http2_error` arrived before the miss was recorded: the
+    /// recorded end is the error. A miss naming a live connection keeps no
+    /// end.
+    #[test]
+    fn an_error_seen_after_the_kernel_decided_names_the_recorded_end() {
+        let pools = PoolHistory::default();
+        let client = client();
+        let t0 = Instant::now();
+        let a = connection(&pools, &client, 1, t0, true);
+        response(&a, false, t0 + Duration::from_millis(1));
+        let at = t0 + Duration::from_millis(2);
+        let (candidate, alive, seen) = ask(pools.classify_miss(&host(), &client, at, 1));
+        let miss = decide_from_kernel(&candidate, &gone(), at, alive, seen);
+        let previous = miss.previous.expect("previous");
+        assert_eq!(
+            pools.previous_end(&host(), &previous),
+            Some(ConnectionEnd::GoAway)
+        );
+        a.set_end(ConnectionEnd::Http2Error);
+        assert_eq!(
+            pools.previous_end(&host(), &previous),
+            Some(ConnectionEnd::Http2Error)
+        );
+        let b = connection(&pools, &client, 2, t0, false);
+        response(&b, false, t0 + Duration::from_millis(3));
+        let (candidate, alive, seen) = ask(pools.classify_miss(&host(), &client, at, 1));
+        assert_eq!(candidate.id(), 2);
+        let miss = decide_from_kernel(&candidate, &state(TcpState::Established), at, alive, seen);
+        assert_eq!(miss.reason, MissReason::ReleaseRace);
+        b.set_end(ConnectionEnd::PeerReset);
+        assert_eq!(
+            pools.previous_end(&host(), &miss.previous.expect("previous")),
+            None
         );
     }
 

@@ -148,6 +148,11 @@ impl ConnectionRecord {
         let _ = self.end_inferred.set(end);
     }
 
+    /// How it ended as its own traffic showed it, if it did.
+    pub(crate) fn seen_end(&self) -> Option<ConnectionEnd> {
+        self.end_seen.get().copied()
+    }
+
     /// How it ended, if known: its own traffic's word first.
     pub(crate) fn end(&self) -> Option<ConnectionEnd> {
         self.end_seen.get().or(self.end_inferred.get()).copied()

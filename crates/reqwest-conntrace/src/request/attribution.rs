@@ -237,7 +237,7 @@ fn record_miss(inner: &Inner, state: &RequestState, span: &tracing::Span, miss: 
             semconv::HTTP_CONNECTION_PREVIOUS_REQUEST_COUNT,
             previous.request_count as i64,
         );
-        if let Some(end) = previous.end {
+        if let Some(end) = inner.pools.previous_end(&state.host, previous) {
             span.set_attribute(semconv::HTTP_CONNECTION_PREVIOUS_END, end.as_str());
         }
     }
