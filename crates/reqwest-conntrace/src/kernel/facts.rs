@@ -22,6 +22,10 @@ pub struct TcpFacts {
     /// it is present but holds the kernel's initial values (RTT 0, MSS 524),
     /// except `total_retransmits`, which counts SYN retransmissions.
     pub info: Option<TcpInfo>,
+    /// Bytes received and not yet read by the application
+    /// (`idiag_rqueue` of `struct inet_diag_msg`: `rcv_nxt - copied_seq`,
+    /// net/ipv4/tcp_diag.c; `ss`: `Recv-Q`); 0 for `TIME_WAIT` sockets.
+    pub receive_queue: u32,
 }
 
 /// Counters from the kernel's `struct tcp_info` (include/uapi/linux/tcp.h)

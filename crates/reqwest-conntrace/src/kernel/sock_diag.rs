@@ -255,5 +255,9 @@ fn facts(
         Nla::TcpInfo(bytes) => TcpInfo::decode(bytes),
         _ => None,
     });
-    Ok(Some(TcpFacts { state, info }))
+    Ok(Some(TcpFacts {
+        state,
+        info,
+        receive_queue: response.header.recv_queue,
+    }))
 }

@@ -139,37 +139,28 @@ pub(crate) fn decide_from_kernel(
     {
         return alive;
     }
-    let gone = match lookup {
-        KernelLookup::NotFound => true,
-        KernelLookup::Found(facts) => facts.state.closed_by_us(),
-        KernelLookup::Unavailable | KernelLookup::TimedOut => false,
-    };
     // Its body was dropped before the end: closed by our side (gone at
-    // once when unread data was left: RST) means hyper had not read it all;
-    // established means it had, and the pool was putting it back.
+    // once when unread data was left: RST), or still established with
+    // unread bytes in the socket (hyper closes it next), means hyper had
+    // not read it all; established with nothing unread means it had, and
+    // the pool was putting it back. No answer: the model's belief.
     if candidate.is_dropped_early() {
-        return match lookup {
-            _ if gone => {
-                candidate.set_end(ConnectionEnd::Discarded);
-                Miss::caused_by(
-                    MissReason::Discarded,
-                    Previous::of(candidate, now, Some(ConnectionEnd::Discarded)),
-                )
+        let closed = match lookup {
+            KernelLookup::NotFound => true,
+            KernelLookup::Found(facts) if facts.state.closed_by_peer() => false,
+            KernelLookup::Found(facts) => {
+                facts.state.closed_by_us()
+                    || (facts.state == crate::TcpState::Established && facts.receive_queue > 0)
             }
-            KernelLookup::Found(facts) if facts.state.closed_by_peer() => {
-                let end = candidate.closed_by_server(true);
-                Miss::caused_by(
-                    MissReason::ClosedByPeer,
-                    Previous::of(candidate, now, Some(end)),
-                )
-            }
-            KernelLookup::Found(_) => alive,
-            // No kernel: the model's belief.
-            _ => Miss::caused_by(
+            KernelLookup::Unavailable | KernelLookup::TimedOut => true,
+        };
+        if closed {
+            candidate.set_end(ConnectionEnd::Discarded);
+            return Miss::caused_by(
                 MissReason::Discarded,
                 Previous::of(candidate, now, Some(ConnectionEnd::Discarded)),
-            ),
-        };
+            );
+        }
     }
     match lookup {
         KernelLookup::Found(facts) if facts.state.closed_by_peer() => {
@@ -698,7 +689,15 @@ mod tests {
     }
 
     fn state(state: TcpState) -> KernelLookup {
-        KernelLookup::Found(TcpFacts { state, info: None })
+        unread(state, 0)
+    }
+
+    fn unread(state: TcpState, receive_queue: u32) -> KernelLookup {
+        KernelLookup::Found(TcpFacts {
+            state,
+            info: None,
+            receive_queue,
+        })
     }
 
     fn ask(verdict: MissVerdict) -> (Arc<ConnectionRecord>, Miss, u64) {
@@ -912,8 +911,10 @@ mod tests {
 
     /// A body dropped before its end closed the connection only if hyper
     /// had not read it all: the kernel decides (gone or closed by our side:
-    /// `discarded`; established: hyper-util was putting it back, the miss
-    /// is the release race), and a response on it meanwhile shows it alive.
+    /// `discarded`; established with unread bytes: hyper closes it next,
+    /// `discarded`; established with none: hyper-util was putting it back,
+    /// the miss is the release race), and a response on it meanwhile shows
+    /// it alive.
     #[test]
     fn a_dropped_body_is_discarded_only_when_the_kernel_shows_it_closed() {
         let pools = PoolHistory::default();
@@ -929,6 +930,7 @@ mod tests {
             (gone(), MissReason::Discarded),
             (state(TcpState::TimeWait), MissReason::Discarded),
             (state(TcpState::Established), MissReason::ReleaseRace),
+            (unread(TcpState::Established, 4096), MissReason::Discarded),
         ] {
             let (candidate, alive, seen) = ask(pools.classify_miss(&host(), &client, at, 1));
             let miss = decide_from_kernel(&candidate, &lookup, at, alive, seen);
