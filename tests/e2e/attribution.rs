@@ -167,6 +167,14 @@ async fn get(client: &reqwest_middleware::ClientWithMiddleware, url: &str) {
 /// Sequential requests that are not misses are idle hits, or (when hyper
 /// really opened a connection because the previous one was not back in its
 /// pool yet) `release_race` naming that live connection: never `all_busy`.
+///
+/// One known mislabel is let through, by its exact shape (REFERENCE
+/// section 11): in that race hyper-util can hand the returning connection
+/// to the request's checkout just as the request's own connect wins, and
+/// drop (close) it (hyper-util 0.1.21 `client.rs`, "Connect won, checkout
+/// can just be dropped"); the kernel's answer, arriving after that close,
+/// shows our side closed it, read as `pool_closed` (the test clients'
+/// limits are unknown). The request is on its own new connection.
 fn assert_sequential_misses_named(spans: &[Seen], allowed_first: &[&str]) {
     for (i, s) in spans.iter().enumerate() {
         match s.reason.as_deref() {
@@ -175,10 +183,20 @@ fn assert_sequential_misses_named(spans: &[Seen], allowed_first: &[&str]) {
                 assert!(s.previous_id.is_some(), "{i}: {s:?}");
                 assert_eq!(s.previous_end, None, "alive: {s:?}");
             }
+            Some(semconv::MISS_REASON_POOL_CLOSED) if lost_to_its_own_connect(s) => {}
             Some(r) if allowed_first.contains(&r) => {}
             Some(r) => panic!("request {i}: unexpected miss reason {r}: {s:?}\n{spans:#?}"),
         }
     }
+}
+
+/// The known mislabel of [`assert_sequential_misses_named`]: `pool_closed`
+/// naming the connection hyper-util closed, the request on a new one.
+fn lost_to_its_own_connect(s: &Seen) -> bool {
+    s.previous_id.is_some()
+        && s.previous_end.as_deref() == Some(semconv::CONNECTION_END_POOL_CLOSED)
+        && s.reused == Some(false)
+        && s.count == Some(1)
 }
 
 /// 16 concurrent first requests with an idle pool of 32: every one is
@@ -236,7 +254,11 @@ async fn sequential_reuse_never_blames_a_busy_pool() {
         // Every extra connection the server accepted is one named race.
         let races = spans
             .iter()
-            .filter(|s| s.reason.as_deref() == Some(semconv::MISS_REASON_RELEASE_RACE))
+            .filter(|s| {
+                s.reason.as_deref() == Some(semconv::MISS_REASON_RELEASE_RACE)
+                    || (s.reason.as_deref() == Some(semconv::MISS_REASON_POOL_CLOSED)
+                        && lost_to_its_own_connect(s))
+            })
             .count() as u64;
         assert_eq!(server.get().accepted_connections(), 1 + races);
     }
