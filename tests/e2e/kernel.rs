@@ -112,3 +112,139 @@ async fn tcp_connect_carries_the_kernels_view_matching_ss() {
         (mss, cwnd)
     );
 }
+
+/// Answers every name with `addresses` (port 0: the URL's port is used), in
+/// this order.
+#[derive(Debug, Clone)]
+struct Pinned(Vec<std::net::IpAddr>);
+
+impl reqwest::dns::Resolve for Pinned {
+    fn resolve(&self, _name: reqwest::dns::Name) -> reqwest::dns::Resolving {
+        let addrs: Vec<std::net::SocketAddr> = self
+            .0
+            .iter()
+            .map(|ip| std::net::SocketAddr::new(*ip, 0))
+            .collect();
+        Box::pin(async move { Ok(Box::new(addrs.into_iter()) as reqwest::dns::Addrs) })
+    }
+}
+
+/// A TLS server that never answers: accepts TCP on `ip`, reads the
+/// ClientHello and holds the connection. Records (its own address, the
+/// client's) of every accepted connection.
+struct HangingTls {
+    addr: std::net::SocketAddr,
+    accepted: std::sync::Arc<std::sync::Mutex<Vec<(std::net::SocketAddr, std::net::SocketAddr)>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl HangingTls {
+    async fn start(ip: std::net::IpAddr) -> HangingTls {
+        use tokio::io::AsyncReadExt;
+        let listener = tokio::net::TcpListener::bind((ip, 0)).await.expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let accepted = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let record = accepted.clone();
+        let task = tokio::spawn(async move {
+            let mut held = Vec::new();
+            while let Ok((mut s, client)) = listener.accept().await {
+                let local = s.local_addr().expect("accepted local address");
+                record.lock().expect("accepted").push((local, client));
+                held.push(tokio::spawn(async move {
+                    let mut buf = vec![0u8; 4096];
+                    // Read the ClientHello (and anything after), never answer.
+                    while let Ok(n) = s.read(&mut buf).await {
+                        if n == 0 {
+                            break;
+                        }
+                    }
+                }));
+            }
+        });
+        HangingTls {
+            addr,
+            accepted,
+            task,
+        }
+    }
+}
+
+impl Drop for HangingTls {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// A name resolving to two loopback addresses, one refusing (nothing
+/// listens there on the port) and one where a server accepts TCP and never
+/// answers the ClientHello: the connect times out in the TLS handshake, no
+/// connection comes back from reqwest, yet `tcp.connect` and the failed
+/// setup span name the address the server accepted on (its own record of
+/// the connection), with the port, and `tcp.connect` says which of the two
+/// it was. Both orders: the server's address first, then second.
+#[tokio::test]
+async fn a_hung_tls_handshake_names_the_address_the_server_accepted_on() {
+    use std::net::{IpAddr, Ipv4Addr};
+    let one = IpAddr::V4(Ipv4Addr::LOCALHOST);
+    let two = IpAddr::V4(Ipv4Addr::new(127, 0, 0, 2));
+    // Resolver order [127.0.0.2, 127.0.0.1]: the server on .2 is index 0,
+    // on .1 index 1 (after .2 refused).
+    for (server_ip, index) in [(two, 0), (one, 1)] {
+        let t = telemetry();
+        let server = HangingTls::start(server_ip).await;
+        let client = t
+            .conntrace()
+            .instrument_client(reqwest::Client::builder())
+            .dns_resolver(Pinned(vec![two, one]))
+            .connect_timeout(std::time::Duration::from_secs(1))
+            .build_with_middleware()
+            .expect("client");
+        let url = format!("https://hang.test:{}/", server.addr.port());
+        let err = client
+            .get(&url)
+            .send()
+            .await
+            .expect_err("TLS never answers");
+        assert!(
+            matches!(&err, reqwest_middleware::Error::Reqwest(e) if e.is_timeout() || e.is_connect()),
+            "{err:?}"
+        );
+        // The setup's spans may end on the kernel's thread, after the
+        // request returned.
+        assert!(reqwest_conntrace::wait_for_pending_spans(
+            std::time::Duration::from_secs(5)
+        ));
+        let accepted = server.accepted.lock().expect("accepted").clone();
+        assert_eq!(accepted.len(), 1, "one TCP connection reached the server");
+        let (server_side, _client) = accepted[0];
+
+        let setups = t.setups();
+        assert_eq!(setups.len(), 1);
+        let setup = &setups[0];
+        assert_eq!(
+            str_attr(setup, semconv::ERROR_TYPE).as_deref(),
+            Some(semconv::ERROR_TYPE_TIMEOUT)
+        );
+        let tls = t.child(setup, semconv::TLS_HANDSHAKE_SPAN).expect("tls");
+        assert!(is_error(&tls), "the handshake is what hung");
+        let tcp = t.child(setup, semconv::TCP_CONNECT_SPAN).expect("tcp");
+        assert!(!is_error(&tcp), "TCP connected");
+        for span in [&tcp, setup] {
+            assert_eq!(
+                str_attr(span, semconv::NETWORK_PEER_ADDRESS),
+                Some(server_side.ip().to_string()),
+                "{}: {span:?}",
+                span.name
+            );
+            assert_eq!(
+                i64_attr(span, semconv::NETWORK_PEER_PORT),
+                Some(i64::from(server_side.port()))
+            );
+        }
+        assert_eq!(
+            i64_attr(&tcp, semconv::HTTP_CONNECTION_ADDRESS_INDEX),
+            Some(index)
+        );
+        assert!(!has(&tcp, semconv::HTTP_CONNECTION_PEER_CANDIDATES));
+    }
+}

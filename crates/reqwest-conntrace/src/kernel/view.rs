@@ -21,6 +21,7 @@ use super::error::OffReason;
 use super::facts::TcpFacts;
 #[cfg(all(test, target_os = "linux"))]
 use super::facts::{TcpInfo, TcpState};
+use super::owned::OwnedLookup;
 use super::worker;
 
 /// The answer to one kernel lookup.
@@ -70,6 +71,34 @@ impl KernelView {
         remote: SocketAddr,
         then: impl FnOnce(KernelLookup) + Send + 'static,
     ) {
+        self.queue(worker::Query::Socket {
+            local,
+            remote,
+            then: Box::new(then),
+        });
+    }
+
+    /// Queues a lookup of this process's connected TCP sockets
+    /// (`ESTABLISHED` or `CLOSE_WAIT`) whose peer is one of `remotes`: a
+    /// sock_diag dump of the machine's connected sockets, kept when the
+    /// socket's inode is one of this process's open file descriptors
+    /// (`/proc/self/fd`). Never blocks; `then` runs as for
+    /// [`lookup_then`](Self::lookup_then). The dump walks every connected
+    /// socket of the machine: use it only where no exact pair is known.
+    pub(crate) fn connected_to_then(
+        &self,
+        remotes: Vec<SocketAddr>,
+        then: impl FnOnce(OwnedLookup) + Send + 'static,
+    ) {
+        self.queue(worker::Query::ConnectedTo {
+            remotes,
+            then: Box::new(then),
+        });
+    }
+
+    /// Hands `query` to the thread (started on first use), or answers it
+    /// unavailable at once when there is no thread.
+    fn queue(&self, query: worker::Query) {
         let queue = self
             .queue
             .get_or_init(|| match worker::spawn(self.available.clone()) {
@@ -80,20 +109,18 @@ impl KernelView {
                 }
             });
         let lookup = worker::Lookup {
-            local,
-            remote,
+            query,
             queued_at: Instant::now(),
-            then: Box::new(then),
         };
         let Some(queue) = queue else {
-            (lookup.then)(KernelLookup::Unavailable);
+            lookup.query.unavailable();
             return;
         };
         if let Err(SendError(lookup)) = queue.send(lookup) {
             if self.available.load(Ordering::Acquire) {
                 worker::turn_off(&self.available, &OffReason::ThreadGone);
             }
-            (lookup.then)(KernelLookup::Unavailable);
+            lookup.query.unavailable();
         }
     }
 
