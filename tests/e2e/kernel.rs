@@ -140,8 +140,12 @@ struct HangingTls {
 
 impl HangingTls {
     async fn start(ip: std::net::IpAddr) -> HangingTls {
+        Self::start_on(std::net::SocketAddr::new(ip, 0)).await
+    }
+
+    async fn start_on(addr: std::net::SocketAddr) -> HangingTls {
         use tokio::io::AsyncReadExt;
-        let listener = tokio::net::TcpListener::bind((ip, 0)).await.expect("bind");
+        let listener = tokio::net::TcpListener::bind(addr).await.expect("bind");
         let addr = listener.local_addr().expect("addr");
         let accepted = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
         let record = accepted.clone();
@@ -247,4 +251,110 @@ async fn a_hung_tls_handshake_names_the_address_the_server_accepted_on() {
         );
         assert!(!has(&tcp, semconv::HTTP_CONNECTION_PEER_CANDIDATES));
     }
+}
+
+/// Answers `first` to the first lookup and `later` to every other one.
+#[derive(Debug, Clone)]
+struct FirstThen {
+    first: Vec<std::net::IpAddr>,
+    later: Vec<std::net::IpAddr>,
+    asked: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl reqwest::dns::Resolve for FirstThen {
+    fn resolve(&self, name: reqwest::dns::Name) -> reqwest::dns::Resolving {
+        let n = self.asked.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let ips = if n == 0 { &self.first } else { &self.later };
+        Pinned(ips.clone()).resolve(name)
+    }
+}
+
+/// The process holds a second connected socket to one of the resolved
+/// addresses while a handshake hangs on the other: a busy pooled connection
+/// (its request still being answered). The kernel shows both sockets; the
+/// registry knows the pooled one, so the hung connect is named by the
+/// other, the address the hanging server accepted on, not left ambiguous.
+#[tokio::test]
+async fn a_pooled_connection_to_the_other_address_does_not_blur_a_hung_handshake() {
+    use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+    let one = IpAddr::V4(Ipv4Addr::LOCALHOST);
+    let two = IpAddr::V4(Ipv4Addr::new(127, 0, 0, 2));
+    let t = telemetry();
+    let pki = TestPki::generate(&["both.test"]).expect("pki");
+    let good = TestServer::builder()
+        .bind(SocketAddr::new(one, 0))
+        .tls(&pki)
+        .http_versions(HttpVersions::Http1Only)
+        .start()
+        .await
+        .expect("server");
+    let port = good.addr().port();
+    let hanging = HangingTls::start_on(SocketAddr::new(two, port)).await;
+    let client = t
+        .conntrace()
+        .instrument_client(reqwest::Client::builder())
+        .tls(trust(&pki))
+        .dns_resolver(FirstThen {
+            first: vec![one],
+            later: vec![two, one],
+            asked: Default::default(),
+        })
+        .connect_timeout(std::time::Duration::from_secs(1))
+        .build_with_middleware()
+        .expect("client");
+    // The first request holds its connection to 127.0.0.1 for 3 s.
+    let slow = tokio::spawn({
+        let client = client.clone();
+        let url = format!("https://both.test:{port}/delay/3000");
+        async move { client.get(&url).send().await.map(|r| r.status()) }
+    });
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while good.request_count() == 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "first request never arrived"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    // So the second needs a new connection: [127.0.0.2 (hangs), 127.0.0.1].
+    let err = client
+        .get(format!("https://both.test:{port}/"))
+        .send()
+        .await
+        .expect_err("TLS never answers on 127.0.0.2");
+    assert!(
+        matches!(&err, reqwest_middleware::Error::Reqwest(e) if e.is_timeout() || e.is_connect()),
+        "{err:?}"
+    );
+    assert_eq!(
+        slow.await.expect("join").expect("slow request").as_u16(),
+        200
+    );
+    assert!(reqwest_conntrace::wait_for_pending_spans(
+        std::time::Duration::from_secs(5)
+    ));
+    let accepted = hanging.accepted.lock().expect("accepted").clone();
+    assert_eq!(accepted.len(), 1);
+    assert_eq!(good.accepted_connections(), 1);
+
+    let setups = t.setups();
+    assert_eq!(setups.len(), 2);
+    let failed = setups
+        .iter()
+        .find(|s| has(s, semconv::ERROR_TYPE))
+        .expect("the hung connect's setup");
+    let tcp = t.child(failed, semconv::TCP_CONNECT_SPAN).expect("tcp");
+    assert_eq!(
+        str_attr(&tcp, semconv::NETWORK_PEER_ADDRESS),
+        Some(accepted[0].0.ip().to_string()),
+        "{tcp:?}"
+    );
+    assert_eq!(
+        i64_attr(&tcp, semconv::NETWORK_PEER_PORT),
+        Some(i64::from(accepted[0].0.port()))
+    );
+    assert!(
+        !has(&tcp, semconv::HTTP_CONNECTION_PEER_CANDIDATES),
+        "{tcp:?}"
+    );
 }
