@@ -164,17 +164,21 @@ impl SockDiag {
 
     /// Every connected (`ESTABLISHED` or `CLOSE_WAIT`) TCP socket of the
     /// machine whose peer is one of `remotes`, with its inode: one dump
-    /// (`NLM_F_DUMP`) per address family asked, filtered here (the kernel
-    /// has no index by peer, so it walks its connected sockets either way).
+    /// (`NLM_F_DUMP`) per address family and peer port asked. The kernel
+    /// sends only sockets with that peer port (`inet_diag_dump_icsk` skips
+    /// others when `idiag_dport` is set) but walks all its connected
+    /// sockets to find them (there is no index by peer); the addresses are
+    /// matched here.
     pub(crate) fn connected_to(
         &mut self,
         remotes: &[SocketAddr],
     ) -> Result<Vec<DumpedSocket>, QueryError> {
         let mut found = Vec::new();
-        for (family, v4) in [(AF_INET, true), (AF_INET6, false)] {
-            if !remotes.iter().any(|r| r.is_ipv4() == v4) {
-                continue;
-            }
+        let mut dumps: Vec<(bool, u16)> = remotes.iter().map(|r| (r.is_ipv4(), r.port())).collect();
+        dumps.sort_unstable();
+        dumps.dedup();
+        for (v4, port) in dumps {
+            let family = if v4 { AF_INET } else { AF_INET6 };
             self.seq = self.seq.wrapping_add(1);
             let seq = self.seq;
             let mut header = NetlinkHeader::default();
@@ -185,10 +189,13 @@ impl SockDiag {
                 protocol: IPPROTO_TCP,
                 extensions: ExtensionFlags::empty(),
                 states: StateFlags::from_bits_retain(CONNECTED_STATES),
-                socket_id: if v4 {
-                    SocketId::new_v4()
-                } else {
-                    SocketId::new_v6()
+                socket_id: SocketId {
+                    destination_port: port,
+                    ..if v4 {
+                        SocketId::new_v4()
+                    } else {
+                        SocketId::new_v6()
+                    }
                 },
             });
             let mut message = NetlinkMessage::new(header, NetlinkPayload::from(request));

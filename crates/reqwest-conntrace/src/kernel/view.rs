@@ -429,6 +429,53 @@ mod tests {
         );
     }
 
+    /// Our connected sockets to a peer, from a dump: the socket we hold to
+    /// it (in `/proc/self/fd`), not the one to another port nor the peer's
+    /// accepted end; none once ours is closed.
+    #[tokio::test]
+    async fn connected_to_lists_our_socket_to_that_peer_only() {
+        let view = KernelView::new();
+        let (ours, peer) = connected_pair(Ipv4Addr::LOCALHOST.into()).await;
+        let (_other, _other_peer) = connected_pair(Ipv4Addr::LOCALHOST.into()).await;
+        let (local, remote) = pair(&ours);
+        let unknown: SocketAddr = (Ipv4Addr::new(127, 0, 0, 2), remote.port()).into();
+        let ask = |remotes: Vec<SocketAddr>| {
+            let (answer, answered) = tokio::sync::oneshot::channel();
+            view.connected_to_then(remotes, move |lookup| {
+                let _ = answer.send(lookup);
+            });
+            answered
+        };
+        let found = ask(vec![unknown, remote]).await.expect("answered");
+        assert_eq!(
+            found,
+            OwnedLookup::Found(vec![super::super::OwnedSocket {
+                local,
+                remote,
+                state: TcpState::Established,
+            }])
+        );
+        drop(peer);
+        let found = wait_for(&view, (local, remote), state_is(TcpState::CloseWait)).await;
+        assert!(matches!(found, KernelLookup::Found(_)));
+        let closing = ask(vec![remote]).await.expect("answered");
+        assert_eq!(
+            closing,
+            OwnedLookup::Found(vec![super::super::OwnedSocket {
+                local,
+                remote,
+                state: TcpState::CloseWait,
+            }]),
+            "the peer closed, we hold it: still ours"
+        );
+        drop(ours);
+        assert_eq!(
+            ask(vec![remote]).await.expect("answered"),
+            OwnedLookup::Found(Vec::new()),
+            "closed by us: no file refers to it"
+        );
+    }
+
     #[tokio::test]
     async fn lookup_times_out_behind_a_slow_callback() {
         let view = KernelView::new();
