@@ -250,45 +250,26 @@ impl Drop for ConnectGuard {
                     "connect abandoned: its request was dropped or timed out".to_owned(),
                 )
             };
-            finish_failed(inner, attempt, cx, error_type, message, None, peer, now);
+            finish_failed(&inner, &attempt, &cx, error_type, message, None, peer, now);
         }
     }
 }
 
-/// Ends the spans of a failed connect; when its peer is being asked of the
-/// kernel, once the answer is there (on the kernel's thread, the span end
-/// counted as pending meanwhile).
+/// Ends the spans of a failed connect, with its peer when known (see
+/// `peer`).
 #[allow(clippy::too_many_arguments)]
 fn finish_failed(
-    inner: Arc<Inner>,
-    attempt: Arc<ConnectAttempt>,
-    cx: opentelemetry::Context,
+    inner: &Inner,
+    attempt: &ConnectAttempt,
+    cx: &opentelemetry::Context,
     error_type: &'static str,
     message: String,
     refusal: Option<ProxyRefusal>,
     peer: Option<Option<Arc<PeerLookup>>>,
     now: Instant,
 ) {
-    let Some(Some(peer)) = peer else {
-        end_failed(
-            &inner,
-            &attempt,
-            &cx,
-            error_type,
-            message,
-            refusal,
-            Peer::Unknown,
-            now,
-        );
-        return;
-    };
-    let pending = crate::connect::tcp::PendingEnd::new();
-    peer.then(move |peer| {
-        end_failed(
-            &inner, &attempt, &cx, error_type, message, refusal, peer, now,
-        );
-        drop(pending);
-    });
+    let peer = peer.flatten().map_or(Peer::Unknown, |p| p.settle());
+    end_failed(inner, attempt, cx, error_type, message, refusal, peer, now);
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -360,21 +341,27 @@ where
         {
             let now = Instant::now();
             match &result {
-                Ok(conn) => on_connected(
-                    &inner,
-                    attempt,
-                    span_cx,
-                    conn,
-                    this.guard.http2_prior_knowledge,
-                    now,
-                ),
+                Ok(conn) => {
+                    // The connection tells its own peer: the kernel need not.
+                    if let Some(Some(p)) = &peer {
+                        p.settle();
+                    }
+                    on_connected(
+                        &inner,
+                        attempt,
+                        span_cx,
+                        conn,
+                        this.guard.http2_prior_knowledge,
+                        now,
+                    )
+                }
                 Err(e) => {
                     let e: &(dyn StdError + Send + Sync + 'static) = e.borrow();
                     let refusal = proxy::refusal(e);
                     let error_type = refusal.map_or_else(|| classify(e), |r| r.error_type);
                     let message = error_chain_text(&inner.redaction, e);
                     finish_failed(
-                        inner, attempt, span_cx, error_type, message, refusal, peer, now,
+                        &inner, &attempt, &span_cx, error_type, message, refusal, peer, now,
                     );
                 }
             }

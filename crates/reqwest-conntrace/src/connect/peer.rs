@@ -3,25 +3,36 @@
 //! reqwest's connector returned no connection to read the address from.
 //!
 //! With one candidate address (one DNS answer, an IP literal) the peer is
-//! that address. With several, the kernel is asked as soon as the poll that
-//! began the handshake returns (the socket is open then): this process's
-//! connected TCP sockets to the candidate addresses (a sock_diag dump kept
-//! to the socket inodes in `/proc/self/fd`, see `kernel::owned`), minus the
-//! connections the registry already knows. The peer is named when every
-//! socket left has the same peer; two sockets left with different peers
-//! (parallel connects to the same host in their handshakes at once) make it
-//! ambiguous, and the candidates are listed instead
+//! that address. With several, the kernel is asked, off the request path,
+//! while the handshake is still running: this process's connected TCP
+//! sockets to the candidate addresses (a sock_diag dump kept to the socket
+//! inodes in `/proc/self/fd`, see `kernel::owned`), minus the connections
+//! the registry already knows. The peer is named when every socket left has
+//! the same peer; sockets left with different peers (parallel connects to
+//! the same host in their handshakes at once) make it ambiguous, and the
+//! candidates are listed instead
 //! ([`HTTP_CONNECTION_PEER_CANDIDATES`](crate::semconv::HTTP_CONNECTION_PEER_CANDIDATES)).
-//! The request path never waits: the answer arrives on the
-//! `conntrace-sock-diag` thread, and a connect that failed before it came
-//! ends its spans there.
+//!
+//! The question is asked only of a handshake still running [`ASK_AFTER`]
+//! after it began (or halfway to the connect timeout, if sooner): the
+//! descriptor scan is linear in the process's open files (tens of ms with
+//! thousands), and a handshake that completes needs none of it. An answer
+//! counts only if it came before the connect ended: after the end, the
+//! socket may have been closed before the kernel looked.
 
 use std::net::{IpAddr, SocketAddr};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
 
 use crate::connect::attempt::{ConnectAttempt, Phases};
 use crate::handle::Inner;
 use crate::kernel::{OwnedLookup, OwnedSocket};
+
+/// How long a TLS handshake runs before the kernel is asked which address
+/// its TCP connection went to: a cost bound (most handshakes finish within
+/// a few round trips), not a correctness one.
+pub(crate) const ASK_AFTER: Duration = Duration::from_millis(200);
 
 /// What is known of the peer of a connect that never returned a connection.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -36,91 +47,60 @@ pub(crate) enum Peer {
     Unknown,
 }
 
-/// A continuation waiting for the peer.
-type Then = Box<dyn FnOnce(Peer) + Send + 'static>;
-
 /// Learning the peer of one connect.
+#[derive(Debug, Default)]
 pub(crate) struct PeerLookup {
-    state: Mutex<State>,
-}
-
-enum State {
-    /// The kernel has not answered; the connect's end, if it came first.
-    Waiting(Option<Then>),
-    Answered(Peer),
-}
-
-impl std::fmt::Debug for PeerLookup {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("PeerLookup").finish_non_exhaustive()
-    }
+    /// The answer, once known.
+    answer: OnceLock<Peer>,
+    /// The connect ended: a later answer is not wanted.
+    settled: AtomicBool,
 }
 
 impl PeerLookup {
     /// Starts learning the peer of `attempt`, whose TLS handshake began in
     /// the poll that just returned: at once when there is one candidate
-    /// address, else from the kernel (queued, never waited for). `None`
-    /// when the candidates are unknown (a `ClientBuilder::resolve`
+    /// address, else from the kernel (queued for later, never waited for).
+    /// `None` when the candidates are unknown (a `ClientBuilder::resolve`
     /// override, no triggering request) or the kernel is off.
     pub(crate) fn start(inner: &Arc<Inner>, attempt: &ConnectAttempt) -> Option<Arc<PeerLookup>> {
-        let candidates = candidates(attempt, &attempt.phases())?;
+        let (candidates, tls_started) = {
+            let phases = attempt.phases();
+            (candidates(attempt, &phases)?, phases.tls_started?)
+        };
+        let lookup = Arc::new(PeerLookup::default());
         if let [only] = candidates[..] {
-            return Some(Arc::new(PeerLookup {
-                state: Mutex::new(State::Answered(Peer::Named(only))),
-            }));
+            let _ = lookup.answer.set(Peer::Named(only));
+            return Some(lookup);
         }
         if !inner.kernel.is_available() {
             return None;
         }
-        let lookup = Arc::new(PeerLookup {
-            state: Mutex::new(State::Waiting(None)),
-        });
-        let answered = lookup.clone();
+        let left = attempt
+            .connect_timeout
+            .map(|t| (attempt.started + t).saturating_duration_since(tls_started));
+        let due = tls_started + left.map_or(ASK_AFTER, |l| ASK_AFTER.min(l / 2));
+        let (wanted, answered) = (lookup.clone(), lookup.clone());
         let registry_of = inner.clone();
-        inner.kernel.connected_to_then(candidates, move |sockets| {
-            let known = |s: &OwnedSocket| registry_of.registry.get(s.local, s.remote).is_some();
-            answered.answer(decide(sockets, known));
-        });
+        inner.kernel.connected_to_then(
+            candidates,
+            due,
+            move || !wanted.settled.load(Ordering::Acquire),
+            move |sockets| {
+                let known = |s: &OwnedSocket| registry_of.registry.get(s.local, s.remote).is_some();
+                if !answered.settled.load(Ordering::Acquire) {
+                    let _ = answered.answer.set(decide(sockets, known));
+                }
+            },
+        );
         Some(lookup)
     }
 
-    /// Runs `then` with the peer: at once if known, else when the kernel
-    /// answers (on its thread). A connect that ended before the answer
-    /// gets [`Peer::Unknown`]: its socket may have been closed before the
-    /// kernel looked.
-    pub(crate) fn then(&self, then: impl FnOnce(Peer) + Send + 'static) {
-        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        match &*state {
-            State::Answered(peer) => {
-                let peer = peer.clone();
-                drop(state);
-                then(peer);
-            }
-            State::Waiting(_) => *state = State::Waiting(Some(Box::new(then))),
-        }
-    }
-
-    fn answer(&self, peer: Peer) {
-        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        match std::mem::replace(&mut *state, State::Answered(peer.clone())) {
-            State::Waiting(Some(then)) => {
-                drop(state);
-                then(Peer::Unknown);
-            }
-            State::Waiting(None) | State::Answered(_) => {}
-        }
-    }
-}
-
-impl Drop for PeerLookup {
-    /// A waiting end still runs (the kernel's answer was lost): its spans
-    /// must end.
-    fn drop(&mut self) {
-        let state = self.state.get_mut().unwrap_or_else(|e| e.into_inner());
-        if let State::Waiting(Some(then)) = std::mem::replace(state, State::Answered(Peer::Unknown))
-        {
-            then(Peer::Unknown);
-        }
+    /// The connect ended: the peer as known now ([`Peer::Unknown`] if the
+    /// kernel has not answered yet; it is then not asked at all, or its
+    /// answer is dropped).
+    pub(crate) fn settle(&self) -> Peer {
+        self.settled.store(true, Ordering::Release);
+        self.answer.get().cloned().unwrap_or(Peer::Unknown)
     }
 }
 
@@ -182,16 +162,8 @@ fn candidates(attempt: &ConnectAttempt, phases: &Phases) -> Option<Vec<SocketAdd
 
 #[cfg(test)]
 mod tests {
-    use std::sync::atomic::{AtomicUsize, Ordering};
-
     use super::*;
     use crate::kernel::TcpState;
-
-    fn waiting() -> PeerLookup {
-        PeerLookup {
-            state: Mutex::new(State::Waiting(None)),
-        }
-    }
 
     fn addr(s: &str) -> SocketAddr {
         s.parse().expect("test address")
@@ -246,47 +218,12 @@ mod tests {
     }
 
     #[test]
-    fn an_end_after_the_answer_gets_the_peer() {
-        let lookup = waiting();
-        lookup.answer(Peer::Named(addr("127.0.0.1:443")));
-        let got = Arc::new(Mutex::new(None));
-        let sink = got.clone();
-        lookup.then(move |p| *sink.lock().expect("lock") = Some(p));
-        assert_eq!(
-            *got.lock().expect("lock"),
-            Some(Peer::Named(addr("127.0.0.1:443")))
-        );
-    }
-
-    /// The connect ended first: its socket may have been closed before the
-    /// kernel looked, so the answer is not trusted.
-    #[test]
-    fn an_end_before_the_answer_gets_unknown_once() {
-        let lookup = waiting();
-        let runs = Arc::new(AtomicUsize::new(0));
-        let got = Arc::new(Mutex::new(None));
-        let (sink, count) = (got.clone(), runs.clone());
-        lookup.then(move |p| {
-            count.fetch_add(1, Ordering::SeqCst);
-            *sink.lock().expect("lock") = Some(p);
-        });
-        assert_eq!(runs.load(Ordering::SeqCst), 0, "waits for the kernel");
-        lookup.answer(Peer::Named(addr("127.0.0.1:443")));
-        drop(lookup);
-        assert_eq!(runs.load(Ordering::SeqCst), 1);
-        assert_eq!(*got.lock().expect("lock"), Some(Peer::Unknown));
-    }
-
-    #[test]
-    fn a_lost_answer_still_runs_the_end() {
-        let lookup = waiting();
-        let runs = Arc::new(AtomicUsize::new(0));
-        let count = runs.clone();
-        lookup.then(move |p| {
-            assert_eq!(p, Peer::Unknown);
-            count.fetch_add(1, Ordering::SeqCst);
-        });
-        drop(lookup);
-        assert_eq!(runs.load(Ordering::SeqCst), 1);
+    fn an_end_after_the_answer_gets_the_peer_before_it_unknown() {
+        let answered = PeerLookup::default();
+        let _ = answered.answer.set(Peer::Named(addr("127.0.0.1:443")));
+        assert_eq!(answered.settle(), Peer::Named(addr("127.0.0.1:443")));
+        let waiting = PeerLookup::default();
+        assert_eq!(waiting.settle(), Peer::Unknown);
+        assert!(waiting.settled.load(Ordering::Acquire), "no longer wanted");
     }
 }

@@ -71,34 +71,46 @@ impl KernelView {
         remote: SocketAddr,
         then: impl FnOnce(KernelLookup) + Send + 'static,
     ) {
-        self.queue(worker::Query::Socket {
-            local,
-            remote,
-            then: Box::new(then),
-        });
+        self.queue(
+            worker::Query::Socket {
+                local,
+                remote,
+                then: Box::new(then),
+            },
+            Instant::now(),
+        );
     }
 
     /// Queues a lookup of this process's connected TCP sockets
-    /// (`ESTABLISHED` or `CLOSE_WAIT`) whose peer is one of `remotes`: a
-    /// sock_diag dump of the machine's connected sockets, kept when the
-    /// socket's inode is one of this process's open file descriptors
-    /// (`/proc/self/fd`). Never blocks; `then` runs as for
-    /// [`lookup_then`](Self::lookup_then). The dump walks every connected
-    /// socket of the machine: use it only where no exact pair is known.
+    /// (`ESTABLISHED` or `CLOSE_WAIT`) whose peer is one of `remotes`, to
+    /// be answered at `due` (not before): a sock_diag dump of the machine's
+    /// connected sockets with those peer ports, kept when the socket's
+    /// inode is one of this process's open file descriptors
+    /// (`/proc/self/fd`). Never blocks. When due, `wanted()` is asked
+    /// first: `false` drops the lookup with no kernel work and `then`
+    /// unrun; else `then` runs as for [`lookup_then`](Self::lookup_then).
+    /// Costly (the descriptor scan is linear in the process's open files):
+    /// use it only where no exact pair is known.
     pub(crate) fn connected_to_then(
         &self,
         remotes: Vec<SocketAddr>,
+        due: Instant,
+        wanted: impl Fn() -> bool + Send + 'static,
         then: impl FnOnce(OwnedLookup) + Send + 'static,
     ) {
-        self.queue(worker::Query::ConnectedTo {
-            remotes,
-            then: Box::new(then),
-        });
+        self.queue(
+            worker::Query::ConnectedTo {
+                remotes,
+                wanted: Box::new(wanted),
+                then: Box::new(then),
+            },
+            due,
+        );
     }
 
-    /// Hands `query` to the thread (started on first use), or answers it
-    /// unavailable at once when there is no thread.
-    fn queue(&self, query: worker::Query) {
+    /// Hands `query` to the thread (started on first use), due at `due`, or
+    /// answers it unavailable at once when there is no thread.
+    fn queue(&self, query: worker::Query, due: Instant) {
         let queue = self
             .queue
             .get_or_init(|| match worker::spawn(self.available.clone()) {
@@ -110,7 +122,7 @@ impl KernelView {
             });
         let lookup = worker::Lookup {
             query,
-            queued_at: Instant::now(),
+            queued_at: due,
         };
         let Some(queue) = queue else {
             lookup.query.unavailable();
@@ -441,9 +453,14 @@ mod tests {
         let unknown: SocketAddr = (Ipv4Addr::new(127, 0, 0, 2), remote.port()).into();
         let ask = |remotes: Vec<SocketAddr>| {
             let (answer, answered) = tokio::sync::oneshot::channel();
-            view.connected_to_then(remotes, move |lookup| {
-                let _ = answer.send(lookup);
-            });
+            view.connected_to_then(
+                remotes,
+                Instant::now(),
+                || true,
+                move |lookup| {
+                    let _ = answer.send(lookup);
+                },
+            );
             answered
         };
         let found = ask(vec![unknown, remote]).await.expect("answered");
@@ -473,6 +490,50 @@ mod tests {
             ask(vec![remote]).await.expect("answered"),
             OwnedLookup::Found(Vec::new()),
             "closed by us: no file refers to it"
+        );
+    }
+
+    /// A lookup asked for later is answered once due, while lookups asked
+    /// for now pass it; one no longer wanted when due is dropped unanswered.
+    #[tokio::test]
+    async fn a_later_lookup_waits_for_its_time_and_can_be_dropped() {
+        let view = KernelView::new();
+        let (ours, _peer) = connected_pair(Ipv4Addr::LOCALHOST.into()).await;
+        let (local, remote) = pair(&ours);
+        let asked = Instant::now();
+        let (answer, answered) = tokio::sync::oneshot::channel();
+        view.connected_to_then(
+            vec![remote],
+            asked + Duration::from_millis(300),
+            || true,
+            move |lookup| {
+                let _ = answer.send((lookup, Instant::now()));
+            },
+        );
+        let (unwanted, dropped) = tokio::sync::oneshot::channel::<OwnedLookup>();
+        view.connected_to_then(
+            vec![remote],
+            asked + Duration::from_millis(100),
+            || false,
+            move |lookup| {
+                let _ = unwanted.send(lookup);
+            },
+        );
+        // Asked for now: answered before the later one is due.
+        assert!(matches!(
+            view.lookup(local, remote, LOOKUP_TIMEOUT).await,
+            KernelLookup::Found(_)
+        ));
+        assert!(asked.elapsed() < Duration::from_millis(300));
+        let (lookup, at) = answered.await.expect("answered");
+        assert!(
+            at >= asked + Duration::from_millis(300),
+            "not before it was due"
+        );
+        assert!(matches!(lookup, OwnedLookup::Found(v) if v.len() == 1));
+        assert!(
+            dropped.await.is_err(),
+            "the unwanted one was never answered"
         );
     }
 

@@ -7,7 +7,7 @@ use std::net::SocketAddr;
 use std::panic::{self, AssertUnwindSafe};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::{self, Receiver, Sender};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -32,7 +32,8 @@ pub(crate) type ThenOwned = Box<dyn FnOnce(OwnedLookup) + Send + 'static>;
 /// One queued lookup.
 pub(crate) struct Lookup {
     pub(crate) query: Query,
-    /// When it was queued.
+    /// When it was queued; for a lookup asked for later, when it is due
+    /// (the thread holds it until then).
     pub(crate) queued_at: Instant,
 }
 
@@ -50,6 +51,9 @@ pub(crate) enum Query {
     /// This process's connected sockets to any of these peers.
     ConnectedTo {
         remotes: Vec<SocketAddr>,
+        /// Asked when the lookup is due: `false` drops it unanswered (its
+        /// asker no longer needs it), before any kernel work.
+        wanted: Box<dyn Fn() -> bool + Send + 'static>,
         /// Runs on the thread with the answer.
         then: ThenOwned,
     },
@@ -89,40 +93,68 @@ pub(crate) fn turn_off(available: &AtomicBool, reason: &OffReason) {
     }
 }
 
-/// The thread's loop.
+/// The thread's loop: answers lookups as they come, holding those asked
+/// for later until they are due (a due one goes before newer arrivals).
 fn run(lookups: &Receiver<Lookup>, available: &AtomicBool) {
     let mut kernel = Kernel::Unopened;
-    while let Ok(lookup) = lookups.recv() {
-        let stale = lookup.queued_at.elapsed() > MAX_QUEUE_WAIT;
-        // A panicking callback must not take kernel facts down for everyone.
-        let ran = match lookup.query {
-            Query::Socket {
-                local,
-                remote,
-                then,
-            } => {
-                let answer = if stale {
-                    KernelLookup::TimedOut
-                } else {
-                    kernel.lookup(local, remote, available, SockDiag::open)
-                };
-                panic::catch_unwind(AssertUnwindSafe(move || then(answer)))
-            }
-            Query::ConnectedTo { remotes, then } => {
-                let answer = if stale {
-                    OwnedLookup::TimedOut
-                } else {
-                    kernel.connected_to(&remotes, available, SockDiag::open)
-                };
-                panic::catch_unwind(AssertUnwindSafe(move || then(answer)))
-            }
-        };
-        if ran.is_err() {
-            tracing::warn!(
-                target: "reqwest_conntrace",
-                "a kernel TCP lookup callback panicked; the sock_diag thread carries on"
-            );
+    let mut later: Vec<Lookup> = Vec::new();
+    loop {
+        let now = Instant::now();
+        if let Some(i) = later.iter().position(|l| l.queued_at <= now) {
+            answer(&mut kernel, later.swap_remove(i), available);
+            continue;
         }
+        let received = match later.iter().map(|l| l.queued_at).min() {
+            None => lookups.recv().map_err(|_| RecvTimeoutError::Disconnected),
+            Some(due) => lookups.recv_timeout(due.saturating_duration_since(now)),
+        };
+        match received {
+            Ok(lookup) if lookup.queued_at > Instant::now() => later.push(lookup),
+            Ok(lookup) => answer(&mut kernel, lookup, available),
+            Err(RecvTimeoutError::Timeout) => {}
+            Err(RecvTimeoutError::Disconnected) => break,
+        }
+    }
+}
+
+/// Answers one due lookup and runs its callback.
+fn answer(kernel: &mut Kernel, lookup: Lookup, available: &AtomicBool) {
+    let stale = lookup.queued_at.elapsed() > MAX_QUEUE_WAIT;
+    // A panicking callback must not take kernel facts down for everyone.
+    let ran = match lookup.query {
+        Query::Socket {
+            local,
+            remote,
+            then,
+        } => {
+            let answer = if stale {
+                KernelLookup::TimedOut
+            } else {
+                kernel.lookup(local, remote, available, SockDiag::open)
+            };
+            panic::catch_unwind(AssertUnwindSafe(move || then(answer)))
+        }
+        Query::ConnectedTo {
+            remotes,
+            wanted,
+            then,
+        } => {
+            if !wanted() {
+                return;
+            }
+            let answer = if stale {
+                OwnedLookup::TimedOut
+            } else {
+                kernel.connected_to(&remotes, available, SockDiag::open)
+            };
+            panic::catch_unwind(AssertUnwindSafe(move || then(answer)))
+        }
+    };
+    if ran.is_err() {
+        tracing::warn!(
+            target: "reqwest_conntrace",
+            "a kernel TCP lookup callback panicked; the sock_diag thread carries on"
+        );
     }
 }
 
