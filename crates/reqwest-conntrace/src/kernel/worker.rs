@@ -1,6 +1,7 @@
 //! The `conntrace-sock-diag` thread: owns one sock_diag socket (opened on
 //! the first lookup) and answers queued lookups one at a time, running each
-//! lookup's callback with the answer.
+//! lookup's callback with the answer; a lookup asked for later is held
+//! until it is due.
 
 use std::io;
 use std::net::SocketAddr;
