@@ -358,3 +358,71 @@ async fn a_pooled_connection_to_the_other_address_does_not_blur_a_hung_handshake
         "{tcp:?}"
     );
 }
+
+/// Answers the `n`th lookup with `answers[n % answers.len()]`.
+#[derive(Debug, Clone)]
+struct Rotating {
+    answers: Vec<Vec<std::net::IpAddr>>,
+    asked: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl reqwest::dns::Resolve for Rotating {
+    fn resolve(&self, name: reqwest::dns::Name) -> reqwest::dns::Resolving {
+        let n = self.asked.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        Pinned(self.answers[n % self.answers.len()].clone()).resolve(name)
+    }
+}
+
+/// Two connects to the same host hang in their handshakes at once, one on
+/// each resolved address (each server accepted one): the kernel shows this
+/// process connected to both addresses and neither socket is a known
+/// connection, so neither `tcp.connect` names a peer; each lists both
+/// addresses as `http.connection.peer_candidates` instead of guessing.
+#[tokio::test]
+async fn parallel_hung_handshakes_to_both_addresses_are_ambiguous_not_guessed() {
+    use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+    let one = IpAddr::V4(Ipv4Addr::LOCALHOST);
+    let two = IpAddr::V4(Ipv4Addr::new(127, 0, 0, 2));
+    let t = telemetry();
+    let first = HangingTls::start(one).await;
+    let port = first.addr.port();
+    let second = HangingTls::start_on(SocketAddr::new(two, port)).await;
+    let client = t
+        .conntrace()
+        .instrument_client(reqwest::Client::builder())
+        .dns_resolver(Rotating {
+            answers: vec![vec![one, two], vec![two, one]],
+            asked: Default::default(),
+        })
+        .connect_timeout(std::time::Duration::from_secs(1))
+        .build_with_middleware()
+        .expect("client");
+    let url = format!("https://both.test:{port}/");
+    let (a, b) = tokio::join!(client.get(&url).send(), client.get(&url).send());
+    assert!(a.is_err() && b.is_err(), "neither handshake is answered");
+    assert!(reqwest_conntrace::wait_for_pending_spans(
+        std::time::Duration::from_secs(5)
+    ));
+    assert_eq!(first.accepted.lock().expect("accepted").len(), 1);
+    assert_eq!(second.accepted.lock().expect("accepted").len(), 1);
+
+    let setups = t.setups();
+    assert_eq!(setups.len(), 2);
+    for setup in &setups {
+        assert_eq!(
+            str_attr(setup, semconv::ERROR_TYPE).as_deref(),
+            Some(semconv::ERROR_TYPE_TIMEOUT)
+        );
+        assert!(!has(setup, semconv::NETWORK_PEER_ADDRESS), "{setup:?}");
+        let tcp = t.child(setup, semconv::TCP_CONNECT_SPAN).expect("tcp");
+        assert!(!has(&tcp, semconv::NETWORK_PEER_ADDRESS), "{tcp:?}");
+        assert!(!has(&tcp, semconv::HTTP_CONNECTION_ADDRESS_INDEX));
+        let candidates = match attr(&tcp, semconv::HTTP_CONNECTION_PEER_CANDIDATES) {
+            Some(opentelemetry::Value::Array(opentelemetry::Array::String(v))) => {
+                v.iter().map(|s| s.as_str().to_owned()).collect::<Vec<_>>()
+            }
+            other => panic!("peer candidates: {other:?}"),
+        };
+        assert_eq!(candidates, vec!["127.0.0.1", "127.0.0.2"]);
+    }
+}
