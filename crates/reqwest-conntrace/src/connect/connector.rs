@@ -210,8 +210,8 @@ impl InFlight {
     fn ask_peer_once_tls_began(&mut self) {
         use opentelemetry::trace::TraceContextExt;
         if self.peer.is_none()
-            && self.attempt.phases().tls_started.is_some()
             && self.cx.span().is_recording()
+            && self.attempt.phases().tls_started.is_some()
         {
             self.peer = Some(PeerLookup::start(&self.inner, &self.attempt));
         }
