@@ -185,21 +185,28 @@ impl Drop for HangingTls {
 /// connection comes back from reqwest, yet `tcp.connect` and the failed
 /// setup span name the address the server accepted on (its own record of
 /// the connection), with the port, and `tcp.connect` says which of the two
-/// it was. Both orders: the server's address first, then second.
+/// it was. Both orders: the server's address first, then second; and an
+/// IPv6 address first (refused) before the IPv4 one (Happy Eyeballs
+/// fallback).
 #[tokio::test]
 async fn a_hung_tls_handshake_names_the_address_the_server_accepted_on() {
-    use std::net::{IpAddr, Ipv4Addr};
+    use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
     let one = IpAddr::V4(Ipv4Addr::LOCALHOST);
     let two = IpAddr::V4(Ipv4Addr::new(127, 0, 0, 2));
+    let v6 = IpAddr::V6(Ipv6Addr::LOCALHOST);
     // Resolver order [127.0.0.2, 127.0.0.1]: the server on .2 is index 0,
-    // on .1 index 1 (after .2 refused).
-    for (server_ip, index) in [(two, 0), (one, 1)] {
+    // on .1 index 1 (after .2 refused); [::1, 127.0.0.1]: index 1.
+    for (answers, server_ip, index) in [
+        (vec![two, one], two, 0),
+        (vec![two, one], one, 1),
+        (vec![v6, one], one, 1),
+    ] {
         let t = telemetry();
         let server = HangingTls::start(server_ip).await;
         let client = t
             .conntrace()
             .instrument_client(reqwest::Client::builder())
-            .dns_resolver(Pinned(vec![two, one]))
+            .dns_resolver(Pinned(answers))
             .connect_timeout(std::time::Duration::from_secs(1))
             .build_with_middleware()
             .expect("client");
@@ -248,6 +255,10 @@ async fn a_hung_tls_handshake_names_the_address_the_server_accepted_on() {
         assert_eq!(
             i64_attr(&tcp, semconv::HTTP_CONNECTION_ADDRESS_INDEX),
             Some(index)
+        );
+        assert_eq!(
+            bool_attr(setup, semconv::HTTP_CONNECTION_ADDRESS_FALLBACK),
+            (index > 0).then_some(true)
         );
         assert!(!has(&tcp, semconv::HTTP_CONNECTION_PEER_CANDIDATES));
     }

@@ -523,6 +523,12 @@ pub(crate) fn emit_phases(
             }
             setup_span.set_attribute(KeyValue::new(semconv::NETWORK_TYPE, network_type(&r)));
         }
+        if address_fallback {
+            setup_span.set_attribute(KeyValue::new(
+                semconv::HTTP_CONNECTION_ADDRESS_FALLBACK,
+                true,
+            ));
+        }
         let (t, m) = failure_or_cancel(&failure_type, &failure_message);
         setup_span.set_attribute(KeyValue::new(semconv::ERROR_TYPE, t));
         setup_span.set_attribute(KeyValue::new(
