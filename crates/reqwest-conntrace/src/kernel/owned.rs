@@ -52,21 +52,28 @@ pub(crate) fn owned_by(dumped: &[DumpedSocket], open: &HashSet<u64>) -> Vec<Owne
         .collect()
 }
 
-/// The inodes of the sockets this process has open: every
-/// `/proc/self/fd/N` whose link reads `socket:[INODE]` (proc(5)).
+/// Which of the socket inodes `wanted` this process has open: the
+/// `/proc/self/fd/N` links that read `socket:[INODE]` (proc(5)), read until
+/// every wanted inode was seen (in the worst case, a socket that is not
+/// ours, every descriptor: linear in the process's open files).
 #[cfg_attr(not(target_os = "linux"), allow(dead_code))] // sock_diag only
-pub(crate) fn open_socket_inodes() -> std::io::Result<HashSet<u64>> {
-    let mut inodes = HashSet::new();
+pub(crate) fn open_socket_inodes(wanted: &HashSet<u64>) -> std::io::Result<HashSet<u64>> {
+    let mut found = HashSet::new();
     for entry in std::fs::read_dir("/proc/self/fd")? {
+        if found.len() == wanted.len() {
+            break;
+        }
         // An fd closed between the listing and the readlink is skipped.
         let Ok(target) = std::fs::read_link(entry?.path()) else {
             continue;
         };
-        if let Some(inode) = socket_inode(&target.to_string_lossy()) {
-            inodes.insert(inode);
+        if let Some(inode) = socket_inode(&target.to_string_lossy())
+            && wanted.contains(&inode)
+        {
+            found.insert(inode);
         }
     }
-    Ok(inodes)
+    Ok(found)
 }
 
 /// The inode in a `/proc/<pid>/fd` link text `socket:[INODE]`.
@@ -111,21 +118,26 @@ mod tests {
         assert_eq!(kept, vec![1, 4]);
     }
 
-    /// A socket this test holds is among this process's open inodes; once
-    /// closed, its inode is gone from the list.
+    /// A socket this test holds is found among this process's open
+    /// descriptors, an inode no descriptor has is not; once closed, neither.
     #[cfg(target_os = "linux")]
     #[test]
-    fn a_listening_socket_of_ours_is_listed_until_closed() {
-        let before = open_socket_inodes().expect("/proc/self/fd");
+    fn a_socket_of_ours_is_found_until_closed() {
+        use std::os::unix::fs::MetadataExt;
         let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-        let with = open_socket_inodes().expect("/proc/self/fd");
-        let new: Vec<u64> = with.difference(&before).copied().collect();
-        assert!(!new.is_empty(), "the new socket's inode is listed");
+        // The socket's inode, as fstat on its descriptor gives it.
+        let fd = std::os::fd::AsFd::as_fd(&listener)
+            .try_clone_to_owned()
+            .expect("dup");
+        let inode = std::fs::File::from(fd).metadata().expect("fstat").ino();
+        let wanted: HashSet<u64> = [inode, u64::MAX].into_iter().collect();
+        let found = open_socket_inodes(&wanted).expect("/proc/self/fd");
+        assert_eq!(found, [inode].into_iter().collect(), "ours, not the other");
         drop(listener);
-        let after = open_socket_inodes().expect("/proc/self/fd");
         assert!(
-            new.iter().any(|i| !after.contains(i)),
-            "closed socket's inode gone"
+            open_socket_inodes(&wanted)
+                .expect("/proc/self/fd")
+                .is_empty()
         );
     }
 }

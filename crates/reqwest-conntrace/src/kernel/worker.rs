@@ -217,7 +217,8 @@ impl Kernel {
         if dumped.is_empty() {
             return OwnedLookup::Found(Vec::new());
         }
-        match owned::open_socket_inodes() {
+        let wanted = dumped.iter().map(|d| d.inode).filter(|i| *i != 0).collect();
+        match owned::open_socket_inodes(&wanted) {
             Ok(open) => OwnedLookup::Found(owned::owned_by(&dumped, &open)),
             Err(error) => {
                 tracing::debug!(
