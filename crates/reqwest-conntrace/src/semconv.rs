@@ -90,7 +90,10 @@ pub const ERROR_TYPE: &str = sc::ERROR_TYPE;
 /// `network.protocol.version` (string): `1.1` or `2`.
 pub const NETWORK_PROTOCOL_VERSION: &str = sc::NETWORK_PROTOCOL_VERSION;
 /// `network.peer.address` (string): IP the connection went to (a proxy's
-/// address when proxied).
+/// address when proxied). On a connect whose TLS handshake hung or failed
+/// after TCP connected (no connection came back), the address is learnt
+/// from the kernel (`tcp.connect` and setup span; see
+/// [`HTTP_CONNECTION_PEER_CANDIDATES`] for when it cannot be).
 pub const NETWORK_PEER_ADDRESS: &str = sc::NETWORK_PEER_ADDRESS;
 /// `network.peer.port` (int).
 pub const NETWORK_PEER_PORT: &str = sc::NETWORK_PEER_PORT;
@@ -204,6 +207,15 @@ pub const HTTP_CONNECTION_ADDRESSES: &str = "http.connection.addresses";
 /// `http.connection.address_index` (int, `tcp.connect` span): position of
 /// the address that connected in [`HTTP_CONNECTION_ADDRESSES`], from 0.
 pub const HTTP_CONNECTION_ADDRESS_INDEX: &str = "http.connection.address_index";
+/// `http.connection.peer_candidates` (string array, `tcp.connect` span): a
+/// connect that never returned a connection (its TLS handshake hung or
+/// failed after TCP connected) whose address the kernel could not pin down:
+/// this process had connected sockets, unknown to the connection registry,
+/// to more than one of these resolved addresses (parallel connects to the
+/// same host in their handshakes at once), so `network.peer.address` is left
+/// out and the addresses it may have been are listed here. When one address
+/// is left (or only one was resolved) it is `network.peer.address` instead.
+pub const HTTP_CONNECTION_PEER_CANDIDATES: &str = "http.connection.peer_candidates";
 /// `http.connection.address_fallback` (bool, `tcp.connect` and setup span):
 /// the address that connected was not the first one handed to the connector:
 /// earlier addresses failed, timed out or lost the Happy Eyeballs race

@@ -17,6 +17,7 @@ use tower_service::Service;
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 
 use crate::connect::attempt::{AttemptScope, ConnectAttempt};
+use crate::connect::peer::{Peer, PeerLookup};
 use crate::connect::proxy::{self, ProxyRefusal, ProxyRules};
 use crate::connect::setup::{self, Ending, Established};
 use crate::error::{classify, error_chain_text};
@@ -163,7 +164,12 @@ where
         ConnectFuture {
             inner: future,
             guard: ConnectGuard {
-                state: Some(InFlight { attempt, cx, inner }),
+                state: Some(InFlight {
+                    attempt,
+                    cx,
+                    inner,
+                    peer: None,
+                }),
                 connect_timeout: self.connect_timeout,
                 http2_prior_knowledge: self.http2_prior_knowledge,
             },
@@ -193,6 +199,23 @@ struct InFlight {
     attempt: Arc<ConnectAttempt>,
     cx: opentelemetry::Context,
     inner: Arc<Inner>,
+    /// The peer, asked once the TLS handshake began (see `peer`); `Some`
+    /// once asked.
+    peer: Option<Option<Arc<PeerLookup>>>,
+}
+
+impl InFlight {
+    /// Asks for the peer after the poll that began the TLS handshake (TCP
+    /// is connected and its socket open), when a span will show it.
+    fn ask_peer_once_tls_began(&mut self) {
+        use opentelemetry::trace::TraceContextExt;
+        if self.peer.is_none()
+            && self.cx.span().is_recording()
+            && self.attempt.phases().tls_started.is_some()
+        {
+            self.peer = Some(PeerLookup::start(&self.inner, &self.attempt));
+        }
+    }
 }
 
 /// Ends the spans of a connect that never completed.
@@ -205,7 +228,13 @@ struct ConnectGuard {
 
 impl Drop for ConnectGuard {
     fn drop(&mut self) {
-        if let Some(InFlight { attempt, cx, inner }) = self.state.take() {
+        if let Some(InFlight {
+            attempt,
+            cx,
+            inner,
+            peer,
+        }) = self.state.take()
+        {
             let now = Instant::now();
             let timed_out = self.connect_timeout.is_some_and(|t| {
                 now.saturating_duration_since(attempt.started) + Duration::from_millis(2) >= t
@@ -221,11 +250,14 @@ impl Drop for ConnectGuard {
                     "connect abandoned: its request was dropped or timed out".to_owned(),
                 )
             };
-            finish_failed(&inner, &attempt, &cx, error_type, message, None, now);
+            finish_failed(&inner, &attempt, &cx, error_type, message, None, peer, now);
         }
     }
 }
 
+/// Ends the spans of a failed connect, with its peer when known (see
+/// `peer`).
+#[allow(clippy::too_many_arguments)]
 fn finish_failed(
     inner: &Inner,
     attempt: &ConnectAttempt,
@@ -233,6 +265,22 @@ fn finish_failed(
     error_type: &'static str,
     message: String,
     refusal: Option<ProxyRefusal>,
+    peer: Option<Option<Arc<PeerLookup>>>,
+    now: Instant,
+) {
+    let peer = peer.flatten().map_or(Peer::Unknown, |p| p.settle());
+    end_failed(inner, attempt, cx, error_type, message, refusal, peer, now);
+}
+
+#[allow(clippy::too_many_arguments)]
+fn end_failed(
+    inner: &Inner,
+    attempt: &ConnectAttempt,
+    cx: &opentelemetry::Context,
+    error_type: &'static str,
+    message: String,
+    refusal: Option<ProxyRefusal>,
+    peer: Peer,
     now: Instant,
 ) {
     use opentelemetry::trace::TraceContextExt;
@@ -244,6 +292,7 @@ fn finish_failed(
             error_type,
             message,
             refusal,
+            peer,
         },
         now,
     );
@@ -274,7 +323,12 @@ where
                 .as_ref()
                 .map(|s| AttemptScope::enter(&s.attempt));
             match this.inner.poll(cx) {
-                Poll::Pending => return Poll::Pending,
+                Poll::Pending => {
+                    if let Some(s) = &mut this.guard.state {
+                        s.ask_peer_once_tls_began();
+                    }
+                    return Poll::Pending;
+                }
                 Poll::Ready(r) => r,
             }
         };
@@ -282,29 +336,32 @@ where
             attempt,
             cx: span_cx,
             inner,
+            peer,
         }) = this.guard.state.take()
         {
             let now = Instant::now();
             match &result {
-                Ok(conn) => on_connected(
-                    &inner,
-                    attempt,
-                    span_cx,
-                    conn,
-                    this.guard.http2_prior_knowledge,
-                    now,
-                ),
+                Ok(conn) => {
+                    // The connection tells its own peer: the kernel need not.
+                    if let Some(Some(p)) = &peer {
+                        p.settle();
+                    }
+                    on_connected(
+                        &inner,
+                        attempt,
+                        span_cx,
+                        conn,
+                        this.guard.http2_prior_knowledge,
+                        now,
+                    )
+                }
                 Err(e) => {
                     let e: &(dyn StdError + Send + Sync + 'static) = e.borrow();
                     let refusal = proxy::refusal(e);
+                    let error_type = refusal.map_or_else(|| classify(e), |r| r.error_type);
+                    let message = error_chain_text(&inner.redaction, e);
                     finish_failed(
-                        &inner,
-                        &attempt,
-                        &span_cx,
-                        refusal.map_or_else(|| classify(e), |r| r.error_type),
-                        error_chain_text(&inner.redaction, e),
-                        refusal,
-                        now,
+                        &inner, &attempt, &span_cx, error_type, message, refusal, peer, now,
                     );
                 }
             }

@@ -6,6 +6,7 @@
 //! - `dns`: the resolver wrapper and the system resolver;
 //! - `address`: address order as hyper-util tries it, the winner, skipped addresses, SYN retransmits;
 //! - `tcp`: the end of a `tcp.connect` span (kernel facts, retransmit events);
+//! - `peer`: the address TCP connected to when the connection never came back (the handshake hung or failed);
 //! - `proxy`: which proxy a connect goes through, and refused `CONNECT`s;
 //! - `tls`: [`TlsSettings`](crate::TlsSettings) and the rustls hooks that time the handshake;
 //! - `setup`: the `http.connection_setup` span and its phase children.
@@ -14,6 +15,7 @@ pub(crate) mod address;
 pub(crate) mod attempt;
 pub(crate) mod connector;
 pub(crate) mod dns;
+pub(crate) mod peer;
 pub(crate) mod proxy;
 pub(crate) mod setup;
 pub(crate) mod tcp;

@@ -12,6 +12,7 @@ use opentelemetry::{Array, Context, KeyValue, StringValue, Value};
 
 use crate::connect::address;
 use crate::connect::attempt::{ConnectAttempt, Phases};
+use crate::connect::peer::Peer;
 use crate::connect::proxy::{ProxyRefusal, ProxyRoute};
 use crate::connect::tcp::TcpSpanEnd;
 use crate::export::report::{ConnectionSetup, TlsVersion};
@@ -106,6 +107,8 @@ pub(crate) enum Ending<'a> {
         message: String,
         /// The proxy refused the `CONNECT` (the error came from its answer).
         refusal: Option<ProxyRefusal>,
+        /// The address TCP connected to, when the handshake after it failed.
+        peer: Peer,
     },
 }
 
@@ -121,19 +124,23 @@ pub(crate) fn emit_phases(
     let tracer = inner.tracer();
     let phases = attempt.phases().clone();
     let setup_span = cx.span();
-    let (failure_type, failure_message, refusal) = match ending {
-        Ending::Ready(_) => (None, None, None),
+    let (failure_type, failure_message, refusal, peer) = match ending {
+        Ending::Ready(_) => (None, None, None, &Peer::Unknown),
         Ending::Failed {
             error_type,
             message,
             refusal,
-        } => (Some(*error_type), Some(message.clone()), *refusal),
+            peer,
+        } => (Some(*error_type), Some(message.clone()), *refusal, peer),
     };
     let established = match ending {
         Ending::Ready(e) => Some(*e),
         Ending::Failed { .. } => None,
     };
-    let remote = established.and_then(|e| e.remote);
+    let remote = established.and_then(|e| e.remote).or(match peer {
+        Peer::Named(addr) => Some(*addr),
+        _ => None,
+    });
     let sni = attempt
         .trigger
         .as_ref()
@@ -238,6 +245,17 @@ pub(crate) fn emit_phases(
         if let Some(r) = remote {
             attrs.extend(peer_attributes(&r));
             attrs.push(KeyValue::new(semconv::NETWORK_TYPE, network_type(&r)));
+        }
+        if let Peer::Ambiguous(candidates) = peer {
+            attrs.push(KeyValue::new(
+                semconv::HTTP_CONNECTION_PEER_CANDIDATES,
+                Value::Array(Array::String(
+                    candidates
+                        .iter()
+                        .map(|a| StringValue::from(a.ip().to_string()))
+                        .collect(),
+                )),
+            ));
         }
         let mut choice = None;
         if let Some(dns) = phases.dns.as_ref().filter(|d| !d.connect_order.is_empty()) {
@@ -497,6 +515,19 @@ pub(crate) fn emit_phases(
     } else {
         if route.is_some() {
             setup_span.set_attribute(KeyValue::new(semconv::HTTP_CONNECTION_PROXIED, true));
+        }
+        // Named from the kernel or the only candidate (see `peer`).
+        if let Some(r) = remote {
+            for kv in peer_attributes(&r) {
+                setup_span.set_attribute(kv);
+            }
+            setup_span.set_attribute(KeyValue::new(semconv::NETWORK_TYPE, network_type(&r)));
+        }
+        if address_fallback {
+            setup_span.set_attribute(KeyValue::new(
+                semconv::HTTP_CONNECTION_ADDRESS_FALLBACK,
+                true,
+            ));
         }
         let (t, m) = failure_or_cancel(&failure_type, &failure_message);
         setup_span.set_attribute(KeyValue::new(semconv::ERROR_TYPE, t));

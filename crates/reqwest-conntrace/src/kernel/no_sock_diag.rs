@@ -7,6 +7,7 @@ use std::net::SocketAddr;
 
 use super::error::{OffReason, QueryError};
 use super::facts::TcpFacts;
+use super::owned::DumpedSocket;
 
 /// A sock_diag socket, which cannot exist on this target.
 pub(crate) struct SockDiag {
@@ -30,6 +31,14 @@ impl SockDiag {
         _local: SocketAddr,
         _remote: SocketAddr,
     ) -> Result<Option<TcpFacts>, QueryError> {
+        match self.never {}
+    }
+
+    /// Unreachable: no `SockDiag` is ever built here.
+    pub(crate) fn connected_to(
+        &mut self,
+        _remotes: &[SocketAddr],
+    ) -> Result<Vec<DumpedSocket>, QueryError> {
         match self.never {}
     }
 }

@@ -7,7 +7,7 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::time::{Duration, Instant};
 
 use netlink_packet_core::{
-    NLM_F_REQUEST, NetlinkBuffer, NetlinkHeader, NetlinkMessage, NetlinkPayload,
+    NLM_F_DUMP, NLM_F_REQUEST, NetlinkBuffer, NetlinkHeader, NetlinkMessage, NetlinkPayload,
 };
 use netlink_packet_sock_diag::SockDiagMessage;
 use netlink_packet_sock_diag::constants::{AF_INET, AF_INET6, IPPROTO_TCP};
@@ -20,6 +20,7 @@ use netlink_sys::{Socket, SocketAddr as NetlinkAddr};
 
 use super::error::{OffReason, QueryError};
 use super::facts::{TcpFacts, TcpInfo, TcpState};
+use super::owned::{DumpedSocket, OwnedSocket};
 
 /// How long one `recv` on the netlink socket may block (`SO_RCVTIMEO`).
 /// The kernel answers an exact-socket query while handling our `send`, so
@@ -34,6 +35,18 @@ const ALL_STATES: u32 = (1 << 14) - 2;
 /// `idiag_cookie` value meaning "no cookie, match by addresses only"
 /// (`INET_DIAG_NOCOOKIE`, include/uapi/linux/inet_diag.h).
 const NO_COOKIE: [u8; 8] = [0xff; 8];
+
+/// `idiag_states` bit mask of a connected socket's states, the only ones
+/// [`SockDiag::connected_to`] dumps: `TCP_ESTABLISHED` (1) and
+/// `TCP_CLOSE_WAIT` (8) (include/net/tcp_states.h).
+const CONNECTED_STATES: u32 = (1 << 1) | (1 << 8);
+
+/// How long a whole dump may take before it is given up.
+const DUMP_TIMEOUT: Duration = Duration::from_millis(500);
+
+/// Receive buffer of a dump: the kernel fills each datagram of a dump up
+/// to 32 KiB (`netlink_dump`), as `ss` reads them.
+const DUMP_BUFFER: usize = 64 * 1024;
 
 /// Receive buffer: one reply is a netlink header, an `inet_diag_msg` and a
 /// few attributes (`tcp_info` is under 300 bytes), far below this.
@@ -149,6 +162,77 @@ impl SockDiag {
         }
     }
 
+    /// Every connected (`ESTABLISHED` or `CLOSE_WAIT`) TCP socket of the
+    /// machine whose peer is one of `remotes`, with its inode: one dump
+    /// (`NLM_F_DUMP`) per address family and peer port asked. The kernel
+    /// sends only sockets with that peer port (`inet_diag_dump_icsk` skips
+    /// others when `idiag_dport` is set) but walks all its connected
+    /// sockets to find them (there is no index by peer); the addresses are
+    /// matched here.
+    pub(crate) fn connected_to(
+        &mut self,
+        remotes: &[SocketAddr],
+    ) -> Result<Vec<DumpedSocket>, QueryError> {
+        let mut found = Vec::new();
+        let mut dumps: Vec<(bool, u16)> = remotes.iter().map(|r| (r.is_ipv4(), r.port())).collect();
+        dumps.sort_unstable();
+        dumps.dedup();
+        for (v4, port) in dumps {
+            let family = if v4 { AF_INET } else { AF_INET6 };
+            self.seq = self.seq.wrapping_add(1);
+            let seq = self.seq;
+            let mut header = NetlinkHeader::default();
+            header.flags = NLM_F_REQUEST | NLM_F_DUMP;
+            header.sequence_number = seq;
+            let request = SockDiagMessage::InetRequest(InetRequest {
+                family,
+                protocol: IPPROTO_TCP,
+                extensions: ExtensionFlags::empty(),
+                states: StateFlags::from_bits_retain(CONNECTED_STATES),
+                socket_id: SocketId {
+                    destination_port: port,
+                    ..if v4 {
+                        SocketId::new_v4()
+                    } else {
+                        SocketId::new_v6()
+                    }
+                },
+            });
+            let mut message = NetlinkMessage::new(header, NetlinkPayload::from(request));
+            message.finalize();
+            let mut bytes = vec![0; message.buffer_len()];
+            message.serialize(&mut bytes);
+            self.socket.send(&bytes, 0).map_err(QueryError::Io)?;
+
+            let deadline = Instant::now() + DUMP_TIMEOUT;
+            let mut buf = Vec::with_capacity(DUMP_BUFFER);
+            loop {
+                buf.clear();
+                match self.socket.recv(&mut buf, 0) {
+                    Ok(_) => {}
+                    Err(e)
+                        if matches!(
+                            e.kind(),
+                            io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                        ) =>
+                    {
+                        return Err(QueryError::TimedOut(RECV_TIMEOUT));
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                    Err(e) => return Err(QueryError::Io(e)),
+                }
+                if dump_part(&buf, seq, remotes, &mut found)? {
+                    self.proven = true;
+                    break;
+                }
+                if Instant::now() >= deadline {
+                    return Err(QueryError::TimedOut(DUMP_TIMEOUT));
+                }
+            }
+        }
+        Ok(found)
+    }
+
     /// Sends the `inet_diag_req_v2` for exactly this address pair, asking
     /// for `tcp_info` (`INET_DIAG_INFO`).
     fn send_request(
@@ -230,6 +314,54 @@ fn answer_in(
         }
     }
     None
+}
+
+/// Adds the sockets to one of `remotes` in one datagram of dump `seq` to
+/// `found`; `true` once the dump's end (`NLMSG_DONE`) is in it.
+fn dump_part(
+    datagram: &[u8],
+    seq: u32,
+    remotes: &[SocketAddr],
+    found: &mut Vec<DumpedSocket>,
+) -> Result<bool, QueryError> {
+    let mut rest = datagram;
+    while !rest.is_empty() {
+        let buffer = NetlinkBuffer::new_checked(rest).map_err(|_| {
+            QueryError::Decode(format!(
+                "truncated netlink message ({} bytes left)",
+                rest.len()
+            ))
+        })?;
+        let length = buffer.length() as usize;
+        let message = &rest[..length];
+        rest = rest.get(length.next_multiple_of(4)..).unwrap_or_default();
+        if buffer.sequence_number() != seq {
+            continue; // a late reply to an earlier, timed-out request
+        }
+        let parsed = NetlinkMessage::<SockDiagMessage>::deserialize(message)
+            .map_err(|e| QueryError::Decode(e.to_string()))?;
+        match parsed.payload {
+            NetlinkPayload::InnerMessage(SockDiagMessage::InetResponse(response)) => {
+                let id = &response.header.socket_id;
+                let remote = SocketAddr::new(id.destination_address, id.destination_port);
+                let state = TcpState::from_kernel(response.header.state);
+                if let (true, Some(state)) = (remotes.contains(&remote), state) {
+                    found.push(DumpedSocket {
+                        socket: OwnedSocket {
+                            local: SocketAddr::new(id.source_address, id.source_port),
+                            remote,
+                            state,
+                        },
+                        inode: u64::from(response.header.inode),
+                    });
+                }
+            }
+            NetlinkPayload::Done(_) => return Ok(true),
+            NetlinkPayload::Error(error) => return Err(QueryError::Kernel(error.to_io())),
+            _ => {}
+        }
+    }
+    Ok(false)
 }
 
 /// The facts in a reply, if it is about exactly this address pair. (For a

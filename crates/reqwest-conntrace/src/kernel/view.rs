@@ -21,6 +21,7 @@ use super::error::OffReason;
 use super::facts::TcpFacts;
 #[cfg(all(test, target_os = "linux"))]
 use super::facts::{TcpInfo, TcpState};
+use super::owned::OwnedLookup;
 use super::worker;
 
 /// The answer to one kernel lookup.
@@ -70,6 +71,46 @@ impl KernelView {
         remote: SocketAddr,
         then: impl FnOnce(KernelLookup) + Send + 'static,
     ) {
+        self.queue(
+            worker::Query::Socket {
+                local,
+                remote,
+                then: Box::new(then),
+            },
+            Instant::now(),
+        );
+    }
+
+    /// Queues a lookup of this process's connected TCP sockets
+    /// (`ESTABLISHED` or `CLOSE_WAIT`) whose peer is one of `remotes`, to
+    /// be answered at `due` (not before): a sock_diag dump of the machine's
+    /// connected sockets with those peer ports, kept when the socket's
+    /// inode is one of this process's open file descriptors
+    /// (`/proc/self/fd`). Never blocks. When due, `wanted()` is asked
+    /// first: `false` drops the lookup with no kernel work and `then`
+    /// unrun; else `then` runs as for [`lookup_then`](Self::lookup_then).
+    /// Costly (the descriptor scan is linear in the process's open files):
+    /// use it only where no exact pair is known.
+    pub(crate) fn connected_to_then(
+        &self,
+        remotes: Vec<SocketAddr>,
+        due: Instant,
+        wanted: impl Fn() -> bool + Send + 'static,
+        then: impl FnOnce(OwnedLookup) + Send + 'static,
+    ) {
+        self.queue(
+            worker::Query::ConnectedTo {
+                remotes,
+                wanted: Box::new(wanted),
+                then: Box::new(then),
+            },
+            due,
+        );
+    }
+
+    /// Hands `query` to the thread (started on first use), due at `due`, or
+    /// answers it unavailable at once when there is no thread.
+    fn queue(&self, query: worker::Query, due: Instant) {
         let queue = self
             .queue
             .get_or_init(|| match worker::spawn(self.available.clone()) {
@@ -80,20 +121,18 @@ impl KernelView {
                 }
             });
         let lookup = worker::Lookup {
-            local,
-            remote,
-            queued_at: Instant::now(),
-            then: Box::new(then),
+            query,
+            queued_at: due,
         };
         let Some(queue) = queue else {
-            (lookup.then)(KernelLookup::Unavailable);
+            lookup.query.unavailable();
             return;
         };
         if let Err(SendError(lookup)) = queue.send(lookup) {
             if self.available.load(Ordering::Acquire) {
                 worker::turn_off(&self.available, &OffReason::ThreadGone);
             }
-            (lookup.then)(KernelLookup::Unavailable);
+            lookup.query.unavailable();
         }
     }
 
@@ -399,6 +438,102 @@ mod tests {
         assert_eq!(
             view.lookup(local, v6, LOOKUP_TIMEOUT).await,
             KernelLookup::NotFound
+        );
+    }
+
+    /// Our connected sockets to a peer, from a dump: the socket we hold to
+    /// it (in `/proc/self/fd`), not the one to another port nor the peer's
+    /// accepted end; none once ours is closed.
+    #[tokio::test]
+    async fn connected_to_lists_our_socket_to_that_peer_only() {
+        let view = KernelView::new();
+        let (ours, peer) = connected_pair(Ipv4Addr::LOCALHOST.into()).await;
+        let (_other, _other_peer) = connected_pair(Ipv4Addr::LOCALHOST.into()).await;
+        let (local, remote) = pair(&ours);
+        let unknown: SocketAddr = (Ipv4Addr::new(127, 0, 0, 2), remote.port()).into();
+        let ask = |remotes: Vec<SocketAddr>| {
+            let (answer, answered) = tokio::sync::oneshot::channel();
+            view.connected_to_then(
+                remotes,
+                Instant::now(),
+                || true,
+                move |lookup| {
+                    let _ = answer.send(lookup);
+                },
+            );
+            answered
+        };
+        let found = ask(vec![unknown, remote]).await.expect("answered");
+        assert_eq!(
+            found,
+            OwnedLookup::Found(vec![super::super::OwnedSocket {
+                local,
+                remote,
+                state: TcpState::Established,
+            }])
+        );
+        drop(peer);
+        let found = wait_for(&view, (local, remote), state_is(TcpState::CloseWait)).await;
+        assert!(matches!(found, KernelLookup::Found(_)));
+        let closing = ask(vec![remote]).await.expect("answered");
+        assert_eq!(
+            closing,
+            OwnedLookup::Found(vec![super::super::OwnedSocket {
+                local,
+                remote,
+                state: TcpState::CloseWait,
+            }]),
+            "the peer closed, we hold it: still ours"
+        );
+        drop(ours);
+        assert_eq!(
+            ask(vec![remote]).await.expect("answered"),
+            OwnedLookup::Found(Vec::new()),
+            "closed by us: no file refers to it"
+        );
+    }
+
+    /// A lookup asked for later is answered once due, while lookups asked
+    /// for now pass it; one no longer wanted when due is dropped unanswered.
+    #[tokio::test]
+    async fn a_later_lookup_waits_for_its_time_and_can_be_dropped() {
+        let view = KernelView::new();
+        let (ours, _peer) = connected_pair(Ipv4Addr::LOCALHOST.into()).await;
+        let (local, remote) = pair(&ours);
+        let asked = Instant::now();
+        let (answer, answered) = tokio::sync::oneshot::channel();
+        view.connected_to_then(
+            vec![remote],
+            asked + Duration::from_millis(300),
+            || true,
+            move |lookup| {
+                let _ = answer.send((lookup, Instant::now()));
+            },
+        );
+        let (unwanted, dropped) = tokio::sync::oneshot::channel::<OwnedLookup>();
+        view.connected_to_then(
+            vec![remote],
+            asked + Duration::from_millis(100),
+            || false,
+            move |lookup| {
+                let _ = unwanted.send(lookup);
+            },
+        );
+        // Asked for now: answered before the later one is due.
+        assert!(matches!(
+            view.lookup(local, remote, LOOKUP_TIMEOUT).await,
+            KernelLookup::Found(_)
+        ));
+        assert!(asked.elapsed() < Duration::from_millis(300));
+        let (lookup, at) = answered.await.expect("answered");
+        assert!(
+            at >= asked + Duration::from_millis(300),
+            "not before it was due"
+        );
+        assert!(matches!(lookup, OwnedLookup::Found(v) if v.len() == 1));
+        assert!(
+            dropped.await.is_err(),
+            "the unwanted one was never answered"
         );
     }
 

@@ -1,18 +1,20 @@
 //! The `conntrace-sock-diag` thread: owns one sock_diag socket (opened on
 //! the first lookup) and answers queued lookups one at a time, running each
-//! lookup's callback with the answer.
+//! lookup's callback with the answer; a lookup asked for later is held
+//! until it is due.
 
 use std::io;
 use std::net::SocketAddr;
 use std::panic::{self, AssertUnwindSafe};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::{self, Receiver, Sender};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
 use std::thread;
 use std::time::{Duration, Instant};
 
 use super::KernelLookup;
 use super::error::{OffReason, QueryError};
+use super::owned::{self, OwnedLookup};
 use super::sock_diag::SockDiag;
 
 /// The thread's name (as `ps -T` and panic messages show it).
@@ -25,16 +27,47 @@ const MAX_QUEUE_WAIT: Duration = Duration::from_secs(1);
 /// The callback of a queued lookup.
 pub(crate) type Then = Box<dyn FnOnce(KernelLookup) + Send + 'static>;
 
+/// The callback of a queued owned-sockets lookup.
+pub(crate) type ThenOwned = Box<dyn FnOnce(OwnedLookup) + Send + 'static>;
+
 /// One queued lookup.
 pub(crate) struct Lookup {
-    /// The socket's local address.
-    pub(crate) local: SocketAddr,
-    /// The socket's peer address.
-    pub(crate) remote: SocketAddr,
-    /// When it was queued.
+    pub(crate) query: Query,
+    /// When it was queued; for a lookup asked for later, when it is due
+    /// (the thread holds it until then).
     pub(crate) queued_at: Instant,
-    /// Runs on the thread with the answer.
-    pub(crate) then: Then,
+}
+
+/// What a queued lookup asks, and where its answer goes.
+pub(crate) enum Query {
+    /// The socket with this exact address pair.
+    Socket {
+        /// The socket's local address.
+        local: SocketAddr,
+        /// The socket's peer address.
+        remote: SocketAddr,
+        /// Runs on the thread with the answer.
+        then: Then,
+    },
+    /// This process's connected sockets to any of these peers.
+    ConnectedTo {
+        remotes: Vec<SocketAddr>,
+        /// Asked when the lookup is due: `false` drops it unanswered (its
+        /// asker no longer needs it), before any kernel work.
+        wanted: Box<dyn Fn() -> bool + Send + 'static>,
+        /// Runs on the thread with the answer.
+        then: ThenOwned,
+    },
+}
+
+impl Query {
+    /// Runs the callback with "unavailable", on the caller's thread.
+    pub(crate) fn unavailable(self) {
+        match self {
+            Query::Socket { then, .. } => then(KernelLookup::Unavailable),
+            Query::ConnectedTo { then, .. } => then(OwnedLookup::Unavailable),
+        }
+    }
 }
 
 /// Starts the thread; it ends when every sender of the returned queue is
@@ -61,23 +94,68 @@ pub(crate) fn turn_off(available: &AtomicBool, reason: &OffReason) {
     }
 }
 
-/// The thread's loop.
+/// The thread's loop: answers lookups as they come, holding those asked
+/// for later until they are due (a due one goes before newer arrivals).
 fn run(lookups: &Receiver<Lookup>, available: &AtomicBool) {
     let mut kernel = Kernel::Unopened;
-    while let Ok(lookup) = lookups.recv() {
-        let answer = if lookup.queued_at.elapsed() > MAX_QUEUE_WAIT {
-            KernelLookup::TimedOut
-        } else {
-            kernel.lookup(lookup.local, lookup.remote, available, SockDiag::open)
-        };
-        let then = lookup.then;
-        // A panicking callback must not take kernel facts down for everyone.
-        if panic::catch_unwind(AssertUnwindSafe(move || then(answer))).is_err() {
-            tracing::warn!(
-                target: "reqwest_conntrace",
-                "a kernel TCP lookup callback panicked; the sock_diag thread carries on"
-            );
+    let mut later: Vec<Lookup> = Vec::new();
+    loop {
+        let now = Instant::now();
+        if let Some(i) = later.iter().position(|l| l.queued_at <= now) {
+            answer(&mut kernel, later.swap_remove(i), available);
+            continue;
         }
+        let received = match later.iter().map(|l| l.queued_at).min() {
+            None => lookups.recv().map_err(|_| RecvTimeoutError::Disconnected),
+            Some(due) => lookups.recv_timeout(due.saturating_duration_since(now)),
+        };
+        match received {
+            Ok(lookup) if lookup.queued_at > Instant::now() => later.push(lookup),
+            Ok(lookup) => answer(&mut kernel, lookup, available),
+            Err(RecvTimeoutError::Timeout) => {}
+            Err(RecvTimeoutError::Disconnected) => break,
+        }
+    }
+}
+
+/// Answers one due lookup and runs its callback.
+fn answer(kernel: &mut Kernel, lookup: Lookup, available: &AtomicBool) {
+    let stale = lookup.queued_at.elapsed() > MAX_QUEUE_WAIT;
+    // A panicking callback must not take kernel facts down for everyone.
+    let ran = match lookup.query {
+        Query::Socket {
+            local,
+            remote,
+            then,
+        } => {
+            let answer = if stale {
+                KernelLookup::TimedOut
+            } else {
+                kernel.lookup(local, remote, available, SockDiag::open)
+            };
+            panic::catch_unwind(AssertUnwindSafe(move || then(answer)))
+        }
+        Query::ConnectedTo {
+            remotes,
+            wanted,
+            then,
+        } => {
+            if !wanted() {
+                return;
+            }
+            let answer = if stale {
+                OwnedLookup::TimedOut
+            } else {
+                kernel.connected_to(&remotes, available, SockDiag::open)
+            };
+            panic::catch_unwind(AssertUnwindSafe(move || then(answer)))
+        }
+    };
+    if ran.is_err() {
+        tracing::warn!(
+            target: "reqwest_conntrace",
+            "a kernel TCP lookup callback panicked; the sock_diag thread carries on"
+        );
     }
 }
 
@@ -92,14 +170,13 @@ enum Kernel {
 }
 
 impl Kernel {
-    /// Answers one lookup, opening the socket with `open` first if needed.
-    fn lookup(
+    /// The open socket, opening it with `open` first if needed; `None` once
+    /// kernel facts are off.
+    fn open(
         &mut self,
-        local: SocketAddr,
-        remote: SocketAddr,
         available: &AtomicBool,
         open: impl FnOnce() -> Result<SockDiag, OffReason>,
-    ) -> KernelLookup {
+    ) -> Option<&mut SockDiag> {
         if let Kernel::Unopened = self {
             *self = match open() {
                 Ok(diag) => Kernel::Open(diag),
@@ -109,7 +186,59 @@ impl Kernel {
                 }
             };
         }
-        let Kernel::Open(diag) = self else {
+        match self {
+            Kernel::Open(diag) => Some(diag),
+            _ => None,
+        }
+    }
+
+    /// Answers one owned-sockets lookup: the dump, then the ownership
+    /// check against `/proc/self/fd` (skipped when nothing matched).
+    fn connected_to(
+        &mut self,
+        remotes: &[SocketAddr],
+        available: &AtomicBool,
+        open: impl FnOnce() -> Result<SockDiag, OffReason>,
+    ) -> OwnedLookup {
+        let Some(diag) = self.open(available, open) else {
+            return OwnedLookup::Unavailable;
+        };
+        let dumped = match diag.connected_to(remotes) {
+            Ok(dumped) => dumped,
+            Err(QueryError::TimedOut(_)) => return OwnedLookup::TimedOut,
+            Err(error) => {
+                tracing::debug!(
+                    target: "reqwest_conntrace",
+                    ?remotes, "kernel TCP dump failed: {error}"
+                );
+                return OwnedLookup::Unavailable;
+            }
+        };
+        if dumped.is_empty() {
+            return OwnedLookup::Found(Vec::new());
+        }
+        let wanted = dumped.iter().map(|d| d.inode).filter(|i| *i != 0).collect();
+        match owned::open_socket_inodes(&wanted) {
+            Ok(open) => OwnedLookup::Found(owned::owned_by(&dumped, &open)),
+            Err(error) => {
+                tracing::debug!(
+                    target: "reqwest_conntrace",
+                    "cannot list /proc/self/fd: {error}"
+                );
+                OwnedLookup::Unavailable
+            }
+        }
+    }
+
+    /// Answers one lookup, opening the socket with `open` first if needed.
+    fn lookup(
+        &mut self,
+        local: SocketAddr,
+        remote: SocketAddr,
+        available: &AtomicBool,
+        open: impl FnOnce() -> Result<SockDiag, OffReason>,
+    ) -> KernelLookup {
+        let Some(diag) = self.open(available, open) else {
             return KernelLookup::Unavailable;
         };
         match diag.query(local, remote) {
