@@ -332,13 +332,17 @@ mod tests {
         // The TIME_WAIT timer dates the close: just now, then 300 ms later
         // 300 ms more (jiffies: up to 10 ms either way).
         let first = facts.closed_ago().expect("TIME_WAIT timer");
-        assert!(first <= closed.elapsed() + Duration::from_millis(10), "{first:?}");
+        assert!(
+            first <= closed.elapsed() + Duration::from_millis(10),
+            "{first:?}"
+        );
         tokio::time::sleep(Duration::from_millis(300)).await;
         let later = found(view.lookup(ids.0, ids.1, LOOKUP_TIMEOUT).await)
             .closed_ago()
             .expect("still in TIME_WAIT");
         assert!(
-            later >= first + Duration::from_millis(290) && later <= closed.elapsed() + Duration::from_millis(10),
+            later >= first + Duration::from_millis(290)
+                && later <= closed.elapsed() + Duration::from_millis(10),
             "{first:?} then {later:?}"
         );
     }
