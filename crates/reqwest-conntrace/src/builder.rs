@@ -189,11 +189,12 @@ impl InstrumentedClientBuilder {
     /// connections older than this are dropped, and a miss that follows is
     /// reported as `idle_expired`. `None` keeps idle connections forever.
     /// Set it here rather than on reqwest's builder, where this crate cannot
-    /// read it: left unset, the idle timeout is unknown to this crate, and
-    /// a miss after the pool closed an idle connection is reported as
-    /// `pool_closed` (with `http.connection.pool.limits = unknown`), no
-    /// keep-alive mismatch is flagged. Default: reqwest's,
-    /// 90 s.
+    /// read it: left unset, the idle timeout is unknown to this crate and is
+    /// inferred from the idle connections the pool closes (Linux: the
+    /// kernel dates the close): the miss that follows is `idle_expired`
+    /// with `http.connection.pool.limits = inferred` (`pool_closed`,
+    /// `unknown`, when the close cannot be dated); no keep-alive mismatch
+    /// is flagged. Default: reqwest's, 90 s.
     pub fn pool_idle_timeout(mut self, timeout: Option<Duration>) -> Self {
         self.idle_timeout = Some(timeout);
         self
@@ -204,10 +205,13 @@ impl InstrumentedClientBuilder {
     /// already holds this many idle ones is closed, and the miss that follows
     /// is reported as `all_busy`. Set it here rather than on reqwest's
     /// builder, where this crate cannot read it: left unset, the limit is
-    /// unknown to this crate (no `http.client.pool.idle_limit` gauge, no
-    /// pool advice; a miss it explains is inferred as `all_busy` when the
-    /// idle timeout is known, else `pool_closed`, either with
-    /// `http.connection.pool.limits = unknown`).
+    /// inferred from the connections the pool closes at release (Linux:
+    /// the kernel dates the close; the limit is at most the idle count
+    /// then): the miss it explains is `all_busy` and the
+    /// `http.client.pool.idle_limit` gauge and pool advice carry
+    /// `http.connection.pool.limits = inferred`; a close that cannot be
+    /// dated leaves it unknown (`all_busy` when the idle timeout is known,
+    /// else `pool_closed`, with `http.connection.pool.limits = unknown`).
     /// Default: reqwest's, unlimited.
     pub fn pool_max_idle_per_host(mut self, max: usize) -> Self {
         self.max_idle_per_host = Some(max);
