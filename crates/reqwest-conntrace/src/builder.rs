@@ -26,10 +26,15 @@ use crate::pool::client::ClientState;
 /// reqwest's builder shows, `tls_version_min`/`max`,
 /// `tls_danger_accept_invalid_certs`, `tls_sni`, `tls_sslkeylogfile`,
 /// `http1_only` and `http2_prior_knowledge` (ALPN), and refuses
-/// `tls_danger_accept_invalid_hostnames`; root certificates,
-/// `tls_certs_only`, CRLs and client identities added to reqwest's builder
-/// are not visible through reqwest's public API and do not reach the
-/// instrumented client: add them through [`TlsSettings`]), the DNS
+/// `tls_danger_accept_invalid_hostnames`; root certificates
+/// (`add_root_certificate`), `tls_certs_only`, CRLs and client identities
+/// added to reqwest's builder are not visible through reqwest's public API
+/// (no getter, not in its `Debug` output, and the builder cannot be
+/// cloned for a trial build), so `build` cannot tell they were set and they
+/// do not reach the instrumented client: add them through [`TlsSettings`]
+/// (`add_root_certificate`, `built_in_roots(false)`, `client_identity`,
+/// `certificate_verifier` for CRLs), or build the rustls `ClientConfig`
+/// with them and pass it as [`TlsSettings::from_rustls_config`]), the DNS
 /// resolver (reqwest's builder cannot hand it back to be wrapped), and the
 /// connect timeout (to tell a timed-out connect from a cancelled one).
 pub struct InstrumentedClientBuilder {
@@ -116,6 +121,16 @@ impl ConnTrace {
 /// carried over here or refused with [`BuildError::TlsOptionOnReqwestBuilder`].
 fn carry_over_tls(described: &str, mut tls: TlsSettings) -> Result<TlsSettings, BuildError> {
     use crate::export::report::TlsVersion;
+    if described.contains("tls_danger_accept_invalid_hostnames: true") {
+        return Err(BuildError::TlsOptionOnReqwestBuilder(
+            "tls_danger_accept_invalid_hostnames",
+        ));
+    }
+    // The user's own rustls config: reqwest applies none of its TLS
+    // options to a preconfigured config, and neither does this crate.
+    if tls.is_rustls_config() {
+        return Ok(tls);
+    }
     let version = |field: &str| -> Result<Option<TlsVersion>, BuildError> {
         let Some(at) = described.find(&format!("{field}: Version(")) else {
             return Ok(None);
@@ -139,11 +154,6 @@ fn carry_over_tls(described: &str, mut tls: TlsSettings) -> Result<TlsSettings, 
     }
     if let Some(v) = version("tls_version_max")? {
         tls = tls.max_version(v);
-    }
-    if described.contains("tls_danger_accept_invalid_hostnames: true") {
-        return Err(BuildError::TlsOptionOnReqwestBuilder(
-            "tls_danger_accept_invalid_hostnames",
-        ));
     }
     if described.contains("tls_danger_accept_invalid_certs: true") {
         tls = tls.danger_accept_invalid_certs(true);
