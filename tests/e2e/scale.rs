@@ -548,11 +548,12 @@ async fn an_idle_timeout_set_on_reqwests_builder_is_inferred_from_the_pools_clos
         Some(semconv::POOL_LIMITS_INFERRED)
     );
     // The idle time at the close: hyper-util's idle check runs every
-    // timeout, so it lies between the timeout and twice it, and it is when
+    // timeout, so it lies between the timeout and twice it (less the
+    // kernel timer's resolution, a jiffy: at most 10 ms), and it is when
     // the server saw the close (to a few scheduling delays).
     let inferred = f64_attr(second, semconv::HTTP_CONNECTION_CLIENT_IDLE_TIMEOUT)
         .expect("inferred idle timeout");
-    assert!((1.0..=2.3).contains(&inferred), "inferred {inferred} s");
+    assert!((0.99..=2.3).contains(&inferred), "inferred {inferred} s");
     assert!(
         (inferred - closed_after.as_secs_f64()).abs() < 0.2,
         "inferred {inferred} s, the server saw the close after {closed_after:?}"
