@@ -587,8 +587,8 @@ async fn an_idle_limit_set_on_reqwests_builder_is_inferred_from_closes_at_releas
         .start()
         .await
         .expect("server");
-    let client = t
-        .conntrace()
+    let conntrace = t.conntrace();
+    let client = conntrace
         .instrument_client(reqwest::Client::builder().pool_max_idle_per_host(1))
         .build_with_middleware()
         .expect("client");
@@ -678,5 +678,67 @@ async fn an_idle_limit_set_on_reqwests_builder_is_inferred_from_closes_at_releas
         assert!(Instant::now() < deadline, "idle limit gauge: {limit:?}");
         get_sequentially(&client, &server.url("/more"), 1).await;
         tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // The pool advice (peak 3 in flight over an idle limit of 1, with
+    // forced misses) says the limit was inferred.
+    let advice = conntrace.pool_advice();
+    assert_eq!(advice.len(), 1, "{advice:?}");
+    assert_eq!(
+        (advice[0].idle_limit, advice[0].idle_limit_inferred),
+        (1, true)
+    );
+    assert!(advice[0].to_string().contains("idle limit 1 (inferred)"));
+}
+
+/// `pool_max_idle_per_host(0)` on reqwest's builder (no idle pool): the
+/// first connection is closed at its release with no other idle, so the
+/// second request is `pool_disabled`, inferred, and the gauge says 0.
+#[tokio::test]
+async fn a_disabled_pool_set_on_reqwests_builder_is_inferred() {
+    let t = telemetry();
+    let server = TestServer::builder()
+        .idle_timeout(None)
+        .start()
+        .await
+        .expect("server");
+    let client = t
+        .conntrace()
+        .instrument_client(reqwest::Client::builder().pool_max_idle_per_host(0))
+        .build_with_middleware()
+        .expect("client");
+    get_sequentially(&client, &server.url("/first"), 1).await;
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while server.closed_connections() < 1 {
+        assert!(Instant::now() < deadline, "the client kept its connection");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    get_sequentially(&client, &server.url("/second"), 1).await;
+    assert_eq!(server.accepted_connections(), 2);
+    let spans = t.requests();
+    assert_eq!(spans.len(), 2);
+    let second = &spans[1];
+    assert_eq!(
+        str_attr(second, semconv::HTTP_CONNECTION_MISS_REASON).as_deref(),
+        Some(semconv::MISS_REASON_POOL_DISABLED),
+        "{second:#?}"
+    );
+    assert_eq!(
+        str_attr(second, semconv::HTTP_CONNECTION_POOL_LIMITS).as_deref(),
+        Some(semconv::POOL_LIMITS_INFERRED)
+    );
+    // The gauge takes the limit at the next response after the kernel's
+    // answer (which may come after the second response).
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let limit = t.metric(semconv::HTTP_CLIENT_POOL_IDLE_LIMIT);
+        if limit.len() == 1
+            && limit[0].value == 0.0
+            && limit[0].get(semconv::HTTP_CONNECTION_POOL_LIMITS)
+                == Some(semconv::POOL_LIMITS_INFERRED)
+        {
+            break;
+        }
+        assert!(Instant::now() < deadline, "idle limit gauge: {limit:?}");
+        get_sequentially(&client, &server.url("/more"), 1).await;
     }
 }

@@ -23,7 +23,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use crate::kernel::TcpFacts;
-use crate::pool::miss::ConnectionEnd;
+use crate::pool::miss::{ConnectionEnd, MissReason};
 use crate::pool::registry::ConnectionRecord;
 use crate::semconv;
 
@@ -33,7 +33,8 @@ use crate::semconv;
 /// idle connection was put back.
 pub(crate) const CLOSED_AT_RELEASE: Duration = Duration::from_millis(50);
 
-/// Two releases of one client's connections to one host closer than this
+/// Two releases of one client's connections to one host closer than this,
+/// the earlier one during the later one's request,
 /// may have reached hyper-util's pool in the other order (it puts a
 /// connection back on a task of its own): the idle count at either release
 /// is then no bound on the idle limit, and neither is kept.
@@ -114,6 +115,17 @@ pub(crate) fn pool_close(
         Some(PoolClose::Expired {
             idle: closed_at.saturating_duration_since(released),
         })
+    }
+}
+
+/// The reason for a miss whose candidate the pool closed at its release,
+/// under an inferred idle limit: with no other connection idle then, the
+/// limit is 0, the pool keeps none (`pool_disabled`); else `all_busy`.
+pub(crate) fn over_limit_reason(idle_others: Option<usize>) -> MissReason {
+    if idle_others == Some(0) {
+        MissReason::PoolDisabled
+    } else {
+        MissReason::AllBusy
     }
 }
 

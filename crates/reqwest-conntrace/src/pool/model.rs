@@ -21,7 +21,7 @@ use std::time::Instant;
 use crate::kernel::{KernelLookup, TcpFacts};
 use crate::pool::client::{ClientState, NEW_CLIENT_WINDOW};
 use crate::pool::host::HostKey;
-use crate::pool::inferred::{PoolClose, RELEASE_ORDER_UNSURE, pool_close};
+use crate::pool::inferred::{PoolClose, RELEASE_ORDER_UNSURE, over_limit_reason, pool_close};
 use crate::pool::miss::{ConnectionEnd, MissReason};
 use crate::pool::registry::ConnectionRecord;
 use crate::pool::slot::{Miss, Previous};
@@ -207,11 +207,7 @@ fn inferred_close(candidate: &ConnectionRecord, facts: &TcpFacts, now: Instant) 
     client.inferred.observe(close);
     let (reason, end) = match close {
         PoolClose::AtRelease { idle_others } if !client.max_idle_known => {
-            if idle_others == Some(0) {
-                (MissReason::PoolDisabled, ConnectionEnd::IdleLimit)
-            } else {
-                (MissReason::AllBusy, ConnectionEnd::IdleLimit)
-            }
+            (over_limit_reason(idle_others), ConnectionEnd::IdleLimit)
         }
         PoolClose::Expired { .. } if !client.idle_timeout_known => {
             (MissReason::IdleExpired, ConnectionEnd::IdleTimeout)
@@ -423,11 +419,14 @@ impl PoolHistory {
         // 8. Released while the idle pool was full (an idle limit not
         //    set through our builder: inferred from the kernel's view).
         if candidate.is_over_idle_limit() {
-            let miss = Miss::caused_by(MissReason::AllBusy, previous(ConnectionEnd::IdleLimit));
             return MissVerdict::Decided(if client.max_idle_known {
-                miss
+                Miss::caused_by(MissReason::AllBusy, previous(ConnectionEnd::IdleLimit))
             } else {
-                miss.limits_inferred()
+                Miss::caused_by(
+                    over_limit_reason(candidate.idle_others_at_release()),
+                    previous(ConnectionEnd::IdleLimit),
+                )
+                .limits_inferred()
             });
         }
         // 9. Idle past the client's idle timeout.
@@ -533,11 +532,13 @@ impl PoolHistory {
     /// pool, unless the client's idle pool for the host is already full
     /// (`pool_max_idle_per_host`), in which case hyper-util closes it.
     /// Returns `true` when it marked the connection over the limit.
+    /// `request_started`: start of the request whose end released it.
     pub(crate) fn on_released(
         &self,
         host: &HostKey,
         record: &ConnectionRecord,
         now: Instant,
+        request_started: Instant,
     ) -> bool {
         let limit = record.client.max_idle_per_host;
         // Unlimited by configuration: nothing to count.
@@ -565,15 +566,15 @@ impl PoolHistory {
             })
             .collect();
         // Kept for inferring a limit this crate could not read, unless
-        // another release came so close that hyper-util may have seen the
-        // two in the other order (then neither count is a bound).
+        // another release, during this request, came so close that
+        // hyper-util may have seen the two in the other order (then neither
+        // count is a bound).
         if !record.client.max_idle_known {
             let mut ambiguous = false;
             for other in &idle {
-                if other
-                    .last_released()
-                    .is_some_and(|t| now.saturating_duration_since(t) < RELEASE_ORDER_UNSURE)
-                {
+                if other.last_released().is_some_and(|t| {
+                    t > request_started && now.saturating_duration_since(t) < RELEASE_ORDER_UNSURE
+                }) {
                     other.forget_idle_others_at_release();
                     ambiguous = true;
                 }

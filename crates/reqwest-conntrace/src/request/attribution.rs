@@ -685,7 +685,9 @@ impl RequestEnd {
         if record.in_use() == 0
             && let Some(host) = &record.host
         {
-            self.inner.pools.on_released(host, record, now);
+            self.inner
+                .pools
+                .on_released(host, record, now, self.state.started);
         }
     }
 
