@@ -16,8 +16,9 @@
 //! The close and its moment come from the kernel: our side closed first
 //! (`FIN_WAIT*`, `TIME_WAIT`), and the `TIME_WAIT` timer dates the close
 //! ([`TcpFacts::closed_ago`]). Only HTTP/1.1 connections that were idle in
-//! the pool count: not one with a request on it, nor one whose body was
-//! dropped early (hyper closed it for that).
+//! the pool count: not one with a request on it, one whose body was
+//! dropped early (hyper closed it for that), or one the server ended
+//! (`Connection: close`, a reset).
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
@@ -101,6 +102,8 @@ pub(crate) fn pool_close(
         || record.in_use() > 0
         || record.is_discarded()
         || record.is_dropped_early()
+        || record.said_connection_close()
+        || record.end().is_some_and(ConnectionEnd::by_server)
         || !facts.state.closed_by_us()
     {
         return None;
@@ -188,7 +191,102 @@ impl InferredLimits {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
+
+    use opentelemetry::trace::SpanContext;
+
     use super::*;
+    use crate::export::report::ConnectionSetup;
+    use crate::kernel::{TIME_WAIT_LENGTH, TcpState};
+    use crate::pool::client::ClientState;
+
+    /// An HTTP/1.1 connection ready at `ready`, of a client with unknown limits.
+    fn record(ready: Instant) -> ConnectionRecord {
+        ConnectionRecord::new(
+            Arc::new(ConnectionSetup {
+                id: 1,
+                started: ready,
+                local_addr: None,
+                peer_addr: None,
+                dns: None,
+                dns_skipped: None,
+                dns_answers: Vec::new(),
+                tcp: Duration::ZERO,
+                tls: None,
+                total: Duration::ZERO,
+                tls_version: None,
+                tls_resumed: None,
+                http2: false,
+                proxied: false,
+                proxy_connect: None,
+                address_fallback: None,
+                tcp_facts: None,
+            }),
+            SpanContext::empty_context(),
+            None,
+            Arc::new(ClientState::unknown_settings()),
+            None,
+            None,
+        )
+    }
+
+    /// `TIME_WAIT` entered `ago` before the lookup.
+    fn time_wait(ago: Duration) -> TcpFacts {
+        TcpFacts {
+            state: TcpState::TimeWait,
+            info: None,
+            time_wait_left: Some(TIME_WAIT_LENGTH - ago),
+        }
+    }
+
+    #[test]
+    fn a_dated_close_of_ours_is_told_at_release_or_expired() {
+        let t0 = Instant::now();
+        let r = record(t0);
+        r.mark_released(t0 + Duration::from_millis(100));
+        r.set_idle_others_at_release(2);
+        let lookup = t0 + Duration::from_secs(3);
+        // Closed 10 ms after the release: the idle limit, at most 2.
+        assert_eq!(
+            pool_close(&r, &time_wait(Duration::from_millis(2890)), lookup),
+            Some(PoolClose::AtRelease {
+                idle_others: Some(2)
+            })
+        );
+        // Closed 1.5 s after the release: the idle timeout, at most 1.5 s.
+        assert_eq!(
+            pool_close(&r, &time_wait(Duration::from_millis(1400)), lookup),
+            Some(PoolClose::Expired {
+                idle: Duration::from_millis(1500)
+            })
+        );
+        // Not dated (FIN_WAIT2 has no TIME_WAIT timer), or not ours.
+        let undated = TcpFacts {
+            state: TcpState::FinWait2,
+            info: None,
+            time_wait_left: None,
+        };
+        assert_eq!(pool_close(&r, &undated, lookup), None);
+        let theirs = TcpFacts {
+            state: TcpState::CloseWait,
+            info: None,
+            time_wait_left: None,
+        };
+        assert_eq!(pool_close(&r, &theirs, lookup), None);
+        // A close hyper made for another reason is no pool limit's.
+        r.set_connection_close(true);
+        assert_eq!(
+            pool_close(&r, &time_wait(Duration::from_millis(2890)), lookup),
+            None
+        );
+        r.set_connection_close(false);
+        r.take();
+        assert_eq!(
+            pool_close(&r, &time_wait(Duration::from_millis(2890)), lookup),
+            None,
+            "a request was on it"
+        );
+    }
 
     #[test]
     fn each_limit_keeps_the_tightest_bound_seen() {
