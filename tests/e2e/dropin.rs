@@ -284,3 +284,214 @@ async fn own_certificate_verifier_is_wrapped_by_the_hooks() {
     assert_eq!(event(semconv::EVENT_TLS_CERTIFICATE_VERIFIED), 1);
     assert_eq!(event(semconv::EVENT_TLS_CERTIFICATE_REJECTED), 1);
 }
+
+/// A key log of the application's own that counts what rustls hands it.
+#[derive(Debug, Default)]
+struct CountingKeyLog(std::sync::atomic::AtomicUsize);
+
+impl rustls::KeyLog for CountingKeyLog {
+    fn log(&self, _label: &str, _client_random: &[u8], _secret: &[u8]) {
+        self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    }
+    fn will_log(&self, _label: &str) -> bool {
+        true
+    }
+}
+
+impl CountingKeyLog {
+    fn count(&self) -> usize {
+        self.0.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+/// The application's rustls `ClientConfig`: roots of `pki` when `trusted`,
+/// rustls' default session cache, `key_log` as its key log.
+fn own_config(
+    pki: &TestPki,
+    trusted: bool,
+    key_log: std::sync::Arc<CountingKeyLog>,
+) -> rustls::ClientConfig {
+    let mut roots = rustls::RootCertStore::empty();
+    if trusted {
+        roots.add(pki.ca_cert_der()).expect("root");
+    }
+    let mut config = rustls::ClientConfig::builder()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    config.key_log = key_log;
+    config
+}
+
+/// Every error's text in the chain, joined.
+fn chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        text.push_str(": ");
+        text.push_str(&s.to_string());
+        source = s.source();
+    }
+    text
+}
+
+/// One server with `versions`: the plain client with the application's
+/// config, then the instrumented one twice (a full handshake, a resumed one).
+async fn own_config_served(
+    pki: &TestPki,
+    versions: TlsVersions,
+    version: &str,
+    expected_events: &[&str],
+) {
+    let t = telemetry();
+    let s = server(pki, versions, HttpVersions::Http1Only).await;
+    let url = s.url("/");
+    let plain_log = std::sync::Arc::new(CountingKeyLog::default());
+    let plain = reqwest::Client::builder()
+        .tls_backend_preconfigured(own_config(pki, true, plain_log.clone()))
+        .build()
+        .expect("plain client");
+    let plain_status = plain
+        .get(&url)
+        .send()
+        .await
+        .expect("plain request")
+        .status();
+    assert_eq!(plain_status, 200);
+    assert!(plain_log.count() > 0, "the plain client logs the secrets");
+
+    let log = std::sync::Arc::new(CountingKeyLog::default());
+    // No idle pool: the second request needs a second connection.
+    let client = t
+        .conntrace()
+        .instrument_client(reqwest::Client::builder())
+        .pool_max_idle_per_host(0)
+        .tls(TlsSettings::from_rustls_config(own_config(
+            pki,
+            true,
+            log.clone(),
+        )))
+        .build_with_middleware()
+        .expect("client");
+    for _ in 0..2 {
+        let response = client.get(&url).send().await.expect("request");
+        assert_eq!(response.status(), plain_status);
+        response.bytes().await.expect("body");
+    }
+    assert_eq!(
+        log.count(),
+        2 * plain_log.count(),
+        "the config's key log gets what the plain client's gets, per handshake"
+    );
+    assert_eq!(s.tls_handshakes(), 3);
+    assert_eq!(s.tls_resumed_handshakes(), 1, "the config's session store");
+
+    let mut handshakes = t.named(semconv::TLS_HANDSHAKE_SPAN);
+    handshakes.sort_by_key(|h| h.start_time);
+    assert_eq!(handshakes.len(), 2);
+    let events = |h: &opentelemetry_sdk::trace::SpanData| -> Vec<String> {
+        h.events.iter().map(|e| e.name.to_string()).collect()
+    };
+    let full = &handshakes[0];
+    assert!(duration(full) > std::time::Duration::ZERO);
+    assert_eq!(events(full), expected_events, "{full:#?}");
+    assert!(
+        full.events
+            .iter()
+            .all(|e| e.timestamp >= full.start_time && e.timestamp <= full.end_time)
+    );
+    assert_eq!(bool_attr(full, semconv::TLS_RESUMED), Some(false));
+    assert_eq!(
+        str_attr(full, semconv::TLS_PROTOCOL_VERSION).as_deref(),
+        Some(version)
+    );
+    let resumed = &handshakes[1];
+    assert_eq!(
+        bool_attr(resumed, semconv::TLS_RESUMED),
+        Some(true),
+        "{resumed:#?}"
+    );
+    assert!(!events(resumed).contains(&semconv::EVENT_TLS_CERTIFICATE_VERIFIED.to_owned()));
+    // TLS starts where TCP ends.
+    let tcp = t.named(semconv::TCP_CONNECT_SPAN);
+    assert_eq!(tcp.len(), 2);
+    for (tcp, tls) in tcp.iter().zip(&handshakes) {
+        assert!(tcp.end_time <= tls.start_time);
+    }
+}
+
+/// The application's own rustls `ClientConfig` (its CA, its key log,
+/// rustls' default session cache) through `TlsSettings::from_rustls_config`
+/// gets the status the plain reqwest client with that config gets (200),
+/// with a timed `tls.handshake` (ServerHello, verification, Finished);
+/// the config's key log still receives the secrets, and the second
+/// connection resumes from the config's own session store (the server
+/// counts one resumed handshake). Without the CA in the config both
+/// clients fail the same way (`UnknownIssuer`), and the span shows the
+/// rejection.
+#[tokio::test]
+async fn own_rustls_client_config_keeps_its_trust_and_gets_the_hooks() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let pki = TestPki::localhost().expect("pki");
+    // TLS 1.2 has no ServerHello or Finished marks (its key schedule logs
+    // only `CLIENT_RANDOM`, at the end).
+    for (versions, version, expected_events) in [
+        (
+            TlsVersions::Tls13Only,
+            "1.3",
+            &[
+                semconv::EVENT_TLS_SERVER_HELLO,
+                semconv::EVENT_TLS_CERTIFICATE_VERIFIED,
+                semconv::EVENT_TLS_SERVER_FINISHED,
+            ][..],
+        ),
+        (
+            TlsVersions::Tls12Only,
+            "1.2",
+            &[semconv::EVENT_TLS_CERTIFICATE_VERIFIED][..],
+        ),
+    ] {
+        own_config_served(&pki, versions, version, expected_events).await;
+    }
+    let t = telemetry();
+    let s = server(&pki, TlsVersions::Tls13Only, HttpVersions::Http1Only).await;
+    let url = s.url("/");
+
+    // Without the CA: both fail, with the same cause.
+    let plain = reqwest::Client::builder()
+        .tls_backend_preconfigured(own_config(&pki, false, Default::default()))
+        .build()
+        .expect("plain client");
+    let plain_error = chain(&plain.get(&url).send().await.expect_err("untrusted"));
+    let client = t
+        .conntrace()
+        .instrument_client(reqwest::Client::builder())
+        .tls(TlsSettings::from_rustls_config(own_config(
+            &pki,
+            false,
+            Default::default(),
+        )))
+        .build_with_middleware()
+        .expect("client");
+    let error = chain(&client.get(&url).send().await.expect_err("untrusted"));
+    assert!(plain_error.contains("UnknownIssuer"), "{plain_error}");
+    assert!(error.contains("UnknownIssuer"), "{error}");
+    let rejected = t
+        .named(semconv::TLS_HANDSHAKE_SPAN)
+        .into_iter()
+        .filter(|h| {
+            h.events
+                .iter()
+                .any(|e| e.name == semconv::EVENT_TLS_CERTIFICATE_REJECTED)
+        })
+        .count();
+    assert_eq!(rejected, 1);
+
+    // No other TlsSettings option goes with it.
+    let err = t
+        .conntrace()
+        .instrument_client(reqwest::Client::builder())
+        .tls(TlsSettings::from_rustls_config(own_config(&pki, true, Default::default())).sni(false))
+        .build()
+        .expect_err("mixed settings");
+    assert!(err.to_string().contains("from_rustls_config"), "{err}");
+}

@@ -10,7 +10,9 @@ use conntrace_lab::server::RequestRecord;
 use opentelemetry_sdk::trace::SpanData;
 use reqwest_conntrace::semconv;
 
-use crate::support::{Logs, has, i64_attr, str_attr, telemetry, telemetry_logging_to};
+use crate::support::{
+    Logs, f64_attr, get_sequentially, has, i64_attr, str_attr, telemetry, telemetry_logging_to,
+};
 
 /// Requests per wave: more connections than the 4,096 the registry used to
 /// forget beyond, within the file-descriptor limit (client and server ends
@@ -485,78 +487,258 @@ async fn a_full_pool_history_forgets_a_host_whose_connections_expired() {
     }
 }
 
-/// Pool settings put on reqwest's builder cannot be read: an idle timeout
-/// of 200 ms set there is not mistaken for reqwest's 90 s default, nor the
-/// close it causes for the idle limit (`all_busy`, what was reported
-/// before): our side's close (the kernel shows it) is `pool_closed` with
-/// `http.connection.pool.limits = unknown`. With the idle timeout set here
-/// (60 s) and `pool_max_idle_per_host(0)` on reqwest's builder, the close
-/// is inferred to be the idle limit's (`all_busy`), still marked unknown.
+/// A pool idle timeout set on reqwest's builder (which has no getter) is
+/// not guessed: the client's own pool closes the idle connection (the
+/// server, which has no idle timeout, records the client's close), the
+/// kernel's TIME_WAIT timer dates that close, and the next request, 3 s
+/// later, is `idle_expired` with the timeout inferred from it.
 #[tokio::test]
-async fn pool_limits_set_on_reqwests_builder_are_marked_unknown_not_guessed() {
+async fn an_idle_timeout_set_on_reqwests_builder_is_inferred_from_the_pools_close() {
     let t = telemetry();
-    let server = TestServer::start_plain().await.expect("server");
-    let conntrace = t.conntrace_builder().build();
-    for (known_idle_timeout, reason) in [
-        (false, semconv::MISS_REASON_POOL_CLOSED),
-        (true, semconv::MISS_REASON_ALL_BUSY),
-    ] {
-        let builder = if known_idle_timeout {
-            conntrace
-                .instrument_client(reqwest::Client::builder().pool_max_idle_per_host(0))
-                .pool_idle_timeout(Some(Duration::from_secs(60)))
-        } else {
-            conntrace.instrument_client(
-                reqwest::Client::builder().pool_idle_timeout(Duration::from_millis(200)),
-            )
-        };
-        let client = builder.build_with_middleware().expect("client");
-        let path = format!("/limits/{known_idle_timeout}");
-        for _ in 0..2 {
-            let response = client.get(server.url(&path)).send().await.expect("request");
-            assert_eq!(response.status(), 200);
-            response.bytes().await.expect("body");
-            // Well past the 200 ms idle timeout: hyper-util's pool has
-            // closed it (or closed it at release, over the limit of 0).
-            tokio::time::sleep(Duration::from_millis(600)).await;
+    let server = TestServer::builder()
+        .idle_timeout(None)
+        .start()
+        .await
+        .expect("server");
+    let client = t
+        .conntrace()
+        .instrument_client(reqwest::Client::builder().pool_idle_timeout(Duration::from_secs(1)))
+        .build_with_middleware()
+        .expect("client");
+    let response = client
+        .get(server.url("/first"))
+        .send()
+        .await
+        .expect("request");
+    response.bytes().await.expect("body");
+    let released = Instant::now();
+    let deadline = released + Duration::from_secs(5);
+    while server.closed_connections() < 1 {
+        assert!(
+            Instant::now() < deadline,
+            "the client never closed its idle connection"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let closed_after = released.elapsed();
+    tokio::time::sleep(Duration::from_secs(3).saturating_sub(released.elapsed())).await;
+    let response = client
+        .get(server.url("/second"))
+        .send()
+        .await
+        .expect("request");
+    assert_eq!(response.status(), 200);
+    response.bytes().await.expect("body");
+    assert_eq!(server.accepted_connections(), 2);
+
+    let spans = t.requests();
+    assert_eq!(spans.len(), 2);
+    let second = &spans[1];
+    assert_eq!(
+        str_attr(second, semconv::HTTP_CONNECTION_MISS_REASON).as_deref(),
+        Some(semconv::MISS_REASON_IDLE_EXPIRED),
+        "{second:#?}"
+    );
+    assert_eq!(
+        str_attr(second, semconv::HTTP_CONNECTION_PREVIOUS_END).as_deref(),
+        Some(semconv::CONNECTION_END_IDLE_TIMEOUT)
+    );
+    assert_eq!(
+        str_attr(second, semconv::HTTP_CONNECTION_POOL_LIMITS).as_deref(),
+        Some(semconv::POOL_LIMITS_INFERRED)
+    );
+    // The idle time at the close: hyper-util's idle check runs every
+    // timeout, so it lies between the timeout and twice it (less the
+    // kernel timer's resolution, a jiffy: at most 10 ms), and it is when
+    // the server saw the close (to a few scheduling delays).
+    let inferred = f64_attr(second, semconv::HTTP_CONNECTION_CLIENT_IDLE_TIMEOUT)
+        .expect("inferred idle timeout");
+    assert!((0.99..=2.3).contains(&inferred), "inferred {inferred} s");
+    assert!(
+        (inferred - closed_after.as_secs_f64()).abs() < 0.2,
+        "inferred {inferred} s, the server saw the close after {closed_after:?}"
+    );
+    let misses = t.metric(semconv::HTTP_CLIENT_POOL_MISSES);
+    assert!(
+        misses.iter().any(|p| {
+            p.get(semconv::HTTP_CONNECTION_MISS_REASON) == Some(semconv::MISS_REASON_IDLE_EXPIRED)
+                && p.get(semconv::HTTP_CONNECTION_POOL_LIMITS)
+                    == Some(semconv::POOL_LIMITS_INFERRED)
+                && p.value == 1.0
+        }),
+        "{misses:?}"
+    );
+}
+
+/// `pool_max_idle_per_host(1)` set on reqwest's builder is inferred from
+/// the connections the pool closes at release: three requests at once,
+/// their bodies read 100 ms apart (so hyper-util puts the connections back
+/// in that order), then three more, then three one after another. The
+/// server accepts 5 connections (3 + 2: one kept, two closed at each
+/// burst's release); the second burst's two misses are `all_busy` with
+/// `previous.end = idle_limit`, inferred; the idle-limit gauge says 1,
+/// inferred.
+#[tokio::test]
+async fn an_idle_limit_set_on_reqwests_builder_is_inferred_from_closes_at_release() {
+    let t = telemetry();
+    let server = TestServer::builder()
+        .idle_timeout(None)
+        .delay(Duration::from_millis(300))
+        .start()
+        .await
+        .expect("server");
+    let conntrace = t.conntrace();
+    let client = conntrace
+        .instrument_client(reqwest::Client::builder().pool_max_idle_per_host(1))
+        .build_with_middleware()
+        .expect("client");
+    let burst = |path: &'static str| {
+        let client = client.clone();
+        let url = server.url(path);
+        async move {
+            let (a, b, c) = tokio::join!(
+                client.get(&url).send(),
+                client.get(&url).send(),
+                client.get(&url).send()
+            );
+            for response in [a, b, c] {
+                response.expect("request").bytes().await.expect("body");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
         }
-        let spans = t.requests();
-        let second = spans
-            .iter()
-            .filter(|s| str_attr(s, semconv::URL_FULL).is_some_and(|u| u.ends_with(&path)))
-            .max_by_key(|s| s.start_time)
-            .expect("second request span");
+    };
+    let wait_closed = |n: u64| {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let server = &server;
+        async move {
+            while server.closed_connections() < n {
+                assert!(
+                    Instant::now() < deadline,
+                    "the client closed {} of {n}",
+                    server.closed_connections()
+                );
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        }
+    };
+    burst("/first").await;
+    wait_closed(2).await;
+    burst("/second").await;
+    wait_closed(4).await;
+    get_sequentially(&client, &server.url("/third"), 3).await;
+    assert_eq!(server.accepted_connections(), 5);
+    assert_eq!(server.closed_connections(), 4, "one connection kept");
+
+    let spans = t.requests();
+    let second: Vec<&SpanData> = spans
+        .iter()
+        .filter(|s| str_attr(s, semconv::URL_FULL).is_some_and(|u| u.ends_with("/second")))
+        .collect();
+    let misses: Vec<&&SpanData> = second
+        .iter()
+        .filter(|s| has(s, semconv::HTTP_CONNECTION_MISS_REASON))
+        .collect();
+    assert_eq!(misses.len(), 2, "{second:#?}");
+    for miss in misses {
         assert_eq!(
-            str_attr(second, semconv::HTTP_CONNECTION_MISS_REASON).as_deref(),
-            Some(reason),
-            "{second:#?}"
+            str_attr(miss, semconv::HTTP_CONNECTION_MISS_REASON).as_deref(),
+            Some(semconv::MISS_REASON_ALL_BUSY),
+            "{miss:#?}"
         );
         assert_eq!(
-            str_attr(second, semconv::HTTP_CONNECTION_POOL_LIMITS).as_deref(),
-            Some(semconv::POOL_LIMITS_UNKNOWN),
-            "{second:#?}"
+            str_attr(miss, semconv::HTTP_CONNECTION_PREVIOUS_END).as_deref(),
+            Some(semconv::CONNECTION_END_IDLE_LIMIT),
+            "{miss:#?}"
+        );
+        assert_eq!(
+            str_attr(miss, semconv::HTTP_CONNECTION_POOL_LIMITS).as_deref(),
+            Some(semconv::POOL_LIMITS_INFERRED),
+            "{miss:#?}"
         );
     }
-    assert_eq!(server.accepted_connections(), 4);
-    // The misses counter says the same.
-    let unknown: Vec<_> = t
-        .metric(semconv::HTTP_CLIENT_POOL_MISSES)
-        .into_iter()
-        .filter(|p| {
-            p.get(semconv::HTTP_CONNECTION_POOL_LIMITS) == Some(semconv::POOL_LIMITS_UNKNOWN)
-        })
-        .collect();
-    let mut reasons: Vec<&str> = unknown
+    // The third round's requests were all idle hits.
+    for hit in spans
         .iter()
-        .filter_map(|p| p.get(semconv::HTTP_CONNECTION_MISS_REASON))
-        .collect();
-    reasons.sort_unstable();
+        .filter(|s| str_attr(s, semconv::URL_FULL).is_some_and(|u| u.ends_with("/third")))
+    {
+        assert!(!has(hit, semconv::HTTP_CONNECTION_MISS_REASON), "{hit:#?}");
+    }
+    // The gauge: 1, inferred (the kernel's answers about the other
+    // connections closed at release arrive off the request path).
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let limit = t.metric(semconv::HTTP_CLIENT_POOL_IDLE_LIMIT);
+        if limit.len() == 1
+            && limit[0].value == 1.0
+            && limit[0].get(semconv::HTTP_CONNECTION_POOL_LIMITS)
+                == Some(semconv::POOL_LIMITS_INFERRED)
+        {
+            break;
+        }
+        assert!(Instant::now() < deadline, "idle limit gauge: {limit:?}");
+        get_sequentially(&client, &server.url("/more"), 1).await;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // The pool advice (peak 3 in flight over an idle limit of 1, with
+    // forced misses) says the limit was inferred.
+    let advice = conntrace.pool_advice();
+    assert_eq!(advice.len(), 1, "{advice:?}");
     assert_eq!(
-        reasons,
-        [
-            semconv::MISS_REASON_ALL_BUSY,
-            semconv::MISS_REASON_POOL_CLOSED
-        ],
-        "{unknown:?}"
+        (advice[0].idle_limit, advice[0].idle_limit_inferred),
+        (1, true)
     );
+    assert!(advice[0].to_string().contains("idle limit 1 (inferred)"));
+}
+
+/// `pool_max_idle_per_host(0)` on reqwest's builder (no idle pool): the
+/// first connection is closed at its release with no other idle, so the
+/// second request is `pool_disabled`, inferred, and the gauge says 0.
+#[tokio::test]
+async fn a_disabled_pool_set_on_reqwests_builder_is_inferred() {
+    let t = telemetry();
+    let server = TestServer::builder()
+        .idle_timeout(None)
+        .start()
+        .await
+        .expect("server");
+    let client = t
+        .conntrace()
+        .instrument_client(reqwest::Client::builder().pool_max_idle_per_host(0))
+        .build_with_middleware()
+        .expect("client");
+    get_sequentially(&client, &server.url("/first"), 1).await;
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while server.closed_connections() < 1 {
+        assert!(Instant::now() < deadline, "the client kept its connection");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    get_sequentially(&client, &server.url("/second"), 1).await;
+    assert_eq!(server.accepted_connections(), 2);
+    let spans = t.requests();
+    assert_eq!(spans.len(), 2);
+    let second = &spans[1];
+    assert_eq!(
+        str_attr(second, semconv::HTTP_CONNECTION_MISS_REASON).as_deref(),
+        Some(semconv::MISS_REASON_POOL_DISABLED),
+        "{second:#?}"
+    );
+    assert_eq!(
+        str_attr(second, semconv::HTTP_CONNECTION_POOL_LIMITS).as_deref(),
+        Some(semconv::POOL_LIMITS_INFERRED)
+    );
+    // The gauge takes the limit at the next response after the kernel's
+    // answer (which may come after the second response).
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let limit = t.metric(semconv::HTTP_CLIENT_POOL_IDLE_LIMIT);
+        if limit.len() == 1
+            && limit[0].value == 0.0
+            && limit[0].get(semconv::HTTP_CONNECTION_POOL_LIMITS)
+                == Some(semconv::POOL_LIMITS_INFERRED)
+        {
+            break;
+        }
+        assert!(Instant::now() < deadline, "idle limit gauge: {limit:?}");
+        get_sequentially(&client, &server.url("/more"), 1).await;
+    }
 }

@@ -26,10 +26,15 @@ use crate::pool::client::ClientState;
 /// reqwest's builder shows, `tls_version_min`/`max`,
 /// `tls_danger_accept_invalid_certs`, `tls_sni`, `tls_sslkeylogfile`,
 /// `http1_only` and `http2_prior_knowledge` (ALPN), and refuses
-/// `tls_danger_accept_invalid_hostnames`; root certificates,
-/// `tls_certs_only`, CRLs and client identities added to reqwest's builder
-/// are not visible through reqwest's public API and do not reach the
-/// instrumented client: add them through [`TlsSettings`]), the DNS
+/// `tls_danger_accept_invalid_hostnames`; root certificates
+/// (`add_root_certificate`), `tls_certs_only`, CRLs and client identities
+/// added to reqwest's builder are not visible through reqwest's public API
+/// (no getter, not in its `Debug` output, and the builder cannot be
+/// cloned for a trial build), so `build` cannot tell they were set and they
+/// do not reach the instrumented client: add them through [`TlsSettings`]
+/// (`add_root_certificate`, `built_in_roots(false)`, `client_identity`,
+/// `certificate_verifier` for CRLs), or build the rustls `ClientConfig`
+/// with them and pass it as [`TlsSettings::from_rustls_config`]), the DNS
 /// resolver (reqwest's builder cannot hand it back to be wrapped), and the
 /// connect timeout (to tell a timed-out connect from a cancelled one).
 pub struct InstrumentedClientBuilder {
@@ -116,6 +121,16 @@ impl ConnTrace {
 /// carried over here or refused with [`BuildError::TlsOptionOnReqwestBuilder`].
 fn carry_over_tls(described: &str, mut tls: TlsSettings) -> Result<TlsSettings, BuildError> {
     use crate::export::report::TlsVersion;
+    if described.contains("tls_danger_accept_invalid_hostnames: true") {
+        return Err(BuildError::TlsOptionOnReqwestBuilder(
+            "tls_danger_accept_invalid_hostnames",
+        ));
+    }
+    // The user's own rustls config: reqwest applies none of its TLS
+    // options to a preconfigured config, and neither does this crate.
+    if tls.is_rustls_config() {
+        return Ok(tls);
+    }
     let version = |field: &str| -> Result<Option<TlsVersion>, BuildError> {
         let Some(at) = described.find(&format!("{field}: Version(")) else {
             return Ok(None);
@@ -139,11 +154,6 @@ fn carry_over_tls(described: &str, mut tls: TlsSettings) -> Result<TlsSettings, 
     }
     if let Some(v) = version("tls_version_max")? {
         tls = tls.max_version(v);
-    }
-    if described.contains("tls_danger_accept_invalid_hostnames: true") {
-        return Err(BuildError::TlsOptionOnReqwestBuilder(
-            "tls_danger_accept_invalid_hostnames",
-        ));
     }
     if described.contains("tls_danger_accept_invalid_certs: true") {
         tls = tls.danger_accept_invalid_certs(true);
@@ -189,11 +199,12 @@ impl InstrumentedClientBuilder {
     /// connections older than this are dropped, and a miss that follows is
     /// reported as `idle_expired`. `None` keeps idle connections forever.
     /// Set it here rather than on reqwest's builder, where this crate cannot
-    /// read it: left unset, the idle timeout is unknown to this crate, and
-    /// a miss after the pool closed an idle connection is reported as
-    /// `pool_closed` (with `http.connection.pool.limits = unknown`), no
-    /// keep-alive mismatch is flagged. Default: reqwest's,
-    /// 90 s.
+    /// read it: left unset, the idle timeout is unknown to this crate and is
+    /// inferred from the idle connections the pool closes (Linux: the
+    /// kernel dates the close): the miss that follows is `idle_expired`
+    /// with `http.connection.pool.limits = inferred` (`pool_closed`,
+    /// `unknown`, when the close cannot be dated); no keep-alive mismatch
+    /// is flagged. Default: reqwest's, 90 s.
     pub fn pool_idle_timeout(mut self, timeout: Option<Duration>) -> Self {
         self.idle_timeout = Some(timeout);
         self
@@ -204,10 +215,13 @@ impl InstrumentedClientBuilder {
     /// already holds this many idle ones is closed, and the miss that follows
     /// is reported as `all_busy`. Set it here rather than on reqwest's
     /// builder, where this crate cannot read it: left unset, the limit is
-    /// unknown to this crate (no `http.client.pool.idle_limit` gauge, no
-    /// pool advice; a miss it explains is inferred as `all_busy` when the
-    /// idle timeout is known, else `pool_closed`, either with
-    /// `http.connection.pool.limits = unknown`).
+    /// inferred from the connections the pool closes at release (Linux:
+    /// the kernel dates the close; the limit is at most the idle count
+    /// then): the miss it explains is `all_busy` and the
+    /// `http.client.pool.idle_limit` gauge and pool advice carry
+    /// `http.connection.pool.limits = inferred`; a close that cannot be
+    /// dated leaves it unknown (`all_busy` when the idle timeout is known,
+    /// else `pool_closed`, with `http.connection.pool.limits = unknown`).
     /// Default: reqwest's, unlimited.
     pub fn pool_max_idle_per_host(mut self, max: usize) -> Self {
         self.max_idle_per_host = Some(max);

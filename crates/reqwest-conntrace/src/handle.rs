@@ -19,6 +19,8 @@ use crate::kernel::{KernelLookup, KernelView};
 use crate::pool::advice::{HostGauges, PoolLoad};
 use crate::pool::client::ClientState;
 use crate::pool::host::HostKey;
+use crate::pool::inferred::{LimitSource, pool_close};
+use crate::pool::miss::ConnectionEnd;
 use crate::pool::model::{MissVerdict, PoolHistory, decide_from_kernel};
 use crate::pool::registry::{ConnectionRecord, Registry};
 use crate::pool::slot::MissSlot;
@@ -191,6 +193,13 @@ impl Inner {
                     record.closed_by_server(true);
                 } else if record.is_dropped_early() {
                     record.mark_discarded(record.last_activity());
+                } else if !record.client.limits_known()
+                    && let Some(close) = pool_close(record, facts, Instant::now())
+                {
+                    // The client's own pool closed it: a bound on a limit
+                    // this crate could not read.
+                    record.client.inferred.observe(close);
+                    close.mark(record);
                 }
                 self.connection_closed(record, Instant::now());
             }
@@ -325,6 +334,7 @@ impl Inner {
                 let slot = Arc::new(MissSlot::pending(alive));
                 let answer = slot.clone();
                 let weak: Weak<Inner> = Arc::downgrade(self);
+                let host = host.clone();
                 self.kernel.lookup_then(local, remote, move |lookup| {
                     let miss = decide_from_kernel(
                         &candidate,
@@ -335,6 +345,23 @@ impl Inner {
                     );
                     if let Some(inner) = weak.upgrade() {
                         inner.apply_kernel_view(&candidate, &lookup);
+                        if miss.limits == Some(LimitSource::Inferred)
+                            && miss.previous.and_then(|p| p.end) == Some(ConnectionEnd::IdleLimit)
+                        {
+                            // The idle count at its release may include
+                            // connections already closed over the limit:
+                            // the client's other idle ones give tighter
+                            // bounds.
+                            for other in inner.pools.idle_of_client(
+                                &host,
+                                candidate.client.id,
+                                INFER_FOLLOW_UPS,
+                            ) {
+                                if other.id() != candidate.id() {
+                                    inner.check_with_kernel(other);
+                                }
+                            }
+                        }
                     }
                     answer.set(miss);
                 });
@@ -426,6 +453,10 @@ impl Drop for Inner {
 
 /// Most attribute sets remembered for reporting 0 open connections.
 const MAX_OPEN_SETS: usize = 4096;
+
+/// Other idle connections of the client checked with the kernel after a
+/// close at release was inferred (their closes tighten the idle limit).
+const INFER_FOLLOW_UPS: usize = 8;
 
 /// `server.address`, `server.port`, `url.scheme`, `network.protocol.version`
 /// of a connection (no peer address: bounded cardinality).

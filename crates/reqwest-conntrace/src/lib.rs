@@ -83,7 +83,7 @@ pub use export::sampling::KeepConnectionSetups;
 pub use handle::{
     ConnTrace, ConnTraceBuilder, DEFAULT_POOL_ADVICE_INTERVAL, DEFAULT_REGISTRY_CAPACITY,
 };
-pub use kernel::{TcpFacts, TcpInfo, TcpState};
+pub use kernel::{TIME_WAIT_LENGTH, TcpFacts, TcpInfo, TcpState};
 pub use pool::advice::{DEFAULT_POOL_ADVICE_HOSTS, PoolAdvice};
 pub use pool::miss::MissReason;
 pub use pool::model::DEFAULT_POOL_HISTORY_HOSTS;

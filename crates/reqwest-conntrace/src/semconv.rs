@@ -349,8 +349,13 @@ pub const HTTP_CLIENT_REQUESTS_UNTRACKED: &str = "http.client.requests.untracked
 pub const HTTP_CLIENT_POOL_PEAK_IN_FLIGHT: &str = "http.client.pool.peak_in_flight";
 /// `http.client.pool.idle_limit` (gauge, `{connection}`), ours:
 /// `pool_max_idle_per_host` of the client serving `server.address`/
-/// `server.port`; only when set through
-/// [`InstrumentedClientBuilder::pool_max_idle_per_host`](crate::InstrumentedClientBuilder::pool_max_idle_per_host).
+/// `server.port`, with [`HTTP_CONNECTION_POOL_LIMITS`] saying where it came
+/// from: [`POOL_LIMITS_CONFIGURED`] when set through
+/// [`InstrumentedClientBuilder::pool_max_idle_per_host`](crate::InstrumentedClientBuilder::pool_max_idle_per_host),
+/// [`POOL_LIMITS_INFERRED`] when set on reqwest's builder and inferred
+/// from the connections the pool closed at release (an upper bound: the
+/// fewest idle connections the pool held when it closed a released one).
+/// Absent while neither (unlimited, or no such close seen).
 pub const HTTP_CLIENT_POOL_IDLE_LIMIT: &str = "http.client.pool.idle_limit";
 
 /// The instrument a metric in [`METRICS`] is recorded with. It decides
@@ -483,7 +488,7 @@ pub const METRICS: &[Metric] = &[
         name: HTTP_CLIENT_POOL_IDLE_LIMIT,
         unit: "{connection}",
         instrument: Instrument::Gauge,
-        attributes: &[SERVER_ADDRESS, SERVER_PORT],
+        attributes: &[SERVER_ADDRESS, SERVER_PORT, HTTP_CONNECTION_POOL_LIMITS],
     },
     // Recorded only when a bounded table is full (see
     // [`DEGRADATION_METRICS`]): absent from an ordinary run's export.
@@ -618,18 +623,34 @@ pub const MISS_REASON_RELEASE_RACE: &str = "release_race";
 /// (set on reqwest's builder); see [`POOL_LIMITS_UNKNOWN`].
 pub const MISS_REASON_POOL_CLOSED: &str = "pool_closed";
 
-/// `http.connection.pool.limits` (string, request span, on misses), ours:
-/// present when the miss reason depended on a pool limit
-/// (`pool_max_idle_per_host`, `pool_idle_timeout`) this crate could not
-/// read, because it was not set through
-/// [`InstrumentedClientBuilder`](crate::InstrumentedClientBuilder) (it may
-/// have been set on reqwest's builder, whose settings are not readable).
-/// Its one value is [`POOL_LIMITS_UNKNOWN`].
+/// `http.connection.pool.limits` (string), ours: where a pool limit
+/// (`pool_max_idle_per_host`, `pool_idle_timeout`) came from.
+/// - On a request span and on [`HTTP_CLIENT_POOL_MISSES`]: present when
+///   the miss reason depended on a limit this crate could not read (not
+///   set through [`InstrumentedClientBuilder`](crate::InstrumentedClientBuilder);
+///   reqwest's builder has no getter for it): [`POOL_LIMITS_INFERRED`] or
+///   [`POOL_LIMITS_UNKNOWN`]. Absent: the limit was configured.
+/// - On [`HTTP_CLIENT_POOL_IDLE_LIMIT`] and [`EVENT_POOL_ADVICE`]:
+///   [`POOL_LIMITS_CONFIGURED`] or [`POOL_LIMITS_INFERRED`].
 pub const HTTP_CONNECTION_POOL_LIMITS: &str = "http.connection.pool.limits";
-/// [`HTTP_CONNECTION_POOL_LIMITS`]: the limit was not read; the reason
-/// was inferred from what the kernel shows (our side closed the idle
-/// connection; with the idle timeout known, the idle limit did it:
-/// `all_busy`), or is [`MISS_REASON_POOL_CLOSED`].
+/// [`HTTP_CONNECTION_POOL_LIMITS`]: set through
+/// [`InstrumentedClientBuilder`](crate::InstrumentedClientBuilder).
+pub const POOL_LIMITS_CONFIGURED: &str = "configured";
+/// [`HTTP_CONNECTION_POOL_LIMITS`]: not set through this crate, inferred
+/// from how the client's own pool closed an idle HTTP/1.1 connection (the
+/// kernel shows our side closed it; its `TIME_WAIT` timer dates the close):
+/// within moments of its release, while `N` others were idle, is the idle
+/// limit (`all_busy`, `previous.end = idle_limit`, the limit at most `N`;
+/// `pool_disabled` for `N = 0`); later, after idling `d`, is the idle
+/// timeout (`idle_expired`, `previous.end = idle_timeout`, the timeout at
+/// most `d`: hyper-util checks every timeout, so `d` lies between the
+/// timeout and twice it).
+pub const POOL_LIMITS_INFERRED: &str = "inferred";
+/// [`HTTP_CONNECTION_POOL_LIMITS`]: the limit was neither read nor
+/// inferred (no dated close: the socket was not in `TIME_WAIT`, or the
+/// kernel view is unavailable); the reason is the kernel's fallback (our
+/// side closed the idle connection; with the idle timeout known, the idle
+/// limit did it: `all_busy`), or is [`MISS_REASON_POOL_CLOSED`].
 pub const POOL_LIMITS_UNKNOWN: &str = "unknown";
 
 /// `http.connection.previous.id` (int, request span, misses caused by a
@@ -674,7 +695,11 @@ pub const CONNECTION_END_DISCARDED: &str = "discarded";
 /// `Keep-Alive: timeout=N` response header (RFC 2068 §19.7.1.1), latest seen.
 pub const HTTP_CONNECTION_SERVER_KEEP_ALIVE: &str = "http.connection.server_keep_alive";
 /// `http.connection.client_idle_timeout` (double, seconds, on
-/// [`EVENT_KEEP_ALIVE_MISMATCH`]): the client's pool idle timeout.
+/// [`EVENT_KEEP_ALIVE_MISMATCH`]): the client's pool idle timeout. Also on
+/// the request span of an `idle_expired` miss under an inferred idle
+/// timeout ([`POOL_LIMITS_INFERRED`]): the timeout as inferred so far, the
+/// shortest idle time at which the client's pool was seen closing a
+/// connection (the timeout is at most this and more than half of it).
 pub const HTTP_CONNECTION_CLIENT_IDLE_TIMEOUT: &str = "http.connection.client_idle_timeout";
 /// Event on the request span whose response first advertised a server
 /// keep-alive timeout shorter than the client's pool idle timeout: idle

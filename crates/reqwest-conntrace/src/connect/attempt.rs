@@ -48,6 +48,9 @@ pub(crate) struct Phases {
     pub(crate) server_finished: Option<Instant>,
     /// Certificate verification: when, and the error text if rejected.
     pub(crate) cert_verified: Option<(Instant, Option<String>)>,
+    /// Verification began (the time provider was asked for it) under a
+    /// user's own rustls config, whose verifier cannot be wrapped.
+    pub(crate) cert_verify_started: Option<Instant>,
     /// The certificate was accepted unverified (`danger_accept_invalid_certs`).
     pub(crate) cert_verification_skipped: bool,
     /// Version learnt from the handshake (signature check or key schedule).

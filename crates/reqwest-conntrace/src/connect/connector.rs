@@ -51,8 +51,8 @@ pub struct ConnectorLayer {
 
 impl ConnectorLayer {
     /// A layer recording into `trace`'s registry and tracer, for a client
-    /// with reqwest's default pool settings (90 s idle timeout, unlimited
-    /// idle connections per host).
+    /// whose pool settings this crate does not know: they are inferred from
+    /// the closes its pool makes, never assumed to be reqwest's defaults.
     pub fn new(trace: ConnTrace) -> Self {
         Self::for_client(trace, Arc::new(ClientState::unknown_settings()))
     }

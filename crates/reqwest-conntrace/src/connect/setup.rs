@@ -391,7 +391,9 @@ pub(crate) fn emit_phases(
     let mut tls_resumed = None;
     let mut tls_version = phases.tls_version;
     if let Some(tls_start) = phases.tls_started {
-        let resumed = phases.resumption_offered && phases.cert_verified.is_none();
+        let resumed = phases.resumption_offered
+            && phases.cert_verified.is_none()
+            && phases.cert_verify_started.is_none();
         let mut attrs = vec![
             KeyValue::new(semconv::TLS_PROTOCOL_NAME, "tls"),
             KeyValue::new(
@@ -455,7 +457,28 @@ pub(crate) fn emit_phases(
                     KeyValue::new(semconv::EXCEPTION_MESSAGE, message.clone()),
                 ],
             ),
-            None => {}
+            // A user's own rustls config: only the start of verification
+            // is seen; the handshake's outcome tells the verifier's answer.
+            None => match (phases.cert_verify_started, &failure_message) {
+                (Some(t), _) if established.is_some() => tspan.add_event_with_timestamp(
+                    semconv::EVENT_TLS_CERTIFICATE_VERIFIED,
+                    inner.clock.wall(t),
+                    vec![],
+                ),
+                (Some(t), Some(message))
+                    if failure_type == Some(semconv::ERROR_TYPE_TLS_CERTIFICATE) =>
+                {
+                    tspan.add_event_with_timestamp(
+                        semconv::EVENT_TLS_CERTIFICATE_REJECTED,
+                        inner.clock.wall(t),
+                        vec![
+                            KeyValue::new(semconv::ERROR_TYPE, semconv::ERROR_TYPE_TLS_CERTIFICATE),
+                            KeyValue::new(semconv::EXCEPTION_MESSAGE, message.clone()),
+                        ],
+                    )
+                }
+                _ => {}
+            },
         }
         if let Some(t) = phases.server_finished {
             tspan.add_event_with_timestamp(

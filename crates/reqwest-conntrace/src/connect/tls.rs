@@ -11,6 +11,17 @@
 //! - the certificate verifier wrapper times verification (full handshakes
 //!   only: its absence after an offered session means resumption) and learns
 //!   the version from which signature check runs.
+//!
+//! Around a user's own `ClientConfig` ([`TlsSettings::from_rustls_config`])
+//! the verifier and the session store cannot be wrapped (rustls keeps the
+//! verifier private and `Resumption`'s store opaque), so the user's are kept
+//! and three public fields are wrapped instead:
+//! - `client_auth_cert_resolver`: its `has_certs` is asked as the
+//!   ClientHello is built (TLS starts);
+//! - `time_provider`: asked before the ClientHello only when a cached
+//!   session was found (resumption offered), and during the handshake just
+//!   before the verifier runs (verification begins);
+//! - `key_log`: as above, forwarding to the user's key log.
 
 use std::fmt;
 use std::sync::Arc;
@@ -18,11 +29,13 @@ use std::time::Instant;
 
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
 use rustls::client::{
-    ClientSessionMemoryCache, ClientSessionStore, Resumption, Tls12ClientSessionValue,
-    Tls13ClientSessionValue,
+    ClientSessionMemoryCache, ClientSessionStore, ResolvesClientCert, Resumption,
+    Tls12ClientSessionValue, Tls13ClientSessionValue,
 };
 use rustls::crypto::CryptoProvider;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
+use rustls::sign::CertifiedKey;
+use rustls::time_provider::TimeProvider;
 use rustls::{
     ClientConfig, DigitallySignedStruct, KeyLog, NamedGroup, RootCertStore, SignatureScheme,
 };
@@ -55,6 +68,8 @@ pub struct TlsSettings {
     key_log_file: bool,
     verifier: Option<Arc<dyn ServerCertVerifier>>,
     provider: Option<Arc<CryptoProvider>>,
+    /// The user's own rustls configuration ([`TlsSettings::from_rustls_config`]).
+    rustls_config: Option<Arc<ClientConfig>>,
 }
 
 impl fmt::Debug for TlsSettings {
@@ -72,6 +87,7 @@ impl fmt::Debug for TlsSettings {
             .field("partial_chain", &self.partial_chain)
             .field("accept_invalid_certs", &self.accept_invalid_certs)
             .field("custom_verifier", &self.verifier.is_some())
+            .field("rustls_config", &self.rustls_config.is_some())
             .finish()
     }
 }
@@ -93,6 +109,7 @@ impl Default for TlsSettings {
             key_log_file: false,
             verifier: None,
             provider: None,
+            rustls_config: None,
         }
     }
 }
@@ -101,6 +118,65 @@ impl TlsSettings {
     /// Settings with reqwest's defaults (see the type's docs).
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// Uses the application's own rustls `ClientConfig`, as
+    /// `reqwest::ClientBuilder::tls_backend_preconfigured` would: its roots,
+    /// CRLs, client identity, verifier, versions, ALPN, session store and
+    /// key log are kept as they are, and the handshake hooks are wrapped
+    /// around them. This is where trust set up outside reqwest (custom
+    /// roots, CRLs, a client certificate, an own `ServerCertVerifier`)
+    /// goes. As with reqwest, TLS options on reqwest's builder do not apply
+    /// to it, and no other option of `TlsSettings` may be set with it
+    /// (`build` fails with [`BuildError::Tls`]).
+    ///
+    /// rustls keeps a config's certificate verifier private and its session
+    /// store opaque, so neither is wrapped; the hooks use the config's
+    /// public `client_auth_cert_resolver` (asked as the ClientHello is
+    /// built: TLS start), `time_provider` (asked before the ClientHello only
+    /// when a cached session is offered, and just before the verifier runs)
+    /// and `key_log` (ServerHello, server Finished, version) instead. What
+    /// the `tls.handshake` span shows differs in one point: the
+    /// `tls.certificate_verified` event is at the moment verification
+    /// began, emitted once the handshake completed, and a rejection is the
+    /// `tls.certificate_rejected` event at that moment with the handshake's
+    /// error text (no time for the verifier's own answer). `tls.resumed`,
+    /// the TCP/TLS split, ServerHello and Finished are as with the built
+    /// configuration. One more difference: a session cached by another
+    /// `ClientConfig` sharing the same store is not offered (rustls ties a
+    /// session to the config's client certificate resolver, which is
+    /// wrapped here).
+    pub fn from_rustls_config(config: ClientConfig) -> Self {
+        Self {
+            rustls_config: Some(Arc::new(config)),
+            ..Self::default()
+        }
+    }
+
+    /// Whether this is a user's own rustls configuration
+    /// ([`from_rustls_config`](Self::from_rustls_config)).
+    pub(crate) fn is_rustls_config(&self) -> bool {
+        self.rustls_config.is_some()
+    }
+
+    /// Some option besides the user's rustls configuration differs from
+    /// its default.
+    fn customized(&self) -> bool {
+        let d = Self::default();
+        !self.extra_roots.is_empty()
+            || self.built_in_roots != d.built_in_roots
+            || self.identity.is_some()
+            || self.min_version != d.min_version
+            || self.max_version != d.max_version
+            || self.http1_only
+            || self.http2_only
+            || self.resumption != d.resumption
+            || self.sni != d.sni
+            || self.partial_chain
+            || self.accept_invalid_certs
+            || self.key_log_file
+            || self.verifier.is_some()
+            || self.provider.is_some()
     }
 
     /// Trusts one more root certificate (DER). Default: none beyond the
@@ -246,6 +322,14 @@ impl TlsSettings {
 
     /// Builds the instrumented rustls configuration.
     pub(crate) fn build_config(&self) -> Result<ClientConfig, BuildError> {
+        if let Some(config) = &self.rustls_config {
+            if self.customized() {
+                return Err(BuildError::Tls(rustls::Error::General(
+                    "TlsSettings::from_rustls_config takes no other TlsSettings option: set it on the rustls ClientConfig".to_owned(),
+                )));
+            }
+            return Ok(wrap_user_config((**config).clone()));
+        }
         let provider = self
             .provider
             .clone()
@@ -326,9 +410,81 @@ impl TlsSettings {
         };
         config.resumption = Resumption::store(Arc::new(SessionStoreHook { inner: store }));
         config.key_log = Arc::new(KeyLogHook {
-            file: self.key_log_file.then(rustls::KeyLogFile::new),
+            sink: self
+                .key_log_file
+                .then(|| Arc::new(rustls::KeyLogFile::new()) as Arc<dyn KeyLog>),
         });
         Ok(config)
+    }
+}
+
+/// The user's configuration with the hooks around its public fields (see
+/// the module docs); its verifier and session store stay as they are.
+fn wrap_user_config(mut config: ClientConfig) -> ClientConfig {
+    config.client_auth_cert_resolver = Arc::new(ClientHelloHook {
+        inner: config.client_auth_cert_resolver.clone(),
+    });
+    config.time_provider = Arc::new(TimeHook {
+        inner: config.time_provider.clone(),
+    });
+    config.key_log = Arc::new(KeyLogHook {
+        sink: Some(config.key_log.clone()),
+    });
+    config
+}
+
+/// Wraps the client certificate resolver of a user's configuration: rustls
+/// asks `has_certs` as it builds the ClientHello.
+#[derive(Debug)]
+struct ClientHelloHook {
+    inner: Arc<dyn ResolvesClientCert>,
+}
+
+impl ResolvesClientCert for ClientHelloHook {
+    fn resolve(
+        &self,
+        root_hint_subjects: &[&[u8]],
+        sigschemes: &[SignatureScheme],
+    ) -> Option<Arc<CertifiedKey>> {
+        self.inner.resolve(root_hint_subjects, sigschemes)
+    }
+
+    fn only_raw_public_keys(&self) -> bool {
+        self.inner.only_raw_public_keys()
+    }
+
+    fn has_certs(&self) -> bool {
+        attempt::with_current(|a| a.mark_tls_started());
+        self.inner.has_certs()
+    }
+}
+
+/// Wraps the time provider of a user's configuration. rustls asks it
+/// before the ClientHello only when the session store returned a session it
+/// can offer, and during the handshake just before the verifier runs
+/// (TLS 1.3: after ServerHello, before the server's Finished; TLS 1.2:
+/// before the key schedule, whose `CLIENT_RANDOM` tells the version); later
+/// calls (saving a session or ticket) are not marked.
+#[derive(Debug)]
+struct TimeHook {
+    inner: Arc<dyn TimeProvider>,
+}
+
+impl TimeProvider for TimeHook {
+    fn current_time(&self) -> Option<UnixTime> {
+        let now = Instant::now();
+        attempt::with_current(|a| {
+            let mut p = a.phases();
+            if p.tls_started.is_none() {
+                p.resumption_offered = true;
+            } else if p.cert_verify_started.is_none()
+                && p.server_finished.is_none()
+                && (p.server_hello.is_some() || p.tls_version.is_none())
+            {
+                p.cert_verify_started = Some(now);
+            }
+        });
+        self.inner.current_time()
     }
 }
 
@@ -413,10 +569,12 @@ impl ClientSessionStore for SessionStoreHook {
 
 /// Key log that never takes a secret: `will_log` answers `false` after noting
 /// which TLS 1.3 stage was reached; TLS 1.2's direct `log` is dropped unread.
-/// With `file` (the user asked for `SSLKEYLOGFILE`), secrets go there only.
+/// With `sink` (the user asked for `SSLKEYLOGFILE`, or the user's own
+/// config's key log), `will_log` answers as the sink does and secrets go
+/// there only.
 #[derive(Debug)]
 struct KeyLogHook {
-    file: Option<rustls::KeyLogFile>,
+    sink: Option<Arc<dyn KeyLog>>,
 }
 
 impl KeyLog for KeyLogHook {
@@ -424,8 +582,8 @@ impl KeyLog for KeyLogHook {
         // Without a key log file only TLS 1.2 reaches here (1.3 asks
         // will_log first and we say no). The secret is not read, copied or
         // stored here.
-        if let Some(file) = &self.file {
-            file.log(label, client_random, secret);
+        if let Some(sink) = &self.sink {
+            sink.log(label, client_random, secret);
         }
         if label == "CLIENT_RANDOM" {
             attempt::with_current(|a| {
@@ -452,7 +610,7 @@ impl KeyLog for KeyLogHook {
                 _ => {}
             }
         });
-        self.file.is_some()
+        self.sink.as_ref().is_some_and(|sink| sink.will_log(label))
     }
 }
 

@@ -178,13 +178,15 @@ impl Metrics {
                 .u64_observable_gauge(semconv::HTTP_CLIENT_POOL_IDLE_LIMIT)
                 .with_unit("{connection}")
                 .with_description(
-                    "pool_max_idle_per_host of the client serving the host, when set through reqwest-conntrace.",
+                    "pool_max_idle_per_host of the client serving the host: set through reqwest-conntrace (http.connection.pool.limits=configured) or inferred from the connections its pool closed (inferred).",
                 )
                 .with_callback(move |observer| {
                     let observe = |gauges: &[HostGauges]| {
                         for g in gauges {
-                            if let Some(limit) = g.idle_limit {
-                                observer.observe(limit as u64, &host_attributes(&g.server_address, g.server_port));
+                            if let Some((limit, source)) = g.idle_limit {
+                                let [address, port] = host_attributes(&g.server_address, g.server_port);
+                                let source = KeyValue::new(semconv::HTTP_CONNECTION_POOL_LIMITS, source.as_str());
+                                observer.observe(limit as u64, &[address, port, source]);
                             }
                         }
                     };

@@ -26,6 +26,27 @@ pub struct TcpFacts {
     /// (`idiag_rqueue` of `struct inet_diag_msg`: `rcv_nxt - copied_seq`,
     /// net/ipv4/tcp_diag.c; `ss`: `Recv-Q`); 0 for `TIME_WAIT` sockets.
     pub receive_queue: u32,
+    /// Time left on the socket's `TIME_WAIT` timer (`idiag_expires` when
+    /// `idiag_timer` is 3, in ms); `None` in every other state. The timer
+    /// runs [`TIME_WAIT_LENGTH`] from the moment both sides had closed, so
+    /// `TIME_WAIT_LENGTH - left` is how long ago the connection ended
+    /// (see [`TcpFacts::closed_ago`]).
+    pub time_wait_left: Option<Duration>,
+}
+
+/// How long Linux keeps a socket in `TIME_WAIT`: `TCP_TIMEWAIT_LEN`
+/// (include/net/tcp.h, 60 s, a constant with no sysctl).
+pub const TIME_WAIT_LENGTH: Duration = Duration::from_secs(60);
+
+impl TcpFacts {
+    /// For a socket in `TIME_WAIT` (we closed first), how long ago it
+    /// entered that state: when the peer's FIN answered ours, so, with a
+    /// peer that closes as soon as it reads our FIN (as HTTP servers do),
+    /// when we closed it, to within one round trip. `None` in other states.
+    pub fn closed_ago(&self) -> Option<Duration> {
+        self.time_wait_left
+            .map(|left| TIME_WAIT_LENGTH.saturating_sub(left))
+    }
 }
 
 /// Counters from the kernel's `struct tcp_info` (include/uapi/linux/tcp.h)

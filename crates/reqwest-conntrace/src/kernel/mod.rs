@@ -25,6 +25,6 @@ mod worker;
 #[cfg(not(target_os = "linux"))]
 use no_sock_diag as sock_diag;
 
-pub use facts::{TcpFacts, TcpInfo, TcpState};
+pub use facts::{TIME_WAIT_LENGTH, TcpFacts, TcpInfo, TcpState};
 pub(crate) use owned::{OwnedLookup, OwnedSocket};
 pub(crate) use view::{KernelLookup, KernelView};

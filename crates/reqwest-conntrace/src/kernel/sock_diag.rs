@@ -299,7 +299,7 @@ fn answer_in(
         };
         match parsed.payload {
             NetlinkPayload::InnerMessage(SockDiagMessage::InetResponse(response)) => {
-                return Some(facts(&response, local, remote));
+                return Some(facts(&response, message, local, remote));
             }
             NetlinkPayload::Error(error) => {
                 let error = error.to_io();
@@ -369,6 +369,7 @@ fn dump_part(
 /// the local port, so the pair is checked.)
 fn facts(
     response: &InetResponse,
+    message: &[u8],
     local: SocketAddr,
     remote: SocketAddr,
 ) -> Result<Option<TcpFacts>, QueryError> {
@@ -391,5 +392,35 @@ fn facts(
         state,
         info,
         receive_queue: response.header.recv_queue,
+        // A FIN_WAIT2 mini socket shows the same timer, run from
+        // `tcp_fin_timeout` instead: only TIME_WAIT's length is fixed.
+        time_wait_left: if state == TcpState::TimeWait {
+            time_wait_left(message)
+        } else {
+            None
+        },
     }))
+}
+
+/// `idiag_timer` and `idiag_expires` of the `struct inet_diag_msg` in a
+/// reply (include/uapi/linux/inet_diag.h: after the 16-byte netlink
+/// header, `idiag_timer` is byte 2 and the `__u32 idiag_expires` (ms)
+/// follows the 48-byte `inet_diag_sockid` at byte 52). netlink-packet-sock-diag
+/// decodes the timer but drops the time left on a `TIME_WAIT` one.
+const NETLINK_HEADER: usize = 16;
+const TIMER_AT: usize = NETLINK_HEADER + 2;
+const EXPIRES_AT: usize = NETLINK_HEADER + 52;
+/// `idiag_timer` value of the `TIME_WAIT` timer (net/ipv4/tcp_diag.c,
+/// `inet_twsk_diag_fill`).
+const TIMER_TIME_WAIT: u8 = 3;
+
+/// The time left on a `TIME_WAIT` timer in this reply, if that is its timer.
+fn time_wait_left(message: &[u8]) -> Option<Duration> {
+    if *message.get(TIMER_AT)? != TIMER_TIME_WAIT {
+        return None;
+    }
+    let bytes = message.get(EXPIRES_AT..EXPIRES_AT + 4)?;
+    Some(Duration::from_millis(u64::from(u32::from_ne_bytes(
+        bytes.try_into().ok()?,
+    ))))
 }

@@ -360,12 +360,30 @@ mod tests {
         assert!(facts.state.closed_by_us() && !facts.state.closed_by_peer());
         // Closed by the application, FIN_WAIT2 is a time-wait mini socket.
         assert_eq!(facts.info, None);
+        assert_eq!(facts.closed_ago(), None, "no TIME_WAIT timer yet");
 
         drop(peer);
+        let closed = Instant::now();
         let facts = found(wait_for(&view, ids, state_is(TcpState::TimeWait)).await);
         assert_eq!(facts.state, TcpState::TimeWait);
         assert!(facts.state.closed_by_us());
         assert_eq!(facts.info, None, "TIME_WAIT sockets have no tcp_info");
+        // The TIME_WAIT timer dates the close: just now, then 300 ms later
+        // 300 ms more (jiffies: up to 10 ms either way).
+        let first = facts.closed_ago().expect("TIME_WAIT timer");
+        assert!(
+            first <= closed.elapsed() + Duration::from_millis(10),
+            "{first:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let later = found(view.lookup(ids.0, ids.1, LOOKUP_TIMEOUT).await)
+            .closed_ago()
+            .expect("still in TIME_WAIT");
+        assert!(
+            later >= first + Duration::from_millis(290)
+                && later <= closed.elapsed() + Duration::from_millis(10),
+            "{first:?} then {later:?}"
+        );
     }
 
     #[tokio::test]

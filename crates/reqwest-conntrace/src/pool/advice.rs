@@ -29,6 +29,7 @@ use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use crate::pool::host::HostKey;
+use crate::pool::inferred::LimitSource;
 use crate::semconv;
 
 /// Default cap on the hosts whose load one handle tracks at once: 1,024
@@ -42,8 +43,8 @@ struct HostLoad {
     /// Peak of `in_flight` since `interval_start`.
     peak: u64,
     /// `pool_max_idle_per_host` of the latest client seen serving the host,
-    /// when set through this crate.
-    idle_limit: Option<usize>,
+    /// when set through this crate or inferred, and which.
+    idle_limit: Option<(usize, LimitSource)>,
     /// `all_busy` misses since `interval_start`.
     forced_misses: u64,
     interval_start: Instant,
@@ -55,7 +56,7 @@ impl HostLoad {
     /// forced misses happened.
     fn advice(&self, key: &HostKey, now: Instant) -> Option<PoolAdvice> {
         // A limit of 0 is a deliberate choice not to pool: no advice.
-        let limit = self.idle_limit.filter(|l| *l > 0)?;
+        let (limit, source) = self.idle_limit.filter(|(l, _)| *l > 0)?;
         (self.forced_misses > 0 && self.peak > limit as u64).then(|| {
             let elapsed = now
                 .saturating_duration_since(self.interval_start)
@@ -66,6 +67,7 @@ impl HostLoad {
                 server_port: key.port,
                 peak_in_flight: self.peak,
                 idle_limit: limit,
+                idle_limit_inferred: source == LimitSource::Inferred,
                 misses_per_second: self.forced_misses as f64 / elapsed,
                 suggested_max_idle_per_host: self.peak,
             }
@@ -90,8 +92,15 @@ pub struct PoolAdvice {
     pub server_port: u16,
     /// Most requests in flight to the host at once in the interval.
     pub peak_in_flight: u64,
-    /// The client's `pool_max_idle_per_host`.
+    /// The client's `pool_max_idle_per_host`: set through
+    /// [`InstrumentedClientBuilder::pool_max_idle_per_host`](crate::InstrumentedClientBuilder::pool_max_idle_per_host),
+    /// or, when it was set on reqwest's builder, inferred from the
+    /// connections the pool closed at release (see `idle_limit_inferred`).
     pub idle_limit: usize,
+    /// `idle_limit` was inferred (`http.connection.pool.limits = inferred`):
+    /// the fewest idle connections the client's pool held when it was seen
+    /// closing a released one, so the limit is at most this.
+    pub idle_limit_inferred: bool,
     /// `all_busy` misses per second over the interval so far.
     pub misses_per_second: f64,
     /// The `pool_max_idle_per_host` that keeps the peak's connections: the
@@ -99,15 +108,32 @@ pub struct PoolAdvice {
     pub suggested_max_idle_per_host: u64,
 }
 
+impl PoolAdvice {
+    /// Where `idle_limit` came from: the `http.connection.pool.limits`
+    /// value, `configured` or `inferred`.
+    pub fn idle_limit_source(&self) -> &'static str {
+        if self.idle_limit_inferred {
+            semconv::POOL_LIMITS_INFERRED
+        } else {
+            semconv::POOL_LIMITS_CONFIGURED
+        }
+    }
+}
+
 impl std::fmt::Display for PoolAdvice {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "pool too small for {}:{}: observed peak in flight {}, idle limit {}, misses per second {:.2}; suggested pool_max_idle_per_host >= {}",
+            "pool too small for {}:{}: observed peak in flight {}, idle limit {}{}, misses per second {:.2}; suggested pool_max_idle_per_host >= {}",
             self.server_address,
             self.server_port,
             self.peak_in_flight,
             self.idle_limit,
+            if self.idle_limit_inferred {
+                " (inferred)"
+            } else {
+                ""
+            },
             self.misses_per_second,
             self.suggested_max_idle_per_host
         )
@@ -120,7 +146,7 @@ pub(crate) struct HostGauges {
     pub(crate) server_address: String,
     pub(crate) server_port: u16,
     pub(crate) peak_in_flight: u64,
-    pub(crate) idle_limit: Option<usize>,
+    pub(crate) idle_limit: Option<(usize, LimitSource)>,
 }
 
 /// Per-host load of one handle. Bounded: a host is forgotten only once its
@@ -245,7 +271,7 @@ impl PoolLoad {
     pub(crate) fn on_response(
         &self,
         host: &HostKey,
-        idle_limit: Option<usize>,
+        idle_limit: Option<(usize, LimitSource)>,
         all_busy: bool,
         now: Instant,
     ) -> Option<PoolAdvice> {
@@ -340,11 +366,20 @@ mod tests {
             assert!(load.request_started(&b, t0));
         }
         // No pooling on purpose, a hit, or a limit at or above the peak: no advice.
-        assert_eq!(load.on_response(&b, Some(0), true, t0), None);
-        assert_eq!(load.on_response(&b, Some(2), false, t0), None);
-        assert_eq!(load.on_response(&b, Some(5), true, t0), None);
+        assert_eq!(
+            load.on_response(&b, Some((0, LimitSource::Configured)), true, t0),
+            None
+        );
+        assert_eq!(
+            load.on_response(&b, Some((2, LimitSource::Configured)), false, t0),
+            None
+        );
+        assert_eq!(
+            load.on_response(&b, Some((5, LimitSource::Configured)), true, t0),
+            None
+        );
         let first = load
-            .on_response(&b, Some(2), true, t0)
+            .on_response(&b, Some((2, LimitSource::Configured)), true, t0)
             .expect("peak 5 > limit 2 with a forced miss");
         assert_eq!((first.peak_in_flight, first.idle_limit), (5, 2));
         // 3 all_busy misses so far (the limit-0 and limit-5 ones count too:
@@ -358,7 +393,10 @@ mod tests {
         // pool_advice(), the gauge and peak_in_flight() say the same then.
         assert_eq!(load.advice(later), vec![second.clone()]);
         assert_eq!(load.gauges(later)[0].peak_in_flight, 5);
-        assert_eq!(load.gauges(later)[0].idle_limit, Some(2));
+        assert_eq!(
+            load.gauges(later)[0].idle_limit,
+            Some((2, LimitSource::Configured))
+        );
         assert_eq!(load.peak_in_flight("b", 443, later), Some(5));
         // A new interval starts from the requests in flight.
         let next = t0 + Duration::from_secs(61);
@@ -381,7 +419,12 @@ mod tests {
             load.request_started(&b, t0);
         }
         for i in 0..20 {
-            load.on_response(&b, Some(1), true, t0 + Duration::from_millis(100 * i));
+            load.on_response(
+                &b,
+                Some((1, LimitSource::Configured)),
+                true,
+                t0 + Duration::from_millis(100 * i),
+            );
         }
         let end = t0 + Duration::from_secs(10);
         let expected = load.hosts().get(&b).and_then(|l| l.advice(&b, end));

@@ -4,6 +4,8 @@
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use crate::pool::inferred::{InferredLimits, LimitSource};
+
 /// A client whose first request to a host comes less than this long after
 /// it was built counts as a new client
 /// (miss reason `new_client`) when an earlier client of the handle had
@@ -30,6 +32,9 @@ pub(crate) struct ClientState {
     pub(crate) max_idle_per_host: Option<usize>,
     /// `pool_max_idle_per_host` came through this crate's builder.
     pub(crate) max_idle_known: bool,
+    /// The limits its pool has shown, for those not set through this
+    /// crate's builder.
+    pub(crate) inferred: InferredLimits,
     /// The keep-alive mismatch warning was logged for this client.
     keep_alive_warned: AtomicBool,
 }
@@ -48,6 +53,7 @@ impl ClientState {
             idle_timeout_known: idle_timeout.is_some(),
             max_idle_per_host,
             max_idle_known: max_idle_per_host.is_some(),
+            inferred: InferredLimits::default(),
             keep_alive_warned: AtomicBool::new(false),
         }
     }
@@ -61,6 +67,19 @@ impl ClientState {
     /// Both pool limits came through this crate's builder.
     pub(crate) fn limits_known(&self) -> bool {
         self.idle_timeout_known && self.max_idle_known
+    }
+
+    /// `pool_max_idle_per_host` and where it came from: set through this
+    /// crate's builder, or inferred so far; `None` when unlimited or
+    /// neither.
+    pub(crate) fn idle_limit(&self) -> Option<(usize, LimitSource)> {
+        if self.max_idle_known {
+            self.max_idle_per_host.map(|n| (n, LimitSource::Configured))
+        } else {
+            self.inferred
+                .idle_limit()
+                .map(|n| (n, LimitSource::Inferred))
+        }
     }
 
     /// A client built outside this crate's builder (the connector layer

@@ -32,7 +32,9 @@ pub enum MissReason {
     /// connections.
     AllBusy,
     /// `idle_expired`: the most recent idle connection had sat in the pool
-    /// longer than the client's pool idle timeout, so the pool dropped it.
+    /// longer than the client's pool idle timeout, so the pool dropped it
+    /// (the timeout configured, or inferred from that close:
+    /// `http.connection.pool.limits = inferred`).
     IdleExpired,
     /// `closed_by_peer`: the most recent idle connection was closed by the
     /// server while idle (the kernel shows the socket in CLOSE_WAIT /
@@ -59,8 +61,10 @@ pub enum MissReason {
     /// `pool_closed`: the client's own pool closed the most recent idle
     /// connection (the kernel shows our side closed it), and which limit
     /// did is unknown: its `pool_idle_timeout` did not come through this
-    /// crate's builder (reqwest's builder cannot be read), so it may have
-    /// expired, or it was released over `pool_max_idle_per_host`. The span also carries
+    /// crate's builder (reqwest's builder cannot be read), and the kernel
+    /// could not date the close (which would have inferred the limit), so
+    /// it may have expired, or it was released over
+    /// `pool_max_idle_per_host`. The span also carries
     /// `http.connection.pool.limits = unknown`.
     PoolClosed,
     /// `discarded`: the previous response on the most recent connection was

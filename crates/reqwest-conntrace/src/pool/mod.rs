@@ -5,6 +5,7 @@
 //! - `host`: the pool key (scheme, host, port);
 //! - `slot`: the miss of one connect (reason, previous connection) and the slot it is decided into;
 //! - `client`: one instrumented client instance and its pool settings;
+//! - `inferred`: pool limits inferred from the closes a client's pool makes;
 //! - `registry`: live connections by socket address pair;
 //! - `miss`: [`MissReason`](crate::MissReason) and how a connection ended;
 //! - `advice`: per-host in-flight load and the pool-size advice (Little's law).
@@ -12,6 +13,7 @@
 pub(crate) mod advice;
 pub(crate) mod client;
 pub(crate) mod host;
+pub(crate) mod inferred;
 pub(crate) mod miss;
 pub(crate) mod model;
 pub(crate) mod registry;

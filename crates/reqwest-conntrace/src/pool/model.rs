@@ -18,9 +18,10 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
-use crate::kernel::KernelLookup;
+use crate::kernel::{KernelLookup, TcpFacts};
 use crate::pool::client::{ClientState, NEW_CLIENT_WINDOW};
 use crate::pool::host::HostKey;
+use crate::pool::inferred::{PoolClose, RELEASE_ORDER_UNSURE, over_limit_reason, pool_close};
 use crate::pool::miss::{ConnectionEnd, MissReason};
 use crate::pool::registry::ConnectionRecord;
 use crate::pool::slot::{Miss, Previous};
@@ -194,6 +195,10 @@ pub(crate) fn decide_from_kernel(
         // a release over the limit): `pool_closed`.
         KernelLookup::Found(facts) if facts.state.closed_by_us() => {
             let client = &candidate.client;
+            // A limit not set through our builder: the dated close names it.
+            if let Some(miss) = inferred_close(candidate, facts, now) {
+                return miss;
+            }
             let (reason, end) = if client.idle_timeout_known {
                 (MissReason::AllBusy, ConnectionEnd::IdleLimit)
             } else {
@@ -219,6 +224,34 @@ pub(crate) fn decide_from_kernel(
         KernelLookup::Found(_) => alive,
         KernelLookup::Unavailable | KernelLookup::TimedOut => alive,
     }
+}
+
+/// The miss a close by the client's own pool explains, when it is dated
+/// (see [`inferred`](crate::pool::inferred)) and names a limit this crate
+/// could not read; the bound it gives is kept on the client.
+fn inferred_close(candidate: &ConnectionRecord, facts: &TcpFacts, now: Instant) -> Option<Miss> {
+    let client = &candidate.client;
+    if client.limits_known() {
+        return None;
+    }
+    let close = pool_close(candidate, facts, now)?;
+    client.inferred.observe(close);
+    let (reason, end) = match close {
+        PoolClose::AtRelease { idle_others } if !client.max_idle_known => {
+            (over_limit_reason(idle_others), ConnectionEnd::IdleLimit)
+        }
+        PoolClose::Expired { .. } if !client.idle_timeout_known => {
+            (MissReason::IdleExpired, ConnectionEnd::IdleTimeout)
+        }
+        _ => return None,
+    };
+    close.mark(candidate);
+    let mut miss =
+        Miss::caused_by(reason, Previous::of(candidate, now, Some(end))).limits_inferred();
+    if reason == MissReason::IdleExpired {
+        miss.inferred_idle_timeout = client.inferred.idle_timeout();
+    }
+    Some(miss)
 }
 
 impl PoolHistory {
@@ -420,12 +453,18 @@ impl PoolHistory {
         if let Some(end) = candidate.end().filter(|e| e.by_server()) {
             return MissVerdict::Decided(Miss::caused_by(MissReason::ClosedByPeer, previous(end)));
         }
-        // 8. Released while the idle pool was full.
+        // 8. Released while the idle pool was full (an idle limit not
+        //    set through our builder: inferred from the kernel's view).
         if candidate.is_over_idle_limit() {
-            return MissVerdict::Decided(Miss::caused_by(
-                MissReason::AllBusy,
-                previous(ConnectionEnd::IdleLimit),
-            ));
+            return MissVerdict::Decided(if client.max_idle_known {
+                Miss::caused_by(MissReason::AllBusy, previous(ConnectionEnd::IdleLimit))
+            } else {
+                Miss::caused_by(
+                    over_limit_reason(candidate.idle_others_at_release()),
+                    previous(ConnectionEnd::IdleLimit),
+                )
+                .limits_inferred()
+            });
         }
         // 9. Idle past the client's idle timeout.
         if client
@@ -575,20 +614,24 @@ impl PoolHistory {
     /// pool, unless the client's idle pool for the host is already full
     /// (`pool_max_idle_per_host`), in which case hyper-util closes it.
     /// Returns `true` when it marked the connection over the limit.
+    /// `request_started`: start of the request whose end released it.
     pub(crate) fn on_released(
         &self,
         host: &HostKey,
         record: &ConnectionRecord,
         now: Instant,
+        request_started: Instant,
     ) -> bool {
-        let Some(limit) = record.client.max_idle_per_host else {
+        let limit = record.client.max_idle_per_host;
+        // Unlimited by configuration: nothing to count.
+        if limit.is_none() && record.client.max_idle_known {
             return false;
-        };
+        }
         let hosts = self.hosts();
         let Some(history) = hosts.get(host) else {
             return false;
         };
-        let idle = history
+        let idle: Vec<&Arc<ConnectionRecord>> = history
             .connections
             .iter()
             .filter(|r| {
@@ -603,12 +646,61 @@ impl PoolHistory {
                         .idle_timeout
                         .is_none_or(|t| now.saturating_duration_since(r.last_activity()) < t)
             })
-            .count();
-        if idle >= limit {
+            .collect();
+        // Kept for inferring a limit this crate could not read, unless
+        // another release, during this request, came so close that
+        // hyper-util may have seen the two in the other order (then neither
+        // count is a bound).
+        if !record.client.max_idle_known {
+            let mut ambiguous = false;
+            for other in &idle {
+                if other.last_released().is_some_and(|t| {
+                    t > request_started && now.saturating_duration_since(t) < RELEASE_ORDER_UNSURE
+                }) {
+                    other.forget_idle_others_at_release();
+                    ambiguous = true;
+                }
+            }
+            if ambiguous {
+                record.forget_idle_others_at_release();
+            } else {
+                record.set_idle_others_at_release(idle.len());
+            }
+        }
+        let idle = idle.len();
+        if limit.is_some_and(|limit| idle >= limit) {
             record.mark_over_idle_limit();
             return true;
         }
         false
+    }
+
+    /// `client`'s connections to `host` that are idle and not known to be
+    /// closed, at most `max`, the most recently released first: the ones a
+    /// dated close at release is checked against.
+    pub(crate) fn idle_of_client(
+        &self,
+        host: &HostKey,
+        client_id: u64,
+        max: usize,
+    ) -> Vec<Arc<ConnectionRecord>> {
+        let hosts = self.hosts();
+        let Some(history) = hosts.get(host) else {
+            return Vec::new();
+        };
+        history
+            .connections
+            .iter()
+            .rev()
+            .filter(|r| {
+                r.client.id == client_id
+                    && r.in_use() == 0
+                    && !r.is_closed()
+                    && r.last_released().is_some()
+            })
+            .take(max)
+            .cloned()
+            .collect()
     }
 }
 
@@ -697,6 +789,7 @@ mod tests {
             state,
             info: None,
             receive_queue,
+            time_wait_left: None,
         })
     }
 

@@ -64,6 +64,10 @@ pub(crate) struct ConnectionRecord {
     stalled: AtomicBool,
     /// A newer DNS answer for its host no longer holds its peer address.
     dns_stale: AtomicBool,
+    /// Other connections of its client to its host that were idle at its
+    /// latest release (`usize::MAX`: not counted), for inferring an idle
+    /// limit this crate could not read.
+    idle_others_at_release: AtomicUsize,
 }
 
 impl ConnectionRecord {
@@ -96,6 +100,27 @@ impl ConnectionRecord {
             stream_resets: AtomicU64::new(0),
             stalled: AtomicBool::new(false),
             dns_stale: AtomicBool::new(false),
+            idle_others_at_release: AtomicUsize::new(usize::MAX),
+        }
+    }
+
+    /// Records how many other connections were idle at its release.
+    pub(crate) fn set_idle_others_at_release(&self, n: usize) {
+        self.idle_others_at_release
+            .store(n.min(usize::MAX - 1), Ordering::Relaxed);
+    }
+
+    /// Its idle count at release is no bound (see `set_idle_others_at_release`).
+    pub(crate) fn forget_idle_others_at_release(&self) {
+        self.idle_others_at_release
+            .store(usize::MAX, Ordering::Relaxed);
+    }
+
+    /// Other connections idle at its latest release, if counted.
+    pub(crate) fn idle_others_at_release(&self) -> Option<usize> {
+        match self.idle_others_at_release.load(Ordering::Relaxed) {
+            usize::MAX => None,
+            n => Some(n),
         }
     }
 

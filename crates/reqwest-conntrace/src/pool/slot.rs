@@ -5,6 +5,7 @@
 use std::sync::{Mutex, OnceLock};
 use std::time::Duration;
 
+use crate::pool::inferred::LimitSource;
 use crate::pool::miss::{ConnectionEnd, MissReason};
 
 /// A connection whose end (or state) caused a miss: the facts named on
@@ -28,8 +29,12 @@ pub(crate) struct Miss {
     /// the request says `http.connection.untracked = pool_history`.
     pub(crate) untracked: bool,
     /// The decision depended on a pool limit this crate could not read
-    /// (set on reqwest's builder): `http.connection.pool.limits = unknown`.
-    pub(crate) limits_unknown: bool,
+    /// (set on reqwest's builder), inferred or not:
+    /// `http.connection.pool.limits = inferred | unknown`.
+    pub(crate) limits: Option<LimitSource>,
+    /// `idle_expired` under an inferred idle timeout: the client's idle
+    /// timeout as inferred so far (`http.connection.client_idle_timeout`).
+    pub(crate) inferred_idle_timeout: Option<Duration>,
 }
 
 impl Miss {
@@ -38,7 +43,8 @@ impl Miss {
             reason,
             previous: None,
             untracked: false,
-            limits_unknown: false,
+            limits: None,
+            inferred_idle_timeout: None,
         }
     }
 
@@ -58,7 +64,15 @@ impl Miss {
 
     pub(crate) fn limits_unknown(self) -> Self {
         Self {
-            limits_unknown: true,
+            limits: Some(LimitSource::Unknown),
+            ..self
+        }
+    }
+
+    /// The reason rests on a limit inferred from the client's closes.
+    pub(crate) fn limits_inferred(self) -> Self {
+        Self {
+            limits: Some(LimitSource::Inferred),
             ..self
         }
     }

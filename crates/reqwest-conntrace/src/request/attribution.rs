@@ -145,7 +145,7 @@ pub(crate) fn attribute_response(
     }
     if let Some(advice) = inner.load.on_response(
         &state.host,
-        record.client.max_idle_per_host,
+        record.client.idle_limit(),
         // A reason still waiting for the kernel is not counted as forced.
         miss_reason == Some(MissReason::AllBusy) && !*miss_deferred,
         now,
@@ -160,6 +160,10 @@ pub(crate) fn attribute_response(
                 KeyValue::new(
                     semconv::HTTP_CLIENT_POOL_IDLE_LIMIT,
                     advice.idle_limit as i64,
+                ),
+                KeyValue::new(
+                    semconv::HTTP_CONNECTION_POOL_LIMITS,
+                    advice.idle_limit_source(),
                 ),
                 KeyValue::new(
                     semconv::HTTP_CONNECTION_POOL_MISSES_PER_SECOND,
@@ -219,11 +223,11 @@ fn record_miss(inner: &Inner, state: &RequestState, span: &tracing::Span, miss: 
         inner.note_untracked(span, &state.host, semconv::UNTRACKED_POOL_HISTORY);
         return;
     }
-    if miss.limits_unknown {
-        span.set_attribute(
-            semconv::HTTP_CONNECTION_POOL_LIMITS,
-            semconv::POOL_LIMITS_UNKNOWN,
-        );
+    if let Some(source) = miss.limits {
+        span.set_attribute(semconv::HTTP_CONNECTION_POOL_LIMITS, source.as_str());
+    }
+    if let Some(timeout) = miss.inferred_idle_timeout {
+        span.set_attribute(semconv::HTTP_CONNECTION_CLIENT_IDLE_TIMEOUT, secs(timeout));
     }
     let reason = miss.reason.as_str();
     span.set_attribute(semconv::HTTP_CONNECTION_MISS_REASON, reason);
@@ -243,10 +247,10 @@ fn record_miss(inner: &Inner, state: &RequestState, span: &tracing::Span, miss: 
     }
     let mut attributes = state.host.attributes();
     attributes.push(KeyValue::new(semconv::HTTP_CONNECTION_MISS_REASON, reason));
-    if miss.limits_unknown {
+    if let Some(source) = miss.limits {
         attributes.push(KeyValue::new(
             semconv::HTTP_CONNECTION_POOL_LIMITS,
-            semconv::POOL_LIMITS_UNKNOWN,
+            source.as_str(),
         ));
     }
     inner.metrics.pool_misses.add(1, &attributes);
@@ -685,7 +689,9 @@ impl RequestEnd {
         if record.in_use() == 0
             && let Some(host) = &record.host
         {
-            self.inner.pools.on_released(host, record, now);
+            self.inner
+                .pools
+                .on_released(host, record, now, self.state.started);
         }
     }
 

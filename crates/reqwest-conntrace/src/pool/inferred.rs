@@ -1,0 +1,317 @@
+//! Pool limits inferred from what a client's own pool does with its
+//! released connections, for the limits this crate could not read (set on
+//! reqwest's builder, which has no getter for them).
+//!
+//! hyper-util's pool closes an idle connection for one of two limits, at
+//! two distinguishable moments:
+//! - `pool_max_idle_per_host`: at its release, when the host's idle list
+//!   already holds that many (hyper-util `PoolInner::put`): closed within
+//!   moments of the release, while `N` others were idle, so the limit is at
+//!   most `N`;
+//! - `pool_idle_timeout` `T`: by its idle check, which runs every `T` (at
+//!   least every 90 ms, hyper-util `spawn_idle_interval`), so the close
+//!   comes `T` to about `2T` after the release: the timeout is at most the
+//!   idle time at close (and more than half of it).
+//!
+//! The close and its moment come from the kernel: our side closed first
+//! (`FIN_WAIT*`, `TIME_WAIT`), and the `TIME_WAIT` timer dates the close
+//! ([`TcpFacts::closed_ago`]). Only HTTP/1.1 connections that were idle in
+//! the pool count: not one with a request on it, one whose body was
+//! dropped early (hyper closed it for that), or one the server ended
+//! (`Connection: close`, a reset).
+
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use crate::kernel::TcpFacts;
+use crate::pool::miss::{ConnectionEnd, MissReason};
+use crate::pool::registry::ConnectionRecord;
+use crate::semconv;
+
+/// A close this soon after the release (our release time and hyper-util's
+/// differ by a few scheduling delays) is the idle limit's, not the idle
+/// timeout's: hyper-util's idle check never runs sooner than 90 ms after an
+/// idle connection was put back.
+pub(crate) const CLOSED_AT_RELEASE: Duration = Duration::from_millis(50);
+
+/// Two releases of one client's connections to one host closer than this,
+/// the earlier one during the later one's request,
+/// may have reached hyper-util's pool in the other order (it puts a
+/// connection back on a task of its own): the idle count at either release
+/// is then no bound on the idle limit, and neither is kept.
+pub(crate) const RELEASE_ORDER_UNSURE: Duration = Duration::from_millis(20);
+
+/// Where a pool limit a miss reason depended on came from
+/// (`http.connection.pool.limits`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum LimitSource {
+    /// Set through this crate's builder.
+    Configured,
+    /// Inferred from the closes the client's pool made (this module).
+    Inferred,
+    /// Neither: the reason is the kernel's fallback.
+    Unknown,
+}
+
+impl LimitSource {
+    /// The `http.connection.pool.limits` value.
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            LimitSource::Configured => semconv::POOL_LIMITS_CONFIGURED,
+            LimitSource::Inferred => semconv::POOL_LIMITS_INFERRED,
+            LimitSource::Unknown => semconv::POOL_LIMITS_UNKNOWN,
+        }
+    }
+}
+
+/// How the client's own pool closed one of its idle connections.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) enum PoolClose {
+    /// At its release, while `idle_others` other connections of the client
+    /// to the host were idle (as far as this crate knew then: some of them
+    /// may have been closed already, so the limit is at most this); `None`
+    /// when the release order was unsure ([`RELEASE_ORDER_UNSURE`]).
+    AtRelease { idle_others: Option<usize> },
+    /// After sitting idle for `idle`: the idle timeout is at most this.
+    Expired { idle: Duration },
+}
+
+impl PoolClose {
+    /// Records on `record` how it ended (and, at release, that it was over
+    /// the idle limit, so later misses and counts skip it).
+    pub(crate) fn mark(self, record: &ConnectionRecord) {
+        match self {
+            PoolClose::AtRelease { .. } => {
+                record.mark_over_idle_limit();
+                record.infer_end(ConnectionEnd::IdleLimit);
+            }
+            PoolClose::Expired { .. } => record.infer_end(ConnectionEnd::IdleTimeout),
+        }
+    }
+}
+
+/// How the client's pool closed `record`, if the kernel's `facts` (asked
+/// at `now`) show our side closed it while it was idle in the pool and
+/// date that close; `None` otherwise.
+pub(crate) fn pool_close(
+    record: &ConnectionRecord,
+    facts: &TcpFacts,
+    now: Instant,
+) -> Option<PoolClose> {
+    if record.http2()
+        || record.in_use() > 0
+        || record.is_discarded()
+        || record.is_dropped_early()
+        || record.said_connection_close()
+        || record.end().is_some_and(ConnectionEnd::by_server)
+        || !facts.state.closed_by_us()
+    {
+        return None;
+    }
+    let closed_at = now.checked_sub(facts.closed_ago()?)?;
+    let released = record.last_released()?;
+    if closed_at <= released + CLOSED_AT_RELEASE {
+        Some(PoolClose::AtRelease {
+            idle_others: record.idle_others_at_release(),
+        })
+    } else {
+        Some(PoolClose::Expired {
+            idle: closed_at.saturating_duration_since(released),
+        })
+    }
+}
+
+/// The reason for a miss whose candidate the pool closed at its release,
+/// under an inferred idle limit: with no other connection idle then, the
+/// limit is 0, the pool keeps none (`pool_disabled`); else `all_busy`.
+pub(crate) fn over_limit_reason(idle_others: Option<usize>) -> MissReason {
+    if idle_others == Some(0) {
+        MissReason::PoolDisabled
+    } else {
+        MissReason::AllBusy
+    }
+}
+
+/// The limits one client's pool has shown so far: the smallest bound each
+/// close gave. Lock-free; read on every response.
+#[derive(Debug)]
+pub(crate) struct InferredLimits {
+    /// Smallest idle time at close, in ms (`u64::MAX`: none seen).
+    idle_timeout_ms: AtomicU64,
+    /// Smallest count of others idle at a release the pool closed
+    /// (`usize::MAX`: none seen).
+    idle_limit: AtomicUsize,
+}
+
+impl Default for InferredLimits {
+    fn default() -> Self {
+        Self {
+            idle_timeout_ms: AtomicU64::new(u64::MAX),
+            idle_limit: AtomicUsize::new(usize::MAX),
+        }
+    }
+}
+
+impl InferredLimits {
+    /// Takes the bound `close` gives.
+    pub(crate) fn observe(&self, close: PoolClose) {
+        match close {
+            PoolClose::AtRelease { idle_others } => {
+                if let Some(n) = idle_others {
+                    self.idle_limit.fetch_min(n, Ordering::Relaxed);
+                }
+            }
+            PoolClose::Expired { idle } => {
+                let ms = u64::try_from(idle.as_millis()).unwrap_or(u64::MAX - 1);
+                self.idle_timeout_ms.fetch_min(ms, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// The idle timeout as inferred so far: the shortest idle time at which
+    /// the pool was seen closing a connection (the timeout is at most this,
+    /// and more than half of it).
+    pub(crate) fn idle_timeout(&self) -> Option<Duration> {
+        match self.idle_timeout_ms.load(Ordering::Relaxed) {
+            u64::MAX => None,
+            ms => Some(Duration::from_millis(ms)),
+        }
+    }
+
+    /// The idle limit as inferred so far: the fewest idle connections the
+    /// pool held when it was seen closing a released one (the limit is at
+    /// most this; equal to it once the first close of a burst was seen).
+    pub(crate) fn idle_limit(&self) -> Option<usize> {
+        match self.idle_limit.load(Ordering::Relaxed) {
+            usize::MAX => None,
+            n => Some(n),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use opentelemetry::trace::SpanContext;
+
+    use super::*;
+    use crate::export::report::ConnectionSetup;
+    use crate::kernel::{TIME_WAIT_LENGTH, TcpState};
+    use crate::pool::client::ClientState;
+
+    /// An HTTP/1.1 connection ready at `ready`, of a client with unknown limits.
+    fn record(ready: Instant) -> ConnectionRecord {
+        ConnectionRecord::new(
+            Arc::new(ConnectionSetup {
+                id: 1,
+                started: ready,
+                local_addr: None,
+                peer_addr: None,
+                dns: None,
+                dns_skipped: None,
+                dns_answers: Vec::new(),
+                tcp: Duration::ZERO,
+                tls: None,
+                total: Duration::ZERO,
+                tls_version: None,
+                tls_resumed: None,
+                http2: false,
+                proxied: false,
+                proxy_connect: None,
+                address_fallback: None,
+                tcp_facts: None,
+            }),
+            SpanContext::empty_context(),
+            None,
+            Arc::new(ClientState::unknown_settings()),
+            None,
+            None,
+        )
+    }
+
+    /// `TIME_WAIT` entered `ago` before the lookup.
+    fn time_wait(ago: Duration) -> TcpFacts {
+        TcpFacts {
+            state: TcpState::TimeWait,
+            info: None,
+            receive_queue: 0,
+            time_wait_left: Some(TIME_WAIT_LENGTH - ago),
+        }
+    }
+
+    #[test]
+    fn a_dated_close_of_ours_is_told_at_release_or_expired() {
+        let t0 = Instant::now();
+        let r = record(t0);
+        r.mark_released(t0 + Duration::from_millis(100));
+        r.set_idle_others_at_release(2);
+        let lookup = t0 + Duration::from_secs(3);
+        // Closed 10 ms after the release: the idle limit, at most 2.
+        assert_eq!(
+            pool_close(&r, &time_wait(Duration::from_millis(2890)), lookup),
+            Some(PoolClose::AtRelease {
+                idle_others: Some(2)
+            })
+        );
+        // Closed 1.5 s after the release: the idle timeout, at most 1.5 s.
+        assert_eq!(
+            pool_close(&r, &time_wait(Duration::from_millis(1400)), lookup),
+            Some(PoolClose::Expired {
+                idle: Duration::from_millis(1500)
+            })
+        );
+        // Not dated (FIN_WAIT2 has no TIME_WAIT timer), or not ours.
+        let undated = TcpFacts {
+            state: TcpState::FinWait2,
+            info: None,
+            receive_queue: 0,
+            time_wait_left: None,
+        };
+        assert_eq!(pool_close(&r, &undated, lookup), None);
+        let theirs = TcpFacts {
+            state: TcpState::CloseWait,
+            info: None,
+            receive_queue: 0,
+            time_wait_left: None,
+        };
+        assert_eq!(pool_close(&r, &theirs, lookup), None);
+        // A close hyper made for another reason is no pool limit's.
+        r.set_connection_close(true);
+        assert_eq!(
+            pool_close(&r, &time_wait(Duration::from_millis(2890)), lookup),
+            None
+        );
+        r.set_connection_close(false);
+        r.take();
+        assert_eq!(
+            pool_close(&r, &time_wait(Duration::from_millis(2890)), lookup),
+            None,
+            "a request was on it"
+        );
+    }
+
+    #[test]
+    fn each_limit_keeps_the_tightest_bound_seen() {
+        let limits = InferredLimits::default();
+        assert_eq!((limits.idle_timeout(), limits.idle_limit()), (None, None));
+        limits.observe(PoolClose::AtRelease {
+            idle_others: Some(2),
+        });
+        limits.observe(PoolClose::AtRelease {
+            idle_others: Some(1),
+        });
+        limits.observe(PoolClose::AtRelease { idle_others: None });
+        limits.observe(PoolClose::Expired {
+            idle: Duration::from_millis(1700),
+        });
+        limits.observe(PoolClose::Expired {
+            idle: Duration::from_millis(1200),
+        });
+        limits.observe(PoolClose::Expired {
+            idle: Duration::from_millis(1900),
+        });
+        assert_eq!(limits.idle_limit(), Some(1));
+        assert_eq!(limits.idle_timeout(), Some(Duration::from_millis(1200)));
+    }
+}
