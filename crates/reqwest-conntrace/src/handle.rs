@@ -330,6 +330,7 @@ impl Inner {
                 candidate,
                 alive,
                 requests_seen,
+                classified_at,
             } => {
                 let slot = Arc::new(MissSlot::pending(alive));
                 let answer = slot.clone();
@@ -342,6 +343,7 @@ impl Inner {
                         Instant::now(),
                         alive,
                         requests_seen,
+                        classified_at,
                     );
                     if let Some(inner) = weak.upgrade() {
                         inner.apply_kernel_view(&candidate, &lookup);

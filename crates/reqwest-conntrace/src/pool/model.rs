@@ -16,7 +16,7 @@ use std::collections::{HashMap, VecDeque};
 use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use crate::kernel::{KernelLookup, TcpFacts};
 use crate::pool::client::{ClientState, NEW_CLIENT_WINDOW};
@@ -113,6 +113,8 @@ pub(crate) enum MissVerdict {
         alive: Miss,
         /// The candidate's request count when the miss was classified.
         requests_seen: u64,
+        /// When the miss was classified.
+        classified_at: Instant,
     },
 }
 
@@ -126,13 +128,19 @@ pub(crate) enum MissVerdict {
 /// that carried a response in between was alive and not closed at the
 /// miss (it was still serving a request, or hyper-util had not put it back
 /// yet): its later end (that response's `Connection: close`, say) is not
-/// the cause, whatever the kernel now shows, and the miss is `alive`.
+/// the cause, whatever the kernel now shows, and the miss is `alive`. The
+/// same holds for an HTTP/1.1 close of ours that the kernel dates after
+/// `classified_at` (the `TIME_WAIT` timer, to within [`CLOSE_DATING_SLACK`]):
+/// hyper-util drops a connection handed back to a checkout that its own
+/// connect had already won, so the pool that could not serve the miss
+/// still held it alive.
 pub(crate) fn decide_from_kernel(
     candidate: &ConnectionRecord,
     lookup: &KernelLookup,
     now: Instant,
     alive: Miss,
     requests_seen: u64,
+    classified_at: Instant,
 ) -> Miss {
     if !candidate.http2()
         && (candidate.requests.load(Ordering::Relaxed) != requests_seen
@@ -194,6 +202,9 @@ pub(crate) fn decide_from_kernel(
         // idle timeout unknown, either may have (our release model can miss
         // a release over the limit): `pool_closed`.
         KernelLookup::Found(facts) if facts.state.closed_by_us() => {
+            if closed_after(facts, now, classified_at) {
+                return alive;
+            }
             let client = &candidate.client;
             // A limit not set through our builder: the dated close names it.
             if let Some(miss) = inferred_close(candidate, facts, now) {
@@ -224,6 +235,20 @@ pub(crate) fn decide_from_kernel(
         KernelLookup::Found(_) => alive,
         KernelLookup::Unavailable | KernelLookup::TimedOut => alive,
     }
+}
+
+/// How far a close dated by the `TIME_WAIT` timer may be off: the timer
+/// counts in jiffies (`HZ` is 100 to 1000, so up to 10 ms a tick), and
+/// the state begins one round trip after our FIN.
+pub(crate) const CLOSE_DATING_SLACK: Duration = Duration::from_millis(10);
+
+/// Whether the kernel dates our close of a socket (asked at `now`) after
+/// `instant`, beyond [`CLOSE_DATING_SLACK`].
+fn closed_after(facts: &TcpFacts, now: Instant, instant: Instant) -> bool {
+    facts.closed_ago().is_some_and(|ago| {
+        now.checked_sub(ago)
+            .is_some_and(|closed| closed > instant + CLOSE_DATING_SLACK)
+    })
 }
 
 /// The miss a close by the client's own pool explains, when it is dated
@@ -510,6 +535,7 @@ impl PoolHistory {
                 candidate: Arc::clone(candidate),
                 alive,
                 requests_seen,
+                classified_at: now,
             },
             // No socket to ask about: a dropped body is believed to have
             // closed it.
@@ -838,7 +864,7 @@ mod tests {
         // hyper-util hands the connection to the waiting request after all:
         // its 5th response says it closes; the socket is gone by the answer.
         response(&a, true, t0 + Duration::from_millis(6));
-        let miss = decide_from_kernel(&candidate, &gone(), at, alive, seen);
+        let miss = decide_from_kernel(&candidate, &gone(), at, alive, seen, at);
         assert_eq!(miss, alive);
         assert_eq!(miss.previous.map(|p| (p.id, p.end)), Some((1, None)));
         // The request after the 5th: `request_limit`, naming it.
@@ -871,7 +897,7 @@ mod tests {
         );
         a.take();
         a.set_connection_close(true);
-        let miss = decide_from_kernel(&candidate, &state(TcpState::CloseWait), at, alive, seen);
+        let miss = decide_from_kernel(&candidate, &state(TcpState::CloseWait), at, alive, seen, at);
         assert_eq!(miss.reason, MissReason::AllBusy);
         assert_eq!(a.end(), None, "the kernel's view was not applied to it");
     }
@@ -956,7 +982,7 @@ mod tests {
         let at = t0 + Duration::from_millis(2);
         let (candidate, alive, seen) = ask(pools.classify_miss(&host(), &client, at, 1));
         assert_eq!(candidate.id(), 3);
-        let miss = decide_from_kernel(&candidate, &gone(), at, alive, seen);
+        let miss = decide_from_kernel(&candidate, &gone(), at, alive, seen, at);
         assert_eq!(miss.reason, MissReason::ClosedByPeer);
         assert_eq!(
             miss.previous.and_then(|p| p.end),
@@ -978,7 +1004,7 @@ mod tests {
         response(&a, false, t0 + Duration::from_millis(1));
         let at = t0 + Duration::from_millis(2);
         let (candidate, alive, seen) = ask(pools.classify_miss(&host(), &client, at, 1));
-        let miss = decide_from_kernel(&candidate, &gone(), at, alive, seen);
+        let miss = decide_from_kernel(&candidate, &gone(), at, alive, seen, at);
         let previous = miss.previous.expect("previous");
         assert_eq!(
             pools.previous_end(&host(), &previous),
@@ -993,7 +1019,14 @@ mod tests {
         response(&b, false, t0 + Duration::from_millis(3));
         let (candidate, alive, seen) = ask(pools.classify_miss(&host(), &client, at, 1));
         assert_eq!(candidate.id(), 2);
-        let miss = decide_from_kernel(&candidate, &state(TcpState::Established), at, alive, seen);
+        let miss = decide_from_kernel(
+            &candidate,
+            &state(TcpState::Established),
+            at,
+            alive,
+            seen,
+            at,
+        );
         assert_eq!(miss.reason, MissReason::ReleaseRace);
         b.set_end(ConnectionEnd::PeerReset);
         assert_eq!(
@@ -1026,12 +1059,54 @@ mod tests {
             (unread(TcpState::Established, 4096), MissReason::Discarded),
         ] {
             let (candidate, alive, seen) = ask(pools.classify_miss(&host(), &client, at, 1));
-            let miss = decide_from_kernel(&candidate, &lookup, at, alive, seen);
+            let miss = decide_from_kernel(&candidate, &lookup, at, alive, seen, at);
             assert_eq!(miss.reason, reason, "{lookup:?}");
         }
         let (candidate, alive, seen) = ask(pools.classify_miss(&host(), &client, at, 1));
         response(&a, false, t0 + Duration::from_millis(3));
-        let miss = decide_from_kernel(&candidate, &gone(), at, alive, seen);
+        let miss = decide_from_kernel(&candidate, &gone(), at, alive, seen, at);
         assert_eq!(miss.reason, MissReason::ReleaseRace);
+    }
+
+    /// Our side closed the candidate: dated before the miss, the client's
+    /// pool had dropped it (its idle limit here); dated after the miss
+    /// (beyond the timer's slack), hyper-util dropped it on its way back to
+    /// a checkout that the miss's own connect had won, so it was alive at
+    /// the miss: the release race. Undated (`FIN_WAIT2`): the pool's close.
+    #[test]
+    fn a_close_of_ours_dated_after_the_miss_is_the_release_race() {
+        let t0 = Instant::now();
+        let at = t0 + Duration::from_millis(5);
+        let now = t0 + Duration::from_millis(200);
+        let closed = |at_ms: u64| {
+            KernelLookup::Found(TcpFacts {
+                state: TcpState::TimeWait,
+                info: None,
+                receive_queue: 0,
+                time_wait_left: Some(
+                    crate::kernel::TIME_WAIT_LENGTH - Duration::from_millis(200 - at_ms),
+                ),
+            })
+        };
+        for (lookup, race) in [
+            (closed(50), true),
+            (closed(2), false),
+            (state(TcpState::FinWait2), false),
+        ] {
+            let pools = PoolHistory::default();
+            let client = client();
+            let a = connection(&pools, &client, 1, t0, false);
+            response(&a, false, t0 + Duration::from_millis(1));
+            let (candidate, alive, seen) = ask(pools.classify_miss(&host(), &client, at, 1));
+            assert_eq!(alive.reason, MissReason::ReleaseRace);
+            let miss = decide_from_kernel(&candidate, &lookup, now, alive, seen, at);
+            let end = miss.previous.and_then(|p| p.end);
+            if race {
+                assert_eq!((miss.reason, end), (MissReason::ReleaseRace, None));
+            } else {
+                assert_ne!(miss.reason, MissReason::ReleaseRace, "{lookup:?}");
+                assert_eq!(end, Some(ConnectionEnd::IdleLimit), "{lookup:?}");
+            }
+        }
     }
 }
