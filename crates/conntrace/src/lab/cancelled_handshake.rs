@@ -6,7 +6,6 @@
 //! a miss: nothing reached the pool. With a connect timeout instead, the
 //! setup span says `timeout` itself.
 
-use std::net::{IpAddr, Ipv4Addr};
 use std::time::Duration;
 
 use anyhow::Context as _;
@@ -19,7 +18,6 @@ use super::report::Outcome;
 use super::runner::Lab;
 use super::text::{describe, requests_table};
 use super::view::RunView;
-use crate::resolve::PinnedResolver;
 
 /// The lab host name.
 const HOST: &str = "slow-handshake.lab.test";
@@ -31,10 +29,7 @@ const RUN_CONNECT: &str = "connect timeout mid-handshake";
 const NEXT_TIMEOUT: Duration = Duration::from_secs(10);
 
 fn builder(trace: &ConnTrace, pki: &TestPki) -> InstrumentedClientBuilder {
-    net::client(trace, pki).dns_resolver(PinnedResolver::single(
-        HOST,
-        &[IpAddr::V4(Ipv4Addr::LOCALHOST)],
-    ))
+    net::loopback_client(trace, pki, HOST)
 }
 
 /// Whether the first connect of `run` ended with `error_type` in

@@ -3,8 +3,6 @@
 //! next request pays for a new one: `miss_reason = discarded`. Read to the
 //! end, the next request reuses the connection.
 
-use std::net::{IpAddr, Ipv4Addr};
-
 use reqwest_conntrace::{ConnTrace, semconv};
 use tracing::Instrument as _;
 
@@ -12,7 +10,6 @@ use super::net::{self, Body};
 use super::report::Outcome;
 use super::runner::Lab;
 use super::text::{describe, miss_fix, requests_table};
-use crate::resolve::PinnedResolver;
 
 /// The lab host name.
 const HOST: &str = "discarded.lab.test";
@@ -27,12 +24,7 @@ pub(super) async fn run(lab: &mut Lab) -> anyhow::Result<Outcome> {
     let server = net::start(net::https_server(&pki)).await?;
     let url = format!("https://{HOST}:{}/bytes/{BODY_BYTES}", server.addr().port());
     let trace = ConnTrace::new();
-    let client = net::build(
-        net::client(&trace, &pki).dns_resolver(PinnedResolver::single(
-            HOST,
-            &[IpAddr::V4(Ipv4Addr::LOCALHOST)],
-        )),
-    )?;
+    let client = net::build(net::loopback_client(&trace, &pki, HOST))?;
     let span = lab.run_span(RUN);
     async {
         net::fetch(&client, &url, None, Body::Drop).await;

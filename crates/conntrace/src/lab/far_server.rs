@@ -5,7 +5,7 @@
 //! out the 1 s SYN retransmission. All runs go at once (each has its own
 //! server and proxy), so the scenario takes as long as the slowest.
 
-use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::net::{Ipv4Addr, SocketAddr};
 use std::time::Duration;
 
 use anyhow::Context as _;
@@ -20,7 +20,6 @@ use super::report::{Outcome, TextTable};
 use super::runner::Lab;
 use super::text::{mean, requests_table};
 use super::view::RunView;
-use crate::resolve::PinnedResolver;
 use crate::table::fmt_pct;
 
 /// The lab host name.
@@ -73,10 +72,7 @@ async fn far(
     let proxy = DelayProxy::start(server.addr(), rtt / 2)
         .await
         .context("cannot start the delay proxy")?;
-    let mut builder = net::client(trace, &pki).dns_resolver(PinnedResolver::single(
-        HOST,
-        &[IpAddr::V4(Ipv4Addr::LOCALHOST)],
-    ));
+    let mut builder = net::loopback_client(trace, &pki, HOST);
     if !pooled {
         builder = builder.pool_max_idle_per_host(0);
     }
@@ -132,9 +128,7 @@ pub(super) async fn run(lab: &mut Lab) -> anyhow::Result<Outcome> {
     let mut backlog = FullBacklogListener::start(SocketAddr::from((Ipv4Addr::LOCALHOST, 0)))
         .await
         .context("cannot fill a listener's accept queue")?;
-    let backlog_client = net::build(net::client(&trace, &pki).dns_resolver(
-        PinnedResolver::single(HOST, &[IpAddr::V4(Ipv4Addr::LOCALHOST)]),
-    ))?;
+    let backlog_client = net::build(net::loopback_client(&trace, &pki, HOST))?;
     let backlog_url = format!("https://{HOST}:{}/", backlog.addr().port());
 
     let far_runs = join_all(runs.iter().map(|f| {

@@ -4,8 +4,6 @@
 //! connection and how many requests it carried (a constant count is the
 //! server's stream limit), never `all_busy`.
 
-use std::net::{IpAddr, Ipv4Addr};
-
 use conntrace_lab::HttpVersions;
 use reqwest_conntrace::{ConnTrace, semconv};
 use tracing::Instrument as _;
@@ -13,9 +11,8 @@ use tracing::Instrument as _;
 use super::net;
 use super::report::Outcome;
 use super::runner::Lab;
-use super::text::{describe, requests_table};
+use super::text::{previous_connection_lines, requests_table};
 use super::view::RunView;
-use crate::resolve::PinnedResolver;
 
 /// The lab host name.
 const HOST: &str = "goaway.lab.test";
@@ -37,12 +34,7 @@ pub(super) async fn run(lab: &mut Lab) -> anyhow::Result<Outcome> {
     .await?;
     let url = format!("https://{HOST}:{}/", server.addr().port());
     let trace = ConnTrace::new();
-    let client = net::build(
-        net::client(&trace, &pki).dns_resolver(PinnedResolver::single(
-            HOST,
-            &[IpAddr::V4(Ipv4Addr::LOCALHOST)],
-        )),
-    )?;
+    let client = net::build(net::loopback_client(&trace, &pki, HOST))?;
     let span = lab.run_span(RUN);
     net::fetch_in_turn(&client, &url, REQUESTS, None)
         .instrument(span.clone())
@@ -56,16 +48,7 @@ pub(super) async fn run(lab: &mut Lab) -> anyhow::Result<Outcome> {
         "the server accepted {} HTTP/2 connections for {REQUESTS} requests, sending GOAWAY after {LIMIT} streams (its own count)",
         server.accepted_connections()
     )];
-    for r in run.requests.iter().filter(|r| r.previous_id.is_some()) {
-        findings.push(format!(
-            "request {}: {}; the previous connection {} had carried {} requests and ended with {}",
-            r.index,
-            describe(&run, r.index),
-            r.previous_id.unwrap_or_default(),
-            r.previous_request_count.unwrap_or_default(),
-            r.previous_end.as_deref().unwrap_or("?"),
-        ));
-    }
+    findings.extend(previous_connection_lines(&run));
     Ok(Outcome {
         config: serde_json::json!({
             "server_streams_per_connection": LIMIT,

@@ -3,7 +3,6 @@
 //! between two requests, so the pool drops the idle connection and the
 //! second request pays for a new one: `miss_reason = idle_expired`.
 
-use std::net::{IpAddr, Ipv4Addr};
 use std::time::Duration;
 
 use reqwest_conntrace::{ConnTrace, semconv};
@@ -13,7 +12,6 @@ use super::net::{self, Body};
 use super::report::Outcome;
 use super::runner::Lab;
 use super::text::{describe, miss_fix, requests_table};
-use crate::resolve::PinnedResolver;
 
 /// The lab host name.
 const HOST: &str = "idle-expired.lab.test";
@@ -30,14 +28,8 @@ pub(super) async fn run(lab: &mut Lab) -> anyhow::Result<Outcome> {
     let server = net::start(net::https_server(&pki)).await?;
     let url = format!("https://{HOST}:{}/", server.addr().port());
     let trace = ConnTrace::new();
-    let client = net::build(
-        net::client(&trace, &pki)
-            .dns_resolver(PinnedResolver::single(
-                HOST,
-                &[IpAddr::V4(Ipv4Addr::LOCALHOST)],
-            ))
-            .pool_idle_timeout(Some(IDLE_TIMEOUT)),
-    )?;
+    let client =
+        net::build(net::loopback_client(&trace, &pki, HOST).pool_idle_timeout(Some(IDLE_TIMEOUT)))?;
     let span = lab.run_span(RUN);
     async {
         net::fetch(&client, &url, None, Body::Read).await;

@@ -50,6 +50,19 @@ pub(crate) fn client(trace: &ConnTrace, pki: &TestPki) -> InstrumentedClientBuil
         .pool_idle_timeout(Some(crate::client::REQWEST_DEFAULT_POOL_IDLE_TIMEOUT))
 }
 
+/// [`client`] for one lab host name, answered with 127.0.0.1 by the lab's
+/// [`PinnedResolver`](crate::resolve::PinnedResolver).
+pub(crate) fn loopback_client(
+    trace: &ConnTrace,
+    pki: &TestPki,
+    host: &str,
+) -> InstrumentedClientBuilder {
+    client(trace, pki).dns_resolver(crate::resolve::PinnedResolver::single(
+        host,
+        &[std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST)],
+    ))
+}
+
 /// Builds the client; one error line when the library refuses.
 pub(crate) fn build(builder: InstrumentedClientBuilder) -> anyhow::Result<ClientWithMiddleware> {
     builder

@@ -4,8 +4,6 @@
 //! the connection that carried the 5 (`http.connection.previous.*`): the
 //! fix is on the server, not in the client's pool.
 
-use std::net::{IpAddr, Ipv4Addr};
-
 use conntrace_lab::ConnectionEnd;
 use reqwest_conntrace::{ConnTrace, semconv};
 use tracing::Instrument as _;
@@ -13,9 +11,8 @@ use tracing::Instrument as _;
 use super::net;
 use super::report::Outcome;
 use super::runner::Lab;
-use super::text::{describe, miss_fix, requests_table};
+use super::text::{miss_fix, previous_connection_lines, requests_table};
 use super::view::RunView;
-use crate::resolve::PinnedResolver;
 
 /// The lab host name.
 const HOST: &str = "request-limit.lab.test";
@@ -33,12 +30,7 @@ pub(super) async fn run(lab: &mut Lab) -> anyhow::Result<Outcome> {
         net::start(net::https_server(&pki).max_requests_per_connection(Some(LIMIT))).await?;
     let url = format!("https://{HOST}:{}/", server.addr().port());
     let trace = ConnTrace::new();
-    let client = net::build(
-        net::client(&trace, &pki).dns_resolver(PinnedResolver::single(
-            HOST,
-            &[IpAddr::V4(Ipv4Addr::LOCALHOST)],
-        )),
-    )?;
+    let client = net::build(net::loopback_client(&trace, &pki, HOST))?;
     let span = lab.run_span(RUN);
     net::fetch_in_turn(&client, &url, REQUESTS, None)
         .instrument(span.clone())
@@ -59,16 +51,7 @@ pub(super) async fn run(lab: &mut Lab) -> anyhow::Result<Outcome> {
         "the server accepted {} connections for {REQUESTS} requests and closed {at_limit} at its limit of {LIMIT} (its own count)",
         server.accepted_connections()
     )];
-    for r in run.requests.iter().filter(|r| r.previous_id.is_some()) {
-        findings.push(format!(
-            "request {}: {}; the previous connection {} had carried {} requests and ended with {}",
-            r.index,
-            describe(&run, r.index),
-            r.previous_id.unwrap_or_default(),
-            r.previous_request_count.unwrap_or_default(),
-            r.previous_end.as_deref().unwrap_or("?"),
-        ));
-    }
+    findings.extend(previous_connection_lines(&run));
     Ok(Outcome {
         config: serde_json::json!({
             "server_keepalive_requests": LIMIT,

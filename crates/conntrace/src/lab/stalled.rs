@@ -4,7 +4,6 @@
 //! (`http.connection.stalled`) with the kernel's evidence (nothing received
 //! for `http.connection.tcp.since_last_receive`), instead of a bare timeout.
 
-use std::net::{IpAddr, Ipv4Addr};
 use std::time::Duration;
 
 use conntrace_lab::HttpVersions;
@@ -16,7 +15,6 @@ use super::report::Outcome;
 use super::runner::Lab;
 use super::text::{describe, requests_table};
 use super::view::RunView;
-use crate::resolve::PinnedResolver;
 
 /// The lab host name.
 const HOST: &str = "stalled.lab.test";
@@ -36,12 +34,7 @@ pub(super) async fn run(lab: &mut Lab) -> anyhow::Result<Outcome> {
     .await?;
     let url = format!("https://{HOST}:{}/", server.addr().port());
     let trace = ConnTrace::new();
-    let client = net::build(
-        net::client(&trace, &pki).dns_resolver(PinnedResolver::single(
-            HOST,
-            &[IpAddr::V4(Ipv4Addr::LOCALHOST)],
-        )),
-    )?;
+    let client = net::build(net::loopback_client(&trace, &pki, HOST))?;
     let span = lab.run_span(RUN);
     async {
         net::fetch(&client, &url, None, Body::Read).await;

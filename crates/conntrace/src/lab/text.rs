@@ -224,6 +224,26 @@ pub(crate) fn describe(run: &RunView, index: usize) -> String {
     format!("{what}; {:.1} ms in all", r.total_ms)
 }
 
+/// One line per request of `run` whose miss names a previous connection:
+/// what it got ([`describe`]) and how that connection ended, e.g.
+/// `request 6: ...; the previous connection 1 had carried 5 requests and
+/// ended with connection_close`.
+pub(crate) fn previous_connection_lines(run: &RunView) -> Vec<String> {
+    run.requests
+        .iter()
+        .filter_map(|r| {
+            let previous = r.previous_id?;
+            Some(format!(
+                "request {}: {}; the previous connection {previous} had carried {} requests and ended with {}",
+                r.index,
+                describe(run, r.index),
+                r.previous_request_count.unwrap_or_default(),
+                r.previous_end.as_deref().unwrap_or("?"),
+            ))
+        })
+        .collect()
+}
+
 /// The fix the library documents for a `miss_reason` value.
 pub(crate) fn miss_fix(reason: &str) -> Option<&'static str> {
     reqwest_conntrace::MissReason::ALL
