@@ -11,7 +11,7 @@
 use std::fmt;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::{SendError, Sender};
+use std::sync::mpsc::SendError;
 use std::sync::{Arc, OnceLock};
 #[cfg(test)]
 use std::time::Duration;
@@ -45,7 +45,7 @@ pub(crate) struct KernelView {
     /// False once sock_diag failed (or from the start off Linux).
     available: Arc<AtomicBool>,
     /// The thread's queue, once started; `None` if it could not be started.
-    queue: OnceLock<Option<Sender<worker::Lookup>>>,
+    queue: OnceLock<Option<worker::Queue>>,
 }
 
 impl KernelView {
@@ -64,11 +64,37 @@ impl KernelView {
     /// keep it short, it delays the lookups queued after it. Only if that
     /// thread cannot be started (or has died) does `then` run at once on
     /// the caller's thread, with [`KernelLookup::Unavailable`].
+    ///
+    /// For an answer someone waits for: it wakes the thread at once. See
+    /// [`lookup_batched`](Self::lookup_batched) for one nobody waits for.
     pub(crate) fn lookup_then(
         &self,
         local: SocketAddr,
         remote: SocketAddr,
         then: impl FnOnce(KernelLookup) + Send + 'static,
+    ) {
+        self.queue_lookup(local, remote, true, Box::new(then));
+    }
+
+    /// As [`lookup_then`](Self::lookup_then), for an answer nobody waits
+    /// for (a span's end, a pool check): answered up to
+    /// [`worker::BATCH_WINDOW`] (2 ms) later, in one wake-up of the thread
+    /// with the lookups queued meanwhile.
+    pub(crate) fn lookup_batched(
+        &self,
+        local: SocketAddr,
+        remote: SocketAddr,
+        then: impl FnOnce(KernelLookup) + Send + 'static,
+    ) {
+        self.queue_lookup(local, remote, false, Box::new(then));
+    }
+
+    fn queue_lookup(
+        &self,
+        local: SocketAddr,
+        remote: SocketAddr,
+        urgent: bool,
+        then: worker::Then,
     ) {
         let queue = self
             .queue
@@ -83,7 +109,8 @@ impl KernelView {
             local,
             remote,
             queued_at: Instant::now(),
-            then: Box::new(then),
+            urgent,
+            then,
         };
         let Some(queue) = queue else {
             (lookup.then)(KernelLookup::Unavailable);
@@ -400,6 +427,49 @@ mod tests {
             view.lookup(local, v6, LOOKUP_TIMEOUT).await,
             KernelLookup::NotFound
         );
+    }
+
+    /// Batched lookups rest on the queue (up to the batch window) until an
+    /// urgent one arrives or the window ends; either way every one is
+    /// answered, in the order queued.
+    #[tokio::test]
+    async fn batched_lookups_are_all_answered_in_order() {
+        let view = KernelView::new();
+        let local: SocketAddr = (Ipv4Addr::LOCALHOST, 1).into();
+        let remote: SocketAddr = (Ipv4Addr::LOCALHOST, 2).into();
+        assert_eq!(
+            view.lookup(local, remote, LOOKUP_TIMEOUT).await,
+            KernelLookup::NotFound
+        );
+        let (tx, rx) = std::sync::mpsc::channel();
+        let queue = |i: usize, urgent: bool| {
+            let tx = tx.clone();
+            let then = move |lookup| {
+                let _ = tx.send((i, lookup));
+            };
+            if urgent {
+                view.lookup_then(local, remote, then);
+            } else {
+                view.lookup_batched(local, remote, then);
+            }
+        };
+        // Batched only: answered when the window ends.
+        for i in 0..3 {
+            queue(i, false);
+        }
+        // Batched, then an urgent one that ends the rest.
+        for i in 3..6 {
+            queue(i, false);
+        }
+        queue(6, true);
+        let answers: Vec<(usize, KernelLookup)> = (0..7)
+            .map(|_| rx.recv_timeout(LOOKUP_TIMEOUT).expect("answered"))
+            .collect();
+        assert_eq!(
+            answers.iter().map(|(i, _)| *i).collect::<Vec<_>>(),
+            (0..7).collect::<Vec<_>>()
+        );
+        assert!(answers.iter().all(|(_, l)| *l == KernelLookup::NotFound));
     }
 
     #[tokio::test]
