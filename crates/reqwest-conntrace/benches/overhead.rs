@@ -29,6 +29,13 @@
 //! Run: `cargo bench -p reqwest-conntrace --features otlp --bench overhead`
 //! (`CONNTRACE_BENCH_SCALE=0.2` for a quick pass, `CONNTRACE_BENCH_ROUNDS`
 //! for the number of rounds, default 3).
+//!
+//! `CONNTRACE_BENCH_CHURN=N` runs only the churn instead: `bare` and
+//! `ours-exporting` each open N plain HTTP/1.1 connections, 4 at a time,
+//! against a server that closes each after its response, and print the
+//! live heap and the resident set size every N/10 connections (after a
+//! flush of the exporters): flat figures mean nothing grows per churned
+//! connection.
 
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Child, Command, Stdio};
@@ -152,8 +159,13 @@ fn server_main() {
     let pki = TestPki::localhost().expect("test PKI");
     let ca = std::env::temp_dir().join(format!("conntrace-bench-ca-{}.pem", std::process::id()));
     std::fs::write(&ca, pki.ca_cert_pem()).expect("write CA");
-    let (plain, tls, close) = rt.block_on(async {
+    let (plain, tls, close, plain_close) = rt.block_on(async {
         let plain = TestServer::start_plain().await.expect("plain server");
+        let plain_close = TestServer::builder()
+            .keep_alive(false)
+            .start()
+            .await
+            .expect("plain server, no keep-alive");
         let tls = TestServer::builder()
             .tls(&pki)
             .tls_versions(TlsVersions::Tls13Only)
@@ -167,19 +179,20 @@ fn server_main() {
             .start()
             .await
             .expect("TLS server, no keep-alive");
-        (plain, tls, close)
+        (plain, tls, close, plain_close)
     });
     println!(
-        "READY plain={} tls={} tls-close={} ca={}",
+        "READY plain={} tls={} tls-close={} plain-close={} ca={}",
         plain.ip_url("/"),
         tls.ip_url("/"),
         close.ip_url("/"),
+        plain_close.ip_url("/"),
         ca.display()
     );
     let _ = std::io::stdout().flush();
     wait_for_parent();
     let _ = std::fs::remove_file(ca);
-    drop((plain, tls, close));
+    drop((plain, tls, close, plain_close));
 }
 
 // ---------------------------------------------------------------- sink
@@ -345,6 +358,11 @@ fn client_main(args: &[String]) {
     let ca_pem = std::fs::read(flag(args, "--ca").expect("--ca")).expect("read CA");
     let scale: f64 = flag(args, "--scale").map_or(1.0, |s| s.parse().expect("scale"));
     let rt = runtime();
+    if let Some(total) = flag(args, "--churn") {
+        let total: usize = total.parse().expect("churn count");
+        rt.block_on(churn(&variant, &url, &ca_pem, total));
+        return;
+    }
     if flag(args, "--memory").is_some() {
         let per_connection = rt.block_on(memory_per_connection(&variant, &url, &ca_pem));
         println!("RESULT mem_per_conn={per_connection}");
@@ -401,6 +419,66 @@ async fn memory_per_connection(variant: &str, url: &str, ca_pem: &[u8]) -> f64 {
     pipeline.flush();
     let after = ALLOCATED.allocated();
     (after as f64 - before as f64) / IDLE_CONNECTIONS as f64
+}
+
+/// Opens `total` connections, 4 at a time (the server closes each after its
+/// response), printing the live heap and the resident set size every
+/// `total / 10` connections, after a flush.
+async fn churn(variant: &str, url: &str, ca_pem: &[u8], total: usize) {
+    let (client, pipeline) = build_client(variant, ca_pem, true);
+    let client = Arc::new(client);
+    let step = (total / 10).max(1);
+    let mut done = 0;
+    let started = Instant::now();
+    while done < total {
+        drive(&client, url, step, 4).await;
+        done += step;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        pipeline.flush();
+        println!(
+            "CHURN connections={done} heap_bytes={} rss_bytes={} secs={:.0}",
+            ALLOCATED.allocated(),
+            rss_bytes(),
+            started.elapsed().as_secs_f64()
+        );
+        let _ = std::io::stdout().flush();
+    }
+    println!("RESULT done=1");
+}
+
+/// The process's resident set size (`/proc/self/statm`, 4 KiB pages).
+fn rss_bytes() -> u64 {
+    std::fs::read_to_string("/proc/self/statm")
+        .ok()
+        .and_then(|s| s.split_whitespace().nth(1)?.parse::<u64>().ok())
+        .map_or(0, |pages| pages * 4096)
+}
+
+/// `CONNTRACE_BENCH_CHURN`: the churn of `total` connections, per variant.
+fn churn_main(total: usize, server: &Helper, endpoint: &str) {
+    let url = server.field("plain-close");
+    let ca = server.field("ca");
+    println!("### churn: {total} connections, 4 at a time, server closes each\n");
+    for variant in ["bare", "ours-exporting"] {
+        let mut command = Command::new(std::env::current_exe().expect("own path"));
+        command
+            .args(["--role", "client", "--variant", variant])
+            .args(["--url", &url, "--ca", &ca, "--churn", &total.to_string()])
+            .env("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint)
+            .env("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc")
+            .env("OTEL_SERVICE_NAME", "conntrace-bench")
+            .env("RUST_LOG", "off")
+            .stdout(Stdio::piped());
+        let mut child = command.spawn().expect("churn client");
+        let stdout = BufReader::new(child.stdout.take().expect("stdout"));
+        for line in stdout.lines() {
+            let line = line.expect("churn output");
+            if let Some(rest) = line.strip_prefix("CHURN ") {
+                println!("{variant} {rest}");
+            }
+        }
+        assert!(child.wait().expect("churn client").success(), "{variant}");
+    }
 }
 
 // ---------------------------------------------------------------- coordinator
@@ -520,6 +598,13 @@ fn coordinator_main() {
     let (stalled, _stall_thread) = stalled_collector();
     let stalled_endpoint = format!("http://{stalled}");
     let ca = server.field("ca");
+    if let Some(total) = std::env::var("CONNTRACE_BENCH_CHURN")
+        .ok()
+        .and_then(|s| s.parse().ok())
+    {
+        churn_main(total, &server, &endpoint);
+        return;
+    }
     println!(
         "reqwest-conntrace overhead: {rounds} interleaved rounds, scale {scale}, {} CPUs; \
          median per figure; CPU = client process CPU time per request (all threads, \

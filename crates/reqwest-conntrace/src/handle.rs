@@ -296,7 +296,7 @@ impl Inner {
     fn check_with_kernel(self: &Arc<Self>, record: Arc<ConnectionRecord>) {
         if let (Some(l), Some(r)) = (record.setup.local_addr, record.setup.peer_addr) {
             let weak = Arc::downgrade(self);
-            self.kernel.lookup_then(l, r, move |lookup| {
+            self.kernel.lookup_batched(l, r, move |lookup| {
                 if let Some(inner) = weak.upgrade() {
                     inner.apply_kernel_view(&record, &lookup);
                 }

@@ -397,7 +397,7 @@ fn on_connected<T: Connection>(
     {
         inner
             .kernel
-            .lookup_then(local, remote, move |lookup| pending.finish(Some(&lookup)));
+            .lookup_batched(local, remote, move |lookup| pending.finish(Some(&lookup)));
     }
     let end = inner.clock.wall(now);
     let host = attempt.trigger.as_ref().map(|t| t.host.clone());

@@ -60,8 +60,9 @@ impl Drop for PendingEnd {
 /// most `timeout`); `true` if none is left. Call it before flushing or
 /// shutting down a tracer provider you set up yourself:
 /// a `tcp.connect` span ends when the kernel's answer about its socket
-/// arrives (on the `conntrace-sock-diag` thread, usually within
-/// microseconds; a lookup queued longer than 1 s is given up), which may be
+/// arrives (on the `conntrace-sock-diag` thread, within about 2 ms: the
+/// lookup waits up to 2 ms to share the thread's wake-up with others; a
+/// lookup queued longer than 1 s is given up), which may be
 /// after the response was handed to the caller. `otlp::OtlpGuard`'s
 /// flush, shutdown and drop (feature `otlp`) call it with a 2 s bound.
 pub fn wait_for_pending_spans(timeout: Duration) -> bool {

@@ -11,7 +11,7 @@
 use std::fmt;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::{SendError, Sender};
+use std::sync::mpsc::SendError;
 use std::sync::{Arc, OnceLock};
 #[cfg(test)]
 use std::time::Duration;
@@ -46,7 +46,7 @@ pub(crate) struct KernelView {
     /// False once sock_diag failed (or from the start off Linux).
     available: Arc<AtomicBool>,
     /// The thread's queue, once started; `None` if it could not be started.
-    queue: OnceLock<Option<Sender<worker::Lookup>>>,
+    queue: OnceLock<Option<worker::Queue>>,
 }
 
 impl KernelView {
@@ -65,6 +65,9 @@ impl KernelView {
     /// keep it short, it delays the lookups queued after it. Only if that
     /// thread cannot be started (or has died) does `then` run at once on
     /// the caller's thread, with [`KernelLookup::Unavailable`].
+    ///
+    /// For an answer someone waits for: it wakes the thread at once. See
+    /// [`lookup_batched`](Self::lookup_batched) for one nobody waits for.
     pub(crate) fn lookup_then(
         &self,
         local: SocketAddr,
@@ -78,6 +81,28 @@ impl KernelView {
                 then: Box::new(then),
             },
             Instant::now(),
+            true,
+        );
+    }
+
+    /// As [`lookup_then`](Self::lookup_then), for an answer nobody waits
+    /// for (a span's end, a pool check): answered up to
+    /// [`worker::BATCH_WINDOW`] (2 ms) later, in one wake-up of the thread
+    /// with the lookups queued meanwhile.
+    pub(crate) fn lookup_batched(
+        &self,
+        local: SocketAddr,
+        remote: SocketAddr,
+        then: impl FnOnce(KernelLookup) + Send + 'static,
+    ) {
+        self.queue(
+            worker::Query::Socket {
+                local,
+                remote,
+                then: Box::new(then),
+            },
+            Instant::now(),
+            false,
         );
     }
 
@@ -105,12 +130,14 @@ impl KernelView {
                 then: Box::new(then),
             },
             due,
+            false,
         );
     }
 
-    /// Hands `query` to the thread (started on first use), due at `due`, or
-    /// answers it unavailable at once when there is no thread.
-    fn queue(&self, query: worker::Query, due: Instant) {
+    /// Hands `query` to the thread (started on first use), due at `due`
+    /// (waking the thread at once if `urgent`), or answers it unavailable at
+    /// once when there is no thread.
+    fn queue(&self, query: worker::Query, due: Instant, urgent: bool) {
         let queue = self
             .queue
             .get_or_init(|| match worker::spawn(self.available.clone()) {
@@ -123,6 +150,7 @@ impl KernelView {
         let lookup = worker::Lookup {
             query,
             queued_at: due,
+            urgent,
         };
         let Some(queue) = queue else {
             lookup.query.unavailable();
@@ -565,6 +593,49 @@ mod tests {
         });
         let lookup = view.lookup(local, remote, Duration::from_millis(50)).await;
         assert_eq!(lookup, KernelLookup::TimedOut);
+    }
+
+    /// Batched lookups rest on the queue (up to the batch window) until an
+    /// urgent one arrives or the window ends; either way every one is
+    /// answered, in the order queued.
+    #[tokio::test]
+    async fn batched_lookups_are_all_answered_in_order() {
+        let view = KernelView::new();
+        let local: SocketAddr = (Ipv4Addr::LOCALHOST, 1).into();
+        let remote: SocketAddr = (Ipv4Addr::LOCALHOST, 2).into();
+        assert_eq!(
+            view.lookup(local, remote, LOOKUP_TIMEOUT).await,
+            KernelLookup::NotFound
+        );
+        let (tx, rx) = std::sync::mpsc::channel();
+        let queue = |i: usize, urgent: bool| {
+            let tx = tx.clone();
+            let then = move |lookup| {
+                let _ = tx.send((i, lookup));
+            };
+            if urgent {
+                view.lookup_then(local, remote, then);
+            } else {
+                view.lookup_batched(local, remote, then);
+            }
+        };
+        // Batched only: answered when the window ends.
+        for i in 0..3 {
+            queue(i, false);
+        }
+        // Batched, then an urgent one that ends the rest.
+        for i in 3..6 {
+            queue(i, false);
+        }
+        queue(6, true);
+        let answers: Vec<(usize, KernelLookup)> = (0..7)
+            .map(|_| rx.recv_timeout(LOOKUP_TIMEOUT).expect("answered"))
+            .collect();
+        assert_eq!(
+            answers.iter().map(|(i, _)| *i).collect::<Vec<_>>(),
+            (0..7).collect::<Vec<_>>()
+        );
+        assert!(answers.iter().all(|(_, l)| *l == KernelLookup::NotFound));
     }
 
     #[tokio::test]

@@ -654,7 +654,10 @@ impl RequestEnd {
         // exit, which was when the headers arrived: enter it once more so
         // the exported end is now (the end of the body). Then release our
         // handle so the span closes now, not when the response is dropped.
-        self.span.in_scope(|| ());
+        // A span that does not record exports nothing: no enter.
+        if self.recording {
+            self.span.in_scope(|| ());
+        }
         self.span = tracing::Span::none();
     }
 
@@ -699,7 +702,9 @@ impl RequestEnd {
         let metrics = &self.inner.metrics;
         metrics.active_requests.add(-1, &self.base_attributes);
         self.inner.load.request_ended(&self.state.host);
-        let mut attributes = self.base_attributes.clone();
+        // Room for the four below: no reallocation.
+        let mut attributes = Vec::with_capacity(self.base_attributes.len() + 4);
+        attributes.extend_from_slice(&self.base_attributes);
         if let Some(status) = self.status {
             attributes.push(KeyValue::new(
                 semconv::HTTP_RESPONSE_STATUS_CODE,

@@ -306,7 +306,9 @@ impl<M: MakeRequestSpan> ConnTraceMiddleware<M> {
                 end.headers_at = Some(Instant::now());
                 // Stamped now on the wall clock, as the span's start and
                 // end are: the page splits the bar at it.
-                span.add_event(semconv::EVENT_RESPONSE_HEADERS, Vec::new());
+                if recording {
+                    span.add_event(semconv::EVENT_RESPONSE_HEADERS, Vec::new());
+                }
                 let status = response.status();
                 end.status = Some(status.as_u16());
                 let mut attributes = Vec::new();
