@@ -6,6 +6,7 @@ use std::borrow::Borrow;
 use std::error::Error as StdError;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
@@ -163,7 +164,12 @@ where
         ConnectFuture {
             inner: future,
             guard: ConnectGuard {
-                state: Some(InFlight { attempt, cx, inner }),
+                state: Some(InFlight {
+                    attempt,
+                    cx,
+                    inner,
+                    counted: InFlightCount::new(),
+                }),
                 connect_timeout: self.connect_timeout,
                 http2_prior_knowledge: self.http2_prior_knowledge,
             },
@@ -193,6 +199,40 @@ struct InFlight {
     attempt: Arc<ConnectAttempt>,
     cx: opentelemetry::Context,
     inner: Arc<Inner>,
+    /// Counts the connect in [`connects_in_flight`] until its spans are out.
+    counted: InFlightCount,
+}
+
+/// Connects started in this process whose spans are not emitted yet.
+static IN_FLIGHT: AtomicUsize = AtomicUsize::new(0);
+
+/// One connect counted in [`IN_FLIGHT`] until dropped.
+struct InFlightCount(());
+
+impl InFlightCount {
+    fn new() -> Self {
+        IN_FLIGHT.fetch_add(1, Ordering::SeqCst);
+        InFlightCount(())
+    }
+}
+
+impl Drop for InFlightCount {
+    fn drop(&mut self) {
+        IN_FLIGHT.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// Connects started by instrumented clients in this process (any handle)
+/// that have not finished yet: still resolving, connecting or handshaking,
+/// including the connects hyper-util's pool lets finish in the background
+/// after their request was served by another connection (a pool race's
+/// loser). A connect leaves the count once its `http.connection_setup`
+/// phase spans are emitted (succeeded, failed or dropped). Poll it before
+/// reading back spans or counting a server's accepted connections after a
+/// batch of requests; then [`wait_for_pending_spans`](crate::wait_for_pending_spans)
+/// for the `tcp.connect` spans that wait on the kernel. Never blocks.
+pub fn connects_in_flight() -> usize {
+    IN_FLIGHT.load(Ordering::SeqCst)
 }
 
 /// Ends the spans of a connect that never completed.
@@ -205,7 +245,13 @@ struct ConnectGuard {
 
 impl Drop for ConnectGuard {
     fn drop(&mut self) {
-        if let Some(InFlight { attempt, cx, inner }) = self.state.take() {
+        if let Some(InFlight {
+            attempt,
+            cx,
+            inner,
+            counted,
+        }) = self.state.take()
+        {
             let now = Instant::now();
             let timed_out = self.connect_timeout.is_some_and(|t| {
                 now.saturating_duration_since(attempt.started) + Duration::from_millis(2) >= t
@@ -222,6 +268,7 @@ impl Drop for ConnectGuard {
                 )
             };
             finish_failed(&inner, &attempt, &cx, error_type, message, None, now);
+            drop(counted);
         }
     }
 }
@@ -282,6 +329,7 @@ where
             attempt,
             cx: span_cx,
             inner,
+            counted,
         }) = this.guard.state.take()
         {
             let now = Instant::now();
@@ -308,6 +356,7 @@ where
                     );
                 }
             }
+            drop(counted);
         }
         Poll::Ready(result)
     }
