@@ -212,6 +212,21 @@ impl Telemetry {
         instrumented.build_with_middleware().expect("client builds")
     }
 
+    /// Waits (at most 10 s, else panics) until `trace` has no connect in
+    /// flight: connects that lost a pool race finish in the background
+    /// after the requests are done.
+    pub(crate) async fn connects_done(&self, trace: &ConnTrace) {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while trace.connects_in_flight() > 0 {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "{} connect(s) still running after 10 s",
+                trace.connects_in_flight()
+            );
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    }
+
     /// Every span ended so far. A connected socket's `tcp.connect` span
     /// ends when the kernel's answer about it arrives (on the sock_diag
     /// thread, within milliseconds): wait up to 2 s for every exported

@@ -165,10 +165,10 @@ where
             inner: future,
             guard: ConnectGuard {
                 state: Some(InFlight {
+                    counted: InFlightCount::new(inner.clone()),
                     attempt,
                     cx,
                     inner,
-                    counted: InFlightCount::new(),
                 }),
                 connect_timeout: self.connect_timeout,
                 http2_prior_knowledge: self.http2_prior_knowledge,
@@ -206,18 +206,21 @@ struct InFlight {
 /// Connects started in this process whose spans are not emitted yet.
 static IN_FLIGHT: AtomicUsize = AtomicUsize::new(0);
 
-/// One connect counted in [`IN_FLIGHT`] until dropped.
-struct InFlightCount(());
+/// One connect counted in [`IN_FLIGHT`] and in its handle's count until
+/// dropped.
+struct InFlightCount(Arc<Inner>);
 
 impl InFlightCount {
-    fn new() -> Self {
+    fn new(inner: Arc<Inner>) -> Self {
         IN_FLIGHT.fetch_add(1, Ordering::SeqCst);
-        InFlightCount(())
+        inner.connects_in_flight.fetch_add(1, Ordering::SeqCst);
+        InFlightCount(inner)
     }
 }
 
 impl Drop for InFlightCount {
     fn drop(&mut self) {
+        self.0.connects_in_flight.fetch_sub(1, Ordering::SeqCst);
         IN_FLIGHT.fetch_sub(1, Ordering::SeqCst);
     }
 }
@@ -230,7 +233,8 @@ impl Drop for InFlightCount {
 /// phase spans are emitted (succeeded, failed or dropped). Poll it before
 /// reading back spans or counting a server's accepted connections after a
 /// batch of requests; then [`wait_for_pending_spans`](crate::wait_for_pending_spans)
-/// for the `tcp.connect` spans that wait on the kernel. Never blocks.
+/// for the `tcp.connect` spans that wait on the kernel. One handle's:
+/// [`ConnTrace::connects_in_flight`]. Never blocks.
 pub fn connects_in_flight() -> usize {
     IN_FLIGHT.load(Ordering::SeqCst)
 }
