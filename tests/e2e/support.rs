@@ -232,6 +232,9 @@ impl Telemetry {
     /// thread, within milliseconds): wait up to 2 s for every exported
     /// successful setup span to have its `tcp.connect` child.
     pub(crate) fn spans(&self) -> Vec<SpanData> {
+        // Request spans (and their parents) still waiting for the kernel's
+        // answer (a deferred miss reason, failure evidence) end first.
+        reqwest_conntrace::wait_for_pending_spans(Duration::from_secs(2));
         let deadline = std::time::Instant::now() + Duration::from_secs(2);
         loop {
             let spans = self
