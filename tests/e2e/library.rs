@@ -249,7 +249,12 @@ async fn http2_concurrent_first_requests_coalesce_onto_one_connection() {
     let t = telemetry();
     let pki = TestPki::localhost().expect("pki");
     let server = tls_server(&pki, TlsVersions::Tls13Only, HttpVersions::Http2Only).await;
-    let client = t.client(reqwest::Client::builder(), Some(&pki));
+    let trace = t.conntrace();
+    let client = trace
+        .instrument_client(reqwest::Client::builder())
+        .tls(trust(&pki))
+        .build_with_middleware()
+        .expect("client");
     let n = 8;
     let results = futures::future::join_all((0..n).map(|_| {
         let client = client.clone();
@@ -269,6 +274,8 @@ async fn http2_concurrent_first_requests_coalesce_onto_one_connection() {
         let r: &Result<_, reqwest_middleware::Error> = r;
         assert!(r.is_ok(), "{r:?}");
     }
+    // The coalesced connects finish in the background.
+    t.connects_done(&trace).await;
     let requests = t.requests();
     assert_eq!(requests.len(), n);
     let ids: std::collections::BTreeSet<i64> = requests
@@ -834,6 +841,56 @@ async fn request_dropped_mid_handshake_ends_every_span() {
         .child(setup, semconv::TLS_HANDSHAKE_SPAN)
         .expect("tls started");
     assert!(is_error(&tls), "the handshake was cut short");
+    accept.abort();
+}
+
+/// `connects_in_flight` counts a connect from its start until its spans are
+/// out: one that hangs in the TLS handshake (the server accepts and never
+/// answers) is counted, by its handle and in the process, and leaves the
+/// count when its request is dropped, with its setup span ended.
+#[tokio::test]
+async fn connects_in_flight_counts_a_connect_until_its_spans_end() {
+    let t = telemetry();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let accept = tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((s, _)) = listener.accept().await {
+            held.push(s);
+        }
+    });
+    let trace = t.conntrace();
+    let client = trace
+        .instrument_client(reqwest::Client::builder())
+        .build_with_middleware()
+        .expect("client");
+    assert_eq!(trace.connects_in_flight(), 0);
+    let mut send = Box::pin(
+        client
+            .get(format!("https://127.0.0.1:{}/", addr.port()))
+            .send(),
+    );
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while trace.connects_in_flight() == 0 {
+        assert!(tokio::time::Instant::now() < deadline, "never counted");
+        tokio::select! {
+            r = &mut send => panic!("the server never answers: {r:?}"),
+            _ = tokio::time::sleep(Duration::from_millis(5)) => {}
+        }
+    }
+    assert_eq!(trace.connects_in_flight(), 1);
+    assert!(reqwest_conntrace::connects_in_flight() >= 1);
+    assert!(t.setups().is_empty(), "the setup span is still open");
+    drop(send);
+    assert_eq!(trace.connects_in_flight(), 0, "the dropped connect left");
+    let setups = t.setups();
+    assert_eq!(setups.len(), 1, "its setup span ended with it");
+    assert_eq!(
+        str_attr(&setups[0], semconv::ERROR_TYPE).as_deref(),
+        Some(semconv::ERROR_TYPE_CANCELLED)
+    );
     accept.abort();
 }
 

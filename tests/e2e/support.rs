@@ -212,11 +212,29 @@ impl Telemetry {
         instrumented.build_with_middleware().expect("client builds")
     }
 
+    /// Waits (at most 10 s, else panics) until `trace` has no connect in
+    /// flight: connects that lost a pool race finish in the background
+    /// after the requests are done.
+    pub(crate) async fn connects_done(&self, trace: &ConnTrace) {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while trace.connects_in_flight() > 0 {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "{} connect(s) still running after 10 s",
+                trace.connects_in_flight()
+            );
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    }
+
     /// Every span ended so far. A connected socket's `tcp.connect` span
     /// ends when the kernel's answer about it arrives (on the sock_diag
     /// thread, within milliseconds): wait up to 2 s for every exported
     /// successful setup span to have its `tcp.connect` child.
     pub(crate) fn spans(&self) -> Vec<SpanData> {
+        // Request spans (and their parents) still waiting for the kernel's
+        // answer (a deferred miss reason, failure evidence) end first.
+        reqwest_conntrace::wait_for_pending_spans(Duration::from_secs(2));
         let deadline = std::time::Instant::now() + Duration::from_secs(2);
         loop {
             let spans = self

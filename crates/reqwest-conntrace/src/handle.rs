@@ -2,7 +2,7 @@
 //! connector layer, the resolver wrapper, the TLS hooks and the middleware.
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
 
 use std::time::{Duration, Instant};
@@ -120,6 +120,8 @@ pub(crate) struct Inner {
     /// set whose connections all closed reports 0 instead of vanishing.
     open_sets: std::sync::Mutex<Vec<Vec<KeyValue>>>,
     clients_built: AtomicU64,
+    /// Connects of this handle not finished yet (`connector::InFlightCount`).
+    pub(crate) connects_in_flight: AtomicUsize,
     pub(crate) clock: Clock,
     tracer: TracerSource,
     /// `None` for [`DefaultOnRequestEnd`](crate::DefaultOnRequestEnd): no report is built.
@@ -525,6 +527,14 @@ impl ConnTrace {
     pub fn clients_built(&self) -> u64 {
         self.inner.clients_built.load(Ordering::Relaxed)
     }
+
+    /// Connects of this handle's clients not finished yet, including those
+    /// that finish in the background after their request was served by
+    /// another connection; [`connects_in_flight`](crate::connects_in_flight)
+    /// counts the whole process's. Never blocks.
+    pub fn connects_in_flight(&self) -> usize {
+        self.inner.connects_in_flight.load(Ordering::SeqCst)
+    }
 }
 
 /// Builds a [`ConnTrace`].
@@ -681,6 +691,7 @@ impl ConnTraceBuilder {
                 registry_full_logged: AtomicBool::new(false),
                 open_sets: std::sync::Mutex::new(Vec::new()),
                 clients_built: AtomicU64::new(0),
+                connects_in_flight: AtomicUsize::new(0),
                 clock: Clock::new(),
                 tracer: self.tracer,
                 on_request_end: self.on_request_end,

@@ -71,7 +71,7 @@ pub mod semconv;
 
 pub use builder::{InstrumentedClientBuilder, ReqwestClientBuilder};
 pub use connect::address::AddressOrder;
-pub use connect::connector::{ConnectFuture, ConnectService, ConnectorLayer};
+pub use connect::connector::{ConnectFuture, ConnectService, ConnectorLayer, connects_in_flight};
 pub use connect::dns::{SystemResolver, TracedResolver};
 pub use connect::tcp::wait_for_pending_spans;
 pub use connect::tls::TlsSettings;

@@ -47,6 +47,7 @@ pub(super) async fn run(lab: &mut Lab) -> anyhow::Result<Outcome> {
         .instrument(span.clone())
         .await;
     drop(span);
+    Lab::connects_done().await;
     let tunnels = proxy.tunnels();
     let proxy_connections = proxy.connections();
     let server_accepted = server.accepted_connections();

@@ -68,6 +68,10 @@ pub(super) async fn run(lab: &mut Lab) -> anyhow::Result<Outcome> {
     let span = lab.run_span(RUN);
     async {
         net::fetch(&client, &url, None, Body::Read).await;
+        // The lab's gap between sequential requests: hyper puts the
+        // connection back into the pool after the response (without it the
+        // next request can find it missing: a release_race miss).
+        tokio::time::sleep(net::BETWEEN_REQUESTS).await;
         *answer.lock().unwrap_or_else(|e| e.into_inner()) = IpAddr::V4(NEW);
         // Two at once: one reuses the pooled connection, the other connects
         // and gets the new answer.

@@ -102,6 +102,9 @@ pub(super) async fn run(lab: &mut Lab) -> anyhow::Result<Outcome> {
     .await?;
     let url = format!("https://{HOST}:{}/", server.addr().port());
     fetch_parallel(lab, RUN_KEEP, &pki, &url, AddressOrder::Keep, n).await?;
+    // Connects whose request was served first by another connection finish
+    // in the background: count the server's connections once they are done.
+    Lab::connects_done().await;
     let accepted_keep = server.accepted_connections();
     fetch_parallel(lab, RUN_V4, &pki, &url, AddressOrder::Ipv4First, n).await?;
 

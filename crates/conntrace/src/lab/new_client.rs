@@ -75,6 +75,7 @@ pub(super) async fn run(lab: &mut Lab) -> anyhow::Result<Outcome> {
     .instrument(span.clone())
     .await?;
     drop(span);
+    Lab::connects_done().await;
     let middle = counters(&server);
 
     // The fixed program: its own handle, one client.
@@ -85,6 +86,7 @@ pub(super) async fn run(lab: &mut Lab) -> anyhow::Result<Outcome> {
         .instrument(span.clone())
         .await;
     drop(span);
+    Lab::connects_done().await;
     let end = counters(&server);
 
     let spans = lab.spans().await;

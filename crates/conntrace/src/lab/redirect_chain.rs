@@ -62,6 +62,7 @@ pub(super) async fn run(lab: &mut Lab) -> anyhow::Result<Outcome> {
         .instrument(span.clone())
         .await;
     drop(span);
+    Lab::connects_done().await;
     let accepted_cold: Vec<u64> = servers.iter().map(|s| s.accepted_connections()).collect();
     tokio::time::sleep(net::BETWEEN_REQUESTS).await;
     let span = lab.run_span(RUN_WARM);

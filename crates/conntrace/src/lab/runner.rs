@@ -18,8 +18,11 @@ use super::{
 };
 use crate::telemetry::Telemetry;
 
-/// How long [`Lab::spans`] waits for background connects to finish.
-const SETTLE: Duration = Duration::from_millis(100);
+/// How long [`Lab::connects_done`] waits at most for connects to finish
+/// (longer than any scenario's connect: the 3 s SYN retransmission).
+const CONNECTS_DEADLINE: Duration = Duration::from_secs(10);
+/// How often [`Lab::connects_done`] looks.
+const CONNECTS_POLL: Duration = Duration::from_millis(2);
 
 /// The `--json` schema id.
 pub(crate) const SCHEMA: &str = "conntrace.lab/v1";
@@ -104,11 +107,26 @@ impl Lab {
         )
     }
 
-    /// Every span ended so far, exported and read back, after a short
-    /// pause so connects still finishing in the background (pool-race
-    /// losers) have ended their spans.
+    /// Waits until no connect is in flight
+    /// ([`reqwest_conntrace::connects_in_flight`]), at most
+    /// [`CONNECTS_DEADLINE`]: a run's requests can be done while connects
+    /// they started still finish in the background (a pool race's losers,
+    /// e.g. every connect after the first HTTP/2 one). Call it before
+    /// counting a server's accepted connections for a run.
+    pub(crate) async fn connects_done() {
+        let deadline = tokio::time::Instant::now() + CONNECTS_DEADLINE;
+        while reqwest_conntrace::connects_in_flight() > 0 && tokio::time::Instant::now() < deadline
+        {
+            tokio::time::sleep(CONNECTS_POLL).await;
+        }
+    }
+
+    /// Every span ended so far, exported and read back, once the connects
+    /// still finishing in the background have ended their spans
+    /// ([`connects_done`](Self::connects_done); the flush waits for the
+    /// `tcp.connect` spans that wait on the kernel).
     pub(crate) async fn spans(&mut self) -> Spans {
-        tokio::time::sleep(SETTLE).await;
+        Self::connects_done().await;
         Spans::new(self.telemetry.captured_spans())
     }
 }

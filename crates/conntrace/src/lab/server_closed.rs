@@ -72,6 +72,7 @@ pub(super) async fn run(lab: &mut Lab) -> anyhow::Result<Outcome> {
     let pki = net::pki(HOST)?;
     let server = net::start(net::https_server(&pki).idle_timeout(Some(SERVER_IDLE))).await?;
     let closed_stale = two_requests(lab, RUN_STALE, &server, &pki, CLIENT_IDLE).await?;
+    Lab::connects_done().await;
     let accepted_stale = server.accepted_connections();
     let closed_fixed = two_requests(lab, RUN_FIXED, &server, &pki, CLIENT_IDLE_FIXED).await?;
     let spans = lab.spans().await;

@@ -6,6 +6,7 @@ use std::borrow::Borrow;
 use std::error::Error as StdError;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
@@ -165,6 +166,7 @@ where
             inner: future,
             guard: ConnectGuard {
                 state: Some(InFlight {
+                    counted: InFlightCount::new(inner.clone()),
                     attempt,
                     cx,
                     inner,
@@ -202,6 +204,8 @@ struct InFlight {
     /// The peer, asked once the TLS handshake began (see `peer`); `Some`
     /// once asked.
     peer: Option<Option<Arc<PeerLookup>>>,
+    /// Counts the connect in [`connects_in_flight`] until its spans are out.
+    counted: InFlightCount,
 }
 
 impl InFlight {
@@ -216,6 +220,42 @@ impl InFlight {
             self.peer = Some(PeerLookup::start(&self.inner, &self.attempt));
         }
     }
+}
+
+/// Connects started in this process whose spans are not emitted yet.
+static IN_FLIGHT: AtomicUsize = AtomicUsize::new(0);
+
+/// One connect counted in [`IN_FLIGHT`] and in its handle's count until
+/// dropped.
+struct InFlightCount(Arc<Inner>);
+
+impl InFlightCount {
+    fn new(inner: Arc<Inner>) -> Self {
+        IN_FLIGHT.fetch_add(1, Ordering::SeqCst);
+        inner.connects_in_flight.fetch_add(1, Ordering::SeqCst);
+        InFlightCount(inner)
+    }
+}
+
+impl Drop for InFlightCount {
+    fn drop(&mut self) {
+        self.0.connects_in_flight.fetch_sub(1, Ordering::SeqCst);
+        IN_FLIGHT.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// Connects started by instrumented clients in this process (any handle)
+/// that have not finished yet: still resolving, connecting or handshaking,
+/// including the connects hyper-util's pool lets finish in the background
+/// after their request was served by another connection (a pool race's
+/// loser). A connect leaves the count once its `http.connection_setup`
+/// phase spans are emitted (succeeded, failed or dropped). Poll it before
+/// reading back spans or counting a server's accepted connections after a
+/// batch of requests; then [`wait_for_pending_spans`](crate::wait_for_pending_spans)
+/// for the `tcp.connect` spans that wait on the kernel. One handle's:
+/// [`ConnTrace::connects_in_flight`]. Never blocks.
+pub fn connects_in_flight() -> usize {
+    IN_FLIGHT.load(Ordering::SeqCst)
 }
 
 /// Ends the spans of a connect that never completed.
@@ -233,6 +273,7 @@ impl Drop for ConnectGuard {
             cx,
             inner,
             peer,
+            counted,
         }) = self.state.take()
         {
             let now = Instant::now();
@@ -251,6 +292,7 @@ impl Drop for ConnectGuard {
                 )
             };
             finish_failed(&inner, &attempt, &cx, error_type, message, None, peer, now);
+            drop(counted);
         }
     }
 }
@@ -337,6 +379,7 @@ where
             cx: span_cx,
             inner,
             peer,
+            counted,
         }) = this.guard.state.take()
         {
             let now = Instant::now();
@@ -365,6 +408,7 @@ where
                     );
                 }
             }
+            drop(counted);
         }
         Poll::Ready(result)
     }

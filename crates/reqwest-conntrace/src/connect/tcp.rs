@@ -56,14 +56,16 @@ impl Drop for PendingEnd {
     }
 }
 
-/// Waits until every connection span this crate has started has ended (at
-/// most `timeout`); `true` if none is left. Call it before flushing or
-/// shutting down a tracer provider you set up yourself:
-/// a `tcp.connect` span ends when the kernel's answer about its socket
-/// arrives (on the `conntrace-sock-diag` thread, within about 2 ms: the
-/// lookup waits up to 2 ms to share the thread's wake-up with others; a
-/// lookup queued longer than 1 s is given up), which may be
-/// after the response was handed to the caller. `otlp::OtlpGuard`'s
+/// Waits until every span this crate keeps open for the kernel's answer
+/// has ended (at most `timeout`); `true` if none is left. Call it before
+/// flushing or shutting down a tracer provider you set up yourself:
+/// a `tcp.connect` span, and a request span whose miss reason or failure
+/// evidence (`stalled`) needs the kernel, end when the kernel's answer about
+/// the socket arrives (on the `conntrace-sock-diag` thread, within about
+/// 2 ms: a lookup nobody waits for rests up to 2 ms to share the thread's
+/// wake-up with others; a lookup queued longer than 1 s is given up), which
+/// may be after the response was handed to the caller. Connects still
+/// running are not waited for ([`connects_in_flight`](crate::connects_in_flight)). `otlp::OtlpGuard`'s
 /// flush, shutdown and drop (feature `otlp`) call it with a 2 s bound.
 pub fn wait_for_pending_spans(timeout: Duration) -> bool {
     let deadline = Instant::now() + timeout;

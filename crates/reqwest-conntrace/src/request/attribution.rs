@@ -410,8 +410,13 @@ pub(crate) fn attribute_failure(
     let elapsed = now.saturating_duration_since(state.started);
     let timed_out = error_type == semconv::ERROR_TYPE_TIMEOUT;
     let span = span.clone();
+    // The span stays open until the kernel answers: a flush waits for it
+    // like for `tcp.connect` (`wait_for_pending_spans`).
+    let pending = crate::connect::tcp::PendingEnd::new();
     inner.kernel.lookup_then(local, remote, move |lookup| {
         record_kernel_evidence(&span, &record, &lookup, timed_out.then_some(elapsed));
+        drop(span);
+        drop(pending);
     });
 }
 
