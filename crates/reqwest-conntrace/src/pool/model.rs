@@ -411,17 +411,17 @@ impl PoolHistory {
             }
             return MissVerdict::Decided(Miss::untracked());
         }
-        let mine: Vec<&Arc<ConnectionRecord>> = hosts
-            .get(host)
-            .map(|h| {
-                h.connections
-                    .iter()
-                    .filter(|r| r.client.id == client.id)
-                    .collect()
-            })
-            .unwrap_or_default();
+        let history = hosts.get(host);
+        // This client's connections to the host, oldest first (walked in
+        // place: a miss allocates nothing here).
+        let mine = || {
+            history
+                .into_iter()
+                .flat_map(|h| h.connections.iter())
+                .filter(|r| r.client.id == client.id)
+        };
         // 1. No connection of this client to the host yet.
-        if mine.is_empty() {
+        if mine().next().is_none() {
             let earlier_client = hosts
                 .get(host)
                 .is_some_and(|h| h.connections.iter().any(|r| r.client.id < client.id));
@@ -438,13 +438,12 @@ impl PoolHistory {
         }
         // 3. The pool was never warm: no connection has finished a response
         //    yet (a concurrent first burst, however its connects interleave).
-        if mine.iter().all(|r| r.last_released().is_none()) {
+        if mine().all(|r| r.last_released().is_none()) {
             return MissVerdict::Decided(Miss::new(MissReason::Cold));
         }
         // hyper-util hands out the most recently released idle connection
         // first: that is the one this request would have had.
-        let Some(candidate) = mine
-            .iter()
+        let Some(candidate) = mine()
             .filter(|r| r.http2() || r.in_use() == 0)
             .max_by_key(|r| r.last_activity())
         else {
