@@ -270,6 +270,8 @@ async fn metrics_stay_right_when_no_span_records() {
         .expect("keep-alive server");
     let closing = TestServer::builder()
         .tls(&pki)
+        // Keep-alive off applies to HTTP/1.1 only.
+        .http_versions(conntrace_lab::HttpVersions::Http1Only)
         .keep_alive(false)
         .start()
         .await
