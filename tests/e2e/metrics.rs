@@ -253,3 +253,75 @@ async fn metrics_count_hits_misses_and_connections_with_bounded_attributes() {
     assert_eq!(idle_after.len(), 1, "the series is still reported");
     assert_eq!(idle_after[0].value, 0.0, "no connection open any more");
 }
+
+/// No span records (a sampler that drops everything, no OpenTelemetry
+/// layer): the connection-setup work nobody would see is skipped, and the
+/// metrics still count every connection, its TLS version, the pool's hits
+/// (attributed to the pooled connection) and the misses with their reasons,
+/// checked against the servers' accepted connections.
+#[tokio::test]
+async fn metrics_stay_right_when_no_span_records() {
+    let t = metrics_only();
+    let pki = conntrace_lab::TestPki::localhost().expect("pki");
+    let keep_alive = TestServer::builder()
+        .tls(&pki)
+        .start()
+        .await
+        .expect("keep-alive server");
+    let closing = TestServer::builder()
+        .tls(&pki)
+        // Keep-alive off applies to HTTP/1.1 only.
+        .http_versions(conntrace_lab::HttpVersions::Http1Only)
+        .keep_alive(false)
+        .start()
+        .await
+        .expect("closing server");
+    let client = t.client(reqwest::Client::builder(), Some(&pki));
+    // By name (a DNS lookup): one cold miss, then two hits.
+    get_sequentially(&client, &keep_alive.url("/"), 3).await;
+    // By IP, `connection: close` on every response: a cold miss, then two
+    // request_limit misses.
+    get_sequentially(&client, &closing.ip_url("/"), 3).await;
+
+    assert_eq!(keep_alive.accepted_connections(), 1);
+    assert_eq!(closing.accepted_connections(), 3);
+    let accepted = 4.0;
+    let opened = t.metric(semconv::HTTP_CLIENT_CONNECTIONS_OPENED);
+    assert_eq!(total(&opened), accepted);
+    let setup = t.metric(semconv::HTTP_CLIENT_CONNECTION_SETUP_DURATION);
+    assert_eq!(total(&setup), accepted);
+    assert_eq!(
+        total_where(&setup, semconv::TLS_PROTOCOL_VERSION, "1.3"),
+        accepted,
+        "{setup:?}"
+    );
+    let dns = t.metric(semconv::DNS_LOOKUP_DURATION);
+    assert_eq!(
+        total_where(&dns, semconv::DNS_QUESTION_NAME, "localhost"),
+        1.0
+    );
+    let durations = t.metric(semconv::HTTP_CLIENT_REQUEST_DURATION);
+    assert_eq!(total(&durations), 6.0);
+    assert_eq!(
+        total_where(&durations, semconv::HTTP_CONNECTION_REUSED, "true"),
+        2.0
+    );
+    assert_eq!(
+        total_where(&durations, semconv::HTTP_CONNECTION_REUSED, "false"),
+        accepted
+    );
+    let misses = t.metric(semconv::HTTP_CLIENT_POOL_MISSES);
+    assert_eq!(
+        total_where(&misses, semconv::HTTP_CONNECTION_MISS_REASON, "cold"),
+        2.0
+    );
+    assert_eq!(
+        total_where(
+            &misses,
+            semconv::HTTP_CONNECTION_MISS_REASON,
+            "request_limit"
+        ),
+        2.0
+    );
+    assert!(t.spans().is_empty(), "the sampler records no span");
+}

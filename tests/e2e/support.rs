@@ -102,6 +102,30 @@ pub(crate) fn telemetry_logging_to(logs: Option<Logs>) -> Telemetry {
     }
 }
 
+/// Metrics only: a tracer provider whose sampler records no span (so no
+/// connection-setup span records and its phase spans are never built), and
+/// a thread-local subscriber without the OpenTelemetry layer (request spans
+/// carry no OpenTelemetry context).
+pub(crate) fn metrics_only() -> Telemetry {
+    let exporter = InMemorySpanExporter::default();
+    let provider = SdkTracerProvider::builder()
+        .with_sampler(opentelemetry_sdk::trace::Sampler::AlwaysOff)
+        .with_simple_exporter(exporter.clone())
+        .build();
+    let guard = tracing::subscriber::set_default(tracing_subscriber::registry());
+    let metric_exporter = InMemoryMetricExporter::default();
+    let meter_provider = SdkMeterProvider::builder()
+        .with_reader(PeriodicReader::builder(metric_exporter.clone()).build())
+        .build();
+    Telemetry {
+        provider,
+        exporter,
+        meter_provider,
+        metric_exporter,
+        _guard: guard,
+    }
+}
+
 impl Telemetry {
     /// A handle recording connection spans into this provider.
     pub(crate) fn conntrace(&self) -> ConnTrace {

@@ -97,13 +97,27 @@ impl<S> Layer<S> for ConnectorLayer {
     fn layer(&self, inner: S) -> Self::Service {
         ConnectService {
             inner,
-            trace: self.trace.clone(),
-            client: self.client.clone(),
-            connect_timeout: self.connect_timeout,
-            proxy: self.proxy.clone(),
-            http2_prior_knowledge: self.http2_prior_knowledge,
+            shared: Arc::new(Shared {
+                trace: self.trace.clone(),
+                client: self.client.clone(),
+                connect_timeout: self.connect_timeout,
+                proxy: self.proxy.clone(),
+                http2_prior_knowledge: self.http2_prior_knowledge,
+            }),
         }
     }
+}
+
+/// What every clone of a [`ConnectService`] shares. One `Arc`: hyper-util
+/// clones the connector for every request, pool hits included, so a clone
+/// is one reference count, not one per field.
+#[derive(Debug)]
+struct Shared {
+    trace: ConnTrace,
+    client: Arc<ClientState>,
+    connect_timeout: Option<Duration>,
+    proxy: Arc<OnceLock<ProxyRules>>,
+    http2_prior_knowledge: bool,
 }
 
 /// The service [`ConnectorLayer`] produces. Generic over reqwest's sealed
@@ -112,11 +126,7 @@ impl<S> Layer<S> for ConnectorLayer {
 #[derive(Clone, Debug)]
 pub struct ConnectService<S> {
     inner: S,
-    trace: ConnTrace,
-    client: Arc<ClientState>,
-    connect_timeout: Option<Duration>,
-    proxy: Arc<OnceLock<ProxyRules>>,
-    http2_prior_knowledge: bool,
+    shared: Arc<Shared>,
 }
 
 impl<S, R> Service<R> for ConnectService<S>
@@ -134,24 +144,25 @@ where
     }
 
     fn call(&mut self, req: R) -> Self::Future {
-        let inner = self.trace.inner().clone();
+        let shared = &*self.shared;
+        let inner = shared.trace.inner().clone();
         let trigger = request::current();
         // reqwest calls the connector when hyper-util's pool checkout found
         // no usable idle connection: classify that miss now.
         let miss = trigger.as_ref().map(|t| {
-            let slot = inner.miss_slot(&t.host, &self.client);
+            let slot = inner.miss_slot(&t.host, &shared.client);
             t.note_miss(slot.clone());
             slot
         });
         let proxy = trigger
             .as_ref()
-            .and_then(|t| self.proxy.get()?.route(&t.host));
+            .and_then(|t| shared.proxy.get()?.route(&t.host));
         let attempt = Arc::new(ConnectAttempt::new(
             inner.next_connection_id(),
             trigger,
-            self.client.clone(),
+            shared.client.clone(),
             miss,
-            self.connect_timeout,
+            shared.connect_timeout,
             proxy,
         ));
         // reqwest calls the connector inside the request's poll, so the
@@ -172,8 +183,8 @@ where
                     inner,
                     peer: None,
                 }),
-                connect_timeout: self.connect_timeout,
-                http2_prior_knowledge: self.http2_prior_knowledge,
+                connect_timeout: shared.connect_timeout,
+                http2_prior_knowledge: shared.http2_prior_knowledge,
             },
         }
     }

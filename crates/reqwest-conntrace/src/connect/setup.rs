@@ -5,13 +5,14 @@ use std::net::SocketAddr;
 use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
+use opentelemetry::global::BoxedTracer;
 use opentelemetry::trace::{
     Link, SpanBuilder, SpanContext, SpanKind, Status, TraceContextExt, Tracer,
 };
 use opentelemetry::{Array, Context, KeyValue, StringValue, Value};
 
 use crate::connect::address;
-use crate::connect::attempt::{ConnectAttempt, Phases};
+use crate::connect::attempt::{ConnectAttempt, DnsPhase, Phases};
 use crate::connect::peer::Peer;
 use crate::connect::proxy::{ProxyRefusal, ProxyRoute};
 use crate::connect::tcp::TcpSpanEnd;
@@ -99,6 +100,65 @@ fn dns_skipped(attempt: &ConnectAttempt, phases: &Phases) -> Option<&'static str
     })
 }
 
+/// Marks a phase span failed with `error_type` and `message`.
+fn fail_span(span: &opentelemetry::trace::SpanRef<'_>, error_type: &'static str, message: &str) {
+    span.set_attribute(KeyValue::new(semconv::ERROR_TYPE, error_type));
+    span.set_status(Status::error(message.to_owned()));
+}
+
+/// The `dns.lookup` span of `dns` (a child of the setup span in `cx`),
+/// ended at `dns_end`.
+fn emit_dns_span(
+    inner: &Inner,
+    tracer: &BoxedTracer,
+    dns: &DnsPhase,
+    cx: &Context,
+    dns_end: Instant,
+    failure_type: &Option<&'static str>,
+    failure_message: &Option<String>,
+) {
+    let mut attrs = vec![
+        KeyValue::new(semconv::DNS_QUESTION_NAME, dns.name.clone()),
+        KeyValue::new(semconv::HTTP_CONNECTION_ADDRESS_ORDER, dns.order.as_str()),
+    ];
+    if !dns.answers.is_empty() {
+        let answers: Vec<StringValue> = dns
+            .answers
+            .iter()
+            .map(|a| StringValue::from(a.ip().to_string()))
+            .collect();
+        attrs.push(KeyValue::new(
+            semconv::DNS_ANSWERS,
+            Value::Array(Array::String(answers)),
+        ));
+    }
+    let span = tracer.build_with_context(
+        SpanBuilder::from_name(semconv::DNS_LOOKUP_SPAN)
+            .with_kind(SpanKind::Internal)
+            .with_start_time(inner.clock.wall(dns.asked))
+            .with_attributes(attrs),
+        cx,
+    );
+    let dns_cx = Context::new().with_span(span);
+    let dspan = dns_cx.span();
+    if let Some(began) = dns.began
+        && began > dns.asked
+    {
+        dspan.add_event_with_timestamp(
+            semconv::EVENT_DNS_LOOKUP_BEGAN,
+            inner.clock.wall(began),
+            vec![],
+        );
+    }
+    if let Some((error_type, message)) = &dns.error {
+        fail_span(&dspan, error_type, message);
+    } else if dns.answered.is_none() {
+        let (t, m) = failure_or_cancel(failure_type, failure_message);
+        fail_span(&dspan, t, &m);
+    }
+    dspan.end_with_timestamp(inner.clock.wall(dns_end));
+}
+
 /// How a connect ended, for the phase that was running.
 pub(crate) enum Ending<'a> {
     Ready(&'a Established),
@@ -121,9 +181,13 @@ pub(crate) fn emit_phases(
     ending: &Ending<'_>,
     end: Instant,
 ) -> (ConnectionSetup, Option<TcpSpanEnd>) {
-    let tracer = inner.tracer();
     let phases = attempt.phases().clone();
     let setup_span = cx.span();
+    // A setup span that does not record (nothing installed, or a sampler
+    // that dropped it): its phase spans, events and attributes would be
+    // built for no one, so only the report and the metrics are.
+    let recording = setup_span.is_recording();
+    let tracer = recording.then(|| inner.tracer());
     let (failure_type, failure_message, refusal, peer) = match ending {
         Ending::Ready(_) => (None, None, None, &Peer::Unknown),
         Ending::Failed {
@@ -141,17 +205,6 @@ pub(crate) fn emit_phases(
         Peer::Named(addr) => Some(*addr),
         _ => None,
     });
-    let sni = attempt
-        .trigger
-        .as_ref()
-        .map(|t| t.host.host.clone())
-        .or_else(|| phases.dns.as_ref().map(|d| d.name.clone()));
-
-    let fail_span =
-        |span: &opentelemetry::trace::SpanRef<'_>, error_type: &'static str, message: &str| {
-            span.set_attribute(KeyValue::new(semconv::ERROR_TYPE, error_type));
-            span.set_status(Status::error(message.to_owned()));
-        };
 
     // DNS
     let mut tcp_start = attempt.started;
@@ -159,59 +212,29 @@ pub(crate) fn emit_phases(
     let mut dns_failed = false;
     if let Some(dns) = &phases.dns {
         let dns_end = dns.answered.unwrap_or(end);
-        let mut attrs = vec![
-            KeyValue::new(semconv::DNS_QUESTION_NAME, dns.name.clone()),
-            KeyValue::new(semconv::HTTP_CONNECTION_ADDRESS_ORDER, dns.order.as_str()),
-        ];
-        if !dns.answers.is_empty() {
-            let answers: Vec<StringValue> = dns
-                .answers
-                .iter()
-                .map(|a| StringValue::from(a.ip().to_string()))
-                .collect();
-            attrs.push(KeyValue::new(
-                semconv::DNS_ANSWERS,
-                Value::Array(Array::String(answers)),
-            ));
-        }
-        let span = tracer.build_with_context(
-            SpanBuilder::from_name(semconv::DNS_LOOKUP_SPAN)
-                .with_kind(SpanKind::Internal)
-                .with_start_time(inner.clock.wall(dns.asked))
-                .with_attributes(attrs),
-            cx,
-        );
-        let dns_cx = Context::new().with_span(span);
-        let dspan = dns_cx.span();
-        if let Some(began) = dns.began
-            && began > dns.asked
-        {
-            dspan.add_event_with_timestamp(
-                semconv::EVENT_DNS_LOOKUP_BEGAN,
-                inner.clock.wall(began),
-                vec![],
+        dns_failed = dns.error.is_some() || dns.answered.is_none();
+        if let Some(tracer) = &tracer {
+            emit_dns_span(
+                inner,
+                tracer,
+                dns,
+                cx,
+                dns_end,
+                &failure_type,
+                &failure_message,
             );
         }
-        if let Some((error_type, message)) = &dns.error {
-            fail_span(&dspan, error_type, message);
-            dns_failed = true;
-        } else if dns.answered.is_none() {
-            let (t, m) = failure_or_cancel(&failure_type, &failure_message);
-            fail_span(&dspan, t, &m);
-            dns_failed = true;
-        }
-        dspan.end_with_timestamp(inner.clock.wall(dns_end));
         dns_duration = Some(dns_end.saturating_duration_since(dns.asked));
         tcp_start = dns_end;
     }
-    if let Some(miss) = &attempt.miss {
+    if let Some(miss) = attempt.miss.as_ref().filter(|_| recording) {
         setup_span.set_attribute(KeyValue::new(
             semconv::HTTP_CONNECTION_MISS_REASON,
             miss.get().reason.as_str(),
         ));
     }
     let skipped = dns_skipped(attempt, &phases);
-    if let Some(reason) = skipped {
+    if let Some(reason) = skipped.filter(|_| recording) {
         setup_span.set_attribute(KeyValue::new(semconv::HTTP_CONNECTION_DNS_SKIPPED, reason));
     }
 
@@ -241,53 +264,20 @@ pub(crate) fn emit_phases(
     if !dns_failed {
         let tcp_end = tunnel_start.or(phases.tls_started).unwrap_or(end);
         tcp_duration = tcp_end.saturating_duration_since(tcp_start);
-        let mut attrs = vec![KeyValue::new(semconv::NETWORK_TRANSPORT, "tcp")];
-        if let Some(r) = remote {
-            attrs.extend(peer_attributes(&r));
-            attrs.push(KeyValue::new(semconv::NETWORK_TYPE, network_type(&r)));
-        }
-        if let Peer::Ambiguous(candidates) = peer {
-            attrs.push(KeyValue::new(
-                semconv::HTTP_CONNECTION_PEER_CANDIDATES,
-                Value::Array(Array::String(
-                    candidates
-                        .iter()
-                        .map(|a| StringValue::from(a.ip().to_string()))
-                        .collect(),
-                )),
-            ));
-        }
-        let mut choice = None;
-        if let Some(dns) = phases.dns.as_ref().filter(|d| !d.connect_order.is_empty()) {
-            attrs.push(KeyValue::new(
-                semconv::HTTP_CONNECTION_ADDRESSES,
-                Value::Array(Array::String(
-                    dns.connect_order
-                        .iter()
-                        .map(|a| StringValue::from(a.ip().to_string()))
-                        .collect(),
-                )),
-            ));
-            if !tunneled && let Some(r) = remote {
-                choice = address::explain_choice(
-                    &dns.connect_order,
-                    r,
-                    tcp_duration,
-                    attempt.connect_timeout,
-                );
+        let connect_order = phases
+            .dns
+            .as_ref()
+            .map(|d| d.connect_order.as_slice())
+            .filter(|order| !order.is_empty());
+        let choice = match (connect_order, remote) {
+            (Some(order), Some(r)) if !tunneled => {
+                address::explain_choice(order, r, tcp_duration, attempt.connect_timeout)
             }
-        }
+            _ => None,
+        };
         if let Some(c) = &choice {
             address_known = true;
             address_fallback = c.index > 0;
-            attrs.push(KeyValue::new(
-                semconv::HTTP_CONNECTION_ADDRESS_INDEX,
-                c.index as i64,
-            ));
-            attrs.push(KeyValue::new(
-                semconv::HTTP_CONNECTION_ADDRESS_FALLBACK,
-                address_fallback,
-            ));
         }
         // Only a connect that used its first address started its SYN clock
         // at the phase start.
@@ -296,39 +286,92 @@ pub(crate) fn emit_phases(
         } else {
             address::syn_retransmits_by_timing(tcp_duration)
         };
-        let span = tracer.build_with_context(
-            SpanBuilder::from_name(semconv::TCP_CONNECT_SPAN)
-                .with_kind(SpanKind::Internal)
-                .with_start_time(inner.clock.wall(tcp_start))
-                .with_attributes(attrs),
-            cx,
-        );
-        let tcp_cx = Context::new().with_span(span);
-        let tspan = tcp_cx.span();
-        if let Some(c) = &choice {
-            for skipped in &c.skipped {
-                let at = match (skipped.outcome, skipped.gave_up_after) {
-                    (_, Some(after)) => tcp_start + after,
-                    (semconv::ADDRESS_OUTCOME_OUTRACED, _) => tcp_end,
-                    _ => tcp_start,
-                };
-                tspan.add_event_with_timestamp(
-                    semconv::EVENT_TCP_ADDRESS_SKIPPED,
-                    inner.clock.wall(at.min(tcp_end)),
-                    vec![
-                        KeyValue::new(semconv::NETWORK_PEER_ADDRESS, skipped.addr.ip().to_string()),
-                        KeyValue::new(semconv::NETWORK_PEER_PORT, i64::from(skipped.addr.port())),
-                        KeyValue::new(semconv::HTTP_CONNECTION_ADDRESS_OUTCOME, skipped.outcome),
-                    ],
+        let tcp_cx = match &tracer {
+            Some(tracer) => {
+                let mut attrs = vec![KeyValue::new(semconv::NETWORK_TRANSPORT, "tcp")];
+                if let Some(r) = remote {
+                    attrs.extend(peer_attributes(&r));
+                    attrs.push(KeyValue::new(semconv::NETWORK_TYPE, network_type(&r)));
+                }
+                if let Peer::Ambiguous(candidates) = peer {
+                    attrs.push(KeyValue::new(
+                        semconv::HTTP_CONNECTION_PEER_CANDIDATES,
+                        Value::Array(Array::String(
+                            candidates
+                                .iter()
+                                .map(|a| StringValue::from(a.ip().to_string()))
+                                .collect(),
+                        )),
+                    ));
+                }
+                if let Some(order) = connect_order {
+                    attrs.push(KeyValue::new(
+                        semconv::HTTP_CONNECTION_ADDRESSES,
+                        Value::Array(Array::String(
+                            order
+                                .iter()
+                                .map(|a| StringValue::from(a.ip().to_string()))
+                                .collect(),
+                        )),
+                    ));
+                }
+                if let Some(c) = &choice {
+                    attrs.push(KeyValue::new(
+                        semconv::HTTP_CONNECTION_ADDRESS_INDEX,
+                        c.index as i64,
+                    ));
+                    attrs.push(KeyValue::new(
+                        semconv::HTTP_CONNECTION_ADDRESS_FALLBACK,
+                        address_fallback,
+                    ));
+                }
+                let span = tracer.build_with_context(
+                    SpanBuilder::from_name(semconv::TCP_CONNECT_SPAN)
+                        .with_kind(SpanKind::Internal)
+                        .with_start_time(inner.clock.wall(tcp_start))
+                        .with_attributes(attrs),
+                    cx,
                 );
+                let tcp_cx = Context::new().with_span(span);
+                let tspan = tcp_cx.span();
+                if let Some(c) = &choice {
+                    for skipped in &c.skipped {
+                        let at = match (skipped.outcome, skipped.gave_up_after) {
+                            (_, Some(after)) => tcp_start + after,
+                            (semconv::ADDRESS_OUTCOME_OUTRACED, _) => tcp_end,
+                            _ => tcp_start,
+                        };
+                        tspan.add_event_with_timestamp(
+                            semconv::EVENT_TCP_ADDRESS_SKIPPED,
+                            inner.clock.wall(at.min(tcp_end)),
+                            vec![
+                                KeyValue::new(
+                                    semconv::NETWORK_PEER_ADDRESS,
+                                    skipped.addr.ip().to_string(),
+                                ),
+                                KeyValue::new(
+                                    semconv::NETWORK_PEER_PORT,
+                                    i64::from(skipped.addr.port()),
+                                ),
+                                KeyValue::new(
+                                    semconv::HTTP_CONNECTION_ADDRESS_OUTCOME,
+                                    skipped.outcome,
+                                ),
+                            ],
+                        );
+                    }
+                }
+                if phases.tls_started.is_none() && tunnel_start.is_none() && established.is_none() {
+                    let (t, m) = failure_or_cancel(&failure_type, &failure_message);
+                    fail_span(&tspan, t, &m);
+                }
+                tcp_cx
             }
-        }
-        if phases.tls_started.is_none() && tunnel_start.is_none() && established.is_none() {
-            let (t, m) = failure_or_cancel(&failure_type, &failure_message);
-            fail_span(&tspan, t, &m);
-        }
+            // No span: the kernel's facts, if asked for, only fill the report.
+            None => Context::new(),
+        };
         let ending = TcpSpanEnd {
-            cx: tcp_cx.clone(),
+            cx: tcp_cx,
             start: inner.clock.wall(tcp_start),
             end: inner.clock.wall(tcp_end),
             syn_by_timing: syn_retransmits,
@@ -340,7 +383,7 @@ pub(crate) fn emit_phases(
         // answer (a recorded span, a report); anything else ends now.
         if established.is_some_and(|e| e.local.is_some() && e.remote.is_some())
             && inner.kernel.is_available()
-            && (setup_span.is_recording() || inner.on_request_end.is_some())
+            && (recording || inner.on_request_end.is_some())
         {
             tcp_pending = Some(ending);
         } else {
@@ -351,38 +394,40 @@ pub(crate) fn emit_phases(
     // CONNECT tunnel through the proxy
     let mut tunnel_duration = None;
     if let Some(start) = tunnel_start {
-        let mut attrs = Vec::new();
-        if let Some(t) = &attempt.trigger {
-            attrs.extend(crate::export::metrics::host_attributes(
-                &t.host.host,
-                t.host.port,
-            ));
+        if let Some(tracer) = &tracer {
+            let mut attrs = Vec::new();
+            if let Some(t) = &attempt.trigger {
+                attrs.extend(crate::export::metrics::host_attributes(
+                    &t.host.host,
+                    t.host.port,
+                ));
+            }
+            if let Some(r) = remote {
+                attrs.extend(peer_attributes(&r));
+            }
+            attrs.extend(route.map(proxy_attributes).into_iter().flatten());
+            if let Some(status) = refusal.and_then(|r| r.status) {
+                attrs.push(KeyValue::new(
+                    semconv::HTTP_RESPONSE_STATUS_CODE,
+                    i64::from(status),
+                ));
+            }
+            let span = tracer.build_with_context(
+                SpanBuilder::from_name(semconv::PROXY_CONNECT_SPAN)
+                    .with_kind(SpanKind::Internal)
+                    .with_start_time(inner.clock.wall(start))
+                    .with_attributes(attrs),
+                cx,
+            );
+            let tunnel_cx = Context::new().with_span(span);
+            if phases.tls_started.is_none() {
+                let (t, m) = failure_or_cancel(&failure_type, &failure_message);
+                fail_span(&tunnel_cx.span(), t, &m);
+            }
+            tunnel_cx
+                .span()
+                .end_with_timestamp(inner.clock.wall(tunnel_end));
         }
-        if let Some(r) = remote {
-            attrs.extend(peer_attributes(&r));
-        }
-        attrs.extend(route.map(proxy_attributes).into_iter().flatten());
-        if let Some(status) = refusal.and_then(|r| r.status) {
-            attrs.push(KeyValue::new(
-                semconv::HTTP_RESPONSE_STATUS_CODE,
-                i64::from(status),
-            ));
-        }
-        let span = tracer.build_with_context(
-            SpanBuilder::from_name(semconv::PROXY_CONNECT_SPAN)
-                .with_kind(SpanKind::Internal)
-                .with_start_time(inner.clock.wall(start))
-                .with_attributes(attrs),
-            cx,
-        );
-        let tunnel_cx = Context::new().with_span(span);
-        if phases.tls_started.is_none() {
-            let (t, m) = failure_or_cancel(&failure_type, &failure_message);
-            fail_span(&tunnel_cx.span(), t, &m);
-        }
-        tunnel_cx
-            .span()
-            .end_with_timestamp(inner.clock.wall(tunnel_end));
         tunnel_duration = Some(tunnel_end.saturating_duration_since(start));
     }
 
@@ -394,28 +439,7 @@ pub(crate) fn emit_phases(
         let resumed = phases.resumption_offered
             && phases.cert_verified.is_none()
             && phases.cert_verify_started.is_none();
-        let mut attrs = vec![
-            KeyValue::new(semconv::TLS_PROTOCOL_NAME, "tls"),
-            KeyValue::new(
-                semconv::HTTP_CONNECTION_TLS_RESUMPTION_OFFERED,
-                phases.resumption_offered,
-            ),
-        ];
-        if let Some(name) = &sni {
-            attrs.push(KeyValue::new(semconv::SERVER_ADDRESS, name.clone()));
-        }
-        if phases.cert_verification_skipped {
-            attrs.push(KeyValue::new(
-                semconv::HTTP_CONNECTION_TLS_VERIFICATION_SKIPPED,
-                true,
-            ));
-        }
-        if let Some(e) = established {
-            attrs.push(KeyValue::new(semconv::TLS_RESUMED, resumed));
-            attrs.push(KeyValue::new(
-                semconv::TLS_NEXT_PROTOCOL,
-                if e.http2 { "h2" } else { "http/1.1" },
-            ));
+        if established.is_some() {
             tls_resumed = Some(resumed);
             if tls_version.is_none() && resumed {
                 // A resumed 1.2 session logs CLIENT_RANDOM (seen by the key
@@ -423,146 +447,181 @@ pub(crate) fn emit_phases(
                 tls_version = phases.server_hello.map(|_| TlsVersion::Tls13);
             }
         }
-        if let Some(v) = tls_version {
-            attrs.push(KeyValue::new(semconv::TLS_PROTOCOL_VERSION, v.as_str()));
-        }
-        let span = tracer.build_with_context(
-            SpanBuilder::from_name(semconv::TLS_HANDSHAKE_SPAN)
-                .with_kind(SpanKind::Internal)
-                .with_start_time(inner.clock.wall(tls_start))
-                .with_attributes(attrs),
-            cx,
-        );
-        let tls_cx = Context::new().with_span(span);
-        let tspan = tls_cx.span();
-        if let Some(t) = phases.server_hello {
-            tspan.add_event_with_timestamp(
-                semconv::EVENT_TLS_SERVER_HELLO,
-                inner.clock.wall(t),
-                vec![],
+        if let Some(tracer) = &tracer {
+            let sni = attempt
+                .trigger
+                .as_ref()
+                .map(|t| t.host.host.clone())
+                .or_else(|| phases.dns.as_ref().map(|d| d.name.clone()));
+            let mut attrs = vec![
+                KeyValue::new(semconv::TLS_PROTOCOL_NAME, "tls"),
+                KeyValue::new(
+                    semconv::HTTP_CONNECTION_TLS_RESUMPTION_OFFERED,
+                    phases.resumption_offered,
+                ),
+            ];
+            if let Some(name) = &sni {
+                attrs.push(KeyValue::new(semconv::SERVER_ADDRESS, name.clone()));
+            }
+            if phases.cert_verification_skipped {
+                attrs.push(KeyValue::new(
+                    semconv::HTTP_CONNECTION_TLS_VERIFICATION_SKIPPED,
+                    true,
+                ));
+            }
+            if let Some(e) = established {
+                attrs.push(KeyValue::new(semconv::TLS_RESUMED, resumed));
+                attrs.push(KeyValue::new(
+                    semconv::TLS_NEXT_PROTOCOL,
+                    if e.http2 { "h2" } else { "http/1.1" },
+                ));
+            }
+            if let Some(v) = tls_version {
+                attrs.push(KeyValue::new(semconv::TLS_PROTOCOL_VERSION, v.as_str()));
+            }
+            let span = tracer.build_with_context(
+                SpanBuilder::from_name(semconv::TLS_HANDSHAKE_SPAN)
+                    .with_kind(SpanKind::Internal)
+                    .with_start_time(inner.clock.wall(tls_start))
+                    .with_attributes(attrs),
+                cx,
             );
-        }
-        match &phases.cert_verified {
-            Some((_, None)) if phases.cert_verification_skipped => {}
-            Some((t, None)) => tspan.add_event_with_timestamp(
-                semconv::EVENT_TLS_CERTIFICATE_VERIFIED,
-                inner.clock.wall(*t),
-                vec![],
-            ),
-            Some((t, Some(message))) => tspan.add_event_with_timestamp(
-                semconv::EVENT_TLS_CERTIFICATE_REJECTED,
-                inner.clock.wall(*t),
-                vec![
-                    KeyValue::new(semconv::ERROR_TYPE, semconv::ERROR_TYPE_TLS_CERTIFICATE),
-                    KeyValue::new(semconv::EXCEPTION_MESSAGE, message.clone()),
-                ],
-            ),
-            // A user's own rustls config: only the start of verification
-            // is seen; the handshake's outcome tells the verifier's answer.
-            None => match (phases.cert_verify_started, &failure_message) {
-                (Some(t), _) if established.is_some() => tspan.add_event_with_timestamp(
-                    semconv::EVENT_TLS_CERTIFICATE_VERIFIED,
+            let tls_cx = Context::new().with_span(span);
+            let tspan = tls_cx.span();
+            if let Some(t) = phases.server_hello {
+                tspan.add_event_with_timestamp(
+                    semconv::EVENT_TLS_SERVER_HELLO,
                     inner.clock.wall(t),
                     vec![],
+                );
+            }
+            match &phases.cert_verified {
+                Some((_, None)) if phases.cert_verification_skipped => {}
+                Some((t, None)) => tspan.add_event_with_timestamp(
+                    semconv::EVENT_TLS_CERTIFICATE_VERIFIED,
+                    inner.clock.wall(*t),
+                    vec![],
                 ),
-                (Some(t), Some(message))
-                    if failure_type == Some(semconv::ERROR_TYPE_TLS_CERTIFICATE) =>
-                {
-                    tspan.add_event_with_timestamp(
-                        semconv::EVENT_TLS_CERTIFICATE_REJECTED,
+                Some((t, Some(message))) => tspan.add_event_with_timestamp(
+                    semconv::EVENT_TLS_CERTIFICATE_REJECTED,
+                    inner.clock.wall(*t),
+                    vec![
+                        KeyValue::new(semconv::ERROR_TYPE, semconv::ERROR_TYPE_TLS_CERTIFICATE),
+                        KeyValue::new(semconv::EXCEPTION_MESSAGE, message.clone()),
+                    ],
+                ),
+                // A user's own rustls config: only the start of verification
+                // is seen; the handshake's outcome tells the verifier's answer.
+                None => match (phases.cert_verify_started, &failure_message) {
+                    (Some(t), _) if established.is_some() => tspan.add_event_with_timestamp(
+                        semconv::EVENT_TLS_CERTIFICATE_VERIFIED,
                         inner.clock.wall(t),
-                        vec![
-                            KeyValue::new(semconv::ERROR_TYPE, semconv::ERROR_TYPE_TLS_CERTIFICATE),
-                            KeyValue::new(semconv::EXCEPTION_MESSAGE, message.clone()),
-                        ],
-                    )
-                }
-                _ => {}
-            },
+                        vec![],
+                    ),
+                    (Some(t), Some(message))
+                        if failure_type == Some(semconv::ERROR_TYPE_TLS_CERTIFICATE) =>
+                    {
+                        tspan.add_event_with_timestamp(
+                            semconv::EVENT_TLS_CERTIFICATE_REJECTED,
+                            inner.clock.wall(t),
+                            vec![
+                                KeyValue::new(
+                                    semconv::ERROR_TYPE,
+                                    semconv::ERROR_TYPE_TLS_CERTIFICATE,
+                                ),
+                                KeyValue::new(semconv::EXCEPTION_MESSAGE, message.clone()),
+                            ],
+                        )
+                    }
+                    _ => {}
+                },
+            }
+            if let Some(t) = phases.server_finished {
+                tspan.add_event_with_timestamp(
+                    semconv::EVENT_TLS_SERVER_FINISHED,
+                    inner.clock.wall(t),
+                    vec![],
+                );
+            }
+            if established.is_none() {
+                let (t, m) = failure_or_cancel(&failure_type, &failure_message);
+                fail_span(&tspan, t, &m);
+            }
+            tspan.end_with_timestamp(inner.clock.wall(end));
         }
-        if let Some(t) = phases.server_finished {
-            tspan.add_event_with_timestamp(
-                semconv::EVENT_TLS_SERVER_FINISHED,
-                inner.clock.wall(t),
-                vec![],
-            );
-        }
-        if established.is_none() {
-            let (t, m) = failure_or_cancel(&failure_type, &failure_message);
-            fail_span(&tspan, t, &m);
-        }
-        tspan.end_with_timestamp(inner.clock.wall(end));
         tls_duration = Some(end.saturating_duration_since(tls_start));
     }
 
     // Setup span attributes.
-    for kv in route.map(proxy_attributes).into_iter().flatten() {
-        setup_span.set_attribute(kv);
-    }
-    if let Some(e) = established {
-        if let Some(r) = e.remote {
-            for kv in peer_attributes(&r) {
-                setup_span.set_attribute(kv);
+    if recording {
+        for kv in route.map(proxy_attributes).into_iter().flatten() {
+            setup_span.set_attribute(kv);
+        }
+        if let Some(e) = established {
+            if let Some(r) = e.remote {
+                for kv in peer_attributes(&r) {
+                    setup_span.set_attribute(kv);
+                }
+                setup_span.set_attribute(KeyValue::new(semconv::NETWORK_TYPE, network_type(&r)));
             }
-            setup_span.set_attribute(KeyValue::new(semconv::NETWORK_TYPE, network_type(&r)));
-        }
-        if let Some(l) = e.local {
-            setup_span.set_attribute(KeyValue::new(
-                semconv::NETWORK_LOCAL_ADDRESS,
-                l.ip().to_string(),
-            ));
-            setup_span.set_attribute(KeyValue::new(
-                semconv::NETWORK_LOCAL_PORT,
-                i64::from(l.port()),
-            ));
-        }
-        setup_span.set_attribute(KeyValue::new(
-            semconv::NETWORK_PROTOCOL_VERSION,
-            if e.http2 { "2" } else { "1.1" },
-        ));
-        if e.proxied || route.is_some() {
-            setup_span.set_attribute(KeyValue::new(semconv::HTTP_CONNECTION_PROXIED, true));
-        }
-        if address_fallback {
-            setup_span.set_attribute(KeyValue::new(
-                semconv::HTTP_CONNECTION_ADDRESS_FALLBACK,
-                true,
-            ));
-        }
-        if let Some(v) = tls_version {
-            setup_span.set_attribute(KeyValue::new(semconv::TLS_PROTOCOL_VERSION, v.as_str()));
-        }
-        if let Some(r) = tls_resumed {
-            setup_span.set_attribute(KeyValue::new(semconv::TLS_RESUMED, r));
-        }
-    } else {
-        if route.is_some() {
-            setup_span.set_attribute(KeyValue::new(semconv::HTTP_CONNECTION_PROXIED, true));
-        }
-        // Named from the kernel or the only candidate (see `peer`).
-        if let Some(r) = remote {
-            for kv in peer_attributes(&r) {
-                setup_span.set_attribute(kv);
+            if let Some(l) = e.local {
+                setup_span.set_attribute(KeyValue::new(
+                    semconv::NETWORK_LOCAL_ADDRESS,
+                    l.ip().to_string(),
+                ));
+                setup_span.set_attribute(KeyValue::new(
+                    semconv::NETWORK_LOCAL_PORT,
+                    i64::from(l.port()),
+                ));
             }
-            setup_span.set_attribute(KeyValue::new(semconv::NETWORK_TYPE, network_type(&r)));
-        }
-        if address_fallback {
             setup_span.set_attribute(KeyValue::new(
-                semconv::HTTP_CONNECTION_ADDRESS_FALLBACK,
-                true,
+                semconv::NETWORK_PROTOCOL_VERSION,
+                if e.http2 { "2" } else { "1.1" },
             ));
+            if e.proxied || route.is_some() {
+                setup_span.set_attribute(KeyValue::new(semconv::HTTP_CONNECTION_PROXIED, true));
+            }
+            if address_fallback {
+                setup_span.set_attribute(KeyValue::new(
+                    semconv::HTTP_CONNECTION_ADDRESS_FALLBACK,
+                    true,
+                ));
+            }
+            if let Some(v) = tls_version {
+                setup_span.set_attribute(KeyValue::new(semconv::TLS_PROTOCOL_VERSION, v.as_str()));
+            }
+            if let Some(r) = tls_resumed {
+                setup_span.set_attribute(KeyValue::new(semconv::TLS_RESUMED, r));
+            }
+        } else {
+            if route.is_some() {
+                setup_span.set_attribute(KeyValue::new(semconv::HTTP_CONNECTION_PROXIED, true));
+            }
+            // Named from the kernel or the only candidate (see `peer`).
+            if let Some(r) = remote {
+                for kv in peer_attributes(&r) {
+                    setup_span.set_attribute(kv);
+                }
+                setup_span.set_attribute(KeyValue::new(semconv::NETWORK_TYPE, network_type(&r)));
+            }
+            if address_fallback {
+                setup_span.set_attribute(KeyValue::new(
+                    semconv::HTTP_CONNECTION_ADDRESS_FALLBACK,
+                    true,
+                ));
+            }
+            let (t, m) = failure_or_cancel(&failure_type, &failure_message);
+            setup_span.set_attribute(KeyValue::new(semconv::ERROR_TYPE, t));
+            setup_span.set_attribute(KeyValue::new(
+                semconv::HTTP_CONNECTION_SETUP_OUTCOME,
+                if t == semconv::ERROR_TYPE_CANCELLED {
+                    semconv::SETUP_OUTCOME_CANCELLED
+                } else {
+                    semconv::SETUP_OUTCOME_FAILED
+                },
+            ));
+            setup_span.set_status(Status::error(m));
         }
-        let (t, m) = failure_or_cancel(&failure_type, &failure_message);
-        setup_span.set_attribute(KeyValue::new(semconv::ERROR_TYPE, t));
-        setup_span.set_attribute(KeyValue::new(
-            semconv::HTTP_CONNECTION_SETUP_OUTCOME,
-            if t == semconv::ERROR_TYPE_CANCELLED {
-                semconv::SETUP_OUTCOME_CANCELLED
-            } else {
-                semconv::SETUP_OUTCOME_FAILED
-            },
-        ));
-        setup_span.set_status(Status::error(m));
     }
 
     let failed = established

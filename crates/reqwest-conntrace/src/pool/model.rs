@@ -411,17 +411,17 @@ impl PoolHistory {
             }
             return MissVerdict::Decided(Miss::untracked());
         }
-        let mine: Vec<&Arc<ConnectionRecord>> = hosts
-            .get(host)
-            .map(|h| {
-                h.connections
-                    .iter()
-                    .filter(|r| r.client.id == client.id)
-                    .collect()
-            })
-            .unwrap_or_default();
+        let history = hosts.get(host);
+        // This client's connections to the host, oldest first (walked in
+        // place: a miss allocates nothing here).
+        let mine = || {
+            history
+                .into_iter()
+                .flat_map(|h| h.connections.iter())
+                .filter(|r| r.client.id == client.id)
+        };
         // 1. No connection of this client to the host yet.
-        if mine.is_empty() {
+        if mine().next().is_none() {
             let earlier_client = hosts
                 .get(host)
                 .is_some_and(|h| h.connections.iter().any(|r| r.client.id < client.id));
@@ -438,13 +438,12 @@ impl PoolHistory {
         }
         // 3. The pool was never warm: no connection has finished a response
         //    yet (a concurrent first burst, however its connects interleave).
-        if mine.iter().all(|r| r.last_released().is_none()) {
+        if mine().all(|r| r.last_released().is_none()) {
             return MissVerdict::Decided(Miss::new(MissReason::Cold));
         }
         // hyper-util hands out the most recently released idle connection
         // first: that is the one this request would have had.
-        let Some(candidate) = mine
-            .iter()
+        let Some(candidate) = mine()
             .filter(|r| r.http2() || r.in_use() == 0)
             .max_by_key(|r| r.last_activity())
         else {
@@ -565,9 +564,10 @@ impl PoolHistory {
             return Some(decided);
         }
         let hosts = self.hosts();
+        // The previous connection is usually among the newest: from the back.
         let seen = hosts
             .get(host)
-            .and_then(|h| h.connections.iter().find(|r| r.id() == previous.id))
+            .and_then(|h| h.connections.iter().rev().find(|r| r.id() == previous.id))
             .and_then(|r| r.seen_end())
             .filter(|e| e.by_server());
         Some(seen.unwrap_or(decided))
@@ -657,10 +657,9 @@ impl PoolHistory {
         let Some(history) = hosts.get(host) else {
             return false;
         };
-        let idle: Vec<&Arc<ConnectionRecord>> = history
-            .connections
-            .iter()
-            .filter(|r| {
+        // Walked in place, once: a release allocates nothing here.
+        let idle = || {
+            history.connections.iter().filter(|r| {
                 r.id() != record.id()
                     && r.client.id == record.client.id
                     && r.in_use() == 0
@@ -672,14 +671,17 @@ impl PoolHistory {
                         .idle_timeout
                         .is_none_or(|t| now.saturating_duration_since(r.last_activity()) < t)
             })
-            .collect();
+        };
         // Kept for inferring a limit this crate could not read, unless
         // another release, during this request, came so close that
         // hyper-util may have seen the two in the other order (then neither
         // count is a bound).
+        let mut counted = None;
         if !record.client.max_idle_known {
             let mut ambiguous = false;
-            for other in &idle {
+            let mut count = 0;
+            for other in idle() {
+                count += 1;
                 if other.last_released().is_some_and(|t| {
                     t > request_started && now.saturating_duration_since(t) < RELEASE_ORDER_UNSURE
                 }) {
@@ -690,11 +692,15 @@ impl PoolHistory {
             if ambiguous {
                 record.forget_idle_others_at_release();
             } else {
-                record.set_idle_others_at_release(idle.len());
+                record.set_idle_others_at_release(count);
             }
+            counted = Some(count);
         }
-        let idle = idle.len();
-        if limit.is_some_and(|limit| idle >= limit) {
+        let Some(limit) = limit else {
+            return false;
+        };
+        let idle = counted.unwrap_or_else(|| idle().count());
+        if idle >= limit {
             record.mark_over_idle_limit();
             return true;
         }
