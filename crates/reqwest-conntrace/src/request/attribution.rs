@@ -143,38 +143,15 @@ pub(crate) fn attribute_response(
     if resets > 0 {
         span.set_attribute(semconv::HTTP_CONNECTION_STREAM_RESETS, resets as i64);
     }
+    // A reason still waiting for the kernel is counted as forced, with its
+    // advice event, when it settles (`RequestEnd::finish`).
     if let Some(advice) = inner.load.on_response(
         &state.host,
         record.client.idle_limit(),
-        // A reason still waiting for the kernel is not counted as forced.
         miss_reason == Some(MissReason::AllBusy) && !*miss_deferred,
         now,
     ) {
-        span.add_event(
-            semconv::EVENT_POOL_ADVICE,
-            vec![
-                KeyValue::new(
-                    semconv::HTTP_CLIENT_POOL_PEAK_IN_FLIGHT,
-                    advice.peak_in_flight as i64,
-                ),
-                KeyValue::new(
-                    semconv::HTTP_CLIENT_POOL_IDLE_LIMIT,
-                    advice.idle_limit as i64,
-                ),
-                KeyValue::new(
-                    semconv::HTTP_CONNECTION_POOL_LIMITS,
-                    advice.idle_limit_source(),
-                ),
-                KeyValue::new(
-                    semconv::HTTP_CONNECTION_POOL_MISSES_PER_SECOND,
-                    advice.misses_per_second,
-                ),
-                KeyValue::new(
-                    semconv::HTTP_CONNECTION_POOL_SUGGESTED_IDLE,
-                    advice.peak_in_flight as i64,
-                ),
-            ],
-        );
+        add_pool_advice_event(span, &advice);
     }
     if !paid {
         span.add_link_with_attributes(
@@ -201,6 +178,37 @@ pub(crate) fn attribute_response(
         setup: record.setup.clone(),
     };
     Some((usage, record))
+}
+
+/// The `pool.advice` event on a request span that missed because every
+/// connection was busy while the pool was too small (see
+/// [`PoolAdvice`](crate::PoolAdvice)).
+fn add_pool_advice_event(span: &tracing::Span, advice: &crate::PoolAdvice) {
+    span.add_event(
+        semconv::EVENT_POOL_ADVICE,
+        vec![
+            KeyValue::new(
+                semconv::HTTP_CLIENT_POOL_PEAK_IN_FLIGHT,
+                advice.peak_in_flight as i64,
+            ),
+            KeyValue::new(
+                semconv::HTTP_CLIENT_POOL_IDLE_LIMIT,
+                advice.idle_limit as i64,
+            ),
+            KeyValue::new(
+                semconv::HTTP_CONNECTION_POOL_LIMITS,
+                advice.idle_limit_source(),
+            ),
+            KeyValue::new(
+                semconv::HTTP_CONNECTION_POOL_MISSES_PER_SECOND,
+                advice.misses_per_second,
+            ),
+            KeyValue::new(
+                semconv::HTTP_CONNECTION_POOL_SUGGESTED_IDLE,
+                advice.peak_in_flight as i64,
+            ),
+        ],
+    );
 }
 
 /// Sets `attributes` on `span`'s OpenTelemetry span in one call (one lock
@@ -590,9 +598,23 @@ impl RequestEnd {
                 tracing::Span::none()
             };
             let (inner, state) = (self.inner.clone(), self.state.clone());
+            let idle_limit = self
+                .connection
+                .as_ref()
+                .and_then(|(_, record)| record.client.idle_limit());
             let pending = crate::connect::tcp::PendingEnd::new();
             slot.when_settled(move |miss| {
                 record_miss(&inner, &state, &span, &miss);
+                // Forced only now that the reason is known.
+                if miss.reason == MissReason::AllBusy
+                    && !miss.untracked
+                    && let Some(advice) =
+                        inner
+                            .load
+                            .on_response(&state.host, idle_limit, true, Instant::now())
+                {
+                    add_pool_advice_event(&span, &advice);
+                }
                 drop(pending);
             });
             // The report gets what is known now: the kernel's answer or,
