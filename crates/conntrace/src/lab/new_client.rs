@@ -4,8 +4,6 @@
 //! `miss_reason = new_client` (the first is `cold`), each with a full TLS
 //! handshake. Then the same requests on one shared client.
 
-use std::net::{IpAddr, Ipv4Addr};
-
 use conntrace_lab::{TestPki, TestServer};
 use reqwest_conntrace::{ConnTrace, semconv};
 use tracing::Instrument as _;
@@ -15,7 +13,6 @@ use super::report::Outcome;
 use super::runner::Lab;
 use super::text::{mean, miss_fix, requests_table};
 use super::view::RunView;
-use crate::resolve::PinnedResolver;
 
 /// The lab host name.
 const HOST: &str = "new-client.lab.test";
@@ -25,10 +22,7 @@ const RUN_NEW: &str = "a new client per request";
 const RUN_SHARED: &str = "one shared client";
 
 fn builder(trace: &ConnTrace, pki: &TestPki) -> reqwest_conntrace::InstrumentedClientBuilder {
-    net::client(trace, pki).dns_resolver(PinnedResolver::single(
-        HOST,
-        &[IpAddr::V4(Ipv4Addr::LOCALHOST)],
-    ))
+    net::loopback_client(trace, pki, HOST)
 }
 
 /// Server counters: accepted, full and resumed TLS handshakes.

@@ -5,7 +5,6 @@
 //! reused connection). Then the fix: a client idle timeout under the
 //! server's, so the client closes first (`idle_expired`, no race).
 
-use std::net::{IpAddr, Ipv4Addr};
 use std::time::Duration;
 
 use conntrace_lab::TestServer;
@@ -17,7 +16,6 @@ use super::report::Outcome;
 use super::runner::Lab;
 use super::text::{describe, miss_fix, requests_table};
 use super::view::RunView;
-use crate::resolve::PinnedResolver;
 
 /// The lab host name.
 const HOST: &str = "server-closed.lab.test";
@@ -45,14 +43,7 @@ async fn two_requests(
 ) -> anyhow::Result<u64> {
     let url = format!("https://{HOST}:{}/", server.addr().port());
     let trace = ConnTrace::new();
-    let client = net::build(
-        net::client(&trace, pki)
-            .dns_resolver(PinnedResolver::single(
-                HOST,
-                &[IpAddr::V4(Ipv4Addr::LOCALHOST)],
-            ))
-            .pool_idle_timeout(Some(idle)),
-    )?;
+    let client = net::build(net::loopback_client(&trace, pki, HOST).pool_idle_timeout(Some(idle)))?;
     let span = lab.run_span(run);
     let closed = async {
         net::fetch(&client, &url, None, Body::Read).await;
