@@ -74,6 +74,33 @@ pub struct ConnectionSetup {
     pub(crate) tcp_facts: Option<Arc<OnceLock<TcpFacts>>>,
 }
 
+#[cfg(test)]
+impl ConnectionSetup {
+    /// A plain HTTP/1.1 connection `id` to an IP literal, started at
+    /// `started`, with no phases, addresses or kernel facts (unit tests).
+    pub(crate) fn for_test(id: u64, started: Instant) -> Self {
+        Self {
+            id,
+            started,
+            local_addr: None,
+            peer_addr: None,
+            dns: None,
+            dns_skipped: None,
+            dns_answers: Vec::new(),
+            tcp: Duration::ZERO,
+            tls: None,
+            total: Duration::ZERO,
+            tls_version: None,
+            tls_resumed: None,
+            http2: false,
+            proxied: false,
+            proxy_connect: None,
+            address_fallback: None,
+            tcp_facts: None,
+        }
+    }
+}
+
 impl ConnectionSetup {
     /// The kernel's view of the socket right after the connection became
     /// ready (Linux sock_diag; the same values as the `tcp.connect` span's

@@ -203,25 +203,7 @@ mod tests {
     /// An HTTP/1.1 connection ready at `ready`, of a client with unknown limits.
     fn record(ready: Instant) -> ConnectionRecord {
         ConnectionRecord::new(
-            Arc::new(ConnectionSetup {
-                id: 1,
-                started: ready,
-                local_addr: None,
-                peer_addr: None,
-                dns: None,
-                dns_skipped: None,
-                dns_answers: Vec::new(),
-                tcp: Duration::ZERO,
-                tls: None,
-                total: Duration::ZERO,
-                tls_version: None,
-                tls_resumed: None,
-                http2: false,
-                proxied: false,
-                proxy_connect: None,
-                address_fallback: None,
-                tcp_facts: None,
-            }),
+            Arc::new(ConnectionSetup::for_test(1, ready)),
             SpanContext::empty_context(),
             None,
             Arc::new(ClientState::unknown_settings()),

@@ -766,23 +766,11 @@ mod tests {
     ) -> Arc<ConnectionRecord> {
         let record = Arc::new(ConnectionRecord::new(
             Arc::new(ConnectionSetup {
-                id,
-                started: at,
                 local_addr: Some((Ipv4Addr::LOCALHOST, 40000 + id as u16).into()),
                 peer_addr: Some((Ipv4Addr::LOCALHOST, 80).into()),
-                dns: None,
                 dns_skipped: Some("ip_literal"),
-                dns_answers: Vec::new(),
-                tcp: Duration::ZERO,
-                tls: None,
-                total: Duration::ZERO,
-                tls_version: None,
-                tls_resumed: None,
                 http2,
-                proxied: false,
-                proxy_connect: None,
-                address_fallback: None,
-                tcp_facts: None,
+                ..ConnectionSetup::for_test(id, at)
             }),
             SpanContext::empty_context(),
             None,

@@ -487,25 +487,7 @@ mod tests {
 
     fn record(id: u64) -> Arc<ConnectionRecord> {
         Arc::new(ConnectionRecord::new(
-            Arc::new(ConnectionSetup {
-                id,
-                started: Instant::now(),
-                local_addr: None,
-                peer_addr: None,
-                dns: None,
-                dns_skipped: None,
-                dns_answers: Vec::new(),
-                tcp: Duration::ZERO,
-                tls: None,
-                total: Duration::ZERO,
-                tls_version: None,
-                tls_resumed: None,
-                http2: false,
-                proxied: false,
-                proxy_connect: None,
-                address_fallback: None,
-                tcp_facts: None,
-            }),
+            Arc::new(ConnectionSetup::for_test(id, Instant::now())),
             SpanContext::empty_context(),
             None,
             Arc::new(ClientState::unknown_settings()),
