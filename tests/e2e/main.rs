@@ -12,6 +12,7 @@ mod fanout;
 mod kernel;
 mod library;
 mod metrics;
+mod paging;
 mod scale;
 mod secrets;
 mod support;
