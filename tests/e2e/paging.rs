@@ -205,6 +205,19 @@ fn pager_line(log: &str, receiver: &str, alertname: &str, host_port: &str) -> Op
         .map(str::to_owned)
 }
 
+/// Every line of the pager-log is one alert, routed by its severity: a
+/// line holding two alerts, or a warning on the pager, fails.
+fn assert_routed_by_severity(log: &str) {
+    for line in log.lines().filter(|l| !l.is_empty()) {
+        let routed = (line.starts_with("[page] ") && line.contains(" severity=page: "))
+            || (line.starts_with("[ticket] ") && line.contains(" severity=warning: "));
+        assert!(
+            routed && line.matches(" | runbook: ").count() == 1,
+            "not one alert routed by severity: {line}\n{log}"
+        );
+    }
+}
+
 /// Pool misses page; in-flight above the idle limit opens a ticket.
 ///
 /// Host A (four concurrent requests every 100 ms, idle limit 1: ~30
@@ -371,6 +384,8 @@ async fn pool_miss_alert_pages_through_alertmanager_with_a_runbook_that_resolves
         loop {
             children.assert_running();
             let log = std::fs::read_to_string(&pager_log_path).unwrap_or_default();
+            // A misrouted alert fails now, not at the deadline.
+            assert_routed_by_severity(&log);
             let page = pager_line(&log, "page", "HttpClientPoolMissRatioHigh", &host_a);
             let ticket = pager_line(&log, "ticket", "HttpClientInFlightAboveIdleLimit", &host_b);
             if let (Some(page), Some(ticket)) = (page, ticket) {
@@ -398,16 +413,7 @@ async fn pool_miss_alert_pages_through_alertmanager_with_a_runbook_that_resolves
     eprintln!("pager-log after {:?}:\n{log}", started.elapsed());
     assert!(page.contains("severity=page"), "{page}");
     assert!(ticket.contains("severity=warning"), "{ticket}");
-    // Every line is one alert, routed by its severity (a line holding two
-    // alerts, or a warning on the pager, fails here).
-    for line in log.lines().filter(|l| !l.is_empty()) {
-        let routed = (line.starts_with("[page] ") && line.contains(" severity=page: "))
-            || (line.starts_with("[ticket] ") && line.contains(" severity=warning: "));
-        assert!(
-            routed && line.matches(" | runbook: ").count() == 1,
-            "not one alert routed by severity: {line}\n{log}"
-        );
-    }
+    assert_routed_by_severity(&log);
     assert!(
         !log.lines()
             .any(|l| l.starts_with("[page]") && l.contains(&format!("-> {host_b}:"))),
