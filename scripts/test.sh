@@ -35,8 +35,8 @@ need() {
 }
 need nginx nginx
 need ss iproute2            # checks the kernel (sock_diag) lookups
-need promtool prometheus    # deploy/prometheus checks, dashboard PromQL
-need amtool prometheus-alertmanager # deploy/alertmanager check
+need promtool prometheus    # deploy/prometheus checks, dashboard PromQL; /usr/bin/prometheus for tests/e2e/paging.rs
+need amtool prometheus-alertmanager # deploy/alertmanager check; /usr/bin/prometheus-alertmanager for tests/e2e/paging.rs
 need cc gcc libc6-dev       # ring's C code
 need python3 python3 python3-venv # the rotel venv below
 need chromium chromium      # headless Chromium opens the --html pages (crates/conntrace/tests/cli/view.rs)

@@ -14,9 +14,21 @@ import http.server
 import json
 import os
 import sys
+import threading
 
 PORT = int(os.environ.get("PAGER_LOG_PORT", "9095"))
 DOCS = os.environ.get("PAGER_LOG_DOCS", "/srv/docs")
+
+# Notifications for different groups arrive at once, each on its own
+# thread; print() writes a line and its newline separately, so without
+# this lock two alerts' lines interleave into one.
+PRINT_LOCK = threading.Lock()
+
+
+def log_line(line):
+    with PRINT_LOCK:
+        sys.stdout.write(line + "\n")
+        sys.stdout.flush()
 
 
 class Handler(http.server.SimpleHTTPRequestHandler):
@@ -40,19 +52,18 @@ class Handler(http.server.SimpleHTTPRequestHandler):
         try:
             payload = json.loads(body)
         except ValueError:
-            print(f"{receiver}: not JSON: {body[:200]!r}", flush=True)
+            log_line(f"{receiver}: not JSON: {body[:200]!r}")
             self.send_response(400)
             self.end_headers()
             return
         for alert in payload.get("alerts", []):
             labels = alert.get("labels", {})
             annotations = alert.get("annotations", {})
-            print(
+            log_line(
                 f"[{receiver}] {alert.get('status', '?').upper()} "
                 f"{labels.get('alertname', '?')} severity={labels.get('severity', '?')}: "
                 f"{annotations.get('summary', '')} | fix: {annotations.get('fix', '')} "
-                f"| runbook: {annotations.get('runbook_url', '')}",
-                flush=True,
+                f"| runbook: {annotations.get('runbook_url', '')}"
             )
         self.send_response(200)
         self.end_headers()

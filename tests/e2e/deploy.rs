@@ -85,7 +85,7 @@ fn unit_suffix(unit: &str) -> Option<String> {
 /// character outside `[A-Za-z0-9:]` and joined with `_`, the unit word
 /// appended unless already a token, `_total` for counters, `_ratio` for
 /// unit-`1` gauges.
-fn prometheus_name(name: &str, unit: &str, kind: Kind) -> String {
+pub(crate) fn prometheus_name(name: &str, unit: &str, kind: Kind) -> String {
     let mut tokens: Vec<String> = name
         .split(|c: char| !(c.is_ascii_alphanumeric() || c == ':'))
         .filter(|t| !t.is_empty())
@@ -120,7 +120,7 @@ fn prometheus_series(m: &OtelMetric) -> Vec<String> {
 }
 
 /// The Prometheus label name of an attribute key.
-fn prometheus_label(key: &str) -> String {
+pub(crate) fn prometheus_label(key: &str) -> String {
     key.chars()
         .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
         .collect()
