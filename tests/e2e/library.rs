@@ -851,16 +851,7 @@ async fn request_dropped_mid_handshake_ends_every_span() {
 #[tokio::test]
 async fn connects_in_flight_counts_a_connect_until_its_spans_end() {
     let t = telemetry();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let addr = listener.local_addr().expect("addr");
-    let accept = tokio::spawn(async move {
-        let mut held = Vec::new();
-        while let Ok((s, _)) = listener.accept().await {
-            held.push(s);
-        }
-    });
+    let (addr, accept) = silent_listener().await;
     let trace = t.conntrace();
     let client = trace
         .instrument_client(reqwest::Client::builder())
@@ -900,16 +891,7 @@ async fn connects_in_flight_counts_a_connect_until_its_spans_end() {
 #[tokio::test]
 async fn connect_timeout_is_reported_as_timeout() {
     let t = telemetry();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let addr = listener.local_addr().expect("addr");
-    let accept = tokio::spawn(async move {
-        let mut held = Vec::new();
-        while let Ok((s, _)) = listener.accept().await {
-            held.push(s);
-        }
-    });
+    let (addr, accept) = silent_listener().await;
     let client = t
         .conntrace()
         .instrument_client(reqwest::Client::builder())

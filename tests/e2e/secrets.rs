@@ -17,7 +17,7 @@ use reqwest_conntrace::{ConnTrace, DEFAULT_REDACTED_QUERY_KEYS, UrlRedaction, ot
 use tracing_subscriber::Layer as _;
 use tracing_subscriber::layer::SubscriberExt;
 
-use crate::support::trust;
+use crate::support::{silent_listener, trust};
 
 /// The marker every planted secret starts with.
 const MARK: &str = "S3CRETx";
@@ -111,16 +111,8 @@ async fn no_secret_reaches_any_exported_byte_on_success_or_any_failure() {
         let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
         l.local_addr().expect("addr").port()
     };
-    let silent = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let silent_port = silent.local_addr().expect("addr").port();
-    let hold = tokio::spawn(async move {
-        let mut held = Vec::new();
-        while let Ok((s, _)) = silent.accept().await {
-            held.push(s);
-        }
-    });
+    let (silent, hold) = silent_listener().await;
+    let silent_port = silent.port();
 
     let build = |tls, configure: fn(reqwest::ClientBuilder) -> reqwest::ClientBuilder| {
         trace

@@ -395,3 +395,20 @@ pub(crate) async fn get_sequentially(
     }
     bodies
 }
+
+/// A loopback TCP listener that accepts every connection and never sends a
+/// byte (a server whose TLS handshake or response hangs): its address, and
+/// the task holding the accepted sockets open (abort it to close them).
+pub(crate) async fn silent_listener() -> (std::net::SocketAddr, tokio::task::JoinHandle<()>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let hold = tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((s, _)) = listener.accept().await {
+            held.push(s);
+        }
+    });
+    (addr, hold)
+}
