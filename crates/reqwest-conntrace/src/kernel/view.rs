@@ -74,15 +74,7 @@ impl KernelView {
         remote: SocketAddr,
         then: impl FnOnce(KernelLookup) + Send + 'static,
     ) {
-        self.queue(
-            worker::Query::Socket {
-                local,
-                remote,
-                then: Box::new(then),
-            },
-            Instant::now(),
-            true,
-        );
+        self.queue_socket(local, remote, Box::new(then), true);
     }
 
     /// As [`lookup_then`](Self::lookup_then), for an answer nobody waits
@@ -95,15 +87,23 @@ impl KernelView {
         remote: SocketAddr,
         then: impl FnOnce(KernelLookup) + Send + 'static,
     ) {
-        self.queue(
-            worker::Query::Socket {
-                local,
-                remote,
-                then: Box::new(then),
-            },
-            Instant::now(),
-            false,
-        );
+        self.queue_socket(local, remote, Box::new(then), false);
+    }
+
+    /// Queues the exact-pair lookup, due now.
+    fn queue_socket(
+        &self,
+        local: SocketAddr,
+        remote: SocketAddr,
+        then: worker::Then,
+        urgent: bool,
+    ) {
+        let query = worker::Query::Socket {
+            local,
+            remote,
+            then,
+        };
+        self.queue(query, Instant::now(), urgent);
     }
 
     /// Queues a lookup of this process's connected TCP sockets
