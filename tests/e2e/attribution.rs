@@ -168,13 +168,15 @@ async fn get(client: &reqwest_middleware::ClientWithMiddleware, url: &str) {
 /// really opened a connection because the previous one was not back in its
 /// pool yet) `release_race` naming that live connection: never `all_busy`.
 ///
-/// One known mislabel is let through, by its exact shape (REFERENCE
+/// One unsure label is let through, by its exact shape (REFERENCE
 /// section 11): in that race hyper-util can hand the returning connection
 /// to the request's checkout just as the request's own connect wins, and
 /// drop (close) it (hyper-util 0.1.21 `client.rs`, "Connect won, checkout
-/// can just be dropped"); the kernel's answer, arriving after that close,
-/// shows our side closed it, read as `pool_closed` (the test clients'
-/// limits are unknown). The request is on its own new connection.
+/// can just be dropped"); when the kernel's answer, arriving after that
+/// close, cannot date it apart from an idle-limit close (undated, or on
+/// the client's first reuse), it is `pool_closed` (the test clients'
+/// limits are unknown), never a limit's reason. The request is on its own
+/// new connection.
 fn assert_sequential_misses_named(spans: &[Seen], allowed_first: &[&str]) {
     for (i, s) in spans.iter().enumerate() {
         match s.reason.as_deref() {

@@ -19,8 +19,21 @@
 //! the pool count: not one with a request on it, one whose body was
 //! dropped early (hyper closed it for that), or one the server ended
 //! (`Connection: close`, a reset).
+//!
+//! A third close looks like the idle limit's: the release race. A request
+//! whose checkout found nothing idle (the connection was still on its way
+//! back) starts a connect; when hyper-util then hands the returning
+//! connection to that checkout but the connect completes first, it drops
+//! the checkout and closes the connection with it (hyper-util 0.1
+//! `client.rs`, "Connect won, checkout can just be dropped"). That close
+//! comes after the miss that named the connection, by less than a connect
+//! takes: on loopback within the `TIME_WAIT` timer's resolution
+//! ([`CLOSE_DATING_SLACK`]). Such a close is told from the idle limit's by
+//! what the pool did before ([`PoolClose::CheckoutDropped`]), or left
+//! unsure until a second one confirms the limit ([`PoolClose::Unsure`]).
 
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use crate::kernel::TcpFacts;
@@ -40,6 +53,11 @@ pub(crate) const CLOSED_AT_RELEASE: Duration = Duration::from_millis(50);
 /// connection back on a task of its own): the idle count at either release
 /// is then no bound on the idle limit, and neither is kept.
 pub(crate) const RELEASE_ORDER_UNSURE: Duration = Duration::from_millis(20);
+
+/// How far a close dated by the `TIME_WAIT` timer may be off: the timer
+/// counts in jiffies (`HZ` is 100 to 1000, so up to 10 ms a tick), and
+/// the state begins one round trip after our FIN.
+pub(crate) const CLOSE_DATING_SLACK: Duration = Duration::from_millis(10);
 
 /// Where a pool limit a miss reason depended on came from
 /// (`http.connection.pool.limits`).
@@ -72,6 +90,20 @@ pub(crate) enum PoolClose {
     /// may have been closed already, so the limit is at most this); `None`
     /// when the release order was unsure ([`RELEASE_ORDER_UNSURE`]).
     AtRelease { idle_others: Option<usize> },
+    /// At its release, but dated no earlier than a miss that named it (see
+    /// the module docs): hyper-util handed it to that miss's checkout after
+    /// the miss's own connect had won, and dropped it. Told so because the
+    /// client's pool could not have closed it for its idle limit: the pool
+    /// has kept released connections idle while none other was (an idle
+    /// hit), so that limit is not 0; or the limit was set through this
+    /// crate's builder and the release was within it.
+    CheckoutDropped,
+    /// At its release, dated no earlier than a miss that named it, and
+    /// nothing yet tells the idle limit's close from the release race's
+    /// (the first such close of a client whose pool never served an idle
+    /// hit): no bound is taken. A second one at no more idle others, on
+    /// another connection, confirms the limit ([`PoolClose::AtRelease`]).
+    Unsure,
     /// After sitting idle for `idle`: the idle timeout is at most this.
     Expired { idle: Duration },
 }
@@ -86,13 +118,18 @@ impl PoolClose {
                 record.infer_end(ConnectionEnd::IdleLimit);
             }
             PoolClose::Expired { .. } => record.infer_end(ConnectionEnd::IdleTimeout),
+            PoolClose::Unsure => record.infer_end(ConnectionEnd::PoolClosed),
+            // Alive when the miss named it: no end that caused a miss.
+            PoolClose::CheckoutDropped => {}
         }
     }
 }
 
 /// How the client's pool closed `record`, if the kernel's `facts` (asked
 /// at `now`) show our side closed it while it was idle in the pool and
-/// date that close; `None` otherwise.
+/// date that close; `None` otherwise. A close at release dated no earlier
+/// than a miss that named the connection is judged against the client's
+/// history ([`close_after_miss`]).
 pub(crate) fn pool_close(
     record: &ConnectionRecord,
     facts: &TcpFacts,
@@ -111,13 +148,49 @@ pub(crate) fn pool_close(
     let closed_at = now.checked_sub(facts.closed_ago()?)?;
     let released = record.last_released()?;
     if closed_at <= released + CLOSED_AT_RELEASE {
-        Some(PoolClose::AtRelease {
-            idle_others: record.idle_others_at_release(),
+        let idle_others = record.idle_others_at_release();
+        let after_miss = record
+            .named_by_miss_at()
+            .is_some_and(|named| named >= released && closed_at + CLOSE_DATING_SLACK >= named);
+        Some(if after_miss {
+            close_after_miss(record, idle_others)
+        } else {
+            PoolClose::AtRelease { idle_others }
         })
     } else {
         Some(PoolClose::Expired {
             idle: closed_at.saturating_duration_since(released),
         })
+    }
+}
+
+/// What closed `record` at its release, `idle_others` other connections
+/// idle then, when the close is dated no earlier than a miss that named it:
+/// the release race's dropped checkout, the idle limit, or not yet known.
+fn close_after_miss(record: &ConnectionRecord, idle_others: Option<usize>) -> PoolClose {
+    let client = &record.client;
+    if client.max_idle_known {
+        // The idle limit is ours to count: a release within it was kept.
+        return if record.is_over_idle_limit() {
+            PoolClose::AtRelease { idle_others }
+        } else {
+            PoolClose::CheckoutDropped
+        };
+    }
+    let Some(k) = idle_others else {
+        return PoolClose::Unsure;
+    };
+    if k == 0 && client.inferred.keeps_idle() {
+        return PoolClose::CheckoutDropped;
+    }
+    if client.inferred.idle_limit().is_some_and(|limit| limit <= k)
+        || client.inferred.confirm_unsure(record.id(), k)
+    {
+        PoolClose::AtRelease {
+            idle_others: Some(k),
+        }
+    } else {
+        PoolClose::Unsure
     }
 }
 
@@ -141,6 +214,12 @@ pub(crate) struct InferredLimits {
     /// Smallest count of others idle at a release the pool closed
     /// (`usize::MAX`: none seen).
     idle_limit: AtomicUsize,
+    /// The pool served an HTTP/1.1 idle hit: it keeps released
+    /// connections, so its idle limit is at least 1.
+    keeps_idle: AtomicBool,
+    /// The first [`PoolClose::Unsure`] close not yet confirmed: the
+    /// connection's id and the idle others at its release.
+    unsure: Mutex<Option<(u64, usize)>>,
 }
 
 impl Default for InferredLimits {
@@ -148,12 +227,15 @@ impl Default for InferredLimits {
         Self {
             idle_timeout_ms: AtomicU64::new(u64::MAX),
             idle_limit: AtomicUsize::new(usize::MAX),
+            keeps_idle: AtomicBool::new(false),
+            unsure: Mutex::new(None),
         }
     }
 }
 
 impl InferredLimits {
-    /// Takes the bound `close` gives.
+    /// Takes the bound `close` gives (the release race's and an unsure
+    /// close give none).
     pub(crate) fn observe(&self, close: PoolClose) {
         match close {
             PoolClose::AtRelease { idle_others } => {
@@ -164,6 +246,37 @@ impl InferredLimits {
             PoolClose::Expired { idle } => {
                 let ms = u64::try_from(idle.as_millis()).unwrap_or(u64::MAX - 1);
                 self.idle_timeout_ms.fetch_min(ms, Ordering::Relaxed);
+            }
+            PoolClose::CheckoutDropped | PoolClose::Unsure => {}
+        }
+    }
+
+    /// An HTTP/1.1 request got a released connection straight from the
+    /// pool's idle list (an idle hit): the pool keeps idle connections.
+    /// One relaxed load on every hit, a store on the first.
+    pub(crate) fn note_idle_hit(&self) {
+        if !self.keeps_idle.load(Ordering::Relaxed) {
+            self.keeps_idle.store(true, Ordering::Relaxed);
+        }
+    }
+
+    /// The pool has served an idle hit ([`note_idle_hit`](Self::note_idle_hit)).
+    pub(crate) fn keeps_idle(&self) -> bool {
+        self.keeps_idle.load(Ordering::Relaxed)
+    }
+
+    /// An unsure close of connection `id` at `idle_others`: `true` when an
+    /// earlier unsure close of another connection, at as many idle others
+    /// or more, confirms both as the idle limit's; otherwise it is noted
+    /// (the fewer idle others kept) and `false` returned.
+    fn confirm_unsure(&self, id: u64, idle_others: usize) -> bool {
+        let mut unsure = self.unsure.lock().unwrap_or_else(|e| e.into_inner());
+        match *unsure {
+            Some((first, k)) if first != id && k >= idle_others => true,
+            Some((_, k)) if k <= idle_others => false,
+            _ => {
+                *unsure = Some((id, idle_others));
+                false
             }
         }
     }

@@ -64,8 +64,10 @@ pub enum MissReason {
     /// crate's builder (reqwest's builder cannot be read), and the kernel
     /// could not date the close (which would have inferred the limit), so
     /// it may have expired, or it was released over
-    /// `pool_max_idle_per_host`. The span also carries
-    /// `http.connection.pool.limits = unknown`.
+    /// `pool_max_idle_per_host`; or the close came at the miss and nothing
+    /// yet tells the idle limit's close from hyper-util's release race
+    /// (the first such close of a client whose pool never served an idle
+    /// hit). The span also carries `http.connection.pool.limits = unknown`.
     PoolClosed,
     /// `discarded`: the previous response on the most recent connection was
     /// dropped before its body was read to the end, so HTTP/1.1 could not

@@ -16,12 +16,14 @@ use std::collections::{HashMap, VecDeque};
 use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use crate::kernel::{KernelLookup, TcpFacts};
 use crate::pool::client::{ClientState, NEW_CLIENT_WINDOW};
 use crate::pool::host::HostKey;
-use crate::pool::inferred::{PoolClose, RELEASE_ORDER_UNSURE, over_limit_reason, pool_close};
+use crate::pool::inferred::{
+    CLOSE_DATING_SLACK, PoolClose, RELEASE_ORDER_UNSURE, over_limit_reason, pool_close,
+};
 use crate::pool::miss::{ConnectionEnd, MissReason};
 use crate::pool::registry::ConnectionRecord;
 use crate::pool::slot::{Miss, Previous};
@@ -196,21 +198,36 @@ pub(crate) fn decide_from_kernel(
         }
         // Our side closed it and nothing we saw explains why: hyper-util's
         // pool dropped it, at release over its idle limit or past its idle
-        // timeout. With the idle timeout known and not reached (row 9; our
+        // timeout, or dropped it with this miss's checkout (the release
+        // race). With the idle timeout known and not reached (row 9; our
         // release time is no later than hyper-util's), the idle limit did
         // it: `all_busy`, inferred when that limit is unknown. With the
-        // idle timeout unknown, either may have (our release model can miss
-        // a release over the limit): `pool_closed`.
+        // idle timeout unknown, or the release race not ruled out, any may
+        // have (our release model can miss a release over the limit):
+        // `pool_closed`.
         KernelLookup::Found(facts) if facts.state.closed_by_us() => {
             if closed_after(facts, now, classified_at) {
                 return alive;
             }
             let client = &candidate.client;
-            // A limit not set through our builder: the dated close names it.
-            if let Some(miss) = inferred_close(candidate, facts, now) {
-                return miss;
+            let close = pool_close(candidate, facts, now);
+            match close {
+                // Alive at the miss; hyper-util closed it on its way back.
+                Some(PoolClose::CheckoutDropped) => {
+                    return Miss::caused_by(
+                        MissReason::ReleaseRace,
+                        Previous::of(candidate, now, None),
+                    );
+                }
+                // A limit not set through our builder: the dated close names it.
+                Some(close) => {
+                    if let Some(miss) = inferred_close(candidate, close, now) {
+                        return miss;
+                    }
+                }
+                None => {}
             }
-            let (reason, end) = if client.idle_timeout_known {
+            let (reason, end) = if client.idle_timeout_known && close != Some(PoolClose::Unsure) {
                 (MissReason::AllBusy, ConnectionEnd::IdleLimit)
             } else {
                 (MissReason::PoolClosed, ConnectionEnd::PoolClosed)
@@ -237,11 +254,6 @@ pub(crate) fn decide_from_kernel(
     }
 }
 
-/// How far a close dated by the `TIME_WAIT` timer may be off: the timer
-/// counts in jiffies (`HZ` is 100 to 1000, so up to 10 ms a tick), and
-/// the state begins one round trip after our FIN.
-pub(crate) const CLOSE_DATING_SLACK: Duration = Duration::from_millis(10);
-
 /// Whether the kernel dates our close of a socket (asked at `now`) after
 /// `instant`, beyond [`CLOSE_DATING_SLACK`].
 fn closed_after(facts: &TcpFacts, now: Instant, instant: Instant) -> bool {
@@ -251,15 +263,15 @@ fn closed_after(facts: &TcpFacts, now: Instant, instant: Instant) -> bool {
     })
 }
 
-/// The miss a close by the client's own pool explains, when it is dated
-/// (see [`inferred`](crate::pool::inferred)) and names a limit this crate
-/// could not read; the bound it gives is kept on the client.
-fn inferred_close(candidate: &ConnectionRecord, facts: &TcpFacts, now: Instant) -> Option<Miss> {
+/// The miss `close`, by the client's own pool, explains, when it names a
+/// limit this crate could not read (see
+/// [`inferred`](crate::pool::inferred)); the bound it gives is kept on the
+/// client.
+fn inferred_close(candidate: &ConnectionRecord, close: PoolClose, now: Instant) -> Option<Miss> {
     let client = &candidate.client;
     if client.limits_known() {
         return None;
     }
-    let close = pool_close(candidate, facts, now)?;
     client.inferred.observe(close);
     let (reason, end) = match close {
         PoolClose::AtRelease { idle_others } if !client.max_idle_known => {
@@ -528,14 +540,17 @@ impl PoolHistory {
             Miss::caused_by(MissReason::ReleaseRace, Previous::of(candidate, now, None))
         };
         match (candidate.setup.local_addr, candidate.setup.peer_addr) {
-            (Some(local), Some(remote)) => MissVerdict::AskKernel {
-                local,
-                remote,
-                candidate: Arc::clone(candidate),
-                alive,
-                requests_seen,
-                classified_at: now,
-            },
+            (Some(local), Some(remote)) => {
+                candidate.mark_named_by_miss(now);
+                MissVerdict::AskKernel {
+                    local,
+                    remote,
+                    candidate: Arc::clone(candidate),
+                    alive,
+                    requests_seen,
+                    classified_at: now,
+                }
+            }
             // No socket to ask about: a dropped body is believed to have
             // closed it.
             _ if candidate.is_dropped_early() => MissVerdict::Closed {
@@ -1062,15 +1077,18 @@ mod tests {
         assert_eq!(miss.reason, MissReason::ReleaseRace);
     }
 
-    /// Our side closed the candidate: dated before the miss, the client's
-    /// pool had dropped it (its idle limit here); dated after the miss
-    /// (beyond the timer's slack), hyper-util dropped it on its way back to
-    /// a checkout that the miss's own connect had won, so it was alive at
-    /// the miss: the release race. Undated (`FIN_WAIT2`): the pool's close.
+    /// Our side closed the candidate. Dated after the miss (beyond the
+    /// timer's slack): hyper-util dropped it on its way back to a checkout
+    /// the miss's own connect had won, so it was alive at the miss: the
+    /// release race. Dated well before the miss: the client's pool dropped
+    /// it (its idle limit here). Dated within the slack of the miss: the
+    /// release race when the pool has served an idle hit (its idle limit is
+    /// not 0), else unsure (`pool_closed`) until a second such close, on
+    /// another connection, confirms the limit. Undated (`FIN_WAIT2`): the
+    /// pool's close.
     #[test]
-    fn a_close_of_ours_dated_after_the_miss_is_the_release_race() {
+    fn a_close_of_ours_at_the_miss_is_judged_by_the_pools_history() {
         let t0 = Instant::now();
-        let at = t0 + Duration::from_millis(5);
         let now = t0 + Duration::from_millis(200);
         let closed = |at_ms: u64| {
             KernelLookup::Found(TcpFacts {
@@ -1082,25 +1100,59 @@ mod tests {
                 ),
             })
         };
-        for (lookup, race) in [
-            (closed(50), true),
-            (closed(2), false),
-            (state(TcpState::FinWait2), false),
+        // (the miss at ms, the kernel's view, an idle hit before, expected
+        // reason and previous end)
+        let race = (MissReason::ReleaseRace, None);
+        let limit = (MissReason::PoolDisabled, Some(ConnectionEnd::IdleLimit));
+        let unsure = (MissReason::PoolClosed, Some(ConnectionEnd::PoolClosed));
+        for (miss_ms, lookup, kept, expected) in [
+            (5, closed(50), false, race),
+            (50, closed(2), false, limit),
+            (5, closed(2), true, race),
+            (5, closed(8), true, race),
+            (5, closed(2), false, unsure),
+            (
+                5,
+                state(TcpState::FinWait2),
+                false,
+                (MissReason::AllBusy, Some(ConnectionEnd::IdleLimit)),
+            ),
         ] {
             let pools = PoolHistory::default();
             let client = client();
+            if kept {
+                client.inferred.note_idle_hit();
+            }
             let a = connection(&pools, &client, 1, t0, false);
             response(&a, false, t0 + Duration::from_millis(1));
+            a.set_idle_others_at_release(0);
+            let at = t0 + Duration::from_millis(miss_ms);
             let (candidate, alive, seen) = ask(pools.classify_miss(&host(), &client, at, 1));
             assert_eq!(alive.reason, MissReason::ReleaseRace);
             let miss = decide_from_kernel(&candidate, &lookup, now, alive, seen, at);
             let end = miss.previous.and_then(|p| p.end);
-            if race {
-                assert_eq!((miss.reason, end), (MissReason::ReleaseRace, None));
-            } else {
-                assert_ne!(miss.reason, MissReason::ReleaseRace, "{lookup:?}");
-                assert_eq!(end, Some(ConnectionEnd::IdleLimit), "{lookup:?}");
-            }
+            assert_eq!(
+                (miss.reason, end),
+                expected,
+                "miss at {miss_ms} ms, {lookup:?}, kept {kept}"
+            );
         }
+        // Two unsure closes of different connections, no idle hit between:
+        // the second confirms the limit (0: `pool_disabled`, inferred).
+        let pools = PoolHistory::default();
+        let client = client();
+        for (id, reason) in [(1, MissReason::PoolClosed), (2, MissReason::PoolDisabled)] {
+            let released = t0 + Duration::from_millis(id);
+            let c = connection(&pools, &client, id, t0, false);
+            response(&c, false, released);
+            c.set_idle_others_at_release(0);
+            let at = released + Duration::from_millis(1);
+            let (candidate, alive, seen) = ask(pools.classify_miss(&host(), &client, at, 1));
+            assert_eq!(candidate.id(), c.id());
+            let lookup = closed(id + 2);
+            let miss = decide_from_kernel(&candidate, &lookup, now, alive, seen, at);
+            assert_eq!(miss.reason, reason, "connection {id}");
+        }
+        assert_eq!(client.inferred.idle_limit(), Some(0));
     }
 }

@@ -68,6 +68,10 @@ pub(crate) struct ConnectionRecord {
     /// latest release (`usize::MAX`: not counted), for inferring an idle
     /// limit this crate could not read.
     idle_others_at_release: AtomicUsize,
+    /// When a miss last named it as its candidate and asked the kernel
+    /// about it (a close of ours dated after that may be the release
+    /// race's: see [`pool::inferred`](crate::pool::inferred)).
+    named_by_miss: Mutex<Option<Instant>>,
 }
 
 impl ConnectionRecord {
@@ -101,7 +105,19 @@ impl ConnectionRecord {
             stalled: AtomicBool::new(false),
             dns_stale: AtomicBool::new(false),
             idle_others_at_release: AtomicUsize::new(usize::MAX),
+            named_by_miss: Mutex::new(None),
         }
+    }
+
+    /// A miss classified at `at` named it as the connection it would have
+    /// had, and asks the kernel about it.
+    pub(crate) fn mark_named_by_miss(&self, at: Instant) {
+        *self.named_by_miss.lock().unwrap_or_else(|e| e.into_inner()) = Some(at);
+    }
+
+    /// When a miss last named it (see [`mark_named_by_miss`](Self::mark_named_by_miss)).
+    pub(crate) fn named_by_miss_at(&self) -> Option<Instant> {
+        *self.named_by_miss.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Records how many other connections were idle at its release.

@@ -87,6 +87,9 @@ pub(crate) fn attribute_response(
     // before the caller has read it.
     let own_miss = state.miss().map(|m| m.get());
     let idle_hit = reused && own_miss.is_none();
+    if idle_hit && !record.http2() && !record.client.max_idle_known {
+        record.client.inferred.note_idle_hit();
+    }
     let wait = if idle_hit {
         Duration::ZERO
     } else {
