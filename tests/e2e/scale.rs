@@ -3,6 +3,8 @@
 //! deliberately small cap stops it.
 
 use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use conntrace_lab::TestServer;
@@ -752,5 +754,95 @@ async fn a_disabled_pool_set_on_reqwests_builder_is_inferred() {
         }
         assert!(Instant::now() < deadline, "idle limit gauge: {limit:?}");
         get_sequentially(&client, &server.url("/more"), 1).await;
+    }
+}
+
+/// A server that answers HTTP/1.1 keep-alive GETs (`ok`), and closes its
+/// side of a connection only `hold` after the client's FIN: until then the
+/// client's socket is in `FIN_WAIT2`, which the kernel cannot date. Its
+/// address, and the count of client FINs seen.
+async fn server_closing_late(hold: Duration) -> (std::net::SocketAddr, Arc<AtomicUsize>) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let fins = Arc::new(AtomicUsize::new(0));
+    let seen = fins.clone();
+    tokio::spawn(async move {
+        while let Ok((mut socket, _)) = listener.accept().await {
+            let seen = seen.clone();
+            tokio::spawn(async move {
+                let mut request = Vec::new();
+                let mut buf = [0u8; 1024];
+                loop {
+                    match socket.read(&mut buf).await {
+                        Ok(0) | Err(_) => break,
+                        Ok(n) => request.extend_from_slice(&buf[..n]),
+                    }
+                    if request.windows(4).any(|w| w == b"\r\n\r\n") {
+                        request.clear();
+                        let response = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok";
+                        if socket.write_all(response).await.is_err() {
+                            return;
+                        }
+                    }
+                }
+                seen.fetch_add(1, Ordering::SeqCst);
+                tokio::time::sleep(hold).await;
+            });
+        }
+    });
+    (addr, fins)
+}
+
+/// `pool_max_idle_per_host(0)` on reqwest's builder, against a server that
+/// closes its side 1 s after the client's FIN. Each next request is sent
+/// 60 ms after the server saw the close: by then the server's kernel has
+/// acknowledged the FIN (a delayed ACK: at most 40 ms on loopback), so the
+/// client's socket is in `FIN_WAIT2` (no `TIME_WAIT` yet), whose timer
+/// dates the close from that ACK, well before the miss: every miss after
+/// the first is `pool_disabled`, inferred, naming a connection the idle
+/// limit closed. Undated, every one would be `pool_closed`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_close_the_server_has_not_answered_is_dated_by_fin_wait2() {
+    let t = telemetry();
+    let (addr, fins) = server_closing_late(Duration::from_secs(1)).await;
+    let client = t
+        .conntrace()
+        .instrument_client(reqwest::Client::builder().pool_max_idle_per_host(0))
+        .build_with_middleware()
+        .expect("client");
+    let url = format!("http://{addr}/");
+    for n in 1..=5 {
+        get_sequentially(&client, &url, 1).await;
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while fins.load(Ordering::SeqCst) < n {
+            assert!(Instant::now() < deadline, "the client kept connection {n}");
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        tokio::time::sleep(Duration::from_millis(60)).await;
+    }
+    let spans = t.requests();
+    assert_eq!(spans.len(), 5);
+    let reasons: Vec<Option<String>> = spans
+        .iter()
+        .map(|s| str_attr(s, semconv::HTTP_CONNECTION_MISS_REASON))
+        .collect();
+    assert_eq!(reasons[0].as_deref(), Some(semconv::MISS_REASON_COLD));
+    for span in &spans[1..] {
+        assert_eq!(
+            str_attr(span, semconv::HTTP_CONNECTION_MISS_REASON).as_deref(),
+            Some(semconv::MISS_REASON_POOL_DISABLED),
+            "{reasons:?}\n{span:#?}"
+        );
+        assert_eq!(
+            str_attr(span, semconv::HTTP_CONNECTION_PREVIOUS_END).as_deref(),
+            Some(semconv::CONNECTION_END_IDLE_LIMIT)
+        );
+        assert_eq!(
+            str_attr(span, semconv::HTTP_CONNECTION_POOL_LIMITS).as_deref(),
+            Some(semconv::POOL_LIMITS_INFERRED)
+        );
     }
 }

@@ -2,6 +2,7 @@
 //! full socket, a few `struct tcp_info` counters, decoded from sock_diag
 //! replies.
 
+use std::sync::OnceLock;
 use std::time::Duration;
 
 /// The kernel's view of one TCP socket, from a sock_diag (`NETLINK_SOCK_DIAG`)
@@ -32,6 +33,15 @@ pub struct TcpFacts {
     /// `TIME_WAIT_LENGTH - left` is how long ago the connection ended
     /// (see [`TcpFacts::closed_ago`]).
     pub time_wait_left: Option<Duration>,
+    /// Time left on the timer of a `FIN_WAIT2` socket the application has
+    /// closed (the kernel's time-wait "mini socket" in its `FIN_WAIT2`
+    /// substate: `idiag_expires` when `idiag_timer` is 3, in ms); `None` in
+    /// every other state, and for a `FIN_WAIT2` socket still open. The
+    /// timer runs `net.ipv4.tcp_fin_timeout` (default 60 s) from when the
+    /// peer acknowledged our FIN (net/ipv4/tcp_input.c,
+    /// `tcp_rcv_state_process`), so it dates our close
+    /// ([`TcpFacts::closed_ago`]).
+    pub fin_wait2_left: Option<Duration>,
 }
 
 /// How long Linux keeps a socket in `TIME_WAIT`: `TCP_TIMEWAIT_LEN`
@@ -39,14 +49,40 @@ pub struct TcpFacts {
 pub const TIME_WAIT_LENGTH: Duration = Duration::from_secs(60);
 
 impl TcpFacts {
-    /// For a socket in `TIME_WAIT` (we closed first), how long ago it
-    /// entered that state: when the peer's FIN answered ours, so, with a
-    /// peer that closes as soon as it reads our FIN (as HTTP servers do),
-    /// when we closed it, to within one round trip. `None` in other states.
+    /// For a socket our side closed first, how long ago that was, from its
+    /// timer; `None` when it has none that dates the close.
+    ///
+    /// - `FIN_WAIT2` (closed by the application, the peer has not closed
+    ///   yet): when the peer acknowledged our FIN, so when we closed it, to
+    ///   within one round trip. Its length is read once from
+    ///   `/proc/sys/net/ipv4/tcp_fin_timeout`; `None` when that cannot be
+    ///   read or is above [`TIME_WAIT_LENGTH`] (the kernel then runs
+    ///   another timer first).
+    /// - `TIME_WAIT`: when it entered that state, when the peer's FIN
+    ///   answered ours; with a peer that closes as soon as it reads our
+    ///   FIN (as HTTP servers do), when we closed it, to within one round
+    ///   trip. A peer that holds its side open makes this later than our
+    ///   close by that long.
     pub fn closed_ago(&self) -> Option<Duration> {
-        self.time_wait_left
-            .map(|left| TIME_WAIT_LENGTH.saturating_sub(left))
+        match (self.time_wait_left, self.fin_wait2_left) {
+            (Some(left), _) => Some(TIME_WAIT_LENGTH.saturating_sub(left)),
+            (None, Some(left)) => fin_timeout().map(|length| length.saturating_sub(left)),
+            (None, None) => None,
+        }
     }
+}
+
+/// `net.ipv4.tcp_fin_timeout` of this process's network namespace, read
+/// once; `None` when unreadable, or above [`TIME_WAIT_LENGTH`] (the kernel
+/// then keeps the socket whole, on its keep-alive timer, for the excess
+/// first: `tcp_rcv_state_process`).
+fn fin_timeout() -> Option<Duration> {
+    static FIN_TIMEOUT: OnceLock<Option<Duration>> = OnceLock::new();
+    *FIN_TIMEOUT.get_or_init(|| {
+        let text = std::fs::read_to_string("/proc/sys/net/ipv4/tcp_fin_timeout").ok()?;
+        let length = Duration::from_secs(text.trim().parse().ok()?);
+        (length <= TIME_WAIT_LENGTH).then_some(length)
+    })
 }
 
 /// Counters from the kernel's `struct tcp_info` (include/uapi/linux/tcp.h)

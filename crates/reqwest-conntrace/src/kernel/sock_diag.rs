@@ -393,9 +393,14 @@ fn facts(
         info,
         receive_queue: response.header.recv_queue,
         // A FIN_WAIT2 mini socket shows the same timer, run from
-        // `tcp_fin_timeout` instead: only TIME_WAIT's length is fixed.
+        // `tcp_fin_timeout` instead of TIME_WAIT's fixed length.
         time_wait_left: if state == TcpState::TimeWait {
-            time_wait_left(message)
+            mini_socket_timer_left(message)
+        } else {
+            None
+        },
+        fin_wait2_left: if state == TcpState::FinWait2 {
+            mini_socket_timer_left(message)
         } else {
             None
         },
@@ -410,12 +415,14 @@ fn facts(
 const NETLINK_HEADER: usize = 16;
 const TIMER_AT: usize = NETLINK_HEADER + 2;
 const EXPIRES_AT: usize = NETLINK_HEADER + 52;
-/// `idiag_timer` value of the `TIME_WAIT` timer (net/ipv4/tcp_diag.c,
-/// `inet_twsk_diag_fill`).
+/// `idiag_timer` value of a time-wait mini socket's timer (`TIME_WAIT`,
+/// or `FIN_WAIT2` once the application closed it): net/ipv4/inet_diag.c,
+/// `inet_twsk_diag_fill`.
 const TIMER_TIME_WAIT: u8 = 3;
 
-/// The time left on a `TIME_WAIT` timer in this reply, if that is its timer.
-fn time_wait_left(message: &[u8]) -> Option<Duration> {
+/// The time left on a time-wait mini socket's timer in this reply, if that
+/// is its timer.
+fn mini_socket_timer_left(message: &[u8]) -> Option<Duration> {
     if *message.get(TIMER_AT)? != TIMER_TIME_WAIT {
         return None;
     }

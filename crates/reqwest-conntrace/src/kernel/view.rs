@@ -378,17 +378,33 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn closing_first_shows_fin_wait2_then_time_wait_without_tcp_info() {
+    async fn closing_first_shows_fin_wait2_then_time_wait_both_dated_without_tcp_info() {
         let view = KernelView::new();
         let (ours, peer) = connected_pair(Ipv4Addr::LOCALHOST.into()).await;
         let ids = pair(&ours);
+        let ours_closed = Instant::now();
         drop(ours);
         let facts = found(wait_for(&view, ids, state_is(TcpState::FinWait2)).await);
         assert_eq!(facts.state, TcpState::FinWait2);
         assert!(facts.state.closed_by_us() && !facts.state.closed_by_peer());
-        // Closed by the application, FIN_WAIT2 is a time-wait mini socket.
+        // Closed by the application, FIN_WAIT2 is a time-wait mini socket,
+        // whose `tcp_fin_timeout` timer dates our close (jiffies: up to
+        // 10 ms either way), and 200 ms later 200 ms more.
         assert_eq!(facts.info, None);
-        assert_eq!(facts.closed_ago(), None, "no TIME_WAIT timer yet");
+        let first = facts.closed_ago().expect("FIN_WAIT2 timer");
+        assert!(
+            first <= ours_closed.elapsed() + Duration::from_millis(10),
+            "{first:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let later = found(view.lookup(ids.0, ids.1, LOOKUP_TIMEOUT).await);
+        assert_eq!(later.state, TcpState::FinWait2);
+        let later = later.closed_ago().expect("FIN_WAIT2 timer");
+        assert!(
+            later >= first + Duration::from_millis(190)
+                && later <= ours_closed.elapsed() + Duration::from_millis(10),
+            "{first:?} then {later:?}"
+        );
 
         drop(peer);
         let closed = Instant::now();

@@ -14,8 +14,8 @@
 //!   idle time at close (and more than half of it).
 //!
 //! The close and its moment come from the kernel: our side closed first
-//! (`FIN_WAIT*`, `TIME_WAIT`), and the `TIME_WAIT` timer dates the close
-//! ([`TcpFacts::closed_ago`]). Only HTTP/1.1 connections that were idle in
+//! (`FIN_WAIT*`, `TIME_WAIT`), and the `FIN_WAIT2` or `TIME_WAIT` timer
+//! dates the close ([`TcpFacts::closed_ago`]). Only HTTP/1.1 connections that were idle in
 //! the pool count: not one with a request on it, one whose body was
 //! dropped early (hyper closed it for that), or one the server ended
 //! (`Connection: close`, a reset).
@@ -332,6 +332,7 @@ mod tests {
             info: None,
             receive_queue: 0,
             time_wait_left: Some(TIME_WAIT_LENGTH - ago),
+            fin_wait2_left: None,
         }
     }
 
@@ -356,12 +357,13 @@ mod tests {
                 idle: Duration::from_millis(1500)
             })
         );
-        // Not dated (FIN_WAIT2 has no TIME_WAIT timer), or not ours.
+        // Not dated (FIN_WAIT1: a full socket, no time-wait timer), or not ours.
         let undated = TcpFacts {
-            state: TcpState::FinWait2,
+            state: TcpState::FinWait1,
             info: None,
             receive_queue: 0,
             time_wait_left: None,
+            fin_wait2_left: None,
         };
         assert_eq!(pool_close(&r, &undated, lookup), None);
         let theirs = TcpFacts {
@@ -369,6 +371,7 @@ mod tests {
             info: None,
             receive_queue: 0,
             time_wait_left: None,
+            fin_wait2_left: None,
         };
         assert_eq!(pool_close(&r, &theirs, lookup), None);
         // A close hyper made for another reason is no pool limit's.

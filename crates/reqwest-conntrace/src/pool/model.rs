@@ -825,6 +825,7 @@ mod tests {
             info: None,
             receive_queue,
             time_wait_left: None,
+            fin_wait2_left: None,
         })
     }
 
@@ -1084,7 +1085,7 @@ mod tests {
     /// it (its idle limit here). Dated within the slack of the miss: the
     /// release race when the pool has served an idle hit (its idle limit is
     /// not 0), else unsure (`pool_closed`) until a second such close, on
-    /// another connection, confirms the limit. Undated (`FIN_WAIT2`): the
+    /// another connection, confirms the limit. Undated (`FIN_WAIT1`): the
     /// pool's close.
     #[test]
     fn a_close_of_ours_at_the_miss_is_judged_by_the_pools_history() {
@@ -1098,6 +1099,7 @@ mod tests {
                 time_wait_left: Some(
                     crate::kernel::TIME_WAIT_LENGTH - Duration::from_millis(200 - at_ms),
                 ),
+                fin_wait2_left: None,
             })
         };
         // (the miss at ms, the kernel's view, an idle hit before, expected
@@ -1113,7 +1115,7 @@ mod tests {
             (5, closed(2), false, unsure),
             (
                 5,
-                state(TcpState::FinWait2),
+                state(TcpState::FinWait1),
                 false,
                 (MissReason::AllBusy, Some(ConnectionEnd::IdleLimit)),
             ),
