@@ -786,6 +786,10 @@ async fn server_closing_late(hold: Duration) -> (std::net::SocketAddr, Arc<Atomi
                         if socket.write_all(response).await.is_err() {
                             return;
                         }
+                        // The client's FIN acknowledged at once, not after
+                        // a delayed-ACK timer (up to 40 ms here), which
+                        // would date its close that much later.
+                        let _ = socket2::SockRef::from(&socket).set_tcp_quickack(true);
                     }
                 }
                 seen.fetch_add(1, Ordering::SeqCst);
@@ -798,10 +802,10 @@ async fn server_closing_late(hold: Duration) -> (std::net::SocketAddr, Arc<Atomi
 
 /// `pool_max_idle_per_host(0)` on reqwest's builder, against a server that
 /// closes its side 1 s after the client's FIN. Each next request is sent
-/// 60 ms after the server saw the close: by then the server's kernel has
-/// acknowledged the FIN (a delayed ACK: at most 40 ms on loopback), so the
-/// client's socket is in `FIN_WAIT2` (no `TIME_WAIT` yet), whose timer
-/// dates the close from that ACK, well before the miss: every miss after
+/// 60 ms after the server saw the close: the server acknowledged the FIN at
+/// once (`TCP_QUICKACK`), so the client's socket is in `FIN_WAIT2` (no
+/// `TIME_WAIT` yet), whose timer dates the close from that ACK, well
+/// before the miss: every miss after
 /// the first is `pool_disabled`, inferred, naming a connection the idle
 /// limit closed. Undated, every one would be `pool_closed`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -195,10 +195,15 @@ fn close_after_miss(record: &ConnectionRecord, idle_others: Option<usize>) -> Po
 }
 
 /// The reason for a miss whose candidate the pool closed at its release,
-/// under an inferred idle limit: with no other connection idle then, the
-/// limit is 0, the pool keeps none (`pool_disabled`); else `all_busy`.
-pub(crate) fn over_limit_reason(idle_others: Option<usize>) -> MissReason {
-    if idle_others == Some(0) {
+/// under an inferred idle limit: with no other connection idle then, or
+/// the limit already inferred as 0 (`inferred`: the client's bounds so
+/// far; a count can include connections closed unbeknown to us), the pool
+/// keeps none (`pool_disabled`); else `all_busy`.
+pub(crate) fn over_limit_reason(
+    idle_others: Option<usize>,
+    inferred: &InferredLimits,
+) -> MissReason {
+    if idle_others == Some(0) || inferred.idle_limit() == Some(0) {
         MissReason::PoolDisabled
     } else {
         MissReason::AllBusy

@@ -274,9 +274,10 @@ fn inferred_close(candidate: &ConnectionRecord, close: PoolClose, now: Instant) 
     }
     client.inferred.observe(close);
     let (reason, end) = match close {
-        PoolClose::AtRelease { idle_others } if !client.max_idle_known => {
-            (over_limit_reason(idle_others), ConnectionEnd::IdleLimit)
-        }
+        PoolClose::AtRelease { idle_others } if !client.max_idle_known => (
+            over_limit_reason(idle_others, &client.inferred),
+            ConnectionEnd::IdleLimit,
+        ),
         PoolClose::Expired { .. } if !client.idle_timeout_known => {
             (MissReason::IdleExpired, ConnectionEnd::IdleTimeout)
         }
@@ -496,7 +497,7 @@ impl PoolHistory {
                 Miss::caused_by(MissReason::AllBusy, previous(ConnectionEnd::IdleLimit))
             } else {
                 Miss::caused_by(
-                    over_limit_reason(candidate.idle_others_at_release()),
+                    over_limit_reason(candidate.idle_others_at_release(), &client.inferred),
                     previous(ConnectionEnd::IdleLimit),
                 )
                 .limits_inferred()
