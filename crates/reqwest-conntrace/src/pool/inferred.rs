@@ -42,10 +42,13 @@ use crate::pool::registry::ConnectionRecord;
 use crate::semconv;
 
 /// A close this soon after the release (our release time and hyper-util's
-/// differ by a few scheduling delays) is the idle limit's, not the idle
-/// timeout's: hyper-util's idle check never runs sooner than 90 ms after an
-/// idle connection was put back.
-pub(crate) const CLOSED_AT_RELEASE: Duration = Duration::from_millis(50);
+/// differ by scheduling delays, tens of milliseconds on a loaded machine)
+/// is the idle limit's, not the idle timeout's: hyper-util's idle check
+/// runs every `max(pool_idle_timeout, 90 ms)` (`MIN_CHECK`), so closes an
+/// expired connection at least the idle timeout after it was put back;
+/// 75 ms leaves the dating's 10 ms slack ([`CLOSE_DATING_SLACK`]) below
+/// 90 ms. An idle timeout of 75 ms or less can be taken for the idle limit.
+pub(crate) const CLOSED_AT_RELEASE: Duration = Duration::from_millis(75);
 
 /// Two releases of one client's connections to one host closer than this,
 /// the earlier one during the later one's request,
