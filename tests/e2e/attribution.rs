@@ -1011,3 +1011,66 @@ async fn http2_connection_killed_by_the_server_names_the_connection() {
         Some(true)
     );
 }
+
+// FOUND: waves of 10 concurrent requests against an idle pool of 2 (the
+// demo's and `probe -c 10 --pool-max-idle-per-host 2`'s situation, incident
+// 2): the server closes no connection (its records say every connection was
+// closed by the client), yet most misses after the first wave are labelled
+// `closed_by_peer` with `previous.end = peer_closed`, whose fix ("lower the
+// client's pool_idle_timeout under the server's keep-alive") is wrong: the
+// client's own pool closed the connections over its idle limit (`all_busy`,
+// raise the pool). Measured with `conntrace probe URL --http1 -c 10 -n 200
+// --pool-max-idle-per-host 2` against `conntrace serve --delay-ms 20`: 108 of
+// 200 requests `closed_by_peer`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn misses_over_the_idle_limit_never_blame_a_server_that_closed_nothing() {
+    for tls in [false, true] {
+        let t = telemetry();
+        let pki = TestPki::localhost().expect("pki");
+        let builder = plain_h1().delay(Duration::from_millis(20));
+        let builder = if tls { builder.tls(&pki) } else { builder };
+        let server = RemoteServer::start(builder).await;
+        let instrumented = t
+            .conntrace()
+            .instrument_client(reqwest::Client::builder())
+            .pool_max_idle_per_host(2);
+        let instrumented = if tls {
+            instrumented.tls(trust(&pki))
+        } else {
+            instrumented
+        };
+        let client = instrumented.build_with_middleware().expect("client");
+        let url = server.get().url("/");
+        const WAVES: usize = 8;
+        for _ in 0..WAVES {
+            futures::future::join_all((0..10).map(|_| get(&client, &url))).await;
+        }
+        let spans: Vec<Seen> = requests(&t, WAVES * 10).iter().map(seen).collect();
+        compare_with_server(&spans, &server.get().requests());
+        let by_server: Vec<_> = server
+            .get()
+            .connections()
+            .into_iter()
+            .filter(|c| c.end.is_some_and(|e| e != ConnectionEnd::Closed))
+            .collect();
+        assert!(
+            by_server.is_empty(),
+            "the server closed none: {by_server:?}"
+        );
+        let blamed: Vec<&Seen> = spans
+            .iter()
+            .filter(|s| {
+                matches!(
+                    s.reason.as_deref(),
+                    Some(semconv::MISS_REASON_CLOSED_BY_PEER | semconv::MISS_REASON_REQUEST_LIMIT)
+                )
+            })
+            .collect();
+        assert!(
+            blamed.is_empty(),
+            "tls={tls}: {} of {} requests blame the server: {blamed:#?}",
+            blamed.len(),
+            spans.len()
+        );
+    }
+}
