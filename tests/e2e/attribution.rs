@@ -1074,3 +1074,55 @@ async fn misses_over_the_idle_limit_never_blame_a_server_that_closed_nothing() {
         );
     }
 }
+
+// FOUND: nginx over HTTP/2 with `keepalive_requests 5` ends every connection
+// with GOAWAY after its 5th stream; the next request is labelled
+// `closed_by_peer`, whose documented fix (`MissReason::fix`, and the
+// operator's playbook in issue 8: "lower the idle timeout under the server's
+// keep-alive") cannot help: the connections were busy, not idle, and the
+// server's request limit ended them. `conntrace lab goaway` itself prints
+// the right fix ("raise the server's per-connection limit (nginx
+// keepalive_requests); no client setting helps"), so one label carries two
+// fixes. Reproduce: nginx `keepalive_requests 5`, `conntrace probe
+// https://localhost:PORT/ --mode reuse -n 21` (HTTP/2 by ALPN): 4 of 4
+// misses `closed_by_peer`, nginx's log: 5 requests on each connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nginx_http2_request_limit_miss_names_the_fix_that_helps() {
+    let pki = TestPki::localhost().expect("pki");
+    let nginx = Nginx::start(NginxConfig::new(&pki).keepalive_requests(5))
+        .await
+        .unwrap_or_else(|e| panic!("nginx must start (a missing nginx is a failure): {e}"));
+    let t = telemetry();
+    let client = t.client(reqwest::Client::builder(), Some(&pki));
+    let url = nginx.url(NginxListener::H2, "/").expect("url");
+    for _ in 0..11 {
+        get(&client, &url).await;
+    }
+    let log = nginx.wait_for_access_log(11, Duration::from_secs(5)).await;
+    let view: Vec<ServerView> = log
+        .iter()
+        .map(|e| (e.remote_port, e.connection_requests, e.connection))
+        .collect();
+    let spans: Vec<Seen> = requests(&t, 11).iter().map(seen).collect();
+    compare_with(&spans, &view);
+    let mut limits = 0;
+    for (i, s) in spans.iter().enumerate().skip(1) {
+        // nginx's own record: the previous request was the 5th and last on
+        // its connection.
+        if spans[i - 1].count == Some(5) && s.count == Some(1) {
+            limits += 1;
+            let reason = s.reason.as_deref().expect("a miss");
+            let fix = reqwest_conntrace::MissReason::ALL
+                .into_iter()
+                .find(|r| r.as_str() == reason)
+                .expect("a documented reason")
+                .fix();
+            assert!(
+                fix.contains("keepalive_requests"),
+                "request {i}: {reason} ({:?}) after nginx's request limit; its fix: {fix}",
+                s.previous_end
+            );
+        }
+    }
+    assert_eq!(limits, 2, "{spans:#?}");
+}
