@@ -1126,3 +1126,45 @@ async fn nginx_http2_request_limit_miss_names_the_fix_that_helps() {
     }
     assert_eq!(limits, 2, "{spans:#?}");
 }
+
+/// An HTTP/2 burst against nginx with `keepalive_requests 5`: the streams
+/// its GOAWAY refuses fail with `http2_goaway` and name the connection they
+/// were multiplexed on (one the burst's other requests name too).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_refused_by_a_goaway_name_the_connection_they_were_sent_on() {
+    let pki = TestPki::localhost().expect("pki");
+    let nginx = Nginx::start(NginxConfig::new(&pki).keepalive_requests(5))
+        .await
+        .unwrap_or_else(|e| panic!("nginx must start (a missing nginx is a failure): {e}"));
+    let url = nginx.url(NginxListener::H2, "/").expect("url");
+    let mut refused = 0;
+    for _ in 0..5 {
+        let t = telemetry();
+        let client = t.client(reqwest::Client::builder(), Some(&pki));
+        let outcomes = futures::future::join_all((0..16).map(|_| async {
+            match client.get(&url).send().await {
+                Ok(r) => r.bytes().await.is_ok(),
+                Err(_) => false,
+            }
+        }))
+        .await;
+        let failed = outcomes.iter().filter(|ok| !**ok).count();
+        let spans = requests(&t, 16);
+        let ids: Vec<i64> = spans
+            .iter()
+            .filter_map(|s| i64_attr(s, semconv::HTTP_CONNECTION_ID))
+            .collect();
+        for s in spans.iter().filter(|s| {
+            str_attr(s, semconv::ERROR_TYPE).as_deref() == Some(semconv::ERROR_TYPE_HTTP2_GOAWAY)
+        }) {
+            refused += 1;
+            let id = i64_attr(s, semconv::HTTP_CONNECTION_ID);
+            assert!(
+                id.is_some_and(|id| ids.contains(&id)),
+                "a refused stream names no connection ({failed} failed): {:?}",
+                s.attributes
+            );
+        }
+    }
+    assert!(refused > 0, "no stream was refused in 5 bursts");
+}

@@ -1326,3 +1326,92 @@ async fn demo_keeps_every_miss_attributed_for_its_whole_run() {
         "connects labelled cold vs requests labelled cold"
     );
 }
+
+/// `conntrace probe URL --mode reuse -c 16 -n 16 --json` (HTTP/2 by ALPN)
+/// against nginx with `keepalive_requests 5`, repeated until a stream is
+/// refused by nginx's GOAWAY: the JSON and the failed request spans.
+async fn h2_burst_with_a_refused_stream() -> (serde_json::Value, Vec<ReceivedSpan>) {
+    let pki = TestPki::localhost().expect("pki");
+    let nginx = Nginx::start(NginxConfig::new(&pki).keepalive_requests(5))
+        .await
+        .expect("nginx starts (installed by scripts/test.sh)");
+    let url = nginx.url(NginxListener::H2, "/").expect("listener");
+    for _ in 0..10 {
+        let receiver = OtlpReceiver::start().await.expect("receiver");
+        let mut cmd = conntrace();
+        cmd.arg("probe")
+            .arg(&url)
+            .arg("--cacert")
+            .arg(&nginx.pki_files().ca)
+            .args(["--json", "--mode", "reuse", "-c", "16", "-n", "16"])
+            .env("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.endpoint());
+        let out = run(cmd).await;
+        let json: serde_json::Value =
+            serde_json::from_slice(&out.stdout).expect("--json output is JSON");
+        let failed: Vec<ReceivedSpan> = receiver
+            .spans()
+            .into_iter()
+            .filter(|s| {
+                s.attr_str(semconv::HTTP_REQUEST_METHOD).is_some()
+                    && s.attr_str(semconv::ERROR_TYPE) == Some(semconv::ERROR_TYPE_HTTP2_GOAWAY)
+            })
+            .collect();
+        if !failed.is_empty() {
+            return (json, failed);
+        }
+    }
+    panic!("no stream refused in 10 bursts");
+}
+
+fn failed_rows(json: &serde_json::Value) -> Vec<&serde_json::Value> {
+    json["modes"][0]["requests"]
+        .as_array()
+        .expect("rows")
+        .iter()
+        .filter(|r| !r["error_type"].is_null())
+        .collect()
+}
+
+// FOUND: the probe's JSON drops the connection a failed request was sent on,
+// though the request's own span names it: an HTTP/2 burst against nginx with
+// `keepalive_requests 5` has streams refused by the GOAWAY (`error_type
+// http2_goaway`); their spans carry `http.connection.id` (and `reused`),
+// their JSON rows say `connection_id: null`, `reused: null` (the rows are
+// built from `RequestReport`, whose `connection` is `None` for every failed
+// request). Reproduce: `conntrace probe https://localhost:PORT/ --mode reuse
+// -c 16 -n 16 --json --traces-out t.json`, nginx `keepalive_requests 5`.
+#[tokio::test]
+async fn probe_json_names_the_connection_a_failed_request_was_sent_on() {
+    let (json, failed) = h2_burst_with_a_refused_stream().await;
+    // The spans know the connection.
+    assert!(
+        failed
+            .iter()
+            .all(|s| s.attr_i64(semconv::HTTP_CONNECTION_ID).is_some())
+    );
+    let rows = failed_rows(&json);
+    assert_eq!(rows.len(), failed.len());
+    for row in rows {
+        assert!(
+            row["connection_id"].as_i64().is_some(),
+            "the span names the connection, the JSON does not: {row}"
+        );
+    }
+}
+
+// FOUND: in the same run, the refused stream's error line ends with "fix:
+// the server did not speak HTTP/2; drop --http2 (on http:// it means h2c by
+// prior knowledge)": no --http2 was given, and the server spoke HTTP/2 on
+// the very connection (15 answered streams in nginx's log); the GOAWAY's
+// "not a result of an error" is read as a missing HTTP/2.
+#[tokio::test]
+async fn probe_error_hint_does_not_blame_http2_support_for_a_goaway() {
+    let (json, _) = h2_burst_with_a_refused_stream().await;
+    for row in failed_rows(&json) {
+        let error = row["error"].as_str().expect("error line");
+        assert!(
+            !error.contains("did not speak HTTP/2"),
+            "no --http2 given, the server spoke HTTP/2: {error}"
+        );
+    }
+}
