@@ -1403,7 +1403,8 @@ async fn probe_json_names_the_connection_a_failed_request_was_sent_on() {
 // the server did not speak HTTP/2; drop --http2 (on http:// it means h2c by
 // prior knowledge)": no --http2 was given, and the server spoke HTTP/2 on
 // the very connection (15 answered streams in nginx's log); the GOAWAY's
-// "not a result of an error" is read as a missing HTTP/2.
+// "not a result of an error" is read as a missing HTTP/2. (Fixed in the
+// commit after the test: an error frame the server sent is not blamed.)
 #[tokio::test]
 async fn probe_error_hint_does_not_blame_http2_support_for_a_goaway() {
     let (json, _) = h2_burst_with_a_refused_stream().await;
