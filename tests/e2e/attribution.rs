@@ -1168,3 +1168,47 @@ async fn requests_refused_by_a_goaway_name_the_connection_they_were_sent_on() {
     }
     assert!(refused > 0, "no stream was refused in 5 bursts");
 }
+
+// FOUND: an HTTP/2 response whose small body had fully arrived (END_STREAM
+// received) and was then dropped unread gets an `http.connection.stream_reset`
+// event and counts in `http.connection.stream_resets`, though no stream was
+// reset: hyper sends `RST_STREAM` only for a stream still open (REFERENCE
+// section 5 says so: "unless the server had already sent all of it"), and
+// the library counts every HTTP/2 drop. Measured against nginx (HTTP/2,
+// error log at `info`): three dropped `GET /big` (3 MB) logged "client
+// canceled stream 1/3/5"; three dropped `GET /` ("ok\n") logged nothing,
+// yet all six spans carry the event and the connection counted 3 resets.
+#[tokio::test]
+async fn a_fully_received_http2_body_dropped_unread_resets_no_stream() {
+    let t = telemetry();
+    let pki = TestPki::localhost().expect("pki");
+    let server = RemoteServer::start(
+        TestServer::builder()
+            .tls(&pki)
+            .http_versions(HttpVersions::Http2Only),
+    )
+    .await;
+    let client = t.client(reqwest::Client::builder(), Some(&pki));
+    let url = server.get().url("/");
+    // Warm: the connection is up and the next response is 2 bytes.
+    get(&client, &url).await;
+    let response = client.get(&url).send().await.expect("second");
+    // The 2-byte body is sent with the headers' stream: on loopback it has
+    // arrived long before this.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    drop(response);
+    get(&client, &url).await;
+    let spans = requests(&t, 3);
+    assert!(
+        spans[1]
+            .events
+            .iter()
+            .all(|e| e.name != semconv::EVENT_STREAM_RESET),
+        "{:?}",
+        spans[1].events
+    );
+    assert_eq!(
+        i64_attr(&spans[2], semconv::HTTP_CONNECTION_STREAM_RESETS),
+        None
+    );
+}
