@@ -1266,3 +1266,42 @@ async fn a_miss_after_a_timed_out_http1_request_is_not_blamed_on_the_pool() {
         );
     }
 }
+
+// FOUND: a client that sends `Connection: close` itself (a common way to
+// avoid stale pooled connections) gets every following miss labelled
+// `request_limit`, `previous.end = connection_close`, whose fix reads "the
+// server closes connections after a number of requests: raise its
+// per-connection request limit (nginx keepalive_requests); no client setting
+// helps". The server has no request limit here (against nginx with
+// `keepalive_requests 5`, measured: `$connection_requests` 1 on each
+// connection, the limit never reached); the client asked for the close, and
+// removing its header is the fix. Row 6 of the
+// decision table reads the response's `Connection: close` without looking
+// at who asked for it.
+#[tokio::test]
+async fn a_close_the_client_asked_for_is_not_the_servers_request_limit() {
+    let t = telemetry();
+    let server = RemoteServer::start(plain_h1()).await;
+    let client = t.client(reqwest::Client::builder(), None);
+    let url = server.get().url("/");
+    for _ in 0..3 {
+        let response = client
+            .get(&url)
+            .header(reqwest::header::CONNECTION, "close")
+            .send()
+            .await
+            .expect("request succeeds");
+        response.bytes().await.expect("body");
+    }
+    let spans: Vec<Seen> = requests(&t, 3).iter().map(seen).collect();
+    let map = compare_with_server(&spans, &server.get().requests());
+    assert_eq!(map.len(), 3, "a connection per request: {spans:#?}");
+    for s in &spans[1..] {
+        assert!(s.previous_id.is_some(), "{s:?}");
+        assert_ne!(
+            s.reason.as_deref(),
+            Some(semconv::MISS_REASON_REQUEST_LIMIT),
+            "the server has no request limit; the client asked: {spans:#?}"
+        );
+    }
+}
