@@ -1041,7 +1041,7 @@ async fn misses_over_the_idle_limit_never_blame_a_server_that_closed_nothing() {
         };
         let client = instrumented.build_with_middleware().expect("client");
         let url = server.get().url("/");
-        const WAVES: usize = 8;
+        const WAVES: usize = 12;
         for _ in 0..WAVES {
             futures::future::join_all((0..10).map(|_| get(&client, &url))).await;
         }

@@ -1289,9 +1289,16 @@ async fn demo_keeps_every_miss_attributed_for_its_whole_run() {
     let dir = tempfile::tempdir().expect("tempdir");
     let traces = dir.path().join("traces.json");
     let mut cmd = conntrace();
+    // Twice the default load (20 fan-outs/s of 8 calls), so that the pool
+    // history overflows on a loaded machine too: with the defaults and two
+    // CPU burners beside it, an 8 s run stayed under 64 "open" connections.
     cmd.args([
         "demo",
         "--duration",
+        "5",
+        "--rate",
+        "20",
+        "--batches",
         "8",
         "--right-pool",
         "25",
