@@ -1011,3 +1011,297 @@ async fn http2_connection_killed_by_the_server_names_the_connection() {
         Some(true)
     );
 }
+
+// FOUND: waves of 10 concurrent requests against an idle pool of 2 (the
+// demo's and `probe -c 10 --pool-max-idle-per-host 2`'s situation, incident
+// 2): the server closes no connection (its records say every connection was
+// closed by the client), yet most misses after the first wave are labelled
+// `closed_by_peer` with `previous.end = peer_closed`, whose fix ("lower the
+// client's pool_idle_timeout under the server's keep-alive") is wrong: the
+// client's own pool closed the connections over its idle limit (`all_busy`,
+// raise the pool). Measured with `conntrace probe URL --http1 -c 10 -n 200
+// --pool-max-idle-per-host 2` against `conntrace serve --delay-ms 20`: 108 of
+// 200 requests `closed_by_peer`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn misses_over_the_idle_limit_never_blame_a_server_that_closed_nothing() {
+    for tls in [false, true] {
+        let t = telemetry();
+        let pki = TestPki::localhost().expect("pki");
+        let builder = plain_h1().delay(Duration::from_millis(20));
+        let builder = if tls { builder.tls(&pki) } else { builder };
+        let server = RemoteServer::start(builder).await;
+        let instrumented = t
+            .conntrace()
+            .instrument_client(reqwest::Client::builder())
+            .pool_max_idle_per_host(2);
+        let instrumented = if tls {
+            instrumented.tls(trust(&pki))
+        } else {
+            instrumented
+        };
+        let client = instrumented.build_with_middleware().expect("client");
+        let url = server.get().url("/");
+        const WAVES: usize = 12;
+        for _ in 0..WAVES {
+            futures::future::join_all((0..10).map(|_| get(&client, &url))).await;
+        }
+        let spans: Vec<Seen> = requests(&t, WAVES * 10).iter().map(seen).collect();
+        compare_with_server(&spans, &server.get().requests());
+        let by_server: Vec<_> = server
+            .get()
+            .connections()
+            .into_iter()
+            .filter(|c| c.end.is_some_and(|e| e != ConnectionEnd::Closed))
+            .collect();
+        assert!(
+            by_server.is_empty(),
+            "the server closed none: {by_server:?}"
+        );
+        let blamed: Vec<&Seen> = spans
+            .iter()
+            .filter(|s| {
+                matches!(
+                    s.reason.as_deref(),
+                    Some(semconv::MISS_REASON_CLOSED_BY_PEER | semconv::MISS_REASON_REQUEST_LIMIT)
+                )
+            })
+            .collect();
+        assert!(
+            blamed.is_empty(),
+            "tls={tls}: {} of {} requests blame the server: {blamed:#?}",
+            blamed.len(),
+            spans.len()
+        );
+    }
+}
+
+// FOUND: nginx over HTTP/2 with `keepalive_requests 5` ends every connection
+// with GOAWAY after its 5th stream; the next request is labelled
+// `closed_by_peer`, whose documented fix (`MissReason::fix`, and the
+// operator's playbook in issue 8: "lower the idle timeout under the server's
+// keep-alive") cannot help: the connections were busy, not idle, and the
+// server's request limit ended them. `conntrace lab goaway` itself prints
+// the right fix ("raise the server's per-connection limit (nginx
+// keepalive_requests); no client setting helps"), so one label carries two
+// fixes. Reproduce: nginx `keepalive_requests 5`, `conntrace probe
+// https://localhost:PORT/ --mode reuse -n 21` (HTTP/2 by ALPN): 4 of 4
+// misses `closed_by_peer`, nginx's log: 5 requests on each connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nginx_http2_request_limit_miss_names_the_fix_that_helps() {
+    let pki = TestPki::localhost().expect("pki");
+    let nginx = Nginx::start(NginxConfig::new(&pki).keepalive_requests(5))
+        .await
+        .unwrap_or_else(|e| panic!("nginx must start (a missing nginx is a failure): {e}"));
+    let t = telemetry();
+    let client = t.client(reqwest::Client::builder(), Some(&pki));
+    let url = nginx.url(NginxListener::H2, "/").expect("url");
+    for _ in 0..11 {
+        get(&client, &url).await;
+    }
+    let log = nginx.wait_for_access_log(11, Duration::from_secs(5)).await;
+    let view: Vec<ServerView> = log
+        .iter()
+        .map(|e| (e.remote_port, e.connection_requests, e.connection))
+        .collect();
+    let spans: Vec<Seen> = requests(&t, 11).iter().map(seen).collect();
+    compare_with(&spans, &view);
+    let mut limits = 0;
+    for (i, s) in spans.iter().enumerate().skip(1) {
+        // nginx's own record: the previous request was the 5th and last on
+        // its connection.
+        if spans[i - 1].count == Some(5) && s.count == Some(1) {
+            limits += 1;
+            let reason = s.reason.as_deref().expect("a miss");
+            let fix = reqwest_conntrace::MissReason::ALL
+                .into_iter()
+                .find(|r| r.as_str() == reason)
+                .expect("a documented reason")
+                .fix();
+            assert!(
+                fix.contains("keepalive_requests"),
+                "request {i}: {reason} ({:?}) after nginx's request limit; its fix: {fix}",
+                s.previous_end
+            );
+        }
+    }
+    assert_eq!(limits, 2, "{spans:#?}");
+}
+
+/// An HTTP/2 burst against nginx with `keepalive_requests 5`: the streams
+/// its GOAWAY refuses fail with `http2_goaway` and name the connection they
+/// were multiplexed on (one the burst's other requests name too).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_refused_by_a_goaway_name_the_connection_they_were_sent_on() {
+    let pki = TestPki::localhost().expect("pki");
+    let nginx = Nginx::start(NginxConfig::new(&pki).keepalive_requests(5))
+        .await
+        .unwrap_or_else(|e| panic!("nginx must start (a missing nginx is a failure): {e}"));
+    let url = nginx.url(NginxListener::H2, "/").expect("url");
+    let mut refused = 0;
+    for _ in 0..5 {
+        let t = telemetry();
+        let client = t.client(reqwest::Client::builder(), Some(&pki));
+        let outcomes = futures::future::join_all((0..16).map(|_| async {
+            match client.get(&url).send().await {
+                Ok(r) => r.bytes().await.is_ok(),
+                Err(_) => false,
+            }
+        }))
+        .await;
+        let failed = outcomes.iter().filter(|ok| !**ok).count();
+        let spans = requests(&t, 16);
+        let ids: Vec<i64> = spans
+            .iter()
+            .filter_map(|s| i64_attr(s, semconv::HTTP_CONNECTION_ID))
+            .collect();
+        for s in spans.iter().filter(|s| {
+            str_attr(s, semconv::ERROR_TYPE).as_deref() == Some(semconv::ERROR_TYPE_HTTP2_GOAWAY)
+        }) {
+            refused += 1;
+            let id = i64_attr(s, semconv::HTTP_CONNECTION_ID);
+            assert!(
+                id.is_some_and(|id| ids.contains(&id)),
+                "a refused stream names no connection ({failed} failed): {:?}",
+                s.attributes
+            );
+        }
+    }
+    assert!(refused > 0, "no stream was refused in 5 bursts");
+}
+
+// FOUND: an HTTP/2 response whose small body had fully arrived (END_STREAM
+// received) and was then dropped unread gets an `http.connection.stream_reset`
+// event and counts in `http.connection.stream_resets`, though no stream was
+// reset: hyper sends `RST_STREAM` only for a stream still open (REFERENCE
+// section 5 says so: "unless the server had already sent all of it"), and
+// the library counts every HTTP/2 drop. Measured against nginx (HTTP/2,
+// error log at `info`): three dropped `GET /big` (3 MB) logged "client
+// canceled stream 1/3/5"; three dropped `GET /` ("ok\n") logged nothing,
+// yet all six spans carry the event and the connection counted 3 resets.
+#[tokio::test]
+async fn a_fully_received_http2_body_dropped_unread_resets_no_stream() {
+    let t = telemetry();
+    let pki = TestPki::localhost().expect("pki");
+    let server = RemoteServer::start(
+        TestServer::builder()
+            .tls(&pki)
+            .http_versions(HttpVersions::Http2Only),
+    )
+    .await;
+    let client = t.client(reqwest::Client::builder(), Some(&pki));
+    let url = server.get().url("/");
+    // Warm: the connection is up and the next response is 2 bytes.
+    get(&client, &url).await;
+    let response = client.get(&url).send().await.expect("second");
+    // The 2-byte body is sent with the headers' stream: on loopback it has
+    // arrived long before this.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    drop(response);
+    get(&client, &url).await;
+    let spans = requests(&t, 3);
+    assert!(
+        spans[1]
+            .events
+            .iter()
+            .all(|e| e.name != semconv::EVENT_STREAM_RESET),
+        "{:?}",
+        spans[1].events
+    );
+    assert_eq!(
+        i64_attr(&spans[2], semconv::HTTP_CONNECTION_STREAM_RESETS),
+        None
+    );
+}
+
+// FOUND: an HTTP/1.1 request that times out on a pooled connection (the
+// server stalled on it, or is merely slower than the client's timeout)
+// makes hyper give that connection up (a response is still owed on it); the
+// next request opens a new one and its miss is blamed on the client's pool:
+// `idle_expired` with `previous.end = idle_timeout` and an inferred client
+// idle timeout of ~0.15 s (the client has reqwest's default, 90 s; the
+// connection had idled 50 ms), whose fix is "raise pool_idle_timeout"; or,
+// when hyper has not closed it yet (same runtime as the server, no pause),
+// `release_race`, previous alive, fix "nothing to tune". Neither is what
+// happened: the timed-out request abandoned the connection (the server's
+// records: 2 requests on connection 1, 1 answered, a second connection for
+// the 3rd). The decision table has no row for an abandoned request, and the
+// wrong inference then feeds the client's inferred idle timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_miss_after_a_timed_out_http1_request_is_not_blamed_on_the_pool() {
+    for (stall, path) in [(true, "/"), (false, "/delay/600")] {
+        let t = telemetry();
+        let builder = plain_h1();
+        let builder = if stall {
+            builder.stall_after(Some(1))
+        } else {
+            builder
+        };
+        let server = RemoteServer::start(builder).await;
+        let client = t.client(reqwest::Client::builder(), None);
+        let url = server.get().url("/");
+        get(&client, &url).await;
+        let error = client
+            .get(server.get().url(path))
+            .timeout(Duration::from_millis(100))
+            .send()
+            .await
+            .expect_err("times out");
+        assert!(error.is_timeout(), "{error:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let response = client.get(&url).send().await.expect("third");
+        response.bytes().await.expect("body");
+        let spans: Vec<Seen> = requests(&t, 3).iter().map(seen).collect();
+        assert_eq!(server.get().accepted_connections(), 2, "{spans:#?}");
+        let first = spans[0].id.expect("id");
+        assert_eq!(spans[1].id, Some(first), "the timeout names its connection");
+        let third = &spans[2];
+        assert_eq!(third.reused, Some(false));
+        assert_eq!(third.previous_id, Some(first), "stall={stall}: {third:?}");
+        assert!(
+            !matches!(
+                third.reason.as_deref(),
+                Some(semconv::MISS_REASON_RELEASE_RACE | semconv::MISS_REASON_IDLE_EXPIRED)
+            ),
+            "stall={stall}: nothing raced and nothing idled out: {spans:#?}"
+        );
+    }
+}
+
+// FOUND: a client that sends `Connection: close` itself (a common way to
+// avoid stale pooled connections) gets every following miss labelled
+// `request_limit`, `previous.end = connection_close`, whose fix reads "the
+// server closes connections after a number of requests: raise its
+// per-connection request limit (nginx keepalive_requests); no client setting
+// helps". The server has no request limit here (against nginx with
+// `keepalive_requests 5`, measured: `$connection_requests` 1 on each
+// connection, the limit never reached); the client asked for the close, and
+// removing its header is the fix. Row 6 of the
+// decision table reads the response's `Connection: close` without looking
+// at who asked for it.
+#[tokio::test]
+async fn a_close_the_client_asked_for_is_not_the_servers_request_limit() {
+    let t = telemetry();
+    let server = RemoteServer::start(plain_h1()).await;
+    let client = t.client(reqwest::Client::builder(), None);
+    let url = server.get().url("/");
+    for _ in 0..3 {
+        let response = client
+            .get(&url)
+            .header(reqwest::header::CONNECTION, "close")
+            .send()
+            .await
+            .expect("request succeeds");
+        response.bytes().await.expect("body");
+    }
+    let spans: Vec<Seen> = requests(&t, 3).iter().map(seen).collect();
+    let map = compare_with_server(&spans, &server.get().requests());
+    assert_eq!(map.len(), 3, "a connection per request: {spans:#?}");
+    for s in &spans[1..] {
+        assert!(s.previous_id.is_some(), "{s:?}");
+        assert_ne!(
+            s.reason.as_deref(),
+            Some(semconv::MISS_REASON_REQUEST_LIMIT),
+            "the server has no request limit; the client asked: {spans:#?}"
+        );
+    }
+}

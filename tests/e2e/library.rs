@@ -1046,3 +1046,68 @@ async fn http2_without_idle_pooling_misses_are_pool_disabled_not_the_server() {
         "HTTP/2 throughout"
     );
 }
+
+// FOUND: a client using reqwest's `unix_socket` (a local daemon's API, e.g.
+// Docker's) gets request spans with no `http.connection.*` attribute at all,
+// although one connection served both requests (the server accepted one)
+// and the connect's setup span exists (it even says `dns_skipped =
+// override`, though no name was overridden). Reproduce: nginx `listen
+// unix:/path`, `client.unix_socket(path)`, two GETs: both spans lack
+// `http.connection.id`, the second lacks `reused`.
+#[tokio::test]
+async fn requests_over_a_unix_socket_name_their_connection() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("http.sock");
+    let listener = tokio::net::UnixListener::bind(&path).expect("bind");
+    let accepted = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let counter = Arc::clone(&accepted);
+    let server = tokio::spawn(async move {
+        loop {
+            let Ok((mut socket, _)) = listener.accept().await else {
+                return;
+            };
+            counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            tokio::spawn(async move {
+                let mut buf = Vec::new();
+                let mut chunk = [0u8; 1024];
+                loop {
+                    while let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                        buf.drain(..end + 4);
+                        let answer = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok";
+                        if socket.write_all(answer).await.is_err() {
+                            return;
+                        }
+                    }
+                    match socket.read(&mut chunk).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                    }
+                }
+            });
+        }
+    });
+    let t = telemetry();
+    let client = t.client(reqwest::Client::builder().unix_socket(path.clone()), None);
+    for body in get_sequentially(&client, "http://daemon/", 2).await {
+        assert_eq!(body, "ok");
+    }
+    assert_eq!(
+        accepted.load(std::sync::atomic::Ordering::SeqCst),
+        1,
+        "one connection served both"
+    );
+    let spans = t.requests();
+    assert_eq!(spans.len(), 2);
+    let ids: Vec<Option<i64>> = spans
+        .iter()
+        .map(|s| i64_attr(s, semconv::HTTP_CONNECTION_ID))
+        .collect();
+    assert!(ids[0].is_some(), "{:?}", spans[0].attributes);
+    assert_eq!(ids[0], ids[1]);
+    assert_eq!(
+        bool_attr(&spans[1], semconv::HTTP_CONNECTION_REUSED),
+        Some(true)
+    );
+    server.abort();
+}

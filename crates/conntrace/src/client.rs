@@ -176,7 +176,9 @@ impl ClientOptions {
     /// ignores ALPN, such as OpenSSL's `s_server`: curl's
     /// `--http2-prior-knowledge` hangs there too).
     pub(crate) fn explain(&self, message: &str) -> String {
-        if !self.http2 || message.contains("; fix:") {
+        // An HTTP/2 error frame the server sent ("... error received")
+        // shows it speaks HTTP/2.
+        if !self.http2 || message.contains("; fix:") || message.contains("error received") {
             return message.to_owned();
         }
         if message.contains("SendRequest") || message.contains("connection reset") {

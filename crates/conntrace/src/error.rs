@@ -159,8 +159,14 @@ fn fix(text: &str) -> Option<&'static str> {
             "a certificate trusted here has the issuer's name but not its key; pass the CA that signed it (or the server's own certificate) with --cacert FILE, or skip verification with -k",
         ),
     ];
+    // A GOAWAY or RST_STREAM frame *received* ("connection error received",
+    // "stream error received") came from a peer that speaks HTTP/2: such an
+    // error is the server's choice (a request limit, a refused stream), not
+    // a missing HTTP/2.
+    let peer_spoke_http2 = text.contains("error received");
     CAUSES
         .iter()
+        .filter(|(cause, _)| !(peer_spoke_http2 && *cause == "http2 error"))
         .find(|(cause, _)| text.contains(cause))
         .map(|(_, fix)| *fix)
 }
@@ -216,6 +222,16 @@ mod tests {
 
     /// The certificate errors as rustls itself prints them (its `*Context`
     /// variants in words) get their fix.
+    #[test]
+    fn an_http2_error_the_server_sent_does_not_blame_http2_support() {
+        let goaway = "error sending request: client error (SendRequest): http2 error: connection error received: not a result of an error";
+        assert_eq!(fix(goaway), None);
+        let reset = "http2 error: stream error received: refused stream before processing any application logic";
+        assert_eq!(fix(reset), None);
+        let local = "http2 error: connection error detected: frame with invalid size";
+        assert!(fix(local).is_some_and(|f| f.contains("drop --http2")));
+    }
+
     #[test]
     fn rustls_certificate_errors_get_a_fix() {
         use rustls::CertificateError as C;
