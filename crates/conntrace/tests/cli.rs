@@ -1272,18 +1272,14 @@ async fn demo_traces_pass_intact_through_a_third_party_collector() {
     assert_eq!(scopes(&spans), scopes(&reference));
 }
 
-// FOUND: the README's first command, `conntrace demo` (default 10 s per
-// phase), loses the small-pool phase's attribution after about 3 s: the
-// connects that lose hyper-util's race to a busy connection are closed
-// unused by the full idle pool, the pool history still counts them open,
-// passes 64 "open" connections to the host and marks the host untracked for
-// good. Measured in a default run: 201 of the small pool's 550 request spans
-// carry `http.connection.untracked = pool_history` and no miss reason,
-// `http.client.pool.misses` counts 133 misses where the demo's table says
-// 300, the advice's "misses per second" (10.99) is a third of the table's,
-// 211 connects say `cold` on their setup span in a warm pool, and the WARN
-// line's fix ("raise ConnTraceBuilder::pool_history_hosts") cannot help
-// (one host; the 64 per host is fixed).
+/// `conntrace demo` keeps every request of its small-pool phase attributed:
+/// the connects that lose hyper-util's race to a freed connection go into
+/// the pool unused, where the full idle pool closes them at once; the pool
+/// model releases them there, so the history forgets them instead of
+/// counting them open until it overflows its 64 connections per host (it
+/// did: a third of the phase's requests were untracked, with `cold` setup
+/// spans in a warm pool). No request span is untracked, and as many setup
+/// spans as requests say `cold`.
 #[tokio::test]
 async fn demo_keeps_every_miss_attributed_for_its_whole_run() {
     let dir = tempfile::tempdir().expect("tempdir");

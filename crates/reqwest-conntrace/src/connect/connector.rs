@@ -471,7 +471,11 @@ fn on_connected<T: Connection>(
         inner.pools.record_connection(host, record.clone());
     }
     match &attempt.trigger {
-        Some(trigger) => trigger.connect_ready(PendingSetup { record, cx, end }),
+        Some(trigger) => {
+            if let Some(unused) = trigger.connect_ready(PendingSetup { record, cx, end }) {
+                inner.pools.on_pooled_unused(&unused, now);
+            }
+        }
         None => cx.span().end_with_timestamp(end),
     }
 }

@@ -723,6 +723,20 @@ impl PoolHistory {
         false
     }
 
+    /// An HTTP/1.1 connection whose connect lost to a connection freed for
+    /// its trigger request went into hyper-util's pool unused at `now` (the
+    /// later of its ready time and its trigger's response): a release like
+    /// a response's end, so a full idle pool closes it at once (and the
+    /// history can forget it) and an unknown idle limit counts it.
+    pub(crate) fn on_pooled_unused(&self, record: &ConnectionRecord, now: Instant) {
+        if let Some(host) = &record.host
+            && record.requests.load(Ordering::Relaxed) == 0
+            && record.in_use() == 0
+        {
+            self.on_released(host, record, now, record.ready_at());
+        }
+    }
+
     /// `client`'s connections to `host` that are idle and not known to be
     /// closed, at most `max`, the most recently released first: the ones a
     /// dated close at release is checked against.

@@ -39,7 +39,7 @@ pub(crate) fn attribute_response(
     miss_deferred: &mut bool,
 ) -> Option<(ConnectionUse, Arc<ConnectionRecord>)> {
     let Some(info) = info else {
-        state.finish(Fate::NoResponse);
+        let _ = state.finish(Fate::NoResponse);
         return None;
     };
     let (local, remote) = (info.local_addr(), info.remote_addr());
@@ -59,7 +59,7 @@ pub(crate) fn attribute_response(
         // connector layer: one the registry lacks was refused at its cap
         // (or forgotten after an inferred close).
         inner.note_untracked(span, &state.host, semconv::UNTRACKED_CONNECTION_REGISTRY);
-        state.finish(Fate::NoResponse);
+        let _ = state.finish(Fate::NoResponse);
         return None;
     };
     // In use first, its count last: a miss classified meanwhile either
@@ -165,10 +165,12 @@ pub(crate) fn attribute_response(
             ],
         );
     }
-    state.finish(Fate::ServedBy {
+    for unused in state.finish(Fate::ServedBy {
         connection_id: record.id(),
         http2: record.http2(),
-    });
+    }) {
+        inner.pools.on_pooled_unused(&unused, now);
+    }
     let usage = ConnectionUse {
         id: record.id(),
         reused,
@@ -584,7 +586,7 @@ impl RequestEnd {
                     "request dropped before its response arrived".to_owned(),
                 );
             }
-            self.state.finish(Fate::NoResponse);
+            let _ = self.state.finish(Fate::NoResponse);
         } else if self.recording {
             self.span
                 .set_attribute(semconv::HTTP_RESPONSE_BODY_SIZE, self.body_size as i64);

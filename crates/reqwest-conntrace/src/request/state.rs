@@ -84,32 +84,41 @@ impl RequestState {
     }
 
     /// A connect this request triggered is ready: finish its span now if the
-    /// request's fate is known, else when it is.
-    pub(crate) fn connect_ready(&self, pending: PendingSetup) {
+    /// request's fate is known, else when it is. Returns the connection
+    /// when it went into the pool unused (see [`finish`](Self::finish)).
+    pub(crate) fn connect_ready(&self, pending: PendingSetup) -> Option<Arc<ConnectionRecord>> {
         let mut t = self.trigger();
         match t.finished {
             Some(fate) => {
                 drop(t);
-                finish_setup(pending, fate);
+                finish_setup(pending, fate)
             }
-            None => t.pending.push(pending),
+            None => {
+                t.pending.push(pending);
+                None
+            }
         }
     }
 
     /// The request's fate is known: finish every setup span it triggered.
-    /// Only the first call counts.
-    pub(crate) fn finish(&self, fate: Fate) {
+    /// Only the first call counts. Returns the HTTP/1.1 connections among
+    /// them that the request did not use: hyper-util puts such a
+    /// connection into its pool unused as its connect completes (where
+    /// its idle limit may close it at once), so the caller releases it to
+    /// the pool model.
+    pub(crate) fn finish(&self, fate: Fate) -> Vec<Arc<ConnectionRecord>> {
         let pending = {
             let mut t = self.trigger();
             if t.finished.is_some() {
-                return;
+                return Vec::new();
             }
             t.finished = Some(fate);
             mem::take(&mut t.pending)
         };
-        for p in pending {
-            finish_setup(p, fate);
-        }
+        pending
+            .into_iter()
+            .filter_map(|p| finish_setup(p, fate))
+            .collect()
     }
 }
 
@@ -124,9 +133,12 @@ impl Drop for RequestState {
     }
 }
 
-/// Sets the trigger-related attributes on a successful setup span and ends it.
-fn finish_setup(p: PendingSetup, fate: Fate) {
+/// Sets the trigger-related attributes on a successful setup span and ends
+/// it. Returns the connection when it is HTTP/1.1 and its trigger was
+/// served by another one: it went into the pool unused.
+fn finish_setup(p: PendingSetup, fate: Fate) -> Option<Arc<ConnectionRecord>> {
     let span = p.cx.span();
+    let mut pooled_unused = None;
     match fate {
         Fate::ServedBy { connection_id, .. } if connection_id == p.record.id() => {
             span.set_attribute(KeyValue::new(
@@ -165,11 +177,15 @@ fn finish_setup(p: PendingSetup, fate: Fate) {
                     semconv::HTTP_CONNECTION_SETUP_OUTCOME,
                     semconv::SETUP_OUTCOME_POOLED,
                 ));
+                if !p.record.http2() {
+                    pooled_unused = Some(Arc::clone(&p.record));
+                }
             }
         }
         Fate::NoResponse => {}
     }
     span.end_with_timestamp(p.end);
+    pooled_unused
 }
 
 thread_local! {
