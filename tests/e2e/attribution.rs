@@ -1213,19 +1213,14 @@ async fn a_fully_received_http2_body_dropped_unread_resets_no_stream() {
     );
 }
 
-// FOUND: an HTTP/1.1 request that times out on a pooled connection (the
-// server stalled on it, or is merely slower than the client's timeout)
-// makes hyper give that connection up (a response is still owed on it); the
-// next request opens a new one and its miss is blamed on the client's pool:
-// `idle_expired` with `previous.end = idle_timeout` and an inferred client
-// idle timeout of ~0.15 s (the client has reqwest's default, 90 s; the
-// connection had idled 50 ms), whose fix is "raise pool_idle_timeout"; or,
-// when hyper has not closed it yet (same runtime as the server, no pause),
-// `release_race`, previous alive, fix "nothing to tune". Neither is what
-// happened: the timed-out request abandoned the connection (the server's
-// records: 2 requests on connection 1, 1 answered, a second connection for
-// the 3rd). The decision table has no row for an abandoned request, and the
-// wrong inference then feeds the client's inferred idle timeout.
+/// An HTTP/1.1 request that times out on a pooled connection (the server
+/// stalled on it, or is merely slower than the client's timeout) makes
+/// hyper give that connection up (a response is still owed on it); the next
+/// request opens a new one, and its miss is `abandoned`, naming that
+/// connection (`previous.end = abandoned`), as the server recorded: 2
+/// requests on connection 1 (1 answered), a second connection for the 3rd.
+/// It was blamed on the client's pool (`idle_expired` with an inferred idle
+/// timeout of ~0.15 s, or `release_race`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_miss_after_a_timed_out_http1_request_is_not_blamed_on_the_pool() {
     for (stall, path) in [(true, "/"), (false, "/delay/600")] {
@@ -1257,27 +1252,24 @@ async fn a_miss_after_a_timed_out_http1_request_is_not_blamed_on_the_pool() {
         let third = &spans[2];
         assert_eq!(third.reused, Some(false));
         assert_eq!(third.previous_id, Some(first), "stall={stall}: {third:?}");
-        assert!(
-            !matches!(
-                third.reason.as_deref(),
-                Some(semconv::MISS_REASON_RELEASE_RACE | semconv::MISS_REASON_IDLE_EXPIRED)
-            ),
+        assert_eq!(
+            third.reason.as_deref(),
+            Some(semconv::MISS_REASON_ABANDONED),
             "stall={stall}: nothing raced and nothing idled out: {spans:#?}"
+        );
+        assert_eq!(
+            third.previous_end.as_deref(),
+            Some(semconv::CONNECTION_END_ABANDONED)
         );
     }
 }
 
-// FOUND: a client that sends `Connection: close` itself (a common way to
-// avoid stale pooled connections) gets every following miss labelled
-// `request_limit`, `previous.end = connection_close`, whose fix reads "the
-// server closes connections after a number of requests: raise its
-// per-connection request limit (nginx keepalive_requests); no client setting
-// helps". The server has no request limit here (against nginx with
-// `keepalive_requests 5`, measured: `$connection_requests` 1 on each
-// connection, the limit never reached); the client asked for the close, and
-// removing its header is the fix. Row 6 of the
-// decision table reads the response's `Connection: close` without looking
-// at who asked for it.
+/// A client that sends `Connection: close` itself (a common way to avoid
+/// stale pooled connections): each following miss is `client_close`,
+/// naming the connection before (`previous.end = client_close`), whose fix
+/// is to drop the header; never `request_limit` ("raise the server's
+/// limit": the server has no limit here, and each connection carried one
+/// request, as it recorded).
 #[tokio::test]
 async fn a_close_the_client_asked_for_is_not_the_servers_request_limit() {
     let t = telemetry();
@@ -1296,12 +1288,16 @@ async fn a_close_the_client_asked_for_is_not_the_servers_request_limit() {
     let spans: Vec<Seen> = requests(&t, 3).iter().map(seen).collect();
     let map = compare_with_server(&spans, &server.get().requests());
     assert_eq!(map.len(), 3, "a connection per request: {spans:#?}");
-    for s in &spans[1..] {
-        assert!(s.previous_id.is_some(), "{s:?}");
-        assert_ne!(
+    for (s, before) in spans[1..].iter().zip(&spans) {
+        assert_eq!(s.previous_id, before.id, "{s:?}");
+        assert_eq!(
             s.reason.as_deref(),
-            Some(semconv::MISS_REASON_REQUEST_LIMIT),
+            Some(semconv::MISS_REASON_CLIENT_CLOSE),
             "the server has no request limit; the client asked: {spans:#?}"
+        );
+        assert_eq!(
+            s.previous_end.as_deref(),
+            Some(semconv::CONNECTION_END_CLIENT_CLOSE)
         );
     }
 }

@@ -622,6 +622,13 @@ pub const MISS_REASON_RELEASE_RACE: &str = "release_race";
 /// previous idle connection, under pool limits this crate could not read
 /// (set on reqwest's builder); see [`POOL_LIMITS_UNKNOWN`].
 pub const MISS_REASON_POOL_CLOSED: &str = "pool_closed";
+/// [`HTTP_CONNECTION_MISS_REASON`]: the client itself asked to close the
+/// previous connection (its request sent `Connection: close`).
+pub const MISS_REASON_CLIENT_CLOSE: &str = "client_close";
+/// [`HTTP_CONNECTION_MISS_REASON`]: a request on the previous HTTP/1.1
+/// connection failed or was cancelled before its response ended (a
+/// timeout), so hyper gave the connection up.
+pub const MISS_REASON_ABANDONED: &str = "abandoned";
 
 /// `http.connection.pool.limits` (string), ours: where a pool limit
 /// (`pool_max_idle_per_host`, `pool_idle_timeout`) came from.
@@ -689,6 +696,12 @@ pub const CONNECTION_END_IDLE_LIMIT: &str = "idle_limit";
 pub const CONNECTION_END_POOL_CLOSED: &str = "pool_closed";
 /// [`HTTP_CONNECTION_PREVIOUS_END`]: a response body was dropped before its end.
 pub const CONNECTION_END_DISCARDED: &str = "discarded";
+/// [`HTTP_CONNECTION_PREVIOUS_END`]: its last request sent `Connection:
+/// close` (the client asked for the close).
+pub const CONNECTION_END_CLIENT_CLOSE: &str = "client_close";
+/// [`HTTP_CONNECTION_PREVIOUS_END`]: HTTP/1.1, a request on it failed or
+/// was cancelled before its response ended (a timeout); hyper closed it.
+pub const CONNECTION_END_ABANDONED: &str = "abandoned";
 
 /// `http.connection.server_keep_alive` (double, seconds, request span): the
 /// idle timeout the server advertised on the serving connection with a

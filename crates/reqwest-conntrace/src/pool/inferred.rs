@@ -17,8 +17,9 @@
 //! (`FIN_WAIT*`, `TIME_WAIT`), and the `FIN_WAIT2` or `TIME_WAIT` timer
 //! dates the close ([`TcpFacts::closed_ago`]). Only HTTP/1.1 connections that were idle in
 //! the pool count: not one with a request on it, one whose body was
-//! dropped early (hyper closed it for that), or one the server ended
-//! (`Connection: close`, a reset).
+//! dropped early (hyper closed it for that), one whose own traffic showed
+//! how it ended (a request that gave up on its response, a failed body), or
+//! one the server ended (`Connection: close`, a reset).
 //!
 //! A third close looks like the idle limit's: the release race. A request
 //! whose checkout found nothing idle (the connection was still on its way
@@ -143,6 +144,7 @@ pub(crate) fn pool_close(
         || record.is_discarded()
         || record.is_dropped_early()
         || record.said_connection_close()
+        || record.seen_end().is_some()
         || record.end().is_some_and(ConnectionEnd::by_server)
         || !facts.state.closed_by_us()
     {

@@ -12,9 +12,10 @@ use crate::semconv;
 /// (`PoolDisabled`), had them all in use or over the idle limit
 /// (`AllBusy`), lost the idle one to the client's idle timeout
 /// (`IdleExpired`), to the server's idle close (`ClosedByPeer`), to the
-/// server's request limit (`RequestLimit`) or to an unread body
-/// (`Discarded`), or asked in the instant hyper-util was still putting it
-/// back (`ReleaseRace`). The decision table is in docs/REFERENCE.md
+/// server's request limit (`RequestLimit`), to the client's own
+/// `Connection: close` (`ClientClose`), to an unread body (`Discarded`)
+/// or to a request that gave up on its response (`Abandoned`), or asked
+/// in the instant hyper-util was still putting it back (`ReleaseRace`). The decision table is in docs/REFERENCE.md
 /// section 14. Go's `httptrace.GotConnInfo` only reports `Reused` /
 /// `WasIdle`; OkHttp's `EventListener` and .NET's connection spans do not
 /// say why a connection was missing either.
@@ -73,6 +74,17 @@ pub enum MissReason {
     /// dropped before its body was read to the end, so HTTP/1.1 could not
     /// return the connection to the pool.
     Discarded,
+    /// `client_close`: the client itself asked the server to close the
+    /// most recent connection: its request sent `Connection: close`, so
+    /// the connection ended with that response (as a server's request
+    /// limit would end it, but the fix is the client's).
+    ClientClose,
+    /// `abandoned`: a request on the most recent HTTP/1.1 connection
+    /// failed or was cancelled before its response ended (a timeout, a
+    /// dropped future); HTTP/1.1 cannot reuse a connection that still owes
+    /// a response, so hyper closed it. That request's span names the
+    /// connection, with the kernel's evidence of a stall.
+    Abandoned,
     /// `new_client`: this client instance, built moments ago, had no
     /// connection to the host, but an earlier client of the same
     /// [`ConnTrace`](crate::ConnTrace) handle had one: a new client per
@@ -94,6 +106,8 @@ impl MissReason {
             MissReason::PoolDisabled => semconv::MISS_REASON_POOL_DISABLED,
             MissReason::ReleaseRace => semconv::MISS_REASON_RELEASE_RACE,
             MissReason::PoolClosed => semconv::MISS_REASON_POOL_CLOSED,
+            MissReason::ClientClose => semconv::MISS_REASON_CLIENT_CLOSE,
+            MissReason::Abandoned => semconv::MISS_REASON_ABANDONED,
         }
     }
 
@@ -130,11 +144,17 @@ impl MissReason {
             MissReason::PoolClosed => {
                 "set pool_max_idle_per_host and pool_idle_timeout on InstrumentedClientBuilder instead of reqwest's builder, so the limit that closed it can be named"
             }
+            MissReason::ClientClose => {
+                "stop sending Connection: close on requests (a header set by the caller or a default header), so connections go back to the pool"
+            }
+            MissReason::Abandoned => {
+                "the previous request on that connection timed out or was cancelled before its response: see its span (http.connection.stalled and the kernel's evidence), then fix the slow server or raise that request's timeout"
+            }
         }
     }
 
     /// Every reason, in documentation order.
-    pub const ALL: [MissReason; 10] = [
+    pub const ALL: [MissReason; 12] = [
         MissReason::Cold,
         MissReason::AllBusy,
         MissReason::IdleExpired,
@@ -145,6 +165,8 @@ impl MissReason {
         MissReason::PoolDisabled,
         MissReason::ReleaseRace,
         MissReason::PoolClosed,
+        MissReason::ClientClose,
+        MissReason::Abandoned,
     ];
 }
 
@@ -181,6 +203,11 @@ pub(crate) enum ConnectionEnd {
     PoolClosed,
     /// `discarded`: a response body was dropped before its end; hyper closed it.
     Discarded,
+    /// `client_close`: its last request sent `Connection: close`.
+    ClientClose,
+    /// `abandoned`: HTTP/1.1, a request on it failed or was cancelled
+    /// before its response ended; hyper closed it.
+    Abandoned,
 }
 
 impl ConnectionEnd {
@@ -210,6 +237,8 @@ impl ConnectionEnd {
             ConnectionEnd::IdleLimit => semconv::CONNECTION_END_IDLE_LIMIT,
             ConnectionEnd::PoolClosed => semconv::CONNECTION_END_POOL_CLOSED,
             ConnectionEnd::Discarded => semconv::CONNECTION_END_DISCARDED,
+            ConnectionEnd::ClientClose => semconv::CONNECTION_END_CLIENT_CLOSE,
+            ConnectionEnd::Abandoned => semconv::CONNECTION_END_ABANDONED,
         }
     }
 }

@@ -478,13 +478,24 @@ impl PoolHistory {
         if candidate.is_dropped_early() {
             return Self::ask_kernel(&hosts, host, candidate, in_flight, now, requests_seen);
         }
-        // 6. The server said it would close it.
-        if candidate.said_connection_close() {
-            candidate.set_end(ConnectionEnd::ConnectionClose);
+        // 5c. A request on it gave up on its response (HTTP/1.1): hyper
+        //     closed it.
+        if candidate.seen_end() == Some(ConnectionEnd::Abandoned) {
             return MissVerdict::Decided(Miss::caused_by(
-                MissReason::RequestLimit,
-                previous(ConnectionEnd::ConnectionClose),
+                MissReason::Abandoned,
+                previous(ConnectionEnd::Abandoned),
             ));
+        }
+        // 6. The server (or the client's own request) said it would close it.
+        if candidate.said_connection_close() {
+            let end = candidate.announced_close_end();
+            candidate.set_end(end);
+            let reason = if end == ConnectionEnd::ClientClose {
+                MissReason::ClientClose
+            } else {
+                MissReason::RequestLimit
+            };
+            return MissVerdict::Decided(Miss::caused_by(reason, previous(end)));
         }
         // 7. Already known closed by the server (a failed request, the kernel).
         if let Some(end) = candidate.end().filter(|e| e.by_server()) {
@@ -822,7 +833,7 @@ mod tests {
         record.give_back();
         record.mark_released(end);
         if close {
-            record.set_end(ConnectionEnd::ConnectionClose);
+            record.set_end(record.announced_close_end());
         }
     }
 
@@ -866,6 +877,45 @@ mod tests {
     fn client() -> Arc<ClientState> {
         // Idle timeout known (none), idle limit unlimited.
         Arc::new(ClientState::new(Some(None), None))
+    }
+
+    /// Rows 5c and 6 name whose doing the end was: a request that gave up
+    /// on its response (`abandoned`), a `Connection: close` the client
+    /// sent (`client_close`) or the server's (`request_limit`).
+    #[test]
+    fn ends_the_client_caused_name_the_clients_fix() {
+        let t0 = Instant::now();
+        let at = t0 + Duration::from_millis(5);
+        for (case, reason, end) in [
+            ("abandoned", MissReason::Abandoned, ConnectionEnd::Abandoned),
+            (
+                "client",
+                MissReason::ClientClose,
+                ConnectionEnd::ClientClose,
+            ),
+            (
+                "server",
+                MissReason::RequestLimit,
+                ConnectionEnd::ConnectionClose,
+            ),
+        ] {
+            let pools = PoolHistory::default();
+            let client = client();
+            let a = connection(&pools, &client, 1, t0, false);
+            match case {
+                "abandoned" => {
+                    response(&a, false, t0 + Duration::from_millis(1));
+                    a.set_end(ConnectionEnd::Abandoned);
+                }
+                _ => {
+                    a.set_client_asked_close(case == "client");
+                    response(&a, true, t0 + Duration::from_millis(1));
+                }
+            }
+            let miss = decided(pools.classify_miss(&host(), &client, at, 1));
+            assert_eq!(miss.reason, reason, "{case}");
+            assert_eq!(miss.previous.and_then(|p| p.end), Some(end), "{case}");
+        }
     }
 
     /// Header first: the miss was classified while the connection had

@@ -48,6 +48,8 @@ pub(crate) struct ConnectionRecord {
     /// The latest response said the server closes (`Connection: close`,
     /// or HTTP/1.0 without keep-alive).
     connection_close: AtomicBool,
+    /// The latest request sent `Connection: close` itself.
+    client_asked_close: AtomicBool,
     /// How it ended, as its own traffic showed it (a response's
     /// `Connection: close`, a request's error, a dropped body): first wins.
     end_seen: OnceLock<ConnectionEnd>,
@@ -98,6 +100,7 @@ impl ConnectionRecord {
             last_released: Mutex::new(None),
             dropped_early: AtomicBool::new(false),
             connection_close: AtomicBool::new(false),
+            client_asked_close: AtomicBool::new(false),
             end_seen: OnceLock::new(),
             end_inferred: OnceLock::new(),
             server_keep_alive_ms: AtomicU64::new(0),
@@ -171,6 +174,22 @@ impl ConnectionRecord {
         self.connection_close.store(close, Ordering::Relaxed);
     }
 
+    /// Records whether the latest request sent `Connection: close` itself
+    /// (then the close its response announces is the client's).
+    pub(crate) fn set_client_asked_close(&self, asked: bool) {
+        self.client_asked_close.store(asked, Ordering::Relaxed);
+    }
+
+    /// How a close announced by the latest exchange ends it: the client's
+    /// own `Connection: close`, else the server's.
+    pub(crate) fn announced_close_end(&self) -> ConnectionEnd {
+        if self.client_asked_close.load(Ordering::Relaxed) {
+            ConnectionEnd::ClientClose
+        } else {
+            ConnectionEnd::ConnectionClose
+        }
+    }
+
     pub(crate) fn said_connection_close(&self) -> bool {
         self.connection_close.load(Ordering::Relaxed)
     }
@@ -207,7 +226,7 @@ impl ConnectionRecord {
     /// ended (an end its own traffic recorded first stays).
     pub(crate) fn closed_by_server(&self, fin: bool) -> ConnectionEnd {
         if self.said_connection_close() {
-            self.set_end(ConnectionEnd::ConnectionClose);
+            self.set_end(self.announced_close_end());
         } else if self.http2() {
             self.infer_end(ConnectionEnd::GoAway);
         } else if fin {

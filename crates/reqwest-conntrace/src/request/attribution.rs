@@ -71,7 +71,12 @@ pub(crate) fn attribute_response(
     // believed (an early-dropped body, the idle limit), and it is not stalled.
     record.mark_alive();
     record.clear_over_idle_limit();
-    record.set_connection_close(!record.http2() && server_closes(version, headers));
+    // A `Connection: close` either side sent ends an HTTP/1.1 connection
+    // with this response (RFC 9112 §9.6); whose it was names the fix.
+    record.set_connection_close(
+        !record.http2() && (state.asked_close || server_closes(version, headers)),
+    );
+    record.set_client_asked_close(state.asked_close);
     let request_count = record.count_request();
     let start = state.started;
     let ready = record.ready_at();
@@ -279,7 +284,7 @@ fn server_closes(version: http::Version, headers: &http::HeaderMap) -> bool {
 }
 
 /// Whether the `Connection` header lists `token` (case-insensitive).
-fn connection_token(headers: &http::HeaderMap, token: &str) -> bool {
+pub(crate) fn connection_token(headers: &http::HeaderMap, token: &str) -> bool {
     headers
         .get_all(http::header::CONNECTION)
         .iter()
@@ -352,7 +357,8 @@ fn record_server_keep_alive(
 /// hyper-util would have handed out (the host's most recently released idle
 /// one). Sets `http.connection.reused`, `.id`, `.idle_time` and a link to
 /// its setup span; records how the failure ended the connection
-/// (`connection_reset`, HTTP/2 GOAWAY or connection error); and asks the
+/// (`connection_reset`, HTTP/2 GOAWAY or connection error; an HTTP/1.1
+/// timeout abandons it, `abandoned`); and asks the
 /// kernel for the socket's state (unacknowledged data, time since the last
 /// receive, retransmits), which lands on the span when the answer arrives
 /// (the span ends then, within milliseconds; the request does not wait).
@@ -417,11 +423,17 @@ pub(crate) fn attribute_failure(
         inner.connection_closed(&record, now);
         return;
     }
+    // An HTTP/1.1 request that gave up on its response (a timeout): the
+    // connection still owes that response, so hyper closes it.
+    let timed_out = error_type == semconv::ERROR_TYPE_TIMEOUT;
+    if timed_out && !record.http2() {
+        record.set_end(ConnectionEnd::Abandoned);
+        inner.connection_closed(&record, now);
+    }
     let (Some(local), Some(remote)) = (record.setup.local_addr, record.setup.peer_addr) else {
         return;
     };
     let elapsed = now.saturating_duration_since(state.started);
-    let timed_out = error_type == semconv::ERROR_TYPE_TIMEOUT;
     let span = span.clone();
     // The span stays open until the kernel answers: a flush waits for it
     // like for `tcp.connect` (`wait_for_pending_spans`).
@@ -636,7 +648,7 @@ impl RequestEnd {
                     if !record.http2() && record.said_connection_close() =>
                 {
                     record.mark_released(now);
-                    record.set_end(ConnectionEnd::ConnectionClose);
+                    record.set_end(record.announced_close_end());
                     self.inner.connection_closed(record, now);
                 }
                 EndKind::Complete => {

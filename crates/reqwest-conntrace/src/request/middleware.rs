@@ -283,6 +283,7 @@ impl<M: MakeRequestSpan> ConnTraceMiddleware<M> {
         let state = Arc::new(RequestState::new(
             inner.next_request_id(),
             HostKey { scheme, host, port },
+            crate::request::attribution::connection_token(req.headers(), "close"),
         ));
         let mut end = RequestEnd::new(
             inner.clone(),

@@ -27,6 +27,9 @@ pub(crate) struct RequestState {
     miss: Mutex<Option<Arc<MissSlot>>>,
     /// The fan-out batch the request was started in, if any.
     pub(crate) batch: Option<Arc<crate::request::fanout::BatchStats>>,
+    /// The request sent `Connection: close`: it asked for its connection
+    /// to end with its response.
+    pub(crate) asked_close: bool,
 }
 
 #[derive(Debug, Default)]
@@ -55,7 +58,8 @@ pub(crate) struct PendingSetup {
 }
 
 impl RequestState {
-    pub(crate) fn new(id: u64, host: HostKey) -> Self {
+    /// A request `id` to `host`; `asked_close`: it sends `Connection: close`.
+    pub(crate) fn new(id: u64, host: HostKey, asked_close: bool) -> Self {
         Self {
             id,
             started: Instant::now(),
@@ -63,6 +67,7 @@ impl RequestState {
             trigger: Mutex::new(TriggerState::default()),
             miss: Mutex::new(None),
             batch: crate::request::fanout::current(),
+            asked_close,
         }
     }
 
