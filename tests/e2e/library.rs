@@ -1047,13 +1047,12 @@ async fn http2_without_idle_pooling_misses_are_pool_disabled_not_the_server() {
     );
 }
 
-// FOUND: a client using reqwest's `unix_socket` (a local daemon's API, e.g.
-// Docker's) gets request spans with no `http.connection.*` attribute at all,
-// although one connection served both requests (the server accepted one)
-// and the connect's setup span exists (it even says `dns_skipped =
-// override`, though no name was overridden). Reproduce: nginx `listen
-// unix:/path`, `client.unix_socket(path)`, two GETs: both spans lack
-// `http.connection.id`, the second lacks `reused`.
+/// A client using reqwest's `unix_socket` (a local daemon's API, e.g.
+/// Docker's): its responses carry no socket addresses, yet one request at a
+/// time each names the connection that served it (the only one free), as
+/// the server accepted one connection for both; the setup span says
+/// `dns_skipped = local_transport` (it said `override`) and its connect
+/// phase `network.transport = unix`.
 #[tokio::test]
 async fn requests_over_a_unix_socket_name_their_connection() {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -1108,6 +1107,18 @@ async fn requests_over_a_unix_socket_name_their_connection() {
     assert_eq!(
         bool_attr(&spans[1], semconv::HTTP_CONNECTION_REUSED),
         Some(true)
+    );
+    let setups = t.setups();
+    assert_eq!(setups.len(), 1);
+    assert_eq!(
+        str_attr(&setups[0], semconv::HTTP_CONNECTION_DNS_SKIPPED).as_deref(),
+        Some(semconv::DNS_SKIPPED_LOCAL_TRANSPORT)
+    );
+    let connect = t.named(semconv::TCP_CONNECT_SPAN);
+    assert_eq!(connect.len(), 1);
+    assert_eq!(
+        str_attr(&connect[0], semconv::NETWORK_TRANSPORT).as_deref(),
+        Some("unix")
     );
     server.abort();
 }

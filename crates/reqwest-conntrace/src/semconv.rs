@@ -192,7 +192,9 @@ pub const HTTP_CONNECTION_MISS_REASON: &str = "http.connection.miss_reason";
 /// `http.connection.untracked` (string, request span): present when a
 /// bounded table of the handle was full, so this request's pool facts are
 /// missing; the value names the table and so the setting to raise:
-/// [`UNTRACKED_CONNECTION_REGISTRY`], [`UNTRACKED_POOL_ADVICE`]. Such requests also count in
+/// [`UNTRACKED_CONNECTION_REGISTRY`], [`UNTRACKED_POOL_ADVICE`],
+/// [`UNTRACKED_POOL_HISTORY`]; or, [`UNTRACKED_LOCAL_TRANSPORT`], that its
+/// connection could not be told from others. Such requests also count in
 /// [`HTTP_CLIENT_REQUESTS_UNTRACKED`], and the first time a table is full one
 /// WARN line (target `reqwest_conntrace`) names the setting.
 pub const HTTP_CONNECTION_UNTRACKED: &str = "http.connection.untracked";
@@ -782,6 +784,14 @@ pub const UNTRACKED_POOL_ADVICE: &str = "pool_advice";
 /// forgotten. The request carries no `http.connection.miss_reason`
 /// (its connection attributes are unaffected).
 pub const UNTRACKED_POOL_HISTORY: &str = "pool_history";
+/// [`HTTP_CONNECTION_UNTRACKED`]: the response came over a local transport
+/// (reqwest's `unix_socket`), which gives no socket addresses to match it
+/// with its connection, and more than one open connection of the host was
+/// free to have carried it. A response over a local transport is
+/// attributed when exactly one was (always so for one request at a time);
+/// else the request carries no `http.connection.id`, `reused`,
+/// `request_count`, `wait_time` or `miss_reason`.
+pub const UNTRACKED_LOCAL_TRANSPORT: &str = "local_transport";
 
 /// [`HTTP_CONNECTION_ADDRESS_OUTCOME`]: the address's share of the connect timeout elapsed.
 pub const ADDRESS_OUTCOME_TIMED_OUT: &str = "timed_out";
@@ -794,6 +804,9 @@ pub const ADDRESS_OUTCOME_OUTRACED: &str = "outraced";
 pub const DNS_SKIPPED_IP_LITERAL: &str = "ip_literal";
 /// [`HTTP_CONNECTION_DNS_SKIPPED`]: a `ClientBuilder::resolve` override answered.
 pub const DNS_SKIPPED_OVERRIDE: &str = "override";
+/// [`HTTP_CONNECTION_DNS_SKIPPED`]: the connection is a local transport
+/// (reqwest's `unix_socket`: a Unix domain socket), with no name to resolve.
+pub const DNS_SKIPPED_LOCAL_TRANSPORT: &str = "local_transport";
 
 /// `error.type`: a deadline expired (request timeout, connect timeout).
 pub const ERROR_TYPE_TIMEOUT: &str = "timeout";

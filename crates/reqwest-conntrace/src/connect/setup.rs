@@ -29,6 +29,27 @@ pub(crate) struct Established {
     pub(crate) proxied: bool,
 }
 
+impl Established {
+    /// A connection with no socket addresses, not through a proxy: a local
+    /// transport (reqwest's `unix_socket`: a Unix domain socket; a named
+    /// pipe on Windows).
+    pub(crate) fn local_transport(&self) -> bool {
+        self.local.is_none() && self.remote.is_none() && !self.proxied
+    }
+}
+
+/// `network.transport` of a connection: `tcp`, or, for a local transport,
+/// `unix` (`pipe` on Windows), as semantic conventions 1.37 name them.
+fn transport(local_transport: bool) -> &'static str {
+    if !local_transport {
+        "tcp"
+    } else if cfg!(windows) {
+        "pipe"
+    } else {
+        "unix"
+    }
+}
+
 /// Starts the setup span as a child of `parent` (the triggering request's
 /// span context), stamped with the attempt's start time.
 pub(crate) fn start_setup_span(
@@ -82,9 +103,16 @@ fn peer_attributes(peer: &SocketAddr) -> [KeyValue; 2] {
     ]
 }
 
-fn dns_skipped(attempt: &ConnectAttempt, phases: &Phases) -> Option<&'static str> {
+fn dns_skipped(
+    attempt: &ConnectAttempt,
+    phases: &Phases,
+    local_transport: bool,
+) -> Option<&'static str> {
     if phases.dns.is_some() {
         return None;
+    }
+    if local_transport {
+        return Some(semconv::DNS_SKIPPED_LOCAL_TRANSPORT);
     }
     // Through a proxy the connector resolves the proxy's host, not the target's.
     let proxy_host = attempt.proxy.as_ref().map(|p| p.host.as_str());
@@ -233,7 +261,8 @@ pub(crate) fn emit_phases(
             miss.get().reason.as_str(),
         ));
     }
-    let skipped = dns_skipped(attempt, &phases);
+    let local_transport = established.is_some_and(|e| e.local_transport());
+    let skipped = dns_skipped(attempt, &phases, local_transport);
     if let Some(reason) = skipped.filter(|_| recording) {
         setup_span.set_attribute(KeyValue::new(semconv::HTTP_CONNECTION_DNS_SKIPPED, reason));
     }
@@ -288,7 +317,10 @@ pub(crate) fn emit_phases(
         };
         let tcp_cx = match &tracer {
             Some(tracer) => {
-                let mut attrs = vec![KeyValue::new(semconv::NETWORK_TRANSPORT, "tcp")];
+                let mut attrs = vec![KeyValue::new(
+                    semconv::NETWORK_TRANSPORT,
+                    transport(local_transport),
+                )];
                 if let Some(r) = remote {
                     attrs.extend(peer_attributes(&r));
                     attrs.push(KeyValue::new(semconv::NETWORK_TYPE, network_type(&r)));

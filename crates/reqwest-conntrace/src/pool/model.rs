@@ -734,6 +734,26 @@ impl PoolHistory {
         false
     }
 
+    /// The one open connection to `host` over a local transport (no socket
+    /// addresses: reqwest's `unix_socket`) free to carry a response that
+    /// came without `HttpInfo`; `None` when none or several are (HTTP/1.1:
+    /// one not in use; HTTP/2: any).
+    pub(crate) fn sole_free_local_connection(
+        &self,
+        host: &HostKey,
+    ) -> Option<Arc<ConnectionRecord>> {
+        let hosts = self.hosts();
+        let mut free = hosts.get(host)?.connections.iter().filter(|r| {
+            r.setup.local_addr.is_none()
+                && r.setup.peer_addr.is_none()
+                && !r.setup.proxied
+                && !r.is_closed()
+                && (r.http2() || r.in_use() == 0)
+        });
+        let sole = free.next()?;
+        free.next().is_none().then(|| Arc::clone(sole))
+    }
+
     /// An HTTP/1.1 connection whose connect lost to a connection freed for
     /// its trigger request went into hyper-util's pool unused at `now` (the
     /// later of its ready time and its trigger's response): a release like

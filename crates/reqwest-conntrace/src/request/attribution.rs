@@ -20,8 +20,9 @@ use crate::request::state::{Fate, RequestState};
 use crate::semconv;
 
 /// Attributes the response to the connection that carried it and records the
-/// pool attributes on `span`. Returns `None` when the response carries no
-/// `HttpInfo` or the connection is unknown to this handle. `version` and
+/// pool attributes on `span`. Returns `None` when the connection is unknown
+/// to this handle (or, for a response with no `HttpInfo`, over a local
+/// transport, not the only one that could have carried it). `version` and
 /// `headers` are the response's (`HTTP/1.0`, `Connection: close`,
 /// `Keep-Alive: timeout=N`).
 ///
@@ -38,29 +39,42 @@ pub(crate) fn attribute_response(
     headers: &http::HeaderMap,
     miss_deferred: &mut bool,
 ) -> Option<(ConnectionUse, Arc<ConnectionRecord>)> {
-    let Some(info) = info else {
-        let _ = state.finish(Fate::NoResponse);
-        return None;
-    };
-    let (local, remote) = (info.local_addr(), info.remote_addr());
     let recording = !span.is_none();
     let mut attributes = Vec::new();
-    if recording {
-        attributes.reserve(9);
-        attributes.extend([
-            KeyValue::new(semconv::NETWORK_PEER_ADDRESS, remote.ip().to_string()),
-            KeyValue::new(semconv::NETWORK_PEER_PORT, i64::from(remote.port())),
-            KeyValue::new(semconv::NETWORK_LOCAL_PORT, i64::from(local.port())),
-        ]);
-    }
-    let Some(record) = inner.registry.get(local, remote) else {
-        set_attributes(span, attributes);
-        // Every connection of an instrumented client went through the
-        // connector layer: one the registry lacks was refused at its cap
-        // (or forgotten after an inferred close).
-        inner.note_untracked(span, &state.host, semconv::UNTRACKED_CONNECTION_REGISTRY);
-        let _ = state.finish(Fate::NoResponse);
-        return None;
+    let record = match info {
+        Some(info) => {
+            let (local, remote) = (info.local_addr(), info.remote_addr());
+            if recording {
+                attributes.reserve(9);
+                attributes.extend([
+                    KeyValue::new(semconv::NETWORK_PEER_ADDRESS, remote.ip().to_string()),
+                    KeyValue::new(semconv::NETWORK_PEER_PORT, i64::from(remote.port())),
+                    KeyValue::new(semconv::NETWORK_LOCAL_PORT, i64::from(local.port())),
+                ]);
+            }
+            inner
+                .registry
+                .get(local, remote)
+                .ok_or(semconv::UNTRACKED_CONNECTION_REGISTRY)
+        }
+        // No socket addresses: a local transport (reqwest's `unix_socket`).
+        // Its connection is known only when it was the only one free.
+        None => inner
+            .pools
+            .sole_free_local_connection(&state.host)
+            .ok_or(semconv::UNTRACKED_LOCAL_TRANSPORT),
+    };
+    let record = match record {
+        Ok(record) => record,
+        Err(table) => {
+            set_attributes(span, attributes);
+            // Every connection of an instrumented client went through the
+            // connector layer: one the registry lacks was refused at its
+            // cap (or forgotten after an inferred close).
+            inner.note_untracked(span, &state.host, table);
+            let _ = state.finish(Fate::NoResponse);
+            return None;
+        }
     };
     // In use first, its count last: a miss classified meanwhile either
     // sees it busy, or sees its count grow before the kernel's answer about
