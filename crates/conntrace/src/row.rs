@@ -231,11 +231,18 @@ impl RequestRow {
     /// `waited_for_busy` (no idle connection: it was served by a connection
     /// that was busy or being set up by another request, after waiting for
     /// it or with a miss reason from the library, which in hyper-util's pool
-    /// race also means it started a connect of its own that went unused),
-    /// `new_connection` (it waited for a new connection); `None` when
+    /// race also means it started a connect of its own that went unused; a
+    /// new connection that carried another request first counts here too),
+    /// `new_connection` (it was a new connection's first request); `None` when
     /// unknown (failed request).
     pub(crate) fn pool_outcome(&self) -> Option<&'static str> {
         match (self.reused?, self.wait_ms?) {
+            // A new connection that had carried another request first (a
+            // burst's requests share the connections their connects made):
+            // it waited for that request.
+            (false, _) if self.connection_request_count.is_some_and(|n| n > 1) => {
+                Some("waited_for_busy")
+            }
             (false, _) => Some("new_connection"),
             (true, w) if w > 0.0 || self.miss_reason.is_some() => Some("waited_for_busy"),
             (true, _) => Some("idle_hit"),
