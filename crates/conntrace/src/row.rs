@@ -190,6 +190,9 @@ impl RequestRow {
             body_bytes: report.map_or(0, |r| r.body_size),
             setup: None,
         };
+        // A redirect hop's version (the final request's comes from the
+        // caller's response in `new`).
+        row.http_version = report.and_then(|r| r.protocol_version);
         if let Some(conn) = report.and_then(|r| r.connection.as_ref()) {
             let setup = &conn.setup;
             row.reused = Some(conn.reused);

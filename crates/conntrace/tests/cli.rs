@@ -281,6 +281,8 @@ async fn probe_redirect_chain_counts_every_hop() {
         .map(|r| r["resend_count"].as_i64().expect("resend_count"))
         .collect();
     assert_eq!(resends, [0, 1, 2, 3, 4, 0, 1, 2, 3, 4]);
+    // Every hop's row names its protocol (the servers speak HTTP/1.1 only).
+    assert!(rows.iter().all(|r| r["http_version"] == "1.1"), "{rows:#?}");
     let totals = &mode["totals"];
     assert_eq!(totals["new_connections"], 5);
     assert_eq!(totals["pool_misses"], 5);

@@ -168,6 +168,9 @@ pub struct RequestReport {
     /// the same call (0 for the first request). Each hop is a request with
     /// its own report.
     pub resend_count: u32,
+    /// `network.protocol.version` of the response (`"1.1"`, `"2"`); `None`
+    /// when the request failed before a response.
+    pub protocol_version: Option<&'static str>,
 }
 
 /// Called once per request when it ends. Implemented for closures

@@ -735,6 +735,7 @@ impl RequestEnd {
             body_complete: kind == EndKind::Complete,
             connection: self.connection.as_ref().map(|(u, _)| u.clone()),
             resend_count: self.resend_count,
+            protocol_version: self.protocol_version,
         }
     }
 }
