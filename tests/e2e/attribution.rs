@@ -552,8 +552,8 @@ async fn idle_close_by_fin_and_rst_is_closed_by_peer() {
 }
 
 /// HTTP/2: the server sends GOAWAY after 3 streams on a connection: the
-/// next request misses with `closed_by_peer`, `previous.end = goaway`,
-/// never `all_busy`.
+/// next request misses with `request_limit` (the GOAWAY came with the
+/// connection's last response), `previous.end = goaway`, never `all_busy`.
 #[tokio::test]
 async fn http2_goaway_after_n_streams_names_the_previous_connection() {
     for _ in 0..3 {
@@ -581,7 +581,7 @@ async fn http2_goaway_after_n_streams_names_the_previous_connection() {
             if s.count == Some(1) {
                 assert_eq!(
                     s.reason.as_deref(),
-                    Some(semconv::MISS_REASON_CLOSED_BY_PEER),
+                    Some(semconv::MISS_REASON_REQUEST_LIMIT),
                     "{i}: {spans:#?}"
                 );
                 assert_eq!(
@@ -923,7 +923,7 @@ async fn nginx_keepalive_requests_limit_matches_the_access_log() {
             assert!(map.len() >= 5, "{listener:?}: {spans:#?}");
             let (reason, end) = match listener {
                 NginxListener::H2 => (
-                    semconv::MISS_REASON_CLOSED_BY_PEER,
+                    semconv::MISS_REASON_REQUEST_LIMIT,
                     semconv::CONNECTION_END_GOAWAY,
                 ),
                 _ => (
@@ -1075,17 +1075,11 @@ async fn misses_over_the_idle_limit_never_blame_a_server_that_closed_nothing() {
     }
 }
 
-// FOUND: nginx over HTTP/2 with `keepalive_requests 5` ends every connection
-// with GOAWAY after its 5th stream; the next request is labelled
-// `closed_by_peer`, whose documented fix (`MissReason::fix`, and the
-// operator's playbook in issue 8: "lower the idle timeout under the server's
-// keep-alive") cannot help: the connections were busy, not idle, and the
-// server's request limit ended them. `conntrace lab goaway` itself prints
-// the right fix ("raise the server's per-connection limit (nginx
-// keepalive_requests); no client setting helps"), so one label carries two
-// fixes. Reproduce: nginx `keepalive_requests 5`, `conntrace probe
-// https://localhost:PORT/ --mode reuse -n 21` (HTTP/2 by ALPN): 4 of 4
-// misses `closed_by_peer`, nginx's log: 5 requests on each connection.
+/// nginx over HTTP/2 with `keepalive_requests 5` ends every connection with
+/// GOAWAY after its 5th stream: the next request is `request_limit`, whose
+/// fix (raise the server's `keepalive_requests`) is the one that helps, not
+/// `closed_by_peer` (lower the idle timeout: the connections were busy, not
+/// idle). Checked against nginx's access log.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nginx_http2_request_limit_miss_names_the_fix_that_helps() {
     let pki = TestPki::localhost().expect("pki");
@@ -1125,6 +1119,61 @@ async fn nginx_http2_request_limit_miss_names_the_fix_that_helps() {
         }
     }
     assert_eq!(limits, 2, "{spans:#?}");
+}
+
+/// The other HTTP/2 GOAWAY: nginx over HTTP/2 with `keepalive_timeout 1s`
+/// ends an idle connection with GOAWAY. A request 1.5 s after the previous
+/// one is `closed_by_peer` (`previous.end = goaway`), naming the connection
+/// nginx logged the previous request on, not `request_limit`; in the same
+/// run, the request after nginx's 3rd on a connection (`keepalive_requests
+/// 3`) is `request_limit`. nginx's access log is the truth.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nginx_http2_idle_goaway_and_request_limit_goaway_are_told_apart() {
+    let pki = TestPki::localhost().expect("pki");
+    let nginx = Nginx::start(
+        NginxConfig::new(&pki)
+            .keepalive_requests(3)
+            .keepalive_timeout(Duration::from_secs(1)),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("nginx must start (a missing nginx is a failure): {e}"));
+    let t = telemetry();
+    let client = t.client(reqwest::Client::builder(), Some(&pki));
+    let url = nginx.url(NginxListener::H2, "/").expect("url");
+    // 3 at once-after-another (the limit), 1 right after, then 2 after idling.
+    for pause in [0, 0, 0, 0, 1500, 1500] {
+        tokio::time::sleep(Duration::from_millis(pause)).await;
+        get(&client, &url).await;
+    }
+    let log = nginx.wait_for_access_log(6, Duration::from_secs(5)).await;
+    let view: Vec<ServerView> = log
+        .iter()
+        .map(|e| (e.remote_port, e.connection_requests, e.connection))
+        .collect();
+    let spans: Vec<Seen> = requests(&t, 6).iter().map(seen).collect();
+    let map = compare_with(&spans, &view);
+    // nginx's record: 3 on the first connection, then one each.
+    let counts: Vec<Option<i64>> = spans.iter().map(|s| s.count).collect();
+    assert_eq!(
+        counts,
+        vec![Some(1), Some(2), Some(3), Some(1), Some(1), Some(1)],
+        "{spans:#?}"
+    );
+    assert_eq!(map.len(), 4, "{spans:#?}");
+    for (i, reason) in [
+        (3, semconv::MISS_REASON_REQUEST_LIMIT),
+        (4, semconv::MISS_REASON_CLOSED_BY_PEER),
+        (5, semconv::MISS_REASON_CLOSED_BY_PEER),
+    ] {
+        let s = &spans[i];
+        assert_eq!(s.reason.as_deref(), Some(reason), "request {i}: {spans:#?}");
+        assert_eq!(
+            s.previous_end.as_deref(),
+            Some(semconv::CONNECTION_END_GOAWAY),
+            "request {i}"
+        );
+        assert_eq!(s.previous_id, spans[i - 1].id, "request {i}");
+    }
 }
 
 /// An HTTP/2 burst against nginx with `keepalive_requests 5`: the streams

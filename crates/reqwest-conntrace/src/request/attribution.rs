@@ -412,6 +412,11 @@ pub(crate) fn attribute_failure(
     };
     if let Some(end) = ended {
         record.set_end(end);
+        if end == ConnectionEnd::GoAway {
+            // Dates the GOAWAY: responses on it ending after this show it
+            // came while the connection was serving (its request limit).
+            record.note_server_end_by(now);
+        }
         inner.connection_closed(&record, now);
         return;
     }
