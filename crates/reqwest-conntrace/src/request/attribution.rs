@@ -354,12 +354,14 @@ fn record_server_keep_alive(
 /// kernel for the socket's state (unacknowledged data, time since the last
 /// receive, retransmits), which lands on the span when the answer arrives
 /// (the span ends then, within milliseconds; the request does not wait).
+/// Returns the connection it names, for the request's report (see
+/// [`RequestReport::connection`]): what the span says, no more.
 pub(crate) fn attribute_failure(
     inner: &Arc<Inner>,
     state: &RequestState,
     span: &tracing::Span,
     error_type: &str,
-) {
+) -> Option<ConnectionUse> {
     // Only errors that happen on a connection (not, say, a refused
     // redirect or a request that could not be built).
     let on_a_connection = matches!(
@@ -371,7 +373,7 @@ pub(crate) fn attribute_failure(
             | semconv::ERROR_TYPE_HTTP2_ERROR
     );
     if !on_a_connection {
-        return;
+        return None;
     }
     let record = if state.miss().is_some() {
         inner.pools.made_for(&state.host, state.id)
@@ -381,19 +383,30 @@ pub(crate) fn attribute_failure(
             .likely_multiplexed(&state.host, state.started)
             .or_else(|| inner.pools.likely_pooled(&state.host, state.started))
     };
-    let Some(record) = record else {
-        return;
-    };
+    let record = record?;
     let now = Instant::now();
     let reused = record.ready_at() <= state.started;
     span.set_attribute(semconv::HTTP_CONNECTION_REUSED, reused);
     span.set_attribute(semconv::HTTP_CONNECTION_ID, record.id() as i64);
-    if reused {
-        let idle = state
+    let idle = reused.then(|| {
+        state
             .started
-            .saturating_duration_since(record.last_activity());
+            .saturating_duration_since(record.last_activity())
+    });
+    if let Some(idle) = idle {
         span.set_attribute(semconv::HTTP_CONNECTION_IDLE_TIME, secs(idle));
     }
+    let usage = ConnectionUse {
+        id: record.id(),
+        reused,
+        wait: Duration::ZERO,
+        request_count: record.requests.load(std::sync::atomic::Ordering::Relaxed),
+        age: state.started.saturating_duration_since(record.ready_at()),
+        idle,
+        paid_by_this_request: record.trigger_id == Some(state.id),
+        miss_reason: None,
+        setup: record.setup.clone(),
+    };
     if record.trigger_id != Some(state.id) {
         span.add_link_with_attributes(
             record.setup_span.clone(),
@@ -418,10 +431,10 @@ pub(crate) fn attribute_failure(
             record.note_server_end_by(now);
         }
         inner.connection_closed(&record, now);
-        return;
+        return Some(usage);
     }
     let (Some(local), Some(remote)) = (record.setup.local_addr, record.setup.peer_addr) else {
-        return;
+        return Some(usage);
     };
     let elapsed = now.saturating_duration_since(state.started);
     let timed_out = error_type == semconv::ERROR_TYPE_TIMEOUT;
@@ -434,6 +447,7 @@ pub(crate) fn attribute_failure(
         drop(span);
         drop(pending);
     });
+    Some(usage)
 }
 
 /// The kernel's view of the socket a request failed on, on its span; a
@@ -491,6 +505,9 @@ pub(crate) struct RequestEnd {
     pub(crate) status: Option<u16>,
     pub(crate) error_type: Option<String>,
     pub(crate) connection: Option<(ConnectionUse, Arc<ConnectionRecord>)>,
+    /// A failed request: the connection it was sent on, as its span names
+    /// it ([`attribute_failure`]); it served no response.
+    pub(crate) failed_on: Option<ConnectionUse>,
     pub(crate) body_size: u64,
     /// Redirect hops sent before this request for the same call.
     pub(crate) resend_count: u32,
@@ -554,6 +571,7 @@ impl RequestEnd {
             status: None,
             error_type: None,
             connection: None,
+            failed_on: None,
             body_size: 0,
             protocol_version: None,
             resend_count: 0,
@@ -710,7 +728,11 @@ impl RequestEnd {
             total: now.saturating_duration_since(self.state.started),
             body_size: self.body_size,
             body_complete: kind == EndKind::Complete,
-            connection: self.connection.as_ref().map(|(u, _)| u.clone()),
+            connection: self
+                .connection
+                .as_ref()
+                .map(|(u, _)| u.clone())
+                .or_else(|| self.failed_on.clone()),
             resend_count: self.resend_count,
         }
     }
