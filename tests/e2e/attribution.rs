@@ -1218,17 +1218,18 @@ async fn requests_refused_by_a_goaway_name_the_connection_they_were_sent_on() {
     assert!(refused > 0, "no stream was refused in 5 bursts");
 }
 
-// FOUND: an HTTP/2 response whose small body had fully arrived (END_STREAM
-// received) and was then dropped unread gets an `http.connection.stream_reset`
-// event and counts in `http.connection.stream_resets`, though no stream was
-// reset: hyper sends `RST_STREAM` only for a stream still open (REFERENCE
-// section 5 says so: "unless the server had already sent all of it"), and
-// the library counts every HTTP/2 drop. Measured against nginx (HTTP/2,
-// error log at `info`): three dropped `GET /big` (3 MB) logged "client
-// canceled stream 1/3/5"; three dropped `GET /` ("ok\n") logged nothing,
-// yet all six spans carry the event and the connection counted 3 resets.
+/// An HTTP/2 response dropped before its body was read counts as a stream
+/// reset (event `http.connection.stream_reset`, `stream_resets` on the
+/// connection's later requests) even when its small body had fully arrived,
+/// so h2 sent no RST_STREAM: that case is not observable (hyper's
+/// `Incoming::is_end_stream`, h2's `RecvStream::is_end_stream`, turns true
+/// only once the received data is read too), and the count is documented
+/// as drops, an upper bound on the resets (measured against nginx: three
+/// dropped 3 MB bodies logged "client canceled stream", three dropped `ok`
+/// bodies nothing, all six counted). A body read to its end counts nothing,
+/// and the connection lives on (the server accepted one).
 #[tokio::test]
-async fn a_fully_received_http2_body_dropped_unread_resets_no_stream() {
+async fn a_dropped_http2_body_counts_as_a_possible_stream_reset_even_when_fully_received() {
     let t = telemetry();
     let pki = TestPki::localhost().expect("pki");
     let server = RemoteServer::start(
@@ -1248,18 +1249,36 @@ async fn a_fully_received_http2_body_dropped_unread_resets_no_stream() {
     drop(response);
     get(&client, &url).await;
     let spans = requests(&t, 3);
-    assert!(
-        spans[1]
+    let resets = |i: usize| {
+        spans[i]
             .events
             .iter()
-            .all(|e| e.name != semconv::EVENT_STREAM_RESET),
-        "{:?}",
-        spans[1].events
+            .filter(|e| e.name == semconv::EVENT_STREAM_RESET)
+            .count()
+    };
+    assert_eq!(
+        (resets(0), resets(1), resets(2)),
+        (0, 1, 0),
+        "only the dropped response counts: {:?}",
+        spans.iter().map(|s| &s.events).collect::<Vec<_>>()
+    );
+    assert_eq!(
+        i64_attr(&spans[0], semconv::HTTP_CONNECTION_STREAM_RESETS),
+        None
     );
     assert_eq!(
         i64_attr(&spans[2], semconv::HTTP_CONNECTION_STREAM_RESETS),
-        None
+        Some(1)
     );
+    let ids: Vec<Option<i64>> = spans
+        .iter()
+        .map(|s| i64_attr(s, semconv::HTTP_CONNECTION_ID))
+        .collect();
+    assert!(
+        ids[0].is_some() && ids.iter().all(|id| *id == ids[0]),
+        "{ids:?}"
+    );
+    assert_eq!(server.get().accepted_connections(), 1);
 }
 
 // FOUND: an HTTP/1.1 request that times out on a pooled connection (the

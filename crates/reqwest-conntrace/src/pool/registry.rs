@@ -58,7 +58,8 @@ pub(crate) struct ConnectionRecord {
     /// The server's advertised keep-alive timeout (`Keep-Alive: timeout=N`),
     /// in milliseconds; 0 = none seen.
     server_keep_alive_ms: AtomicU64,
-    /// HTTP/2 streams reset because their response was dropped early.
+    /// HTTP/2 responses dropped before their end: each a possible stream
+    /// reset (none when the body had fully arrived, which is not seen).
     stream_resets: AtomicU64,
     /// A request timed out on it while nothing arrived from the peer.
     stalled: AtomicBool,

@@ -678,8 +678,11 @@ impl RequestEnd {
                     record.mark_dropped_early(now);
                     self.released_to_pool(record, now);
                 }
-                // HTTP/2 dropped early: hyper resets the stream (RST_STREAM
-                // CANCEL); the connection lives on.
+                // HTTP/2 dropped early: h2 resets the stream (RST_STREAM
+                // CANCEL) unless END_STREAM had arrived with data left
+                // unread, which hyper does not expose (`is_end_stream` is
+                // true only once that data is read too): counted as a
+                // possible reset. The connection lives on.
                 EndKind::Dropped => {
                     let resets = record.count_stream_reset();
                     self.span.add_event(
