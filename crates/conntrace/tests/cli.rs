@@ -1382,38 +1382,36 @@ fn failed_rows(json: &serde_json::Value) -> Vec<&serde_json::Value> {
 /// The probe's JSON names the connection a failed request was sent on, as
 /// the request's own span does: an HTTP/2 burst against nginx with
 /// `keepalive_requests 5` has streams refused by the GOAWAY (`error_type
-/// http2_goaway`); each failed row carries the `connection_id` (and
-/// `reused`, the peer address) its span names, and no pool outcome of its
-/// own (`wait_ms` null).
+/// http2_goaway`); the failed rows carry the same `connection_id`s their
+/// spans name (and `reused`, the peer address, with them), and no pool
+/// outcome of their own (`wait_ms` null). (A refused request whose own
+/// connect had not finished names no connection on its span under load,
+/// and then none in the JSON either: the two agree either way.)
 #[tokio::test]
 async fn probe_json_names_the_connection_a_failed_request_was_sent_on() {
     let (json, failed) = h2_burst_with_a_refused_stream().await;
-    // The spans know the connection.
-    assert!(
-        failed
-            .iter()
-            .all(|s| s.attr_i64(semconv::HTTP_CONNECTION_ID).is_some())
-    );
-    let mut named: Vec<i64> = failed
+    let mut named: Vec<Option<i64>> = failed
         .iter()
-        .filter_map(|s| s.attr_i64(semconv::HTTP_CONNECTION_ID))
+        .map(|s| s.attr_i64(semconv::HTTP_CONNECTION_ID))
         .collect();
+    assert!(
+        named.iter().any(Option::is_some),
+        "no refused stream names its connection: {failed:?}"
+    );
     let rows = failed_rows(&json);
-    assert_eq!(rows.len(), failed.len());
-    let mut in_json: Vec<i64> = Vec::new();
+    let mut in_json: Vec<Option<i64>> = Vec::new();
     for row in rows {
-        in_json.push(
-            row["connection_id"].as_i64().unwrap_or_else(|| {
-                panic!("the span names the connection, the JSON does not: {row}")
-            }),
-        );
-        assert!(row["reused"].is_boolean(), "{row}");
-        assert!(row["peer_address"].is_string(), "{row}");
+        let id = row["connection_id"].as_i64();
+        if id.is_some() {
+            assert!(row["reused"].is_boolean(), "{row}");
+            assert!(row["peer_address"].is_string(), "{row}");
+        }
         assert!(row["wait_ms"].is_null(), "{row}");
+        in_json.push(id);
     }
     named.sort_unstable();
     in_json.sort_unstable();
-    assert_eq!(in_json, named, "the same connections as the spans name");
+    assert_eq!(in_json, named, "the JSON names what the spans name");
 }
 
 /// In the same run, the refused stream's error line does not end with "fix:
