@@ -610,7 +610,8 @@ pub const MISS_REASON_DISCARDED: &str = "discarded";
 /// earlier client of the handle had a connection to the host.
 pub const MISS_REASON_NEW_CLIENT: &str = "new_client";
 /// [`HTTP_CONNECTION_MISS_REASON`]: the server ended the previous
-/// connection with `Connection: close` (its per-connection request limit).
+/// connection with its last response, `Connection: close` or an HTTP/2
+/// GOAWAY (its per-connection request limit).
 pub const MISS_REASON_REQUEST_LIMIT: &str = "request_limit";
 /// [`HTTP_CONNECTION_MISS_REASON`]: the client keeps no idle connection
 /// (`pool_max_idle_per_host(0)`).
