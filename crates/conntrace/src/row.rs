@@ -61,13 +61,15 @@ pub(crate) struct RequestRow {
     /// Why the request was not an idle hit (`http.connection.miss_reason`);
     /// `null` on an idle hit or a failed request.
     pub(crate) miss_reason: Option<&'static str>,
-    /// The serving connection's id (`http.connection.id`).
+    /// The serving connection's id (`http.connection.id`); for a failed
+    /// request, the connection it was sent on, when its span names one.
     pub(crate) connection_id: Option<u64>,
     /// This request's own pool miss opened the connection that served it.
     pub(crate) paid_for_connection: Option<bool>,
-    /// Requests the serving connection has carried, this one included.
+    /// Requests the serving connection has carried, this one included;
+    /// `null` on a failed request.
     pub(crate) connection_request_count: Option<u64>,
-    /// Time waited for a connection.
+    /// Time waited for a connection; `null` on a failed request.
     pub(crate) wait_ms: Option<f64>,
     /// Connection setup total (misses only).
     pub(crate) connect_ms: Option<f64>,
@@ -199,8 +201,13 @@ impl RequestRow {
             row.miss_reason = conn.miss_reason.map(|m| m.as_str());
             row.connection_id = Some(conn.id);
             row.paid_for_connection = Some(conn.paid_by_this_request);
-            row.connection_request_count = Some(conn.request_count);
-            row.wait_ms = Some(ms(conn.wait));
+            // A failed request names the connection it was sent on, but it
+            // got no response: no count or wait of its own, and no pool
+            // outcome (see `pool_outcome`).
+            if row.status.is_some() {
+                row.connection_request_count = Some(conn.request_count);
+                row.wait_ms = Some(ms(conn.wait));
+            }
             if !conn.reused {
                 row.connect_ms = Some(ms(setup.total));
                 row.dns_ms = setup.dns.map(ms);

@@ -612,7 +612,8 @@ pub const MISS_REASON_DISCARDED: &str = "discarded";
 /// earlier client of the handle had a connection to the host.
 pub const MISS_REASON_NEW_CLIENT: &str = "new_client";
 /// [`HTTP_CONNECTION_MISS_REASON`]: the server ended the previous
-/// connection with `Connection: close` (its per-connection request limit).
+/// connection with its last response, `Connection: close` or an HTTP/2
+/// GOAWAY (its per-connection request limit).
 pub const MISS_REASON_REQUEST_LIMIT: &str = "request_limit";
 /// [`HTTP_CONNECTION_MISS_REASON`]: the client keeps no idle connection
 /// (`pool_max_idle_per_host(0)`).
@@ -726,13 +727,19 @@ pub const EVENT_KEEP_ALIVE_MISMATCH: &str = "http.connection.keep_alive_mismatch
 /// its host (a pooled connection still going to an address DNS no longer
 /// gives).
 pub const HTTP_CONNECTION_DNS_STALE: &str = "http.connection.dns_stale";
-/// `http.connection.stream_resets` (int, request span): HTTP/2 streams of
-/// the serving connection reset so far because their response was dropped
-/// before its end (the reset request included).
+/// `http.connection.stream_resets` (int, request span): HTTP/2 responses
+/// on the serving connection dropped so far before their body was read to
+/// the end (the dropped request included). Each such drop makes h2 reset
+/// the stream (RST_STREAM CANCEL) unless the whole body had already
+/// arrived (END_STREAM received, its data unread), which cannot be seen
+/// from outside: hyper's `Incoming::is_end_stream` (h2's
+/// `RecvStream::is_end_stream`) turns true only once the received data has
+/// also been read. So this is an upper bound on the resets h2 sent.
 pub const HTTP_CONNECTION_STREAM_RESETS: &str = "http.connection.stream_resets";
 /// Event on a request span whose HTTP/2 response was dropped before its
-/// end: hyper reset the stream (RST_STREAM CANCEL). Attribute
-/// [`HTTP_CONNECTION_STREAM_RESETS`].
+/// body was read to the end: h2 resets the stream (RST_STREAM CANCEL)
+/// unless the whole body had already arrived, which cannot be seen (see
+/// [`HTTP_CONNECTION_STREAM_RESETS`], its attribute).
 pub const EVENT_STREAM_RESET: &str = "http.connection.stream_reset";
 /// `http.connection.stalled` (bool, request span, only ever `true`): the
 /// request timed out on a connection that received nothing from the peer

@@ -1,6 +1,6 @@
 //! Scenario `goaway`: an HTTP/2 server sends GOAWAY after 3 streams on a
 //! connection. The request after each GOAWAY is a miss with `miss_reason =
-//! closed_by_peer` and `http.connection.previous.end = goaway`, naming the
+//! request_limit` and `http.connection.previous.end = goaway`, naming the
 //! connection and how many requests it carried (a constant count is the
 //! server's stream limit), never `all_busy`.
 
@@ -58,14 +58,14 @@ pub(super) async fn run(lab: &mut Lab) -> anyhow::Result<Outcome> {
         runs: vec![run],
         findings,
         fix: Some(format!(
-            "the previous connections all ended after {LIMIT} requests: a server stream limit, not an idle close (HTTP/2 shows both as GOAWAY); raise the server's per-connection limit (nginx keepalive_requests); no client setting helps"
+            "the previous connections all ended with their {LIMIT}th response (GOAWAY): a server request limit, not an idle close; raise the server's per-connection limit (nginx keepalive_requests); no client setting helps"
         )),
         reproduced,
     })
 }
 
 /// Every request that opened a new connection after the first is
-/// `closed_by_peer` with `previous.end = goaway`, naming the connection of
+/// `request_limit` with `previous.end = goaway`, naming the connection of
 /// the request before it; none is `all_busy`.
 fn verdict(run: &RunView) -> Result<(), String> {
     let mut seen = 0;
@@ -78,13 +78,13 @@ fn verdict(run: &RunView) -> Result<(), String> {
             continue;
         }
         seen += 1;
-        let ok = r.miss_reason.as_deref() == Some(semconv::MISS_REASON_CLOSED_BY_PEER)
+        let ok = r.miss_reason.as_deref() == Some(semconv::MISS_REASON_REQUEST_LIMIT)
             && r.previous_end.as_deref() == Some(semconv::CONNECTION_END_GOAWAY)
             && r.previous_id.is_some()
             && r.previous_id == before.connection_id;
         if !ok {
             return Err(format!(
-                "request {}: miss_reason {:?}, previous connection {:?} ended {:?}; expected closed_by_peer, goaway, connection {:?}",
+                "request {}: miss_reason {:?}, previous connection {:?} ended {:?}; expected request_limit, goaway, connection {:?}",
                 r.index, r.miss_reason, r.previous_id, r.previous_end, before.connection_id
             ));
         }

@@ -175,7 +175,7 @@ impl Scenario {
                 "the server closes each connection after 5 requests (Connection: close, like nginx keepalive_requests): every 6th request is a miss with request_limit naming the connection that carried 5"
             }
             Scenario::GoAway => {
-                "an HTTP/2 server sends GOAWAY after 3 streams: the request after it is a miss with closed_by_peer, previous.end goaway, naming the connection"
+                "an HTTP/2 server sends GOAWAY after 3 streams: the request after it is a miss with request_limit, previous.end goaway, naming the connection"
             }
             Scenario::StalledConnection => {
                 "an HTTP/2 peer stops answering: the requests that time out name the connection, stalled, with the kernel's evidence (nothing received)"

@@ -1181,8 +1181,9 @@ async fn lab_request_limit() {
 }
 
 /// HTTP/2 GOAWAY after 3 streams: each request that opened a new
-/// connection after the first is `closed_by_peer` with `previous.end =
-/// goaway` naming the previous request's connection; none is `all_busy`.
+/// connection after the first is `request_limit` (the GOAWAY came with its
+/// previous connection's last response) with `previous.end = goaway` naming
+/// the previous request's connection; none is `all_busy`.
 #[tokio::test]
 async fn lab_goaway() {
     let ran = lab(&["goaway"]).await;
@@ -1201,7 +1202,7 @@ async fn lab_goaway() {
             new_connections += 1;
             assert_eq!(
                 r.attr_str(semconv::HTTP_CONNECTION_MISS_REASON),
-                Some(semconv::MISS_REASON_CLOSED_BY_PEER)
+                Some(semconv::MISS_REASON_REQUEST_LIMIT)
             );
             assert_eq!(
                 r.attr_str(semconv::HTTP_CONNECTION_PREVIOUS_END),

@@ -120,9 +120,11 @@ pub struct ConnectionUse {
     pub id: u64,
     /// Pool hit: the connection was ready before the request started.
     pub reused: bool,
-    /// Time the request waited for a connection (0 on an idle hit).
+    /// Time the request waited for a connection (0 on an idle hit; 0, not
+    /// measured, on a failed request).
     pub wait: Duration,
-    /// Requests this connection has carried, this one included.
+    /// Requests this connection has carried, this one included (a failed
+    /// request: the responses it carried before, this one not included).
     pub request_count: u64,
     /// Connection ready to request start (0 if it became ready later).
     pub age: Duration,
@@ -131,7 +133,7 @@ pub struct ConnectionUse {
     /// This request's own pool miss started the connect that served it.
     pub paid_by_this_request: bool,
     /// Why the request was not an idle hit (`http.connection.miss_reason`);
-    /// `None` on an idle hit.
+    /// `None` on an idle hit, and on a failed request.
     pub miss_reason: Option<crate::MissReason>,
     /// The serving connection's setup.
     pub setup: Arc<ConnectionSetup>,
@@ -161,8 +163,19 @@ pub struct RequestReport {
     pub body_size: u64,
     /// The body was read to its end (false: dropped early, failed, or cancelled).
     pub body_complete: bool,
-    /// Which connection served it and how; `None` when the request failed
-    /// before a response or the connection is unknown to this handle.
+    /// Which connection served it and how; `None` when the connection is
+    /// unknown to this handle, or the request failed before it had one
+    /// (refused connect, failed TLS handshake, ...).
+    ///
+    /// A request that failed on a connection (reset, HTTP/2 GOAWAY or
+    /// error, timeout: `status` is `None`) carries the connection its span
+    /// names (`http.connection.id`, `reused`, `idle_time`): the one its own
+    /// connect made, else the HTTP/2 connection it was multiplexed onto,
+    /// else the host's most recently released idle HTTP/1.1 connection. It
+    /// served no response, so there [`ConnectionUse::wait`] is zero (not
+    /// measured), [`ConnectionUse::request_count`] counts the responses
+    /// the connection had carried before (not this request), and
+    /// [`ConnectionUse::miss_reason`] is `None`.
     pub connection: Option<ConnectionUse>,
     /// `http.request.resend_count`: redirect hops sent before this one for
     /// the same call (0 for the first request). Each hop is a request with

@@ -39,14 +39,16 @@ pub enum MissReason {
     IdleExpired,
     /// `closed_by_peer`: the most recent idle connection was closed by the
     /// server while idle (the kernel shows the socket in CLOSE_WAIT /
-    /// LAST_ACK or gone; for HTTP/2, GOAWAY and close) before this request
-    /// could use it: usually the server's keep-alive timeout.
+    /// LAST_ACK or gone; for HTTP/2, GOAWAY and close after idling) before
+    /// this request could use it: usually the server's keep-alive timeout.
     /// `http.connection.previous.end` says how.
     ClosedByPeer,
     /// `request_limit`: the server ended the most recent connection on
-    /// purpose with its last response (`Connection: close`, or HTTP/1.0
-    /// without `Connection: keep-alive`), as servers do when a connection
-    /// reached its request limit (nginx `keepalive_requests`).
+    /// purpose with its last response (`Connection: close`, HTTP/1.0
+    /// without `Connection: keep-alive`, or an HTTP/2 GOAWAY that reached
+    /// the client within 75 ms of that response's end), as servers do when
+    /// a connection reached its request limit (nginx `keepalive_requests`).
+    /// docs/REFERENCE.md section 14 says how the GOAWAY is dated.
     RequestLimit,
     /// `pool_disabled`: the client keeps no idle connection on purpose
     /// (`pool_max_idle_per_host(0)`), so every request after the first

@@ -174,27 +174,23 @@ pub(crate) fn decide_from_kernel(
         }
     }
     match lookup {
+        // HTTP/2: hyper-util hands a live connection to every request, so
+        // the miss shows the server's end had reached us by `classified_at`.
         KernelLookup::Found(facts) if facts.state.closed_by_peer() => {
             let end = candidate.closed_by_server(true);
-            Miss::caused_by(
-                MissReason::ClosedByPeer,
-                Previous::of(candidate, now, Some(end)),
-            )
+            ended_by_server(candidate, now, Some(end), classified_at)
         }
         KernelLookup::NotFound => {
             let end = candidate.closed_by_server(false);
-            Miss::caused_by(
-                MissReason::ClosedByPeer,
-                Previous::of(candidate, now, Some(end)),
-            )
+            ended_by_server(candidate, now, Some(end), classified_at)
         }
-        // HTTP/2: after the server's GOAWAY the client may close first.
+        // HTTP/2: after the server's GOAWAY the client closes first once no
+        // stream is left; the kernel dates that close.
         KernelLookup::Found(facts) if facts.state.closed_by_us() && candidate.http2() => {
             candidate.infer_end(ConnectionEnd::GoAway);
-            Miss::caused_by(
-                MissReason::ClosedByPeer,
-                Previous::of(candidate, now, candidate.end()),
-            )
+            let closed = facts.closed_ago().and_then(|ago| now.checked_sub(ago));
+            let by = closed.map_or(classified_at, |at| at.min(classified_at));
+            ended_by_server(candidate, now, candidate.end(), by)
         }
         // Our side closed it and nothing we saw explains why: hyper-util's
         // pool dropped it, at release over its idle limit or past its idle
@@ -244,13 +240,45 @@ pub(crate) fn decide_from_kernel(
         // (another request holds it, or hyper-util had not put it back).
         KernelLookup::Found(_) if candidate.http2() => {
             candidate.infer_end(ConnectionEnd::GoAway);
-            Miss::caused_by(
-                MissReason::ClosedByPeer,
-                Previous::of(candidate, now, candidate.end()),
-            )
+            ended_by_server(candidate, now, candidate.end(), classified_at)
         }
         KernelLookup::Found(_) => alive,
         KernelLookup::Unavailable | KernelLookup::TimedOut => alive,
+    }
+}
+
+/// The miss the server's end of `candidate` caused, `end` being how it
+/// ended; for HTTP/2 that end had reached us by `by`. See
+/// [`server_end_reason`].
+fn ended_by_server(
+    candidate: &ConnectionRecord,
+    now: Instant,
+    end: Option<ConnectionEnd>,
+    by: Instant,
+) -> Miss {
+    if candidate.http2() {
+        candidate.note_server_end_by(by);
+    }
+    Miss::caused_by(
+        server_end_reason(candidate, end),
+        Previous::of(candidate, now, end),
+    )
+}
+
+/// The reason for a miss on a connection the server ended (`end`, as
+/// recorded): `request_limit` for an HTTP/2 GOAWAY that came with the
+/// connection's latest response (see
+/// [`ConnectionRecord::ended_with_last_response`]), as the server's
+/// per-connection request limit sends it; `closed_by_peer` otherwise (an
+/// idle close, or an end not dated).
+fn server_end_reason(candidate: &ConnectionRecord, end: Option<ConnectionEnd>) -> MissReason {
+    if candidate.http2()
+        && end == Some(ConnectionEnd::GoAway)
+        && candidate.ended_with_last_response()
+    {
+        MissReason::RequestLimit
+    } else {
+        MissReason::ClosedByPeer
     }
 }
 
@@ -499,7 +527,10 @@ impl PoolHistory {
         }
         // 7. Already known closed by the server (a failed request, the kernel).
         if let Some(end) = candidate.end().filter(|e| e.by_server()) {
-            return MissVerdict::Decided(Miss::caused_by(MissReason::ClosedByPeer, previous(end)));
+            return MissVerdict::Decided(Miss::caused_by(
+                server_end_reason(candidate, Some(end)),
+                previous(end),
+            ));
         }
         // 8. Released while the idle pool was full (an idle limit not
         //    set through our builder: inferred from the kernel's view).
@@ -1074,7 +1105,8 @@ mod tests {
         assert_eq!(second.end(), Some(ConnectionEnd::Http2Error));
         let third = connection(&pools, &client, 3, t0, true);
         response(&third, false, t0 + Duration::from_millis(1));
-        let at = t0 + Duration::from_millis(2);
+        // Idle for a second: an idle close, not the last response's.
+        let at = t0 + Duration::from_secs(1);
         let (candidate, alive, seen) = ask(pools.classify_miss(&host(), &client, at, 1));
         assert_eq!(candidate.id(), 3);
         let miss = decide_from_kernel(&candidate, &gone(), at, alive, seen, at);
@@ -1083,6 +1115,74 @@ mod tests {
             miss.previous.and_then(|p| p.end),
             Some(ConnectionEnd::GoAway)
         );
+    }
+
+    /// HTTP/2 GOAWAY: the server's end reached the client (the miss found
+    /// the connection unusable, its close of ours dated, or a request
+    /// refused by it) within `ENDED_WITH_LAST_RESPONSE` of its latest
+    /// response's end, or before a response that ended later: the server
+    /// ended it with that response (`request_limit`); after idling longer:
+    /// `closed_by_peer`. Either way `previous.end = goaway`.
+    #[test]
+    fn an_http2_goaway_at_the_last_response_is_the_request_limit() {
+        let t0 = Instant::now();
+        let released = t0 + Duration::from_millis(1);
+        let ms = Duration::from_millis;
+        let closed_at = |at: Duration| {
+            KernelLookup::Found(TcpFacts {
+                state: TcpState::TimeWait,
+                info: None,
+                receive_queue: 0,
+                time_wait_left: Some(crate::kernel::TIME_WAIT_LENGTH - (ms(5000) - at)),
+                fin_wait2_left: None,
+            })
+        };
+        // (the miss after the release, the kernel's view, the reason)
+        for (after, lookup, reason) in [
+            (ms(1), gone(), MissReason::RequestLimit),
+            (ms(1), state(TcpState::CloseWait), MissReason::RequestLimit),
+            (
+                ms(1),
+                state(TcpState::Established),
+                MissReason::RequestLimit,
+            ),
+            (ms(60), gone(), MissReason::RequestLimit),
+            (ms(2000), gone(), MissReason::ClosedByPeer),
+            (
+                ms(2000),
+                state(TcpState::Established),
+                MissReason::ClosedByPeer,
+            ),
+            // Our close after the GOAWAY, dated 2 ms after the release,
+            // found by a miss 3 s later.
+            (ms(3000), closed_at(ms(3)), MissReason::RequestLimit),
+            (ms(3000), closed_at(ms(1500)), MissReason::ClosedByPeer),
+        ] {
+            let pools = PoolHistory::default();
+            let client = client();
+            let a = connection(&pools, &client, 1, t0, true);
+            response(&a, false, released);
+            let at = released + after;
+            let (candidate, alive, seen) = ask(pools.classify_miss(&host(), &client, at, 1));
+            let miss = decide_from_kernel(&candidate, &lookup, t0 + ms(5000), alive, seen, at);
+            assert_eq!(
+                (miss.reason, miss.previous.and_then(|p| p.end)),
+                (reason, Some(ConnectionEnd::GoAway)),
+                "miss {after:?} after the release, {lookup:?}"
+            );
+            // The next miss reads the same from the history.
+            let next = decided(pools.classify_miss(&host(), &client, at + ms(1), 1));
+            assert_eq!(next.reason, reason, "from the history");
+        }
+        // A request refused by the GOAWAY while others were served on it.
+        let pools = PoolHistory::default();
+        let client = client();
+        let a = connection(&pools, &client, 1, t0, true);
+        a.set_end(ConnectionEnd::GoAway);
+        a.note_server_end_by(t0 + ms(1));
+        response(&a, false, t0 + ms(2));
+        let next = decided(pools.classify_miss(&host(), &client, t0 + ms(3000), 1));
+        assert_eq!(next.reason, MissReason::RequestLimit);
     }
 
     /// HTTP/2 killed with a connection error while a request was asking the

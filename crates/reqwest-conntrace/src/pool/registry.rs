@@ -60,7 +60,8 @@ pub(crate) struct ConnectionRecord {
     /// The server's advertised keep-alive timeout (`Keep-Alive: timeout=N`),
     /// in milliseconds; 0 = none seen.
     server_keep_alive_ms: AtomicU64,
-    /// HTTP/2 streams reset because their response was dropped early.
+    /// HTTP/2 responses dropped before their end: each a possible stream
+    /// reset (none when the body had fully arrived, which is not seen).
     stream_resets: AtomicU64,
     /// A request timed out on it while nothing arrived from the peer.
     stalled: AtomicBool,
@@ -74,7 +75,24 @@ pub(crate) struct ConnectionRecord {
     /// about it (a close of ours dated after that may be the release
     /// race's: see [`pool::inferred`](crate::pool::inferred)).
     named_by_miss: Mutex<Option<Instant>>,
+    /// HTTP/2: the latest instant by which the server's end of it (GOAWAY,
+    /// then its close) had reached this client, the earliest one seen: a
+    /// request on it refused by the GOAWAY, a miss that found it unusable
+    /// (hyper-util hands out a live HTTP/2 connection to every request), or
+    /// our close after the GOAWAY as the kernel dates it. See
+    /// [`ended_with_last_response`](Self::ended_with_last_response).
+    server_end_by: Mutex<Option<Instant>>,
 }
+
+/// A server's end of an HTTP/2 connection (GOAWAY) known no later than this
+/// after the connection's latest response ended came with that response:
+/// the server ended the connection on purpose once it had served it (its
+/// per-connection request limit, nginx `keepalive_requests`), not after
+/// idling. An idle close comes after the server's keep-alive timeout,
+/// which servers set in seconds (nginx `keepalive_timeout`, default 75 s);
+/// 75 ms leaves room for the next request of a sequential loop on a loaded
+/// machine.
+pub(crate) const ENDED_WITH_LAST_RESPONSE: Duration = Duration::from_millis(75);
 
 impl ConnectionRecord {
     pub(crate) fn new(
@@ -109,6 +127,7 @@ impl ConnectionRecord {
             dns_stale: AtomicBool::new(false),
             idle_others_at_release: AtomicUsize::new(usize::MAX),
             named_by_miss: Mutex::new(None),
+            server_end_by: Mutex::new(None),
         }
     }
 
@@ -235,6 +254,29 @@ impl ConnectionRecord {
             self.infer_end(ConnectionEnd::PeerClosed);
         }
         self.end().unwrap_or(ConnectionEnd::PeerClosed)
+    }
+
+    /// The server's end of it (HTTP/2 GOAWAY) had reached this client by
+    /// `at`; the earliest such instant is kept.
+    pub(crate) fn note_server_end_by(&self, at: Instant) {
+        let mut by = self.server_end_by.lock().unwrap_or_else(|e| e.into_inner());
+        if by.is_none_or(|earlier| at < earlier) {
+            *by = Some(at);
+        }
+    }
+
+    /// The server ended it with its latest response rather than after
+    /// idling: its end had reached this client no later than
+    /// [`ENDED_WITH_LAST_RESPONSE`] after that response ended (or before
+    /// it: a GOAWAY that refused a request while others were still being
+    /// served). `false` when the end was not dated (see
+    /// [`note_server_end_by`](Self::note_server_end_by)).
+    pub(crate) fn ended_with_last_response(&self) -> bool {
+        let by = *self.server_end_by.lock().unwrap_or_else(|e| e.into_inner());
+        match (by, self.last_released()) {
+            (Some(by), Some(released)) => by <= released + ENDED_WITH_LAST_RESPONSE,
+            _ => false,
+        }
     }
 
     /// Records the server's advertised keep-alive timeout; returns `true`

@@ -376,12 +376,14 @@ fn record_server_keep_alive(
 /// kernel for the socket's state (unacknowledged data, time since the last
 /// receive, retransmits), which lands on the span when the answer arrives
 /// (the span ends then, within milliseconds; the request does not wait).
+/// Returns the connection it names, for the request's report (see
+/// [`RequestReport::connection`]): what the span says, no more.
 pub(crate) fn attribute_failure(
     inner: &Arc<Inner>,
     state: &RequestState,
     span: &tracing::Span,
     error_type: &str,
-) {
+) -> Option<ConnectionUse> {
     // Only errors that happen on a connection (not, say, a refused
     // redirect or a request that could not be built).
     let on_a_connection = matches!(
@@ -393,7 +395,7 @@ pub(crate) fn attribute_failure(
             | semconv::ERROR_TYPE_HTTP2_ERROR
     );
     if !on_a_connection {
-        return;
+        return None;
     }
     let record = if state.miss().is_some() {
         inner.pools.made_for(&state.host, state.id)
@@ -403,19 +405,30 @@ pub(crate) fn attribute_failure(
             .likely_multiplexed(&state.host, state.started)
             .or_else(|| inner.pools.likely_pooled(&state.host, state.started))
     };
-    let Some(record) = record else {
-        return;
-    };
+    let record = record?;
     let now = Instant::now();
     let reused = record.ready_at() <= state.started;
     span.set_attribute(semconv::HTTP_CONNECTION_REUSED, reused);
     span.set_attribute(semconv::HTTP_CONNECTION_ID, record.id() as i64);
-    if reused {
-        let idle = state
+    let idle = reused.then(|| {
+        state
             .started
-            .saturating_duration_since(record.last_activity());
+            .saturating_duration_since(record.last_activity())
+    });
+    if let Some(idle) = idle {
         span.set_attribute(semconv::HTTP_CONNECTION_IDLE_TIME, secs(idle));
     }
+    let usage = ConnectionUse {
+        id: record.id(),
+        reused,
+        wait: Duration::ZERO,
+        request_count: record.requests.load(std::sync::atomic::Ordering::Relaxed),
+        age: state.started.saturating_duration_since(record.ready_at()),
+        idle,
+        paid_by_this_request: record.trigger_id == Some(state.id),
+        miss_reason: None,
+        setup: record.setup.clone(),
+    };
     if record.trigger_id != Some(state.id) {
         span.add_link_with_attributes(
             record.setup_span.clone(),
@@ -434,8 +447,13 @@ pub(crate) fn attribute_failure(
     };
     if let Some(end) = ended {
         record.set_end(end);
+        if end == ConnectionEnd::GoAway {
+            // Dates the GOAWAY: responses on it ending after this show it
+            // came while the connection was serving (its request limit).
+            record.note_server_end_by(now);
+        }
         inner.connection_closed(&record, now);
-        return;
+        return Some(usage);
     }
     // An HTTP/1.1 request that gave up on its response (a timeout): the
     // connection still owes that response, so hyper closes it.
@@ -445,7 +463,7 @@ pub(crate) fn attribute_failure(
         inner.connection_closed(&record, now);
     }
     let (Some(local), Some(remote)) = (record.setup.local_addr, record.setup.peer_addr) else {
-        return;
+        return Some(usage);
     };
     let elapsed = now.saturating_duration_since(state.started);
     let span = span.clone();
@@ -457,6 +475,7 @@ pub(crate) fn attribute_failure(
         drop(span);
         drop(pending);
     });
+    Some(usage)
 }
 
 /// The kernel's view of the socket a request failed on, on its span; a
@@ -514,6 +533,9 @@ pub(crate) struct RequestEnd {
     pub(crate) status: Option<u16>,
     pub(crate) error_type: Option<String>,
     pub(crate) connection: Option<(ConnectionUse, Arc<ConnectionRecord>)>,
+    /// A failed request: the connection it was sent on, as its span names
+    /// it ([`attribute_failure`]); it served no response.
+    pub(crate) failed_on: Option<ConnectionUse>,
     pub(crate) body_size: u64,
     /// Redirect hops sent before this request for the same call.
     pub(crate) resend_count: u32,
@@ -577,6 +599,7 @@ impl RequestEnd {
             status: None,
             error_type: None,
             connection: None,
+            failed_on: None,
             body_size: 0,
             protocol_version: None,
             resend_count: 0,
@@ -683,8 +706,11 @@ impl RequestEnd {
                     record.mark_dropped_early(now);
                     self.released_to_pool(record, now);
                 }
-                // HTTP/2 dropped early: hyper resets the stream (RST_STREAM
-                // CANCEL); the connection lives on.
+                // HTTP/2 dropped early: h2 resets the stream (RST_STREAM
+                // CANCEL) unless END_STREAM had arrived with data left
+                // unread, which hyper does not expose (`is_end_stream` is
+                // true only once that data is read too): counted as a
+                // possible reset. The connection lives on.
                 EndKind::Dropped => {
                     let resets = record.count_stream_reset();
                     self.span.add_event(
@@ -733,7 +759,11 @@ impl RequestEnd {
             total: now.saturating_duration_since(self.state.started),
             body_size: self.body_size,
             body_complete: kind == EndKind::Complete,
-            connection: self.connection.as_ref().map(|(u, _)| u.clone()),
+            connection: self
+                .connection
+                .as_ref()
+                .map(|(u, _)| u.clone())
+                .or_else(|| self.failed_on.clone()),
             resend_count: self.resend_count,
             protocol_version: self.protocol_version,
         }

@@ -353,7 +353,7 @@ impl<M: MakeRequestSpan> ConnTraceMiddleware<M> {
                 let error_type = crate::connect::proxy::refusal(&error)
                     .map_or_else(|| classify(&error), |r| r.error_type);
                 let none = tracing::Span::none();
-                attribute_failure(
+                end.failed_on = attribute_failure(
                     &inner,
                     &state,
                     if recording { &span } else { &none },
