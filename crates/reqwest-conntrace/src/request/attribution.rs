@@ -722,9 +722,13 @@ impl RequestEnd {
         if record.in_use() == 0
             && let Some(host) = &record.host
         {
-            self.inner
-                .pools
-                .on_released(host, record, now, self.state.started);
+            self.inner.pools.on_released(
+                host,
+                record,
+                now,
+                self.state.started,
+                self.inner.load.in_flight(&self.state.host),
+            );
         }
     }
 
