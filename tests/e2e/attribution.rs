@@ -1012,16 +1012,14 @@ async fn http2_connection_killed_by_the_server_names_the_connection() {
     );
 }
 
-// FOUND: waves of 10 concurrent requests against an idle pool of 2 (the
-// demo's and `probe -c 10 --pool-max-idle-per-host 2`'s situation, incident
-// 2): the server closes no connection (its records say every connection was
-// closed by the client), yet most misses after the first wave are labelled
-// `closed_by_peer` with `previous.end = peer_closed`, whose fix ("lower the
-// client's pool_idle_timeout under the server's keep-alive") is wrong: the
-// client's own pool closed the connections over its idle limit (`all_busy`,
-// raise the pool). Measured with `conntrace probe URL --http1 -c 10 -n 200
-// --pool-max-idle-per-host 2` against `conntrace serve --delay-ms 20`: 108 of
-// 200 requests `closed_by_peer`.
+/// Waves of 10 concurrent requests against an idle pool of 2 (the demo's
+/// and `probe -c 10 --pool-max-idle-per-host 2`'s situation, incident 2),
+/// plain and over TLS: the server closes no connection (its records say the
+/// client closed every one), so no miss may blame it (`closed_by_peer`,
+/// `request_limit`). The client's own pool closes the connections over its
+/// idle limit, and the lab's TLS server answers that close with
+/// close_notify, which makes the kernel reset our closed socket: gone with
+/// no `TIME_WAIT`, as after a server's close.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn misses_over_the_idle_limit_never_blame_a_server_that_closed_nothing() {
     for tls in [false, true] {

@@ -184,11 +184,17 @@ impl Inner {
     /// Applies the kernel's answer about `record`'s socket: a close the
     /// kernel shows is counted (and remembered as the server's when the
     /// server closed first); a socket still established after a release
-    /// over the idle limit shows the pool kept it.
+    /// over the idle limit leaves that release in doubt.
     pub(crate) fn apply_kernel_view(&self, record: &ConnectionRecord, lookup: &KernelLookup) {
         match lookup {
             KernelLookup::Found(facts) if facts.state == crate::TcpState::Established => {
-                record.clear_over_idle_limit();
+                // Over the idle limit yet established: the pool kept it, or
+                // has not closed it yet (hyper-util closes it on a task of
+                // its own): a doubt, which a response on it clears.
+                if record.is_over_idle_limit() {
+                    record.clear_over_idle_limit();
+                    record.set_over_idle_limit_unsure(true);
+                }
             }
             KernelLookup::Found(facts) => {
                 if facts.state.closed_by_peer() {
@@ -210,7 +216,10 @@ impl Inner {
                 // first, unless we know our side dropped it.
                 if record.is_dropped_early() {
                     record.mark_discarded(record.last_activity());
-                } else if !record.is_discarded() && !record.is_over_idle_limit() {
+                } else if !record.is_discarded()
+                    && !record.is_over_idle_limit()
+                    && !crate::pool::model::gone_after_own_close(record, Instant::now())
+                {
                     record.closed_by_server(false);
                 }
                 self.connection_closed(record, Instant::now());

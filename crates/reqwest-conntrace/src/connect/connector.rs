@@ -473,7 +473,8 @@ fn on_connected<T: Connection>(
     match &attempt.trigger {
         Some(trigger) => {
             if let Some(unused) = trigger.connect_ready(PendingSetup { record, cx, end }) {
-                inner.pools.on_pooled_unused(&unused, now);
+                let in_flight = unused.host.as_ref().map_or(0, |h| inner.load.in_flight(h));
+                inner.pools.on_pooled_unused(&unused, now, in_flight);
             }
         }
         None => cx.span().end_with_timestamp(end),

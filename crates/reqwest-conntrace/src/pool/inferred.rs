@@ -175,8 +175,10 @@ pub(crate) fn pool_close(
 fn close_after_miss(record: &ConnectionRecord, idle_others: Option<usize>) -> PoolClose {
     let client = &record.client;
     if client.max_idle_known {
-        // The idle limit is ours to count: a release within it was kept.
-        return if record.is_over_idle_limit() {
+        // The idle limit is ours to count: a release within it was kept
+        // (one that may have been over it, with requests in flight, was
+        // not surely within it).
+        return if record.is_over_idle_limit() || record.is_over_idle_limit_unsure() {
             PoolClose::AtRelease { idle_others }
         } else {
             PoolClose::CheckoutDropped

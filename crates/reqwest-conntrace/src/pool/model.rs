@@ -180,6 +180,27 @@ pub(crate) fn decide_from_kernel(
             let end = candidate.closed_by_server(true);
             ended_by_server(candidate, now, Some(end), classified_at)
         }
+        // Gone, but our side closed it first: the server answered our FIN
+        // with data (a TLS server's close_notify) and the kernel reset the
+        // orphaned socket, which leaves no TIME_WAIT.
+        KernelLookup::NotFound if gone_after_own_close(candidate, now) => {
+            let client = &candidate.client;
+            let (reason, end) =
+                if candidate.is_over_idle_limit_unsure() || client.idle_timeout_known {
+                    (MissReason::AllBusy, ConnectionEnd::IdleLimit)
+                } else {
+                    (MissReason::PoolClosed, ConnectionEnd::PoolClosed)
+                };
+            if candidate.is_over_idle_limit_unsure() {
+                candidate.mark_over_idle_limit();
+            }
+            let miss = Miss::caused_by(reason, Previous::of(candidate, now, Some(end)));
+            if client.limits_known() {
+                miss
+            } else {
+                miss.limits_unknown()
+            }
+        }
         KernelLookup::NotFound => {
             let end = candidate.closed_by_server(false);
             ended_by_server(candidate, now, Some(end), classified_at)
@@ -280,6 +301,33 @@ fn server_end_reason(candidate: &ConnectionRecord, end: Option<ConnectionEnd>) -
     } else {
         MissReason::ClosedByPeer
     }
+}
+
+/// How soon after its release an HTTP/1.1 connection found gone at a miss
+/// is taken as closed by its client's pool, when that release may have
+/// been over the idle limit ([`ConnectionRecord::is_over_idle_limit_unsure`]).
+/// The pool closes it at release; a server closes an idle keep-alive
+/// connection only after its keep-alive timeout, which servers set in
+/// whole seconds (nginx `keepalive_timeout`, 75 s by default; Apache
+/// `KeepAliveTimeout`, 5 s; Node.js `keepAliveTimeout`, 5 s). Later, a gone
+/// socket is the server's close, as without the doubt.
+pub(crate) const OWN_CLOSE_WINDOW: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Whether `record`'s socket, found gone (no `TIME_WAIT` or `FIN_WAIT2`
+/// left) at `now`, was closed by our side first: an HTTP/1.1 connection
+/// the kernel already showed closed by us (closed with no end its traffic
+/// showed), or one whose release may have been over the idle limit, within
+/// [`OWN_CLOSE_WINDOW`] of that release. A server that writes after reading
+/// our FIN (a TLS server sending close_notify, as rustls-based servers do)
+/// makes the kernel reset the socket we had closed (`TCPAbortOnData`,
+/// net/ipv4/tcp_input.c), so it is gone at once, as after a server's close.
+pub(crate) fn gone_after_own_close(record: &ConnectionRecord, now: Instant) -> bool {
+    !record.http2()
+        && ((record.is_closed() && record.end().is_none())
+            || (record.is_over_idle_limit_unsure()
+                && record
+                    .last_released()
+                    .is_some_and(|t| now.saturating_duration_since(t) < OWN_CLOSE_WINDOW)))
 }
 
 /// Whether the kernel dates our close of a socket (asked at `now`) after
@@ -698,13 +746,28 @@ impl PoolHistory {
     /// pool, unless the client's idle pool for the host is already full
     /// (`pool_max_idle_per_host`), in which case hyper-util closes it.
     /// Returns `true` when it marked the connection over the limit.
-    /// `request_started`: start of the request whose end released it.
+    /// `request_started`: start of the request whose end released it;
+    /// `in_flight`: requests to the host in flight now, that one included.
+    ///
+    /// Idle means released and not taken since, as far as responses show.
+    /// A connection never released is not counted: it carries the request
+    /// that triggered its connect (hyper-util puts it in the pool when that
+    /// request's body ends), unless that request rode a connection released
+    /// to its waiting checkout (then its own went to the pool unused). A
+    /// request in flight whose response has not come yet may hold a
+    /// connection counted idle (hyper-util hands it out at the request's
+    /// start, we learn which at its response). So the count is sure only
+    /// above those requests, and below those connections: when the limit
+    /// lies between, the release is marked unsure
+    /// ([`ConnectionRecord::is_over_idle_limit_unsure`]) and the kernel's
+    /// view of the socket decides at a miss ([`decide_from_kernel`]).
     pub(crate) fn on_released(
         &self,
         host: &HostKey,
         record: &ConnectionRecord,
         now: Instant,
         request_started: Instant,
+        in_flight: u64,
     ) -> bool {
         let limit = record.client.max_idle_per_host;
         // Unlimited by configuration: nothing to count.
@@ -721,6 +784,7 @@ impl PoolHistory {
                 r.id() != record.id()
                     && r.client.id == record.client.id
                     && r.in_use() == 0
+                    && r.last_released().is_some()
                     && !r.is_discarded()
                     && !r.is_over_idle_limit()
                     && !r.is_closed()
@@ -758,7 +822,29 @@ impl PoolHistory {
             return false;
         };
         let idle = counted.unwrap_or_else(|| idle().count());
-        if idle >= limit {
+        // Requests to the host in flight, other than this one, whose
+        // response has not shown their connection yet: each may hold one
+        // counted idle. Connections of the client never released: each
+        // may be idle in the pool already (its request rode a connection
+        // released to its waiting checkout, and the connect's own went to
+        // the pool unused).
+        let (mut attributed, mut never_released) = (0u64, 0usize);
+        for r in &history.connections {
+            attributed += u64::from(r.in_use());
+            if r.client.id == record.client.id
+                && r.id() != record.id()
+                && r.in_use() == 0
+                && r.last_released().is_none()
+                && !r.is_closed()
+            {
+                never_released += 1;
+            }
+        }
+        let holding = in_flight.saturating_sub(1 + attributed);
+        let surely_idle = idle.saturating_sub(usize::try_from(holding).unwrap_or(usize::MAX));
+        let maybe_idle = idle.saturating_add(never_released);
+        record.set_over_idle_limit_unsure(maybe_idle >= limit && surely_idle < limit);
+        if surely_idle >= limit {
             record.mark_over_idle_limit();
             return true;
         }
@@ -788,14 +874,17 @@ impl PoolHistory {
     /// An HTTP/1.1 connection whose connect lost to a connection freed for
     /// its trigger request went into hyper-util's pool unused at `now` (the
     /// later of its ready time and its trigger's response): a release like
-    /// a response's end, so a full idle pool closes it at once (and the
-    /// history can forget it) and an unknown idle limit counts it.
-    pub(crate) fn on_pooled_unused(&self, record: &ConnectionRecord, now: Instant) {
+    /// a response's end ([`on_released`](Self::on_released); `in_flight`:
+    /// requests to the host in flight now), so a full idle pool closes it
+    /// at once (and the history can forget it) and an unknown idle limit
+    /// counts it.
+    pub(crate) fn on_pooled_unused(&self, record: &ConnectionRecord, now: Instant, in_flight: u64) {
         if let Some(host) = &record.host
             && record.requests.load(Ordering::Relaxed) == 0
             && record.in_use() == 0
         {
-            self.on_released(host, record, now, record.ready_at());
+            record.mark_released(now);
+            self.on_released(host, record, now, record.ready_at(), in_flight);
         }
     }
 
@@ -966,6 +1055,120 @@ mod tests {
             let miss = decided(pools.classify_miss(&host(), &client, at, 1));
             assert_eq!(miss.reason, reason, "{case}");
             assert_eq!(miss.previous.and_then(|p| p.end), Some(end), "{case}");
+        }
+    }
+
+    /// One response on `record` ending at `t0 + ms`, released to the pool
+    /// while `in_flight` requests to the host (that one included) were in
+    /// flight; whether the release marked it over the idle limit.
+    fn release(
+        pools: &PoolHistory,
+        record: &ConnectionRecord,
+        t0: Instant,
+        ms: u64,
+        in_flight: u64,
+    ) -> bool {
+        let at = t0 + Duration::from_millis(ms);
+        record.take();
+        record.count_request();
+        record.give_back();
+        record.mark_released(at);
+        pools.on_released(&host(), record, at, t0, in_flight)
+    }
+
+    /// Two waves of 4 concurrent requests over an idle pool of 2:
+    /// hyper-util keeps the first two connections put back in each wave.
+    /// A connection carrying the request that opened it is not counted
+    /// idle, but may be (its request may ride another); one handed to a
+    /// request whose response has not come yet may look idle. A release is
+    /// over the limit only when it is so without those, unsure when only
+    /// with them.
+    #[test]
+    fn releases_count_only_connections_no_request_may_hold() {
+        let pools = PoolHistory::default();
+        let client = Arc::new(ClientState::new(Some(None), Some(2)));
+        let t0 = Instant::now();
+        let first: Vec<_> = (1..=4)
+            .map(|id| connection(&pools, &client, id, t0, false))
+            .collect();
+        // Wave 1: each request rides the connection its connect made.
+        let marked: Vec<bool> = first
+            .iter()
+            .zip([4, 3, 2, 1])
+            .enumerate()
+            .map(|(i, (c, in_flight))| release(&pools, c, t0, i as u64 + 1, in_flight))
+            .collect();
+        let unsure: Vec<bool> = first
+            .iter()
+            .map(|c| c.is_over_idle_limit_unsure())
+            .collect();
+        assert_eq!(marked, [false, false, false, true]);
+        assert_eq!(unsure, [true, true, true, false]);
+        // Wave 2: hyper-util hands 2 and 1 to two requests, two others
+        // connect (5, 6). 5's response comes first: 1, 2 and 3 look idle,
+        // but the three other requests in flight may hold them.
+        let (c5, c6) = (
+            connection(&pools, &client, 5, t0, false),
+            connection(&pools, &client, 6, t0, false),
+        );
+        assert!(!release(&pools, &c5, t0, 10, 4));
+        assert!(c5.is_over_idle_limit_unsure());
+        // The last response of the wave: nothing else in flight, 4 idle.
+        first[1].take();
+        first[1].clear_over_idle_limit();
+        first[1].give_back();
+        assert!(release(&pools, &c6, t0, 12, 1));
+        assert!(!c6.is_over_idle_limit_unsure());
+        // A response on an unsure one shows it kept.
+        assert!(!first[1].is_over_idle_limit_unsure());
+        // Sequential requests: nothing in doubt, the pool keeps 2.
+        let pools = PoolHistory::default();
+        let client = Arc::new(ClientState::new(Some(None), Some(2)));
+        let marked: Vec<bool> = (1..=3)
+            .map(|id| {
+                let c = connection(&pools, &client, id, t0, false);
+                let over = release(&pools, &c, t0, id, 1);
+                assert!(!c.is_over_idle_limit_unsure(), "connection {id}");
+                over
+            })
+            .collect();
+        assert_eq!(marked, [false, false, true]);
+    }
+
+    /// A socket gone at a miss (no TIME_WAIT: a TLS server answered our FIN
+    /// with close_notify and the kernel reset it) is the server's close
+    /// only when nothing shows our side closed it: not when its release
+    /// may have been over the idle limit a moment ago, nor when the kernel
+    /// showed it closed by us before; but an unsure release long ago is no
+    /// excuse.
+    #[test]
+    fn a_socket_gone_after_our_close_is_not_the_servers_close() {
+        let t0 = Instant::now();
+        let limit = (MissReason::AllBusy, Some(ConnectionEnd::IdleLimit));
+        let server = (MissReason::ClosedByPeer, Some(ConnectionEnd::PeerClosed));
+        for (unsure, closed_by_us, asked_ms, expected) in [
+            (true, false, 5, limit),
+            (false, true, 5, limit),
+            (true, false, OWN_CLOSE_WINDOW.as_millis() as u64 + 5, server),
+            (false, false, 5, server),
+        ] {
+            let pools = PoolHistory::default();
+            let client = Arc::new(ClientState::new(Some(None), Some(2)));
+            let a = connection(&pools, &client, 1, t0, false);
+            response(&a, false, t0 + Duration::from_millis(1));
+            a.set_over_idle_limit_unsure(unsure);
+            if closed_by_us {
+                a.mark_closed();
+            }
+            let at = t0 + Duration::from_millis(asked_ms);
+            let (candidate, alive, seen) = ask(pools.classify_miss(&host(), &client, at, 1));
+            let miss = decide_from_kernel(&candidate, &gone(), at, alive, seen, at);
+            assert_eq!(
+                (miss.reason, miss.previous.and_then(|p| p.end)),
+                expected,
+                "unsure {unsure}, closed by us {closed_by_us}, asked at {asked_ms} ms"
+            );
+            assert_eq!(a.is_over_idle_limit(), unsure && expected == limit);
         }
     }
 

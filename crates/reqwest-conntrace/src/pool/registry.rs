@@ -37,6 +37,11 @@ pub(crate) struct ConnectionRecord {
     /// Released while the client's idle pool for the host was full: hyper
     /// closed it.
     over_idle_limit: AtomicBool,
+    /// Released while the client's idle pool for the host may have been
+    /// full: hyper-util may have closed it or kept it (requests in flight,
+    /// not yet attributed, may hold connections our count saw idle). The
+    /// kernel's view or a later response tells.
+    over_idle_limit_unsure: AtomicBool,
     /// Its close was observed and counted.
     closed: AtomicBool,
     /// End of the latest response on this connection (body read or dropped).
@@ -114,6 +119,7 @@ impl ConnectionRecord {
             in_use: AtomicU32::new(0),
             discarded: AtomicBool::new(false),
             over_idle_limit: AtomicBool::new(false),
+            over_idle_limit_unsure: AtomicBool::new(false),
             closed: AtomicBool::new(false),
             last_released: Mutex::new(None),
             dropped_early: AtomicBool::new(false),
@@ -349,9 +355,21 @@ impl ConnectionRecord {
         self.over_idle_limit.store(true, Ordering::Relaxed);
     }
 
-    /// A response arrived on it after all: the pool had kept it.
+    /// A response arrived on it after all (or the kernel shows it
+    /// established after its release): the pool had kept it.
     pub(crate) fn clear_over_idle_limit(&self) {
         self.over_idle_limit.store(false, Ordering::Relaxed);
+        self.over_idle_limit_unsure.store(false, Ordering::Relaxed);
+    }
+
+    /// Whether its latest release may have been over the idle limit (see
+    /// [`PoolHistory::on_released`](crate::pool::model::PoolHistory::on_released)).
+    pub(crate) fn set_over_idle_limit_unsure(&self, unsure: bool) {
+        self.over_idle_limit_unsure.store(unsure, Ordering::Relaxed);
+    }
+
+    pub(crate) fn is_over_idle_limit_unsure(&self) -> bool {
+        self.over_idle_limit_unsure.load(Ordering::Relaxed)
     }
 
     /// Marks the close observed; `true` the first time only.

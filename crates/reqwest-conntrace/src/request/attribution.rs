@@ -188,7 +188,9 @@ pub(crate) fn attribute_response(
         connection_id: record.id(),
         http2: record.http2(),
     }) {
-        inner.pools.on_pooled_unused(&unused, now);
+        inner
+            .pools
+            .on_pooled_unused(&unused, now, inner.load.in_flight(&state.host));
     }
     let usage = ConnectionUse {
         id: record.id(),
@@ -781,9 +783,13 @@ impl RequestEnd {
         if record.in_use() == 0
             && let Some(host) = &record.host
         {
-            self.inner
-                .pools
-                .on_released(host, record, now, self.state.started);
+            self.inner.pools.on_released(
+                host,
+                record,
+                now,
+                self.state.started,
+                self.inner.load.in_flight(&self.state.host),
+            );
         }
     }
 
