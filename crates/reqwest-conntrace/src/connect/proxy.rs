@@ -91,14 +91,14 @@ impl ProxyRules {
 
     /// The proxy for `target`, if any.
     pub(crate) fn route(&self, target: &HostKey) -> Option<ProxyRoute> {
-        let tunnel = target.scheme == "https";
+        let tunnel = &*target.scheme == "https";
         let uri = match self {
             Self::None => return None,
             Self::Matcher(m) => {
                 let host = if target.host.contains(':') {
                     format!("[{}]", target.host)
                 } else {
-                    target.host.clone()
+                    target.host.to_string()
                 };
                 let dst: http::Uri = format!("{}://{host}:{}/", target.scheme, target.port)
                     .parse()
@@ -162,11 +162,7 @@ mod tests {
     use super::*;
 
     fn key(scheme: &str, host: &str, port: u16) -> HostKey {
-        HostKey {
-            scheme: scheme.to_owned(),
-            host: host.to_owned(),
-            port,
-        }
+        HostKey::new(scheme, host, port)
     }
 
     #[test]
