@@ -38,9 +38,10 @@ impl HostKey {
         }
     }
 
-    /// `server.address`, `server.port`, `url.scheme`.
-    pub(crate) fn attributes(&self) -> Vec<KeyValue> {
-        vec![
+    /// `server.address`, `server.port`, `url.scheme` (an array: callers
+    /// add them to a vec of their own, no allocation here).
+    pub(crate) fn attributes(&self) -> [KeyValue; 3] {
+        [
             KeyValue::new(semconv::SERVER_ADDRESS, self.server_address()),
             KeyValue::new(semconv::SERVER_PORT, i64::from(self.port)),
             KeyValue::new(semconv::URL_SCHEME, self.url_scheme()),

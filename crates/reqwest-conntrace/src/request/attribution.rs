@@ -253,7 +253,8 @@ fn record_miss(inner: &Inner, state: &RequestState, span: &tracing::Span, miss: 
             span.set_attribute(semconv::HTTP_CONNECTION_PREVIOUS_END, end.as_str());
         }
     }
-    let mut attributes = state.host.attributes();
+    let mut attributes = Vec::with_capacity(5);
+    attributes.extend(state.host.attributes());
     attributes.push(KeyValue::new(semconv::HTTP_CONNECTION_MISS_REASON, reason));
     if let Some(source) = miss.limits {
         attributes.push(KeyValue::new(
