@@ -60,7 +60,13 @@ impl ProxyRules {
             return Self::None;
         };
         let system = Matcher::from_system();
-        if list.starts_with(&format!("{system:?}]")) {
+        let described_system = format!("{system:?}");
+        if list.starts_with(&format!("{described_system}]")) {
+            // No proxy for http nor https in the environment: the matcher
+            // routes nothing, so no rules (and no lookup per connect).
+            if !described_system.contains("Intercept") {
+                return Self::None;
+            }
             return Self::Matcher(Box::new(system));
         }
         // `Matcher { http: Intercept { uri: U }, https: Intercept { uri: V }, .. }`
