@@ -218,4 +218,24 @@ mod tests {
             .expect("test value");
         assert!(matches!(ProxyRules::of_client(&client), ProxyRules::None));
     }
+
+    #[test]
+    fn the_system_proxy_gives_rules_only_when_the_environment_names_one() {
+        let client = crate::ConnTrace::new()
+            .instrument_client(reqwest::Client::builder())
+            .build()
+            .expect("test value");
+        let environment_names_one = (0..2).any(|i| {
+            let url = format!("{}://192.0.2.1/", ["http", "https"][i]);
+            Matcher::from_system()
+                .intercept(&url.parse().expect("test value"))
+                .is_some()
+        });
+        let rules = ProxyRules::of_client(&client);
+        if environment_names_one {
+            assert!(matches!(rules, ProxyRules::Matcher(_)));
+        } else {
+            assert!(matches!(rules, ProxyRules::None));
+        }
+    }
 }
