@@ -268,8 +268,13 @@ impl Inner {
     pub(crate) fn note_untracked(&self, span: &tracing::Span, host: &HostKey, table: &'static str) {
         use tracing_opentelemetry::OpenTelemetrySpanExt;
         span.set_attribute(semconv::HTTP_CONNECTION_UNTRACKED, table);
-        let mut attributes = host.attributes();
-        attributes.push(KeyValue::new(semconv::HTTP_CONNECTION_UNTRACKED, table));
+        let [address, port, scheme] = host.attributes();
+        let attributes = [
+            address,
+            port,
+            scheme,
+            KeyValue::new(semconv::HTTP_CONNECTION_UNTRACKED, table),
+        ];
         self.metrics.untracked_requests.add(1, &attributes);
     }
 

@@ -96,7 +96,7 @@ impl<S> Layer<S> for ConnectorLayer {
 
     fn layer(&self, inner: S) -> Self::Service {
         ConnectService {
-            inner,
+            inner: Arc::new(inner),
             shared: Arc::new(Shared {
                 trace: self.trace.clone(),
                 client: self.client.clone(),
@@ -125,13 +125,19 @@ struct Shared {
 /// [`Connection`].
 #[derive(Clone, Debug)]
 pub struct ConnectService<S> {
-    inner: S,
+    /// reqwest's connector below this layer, shared by the clones until
+    /// one of them is polled or called (then copied, once, for that one).
+    /// hyper-util and reqwest clone the connector several times per
+    /// request, pool hits included, and reqwest's connector stack below a
+    /// layer is boxed: each copy costs allocations, a shared one a
+    /// reference count.
+    inner: Arc<S>,
     shared: Arc<Shared>,
 }
 
 impl<S, R> Service<R> for ConnectService<S>
 where
-    S: Service<R>,
+    S: Service<R> + Clone,
     S::Response: Connection,
     S::Error: Borrow<dyn StdError + Send + Sync + 'static>,
 {
@@ -140,7 +146,8 @@ where
     type Future = ConnectFuture<S::Future>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        self.inner.poll_ready(cx)
+        // This clone's own copy from now on: `call` uses the one polled.
+        Arc::make_mut(&mut self.inner).poll_ready(cx)
     }
 
     fn call(&mut self, req: R) -> Self::Future {
@@ -171,7 +178,7 @@ where
         let cx = setup::start_setup_span(&inner, &attempt, &parent);
         let future = {
             let _scope = AttemptScope::enter(&attempt);
-            self.inner.call(req)
+            Arc::make_mut(&mut self.inner).call(req)
         };
         ConnectFuture {
             inner: future,

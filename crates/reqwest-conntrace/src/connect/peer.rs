@@ -133,7 +133,7 @@ fn decide(lookup: OwnedLookup, known: impl Fn(&OwnedSocket) -> bool) -> Peer {
 fn candidates(attempt: &ConnectAttempt, phases: &Phases) -> Option<Vec<SocketAddr>> {
     let (host, port) = match (&attempt.proxy, &attempt.trigger) {
         (Some(route), _) => (route.host.as_str(), route.port),
-        (None, Some(t)) => (t.host.host.as_str(), t.host.port),
+        (None, Some(t)) => (&*t.host.host, t.host.port),
         (None, None) => return None,
     };
     let mut all = Vec::new();

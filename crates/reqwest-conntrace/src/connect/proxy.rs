@@ -60,7 +60,13 @@ impl ProxyRules {
             return Self::None;
         };
         let system = Matcher::from_system();
-        if list.starts_with(&format!("{system:?}]")) {
+        let described_system = format!("{system:?}");
+        if list.starts_with(&format!("{described_system}]")) {
+            // No proxy for http nor https in the environment: the matcher
+            // routes nothing, so no rules (and no lookup per connect).
+            if !described_system.contains("Intercept") {
+                return Self::None;
+            }
             return Self::Matcher(Box::new(system));
         }
         // `Matcher { http: Intercept { uri: U }, https: Intercept { uri: V }, .. }`
@@ -91,14 +97,14 @@ impl ProxyRules {
 
     /// The proxy for `target`, if any.
     pub(crate) fn route(&self, target: &HostKey) -> Option<ProxyRoute> {
-        let tunnel = target.scheme == "https";
+        let tunnel = &*target.scheme == "https";
         let uri = match self {
             Self::None => return None,
             Self::Matcher(m) => {
                 let host = if target.host.contains(':') {
                     format!("[{}]", target.host)
                 } else {
-                    target.host.clone()
+                    target.host.to_string()
                 };
                 let dst: http::Uri = format!("{}://{host}:{}/", target.scheme, target.port)
                     .parse()
@@ -162,11 +168,7 @@ mod tests {
     use super::*;
 
     fn key(scheme: &str, host: &str, port: u16) -> HostKey {
-        HostKey {
-            scheme: scheme.to_owned(),
-            host: host.to_owned(),
-            port,
-        }
+        HostKey::new(scheme, host, port)
     }
 
     #[test]
@@ -215,5 +217,25 @@ mod tests {
             .build()
             .expect("test value");
         assert!(matches!(ProxyRules::of_client(&client), ProxyRules::None));
+    }
+
+    #[test]
+    fn the_system_proxy_gives_rules_only_when_the_environment_names_one() {
+        let client = crate::ConnTrace::new()
+            .instrument_client(reqwest::Client::builder())
+            .build()
+            .expect("test value");
+        let environment_names_one = (0..2).any(|i| {
+            let url = format!("{}://192.0.2.1/", ["http", "https"][i]);
+            Matcher::from_system()
+                .intercept(&url.parse().expect("test value"))
+                .is_some()
+        });
+        let rules = ProxyRules::of_client(&client);
+        if environment_names_one {
+            assert!(matches!(rules, ProxyRules::Matcher(_)));
+        } else {
+            assert!(matches!(rules, ProxyRules::None));
+        }
     }
 }

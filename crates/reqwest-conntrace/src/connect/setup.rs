@@ -118,7 +118,7 @@ fn dns_skipped(
     let proxy_host = attempt.proxy.as_ref().map(|p| p.host.as_str());
     let host = match proxy_host {
         Some(h) => h,
-        None => attempt.trigger.as_ref()?.host.host.as_str(),
+        None => &attempt.trigger.as_ref()?.host.host,
     };
     let bare = host.trim_start_matches('[').trim_end_matches(']');
     Some(if bare.parse::<std::net::IpAddr>().is_ok() {
@@ -483,7 +483,7 @@ pub(crate) fn emit_phases(
             let sni = attempt
                 .trigger
                 .as_ref()
-                .map(|t| t.host.host.clone())
+                .map(|t| t.host.host.to_string())
                 .or_else(|| phases.dns.as_ref().map(|d| d.name.clone()));
             let mut attrs = vec![
                 KeyValue::new(semconv::TLS_PROTOCOL_NAME, "tls"),

@@ -63,7 +63,7 @@ impl HostLoad {
                 .as_secs_f64()
                 .max(1.0);
             PoolAdvice {
-                server_address: key.host.clone(),
+                server_address: key.host.to_string(),
                 server_port: key.port,
                 peak_in_flight: self.peak,
                 idle_limit: limit,
@@ -312,7 +312,7 @@ impl PoolLoad {
             let mut hosts = self.hosts();
             let (key, load) = hosts
                 .iter_mut()
-                .find(|(k, _)| k.host == host && k.port == port)?;
+                .find(|(k, _)| &*k.host == host && k.port == port)?;
             (self.roll(key, load, now), load.peak)
         };
         log(closed);
@@ -328,7 +328,7 @@ impl PoolLoad {
                 .map(|(key, load)| {
                     let closed = self.roll(key, load, now);
                     let gauges = HostGauges {
-                        server_address: key.host.clone(),
+                        server_address: key.host.to_string(),
                         server_port: key.port,
                         peak_in_flight: load.peak,
                         idle_limit: load.idle_limit,
@@ -357,11 +357,7 @@ mod tests {
     fn advice_needs_forced_misses_above_the_limit_and_every_report_agrees() {
         let load = PoolLoad::new(Duration::from_secs(60), DEFAULT_POOL_ADVICE_HOSTS);
         let t0 = Instant::now();
-        let b = HostKey {
-            scheme: "https".to_owned(),
-            host: "b".to_owned(),
-            port: 443,
-        };
+        let b = HostKey::new("https", "b", 443);
         for _ in 0..5 {
             assert!(load.request_started(&b, t0));
         }
@@ -410,11 +406,7 @@ mod tests {
     fn the_logged_line_is_the_closed_intervals_advice_as_pool_advice_gave_it() {
         let load = PoolLoad::new(Duration::from_secs(10), DEFAULT_POOL_ADVICE_HOSTS);
         let t0 = Instant::now();
-        let b = HostKey {
-            scheme: "http".to_owned(),
-            host: "b".to_owned(),
-            port: 80,
-        };
+        let b = HostKey::new("http", "b", 80);
         for _ in 0..4 {
             load.request_started(&b, t0);
         }
@@ -445,11 +437,7 @@ mod bound_tests {
     use super::*;
 
     fn host(name: &str) -> HostKey {
-        HostKey {
-            scheme: "http".to_owned(),
-            host: name.to_owned(),
-            port: 80,
-        }
+        HostKey::new("http", name, 80)
     }
 
     #[test]

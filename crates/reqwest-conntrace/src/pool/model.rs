@@ -929,11 +929,7 @@ mod tests {
     use crate::kernel::{TcpFacts, TcpState};
 
     fn host() -> HostKey {
-        HostKey {
-            scheme: "http".to_owned(),
-            host: "127.0.0.1".to_owned(),
-            port: 80,
-        }
+        HostKey::new("http", "127.0.0.1", 80)
     }
 
     /// A plain HTTP/1.1 connection (or HTTP/2 with `http2`) of `client`,

@@ -3,9 +3,9 @@
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::OnceLock;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{LazyLock, OnceLock};
 use std::time::{Duration, Instant};
 
 use opentelemetry::trace::SpanContext;
@@ -44,8 +44,10 @@ pub(crate) struct ConnectionRecord {
     over_idle_limit_unsure: AtomicBool,
     /// Its close was observed and counted.
     closed: AtomicBool,
-    /// End of the latest response on this connection (body read or dropped).
-    last_released: Mutex<Option<Instant>>,
+    /// End of the latest response on this connection (body read or
+    /// dropped), as [`instant_nanos`]; 0 when none. An atomic, not a lock:
+    /// every miss reads it for each remembered connection of its host.
+    last_released: AtomicU64,
     /// An HTTP/1.1 response body was dropped before its end: hyper closed
     /// the connection unless it had already read the whole body (then it
     /// went back to the pool). Cleared by a later response on it.
@@ -121,7 +123,7 @@ impl ConnectionRecord {
             over_idle_limit: AtomicBool::new(false),
             over_idle_limit_unsure: AtomicBool::new(false),
             closed: AtomicBool::new(false),
-            last_released: Mutex::new(None),
+            last_released: AtomicU64::new(0),
             dropped_early: AtomicBool::new(false),
             connection_close: AtomicBool::new(false),
             client_asked_close: AtomicBool::new(false),
@@ -399,21 +401,18 @@ impl ConnectionRecord {
         self.setup.http2
     }
 
-    fn released(&self) -> MutexGuard<'_, Option<Instant>> {
-        self.last_released.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
     /// When the connection was last released to the pool.
     pub(crate) fn last_released(&self) -> Option<Instant> {
-        *self.released()
+        match self.last_released.load(Ordering::Acquire) {
+            0 => None,
+            nanos => Some(*EPOCH + Duration::from_nanos(nanos)),
+        }
     }
 
-    /// Records the end of a response on this connection.
+    /// Records the end of a response on this connection (the latest wins).
     pub(crate) fn mark_released(&self, at: Instant) {
-        let mut r = self.released();
-        if r.is_none_or(|prev| prev < at) {
-            *r = Some(at);
-        }
+        self.last_released
+            .fetch_max(instant_nanos(at), Ordering::AcqRel);
     }
 
     /// Counts one more request on this connection; returns the new total.
@@ -428,6 +427,21 @@ impl ConnectionRecord {
             .unwrap_or(self.ready_at())
             .max(self.ready_at())
     }
+}
+
+/// The origin of [`instant_nanos`]: a year before its first use, so every
+/// instant the process sees comes after it.
+static EPOCH: LazyLock<Instant> = LazyLock::new(|| {
+    let now = Instant::now();
+    now.checked_sub(Duration::from_secs(365 * 24 * 3600))
+        .unwrap_or(now)
+});
+
+/// `at` as nanoseconds after [`EPOCH`], at least 1 (0 stands for none);
+/// exact for 584 years after it (`Instant`'s resolution is 1 ns).
+fn instant_nanos(at: Instant) -> u64 {
+    let nanos = at.saturating_duration_since(*EPOCH).as_nanos();
+    u64::try_from(nanos).unwrap_or(u64::MAX).max(1)
 }
 
 /// Shards of the map: requests on different connections take different
@@ -596,6 +610,20 @@ mod tests {
             (Ipv4Addr::LOCALHOST, port).into(),
             (Ipv4Addr::LOCALHOST, 80).into(),
         )
+    }
+
+    #[test]
+    fn the_latest_release_wins_and_reads_back_exactly() {
+        let r = record(1);
+        assert_eq!(r.last_released(), None);
+        let t0 = Instant::now();
+        let later = t0 + Duration::from_nanos(1_500_000_007);
+        r.mark_released(later);
+        assert_eq!(r.last_released(), Some(later));
+        // An earlier end reported late does not move it back.
+        r.mark_released(t0);
+        assert_eq!(r.last_released(), Some(later));
+        assert_eq!(r.last_activity(), later);
     }
 
     #[test]

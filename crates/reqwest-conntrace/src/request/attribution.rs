@@ -175,7 +175,7 @@ pub(crate) fn attribute_response(
     ) {
         add_pool_advice_event(span, &advice);
     }
-    if !paid {
+    if !paid && recording {
         span.add_link_with_attributes(
             record.setup_span.clone(),
             vec![
@@ -279,7 +279,8 @@ fn record_miss(inner: &Inner, state: &RequestState, span: &tracing::Span, miss: 
             span.set_attribute(semconv::HTTP_CONNECTION_PREVIOUS_END, end.as_str());
         }
     }
-    let mut attributes = state.host.attributes();
+    let mut attributes = Vec::with_capacity(5);
+    attributes.extend(state.host.attributes());
     attributes.push(KeyValue::new(semconv::HTTP_CONNECTION_MISS_REASON, reason));
     if let Some(source) = miss.limits {
         attributes.push(KeyValue::new(
@@ -522,6 +523,9 @@ fn record_kernel_evidence(
     }
 }
 
+/// How many attributes [`RequestEnd`]'s `base_attributes` start with.
+const BASE_ATTRIBUTES: usize = 4;
+
 /// Everything needed to end a request: held by the middleware until the
 /// response headers, then by the response body until its end or drop.
 /// Dropping it unfinished ends the request as cancelled.
@@ -530,7 +534,9 @@ pub(crate) struct RequestEnd {
     pub(crate) state: Arc<RequestState>,
     pub(crate) span: tracing::Span,
     pub(crate) method: http::Method,
-    pub(crate) url: String,
+    /// `url.full`, redacted (shared with the span's attribute); empty when
+    /// neither a span nor a report wants it.
+    pub(crate) url: Arc<str>,
     pub(crate) headers_at: Option<Instant>,
     pub(crate) status: Option<u16>,
     pub(crate) error_type: Option<String>,
@@ -549,7 +555,8 @@ pub(crate) struct RequestEnd {
     /// The span records (an OpenTelemetry span, sampled): span attributes
     /// are built only then. Default: `true`.
     pub(crate) recording: bool,
-    /// `http.request.method`, `server.address`, `server.port`, `url.scheme`.
+    /// `http.request.method`, `server.address`, `server.port`, `url.scheme`
+    /// ([`BASE_ATTRIBUTES`]), then the end's at the end.
     base_attributes: Vec<KeyValue>,
     finished: bool,
 }
@@ -580,9 +587,12 @@ impl RequestEnd {
         state: Arc<RequestState>,
         span: tracing::Span,
         method: http::Method,
-        url: String,
+        url: Arc<str>,
     ) -> Self {
-        let mut base_attributes = state.host.attributes();
+        // Room for the method here and the four `record_metrics` adds at
+        // the end: one allocation for both.
+        let mut base_attributes = Vec::with_capacity(BASE_ATTRIBUTES + 4);
+        base_attributes.extend(state.host.attributes());
         base_attributes.push(KeyValue::new(
             semconv::HTTP_REQUEST_METHOD,
             crate::request::method::method_attribute(&method),
@@ -751,7 +761,7 @@ impl RequestEnd {
     fn report(&self, kind: EndKind, now: Instant) -> RequestReport {
         RequestReport {
             method: self.method.clone(),
-            url: self.url.clone(),
+            url: self.url.to_string(),
             started: self.state.started,
             status: self.status,
             error_type: self.error_type.clone(),
@@ -793,13 +803,13 @@ impl RequestEnd {
         }
     }
 
-    fn record_metrics(&self, now: Instant) {
+    fn record_metrics(&mut self, now: Instant) {
         let metrics = &self.inner.metrics;
         metrics.active_requests.add(-1, &self.base_attributes);
         self.inner.load.request_ended(&self.state.host);
-        // Room for the four below: no reallocation.
-        let mut attributes = Vec::with_capacity(self.base_attributes.len() + 4);
-        attributes.extend_from_slice(&self.base_attributes);
+        // The end's attributes go after the base ones, in the room left
+        // for them (no allocation; nothing reads the base ones after this).
+        let attributes = &mut self.base_attributes;
         if let Some(status) = self.status {
             attributes.push(KeyValue::new(
                 semconv::HTTP_RESPONSE_STATUS_CODE,
@@ -818,7 +828,7 @@ impl RequestEnd {
         metrics.request_duration.record(
             now.saturating_duration_since(self.state.started)
                 .as_secs_f64(),
-            &attributes,
+            attributes,
         );
     }
 }

@@ -3,7 +3,7 @@
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::{Arc, LazyLock};
 use std::task::{Context, Poll};
 use std::time::Instant;
 
@@ -23,8 +23,8 @@ use crate::request::attribution::{
     EndKind, RequestEnd, attribute_failure, attribute_response, set_attributes,
 };
 use crate::request::body::TracedBody;
-use crate::request::method::is_known_method;
-use crate::request::redirect::{HopScope, HopSlot, Template};
+use crate::request::method::{is_known_method, method_attribute};
+use crate::request::redirect::{HopScope, HopSlot};
 use crate::request::state::{RequestScope, RequestState};
 use crate::semconv;
 
@@ -173,6 +173,9 @@ impl<F: Future> Future for Scoped<F> {
     }
 }
 
+/// The `url.full` of a request nobody records: one shared empty string.
+static NO_URL: LazyLock<Arc<str>> = LazyLock::new(|| Arc::from(""));
+
 fn default_port(scheme: &str) -> u16 {
     match scheme {
         "https" => 443,
@@ -195,15 +198,11 @@ impl<M: MakeRequestSpan> Middleware for ConnTraceMiddleware<M> {
         let mut req = req;
         let mut followed = 0;
         loop {
-            let template = Template::of(&req);
-            let hop = Arc::new(HopSlot::new(req.url().clone(), followed));
+            let hop = Arc::new(HopSlot::new(&req, followed));
             let response = self
                 .send_one(req, extensions, next.clone(), hop.clone())
                 .await?;
-            let Some(follow) = hop.take() else {
-                return Ok(response);
-            };
-            let Some(next_request) = template.next_request(response.status(), follow) else {
+            let Some(next_request) = hop.next_request(response.status()) else {
                 return Ok(response);
             };
             // Like reqwest: the redirect's body is dropped unread.
@@ -238,20 +237,28 @@ impl<M: MakeRequestSpan> ConnTraceMiddleware<M> {
             (DefaultMakeRequestSpan.make_span(&req), true)
         };
         let url = req.url();
-        let scheme = url.scheme().to_owned();
+        // The host as hyper-util keys its pool: IPv6 without brackets.
+        let ipv6;
         let host = match url.host() {
-            Some(url::Host::Ipv6(ip)) => ip.to_string(),
-            Some(h) => h.to_string(),
-            None => String::new(),
+            Some(url::Host::Ipv6(ip)) => {
+                ipv6 = ip.to_string();
+                ipv6.as_str()
+            }
+            Some(_) => url.host_str().unwrap_or_default(),
+            None => "",
         };
-        let port = url.port().unwrap_or_else(|| default_port(&scheme));
+        let key = HostKey::new(
+            url.scheme(),
+            host,
+            url.port().unwrap_or_else(|| default_port(url.scheme())),
+        );
         // Span attributes are built only for a span that records (nothing
         // installed, or not sampled: none), `url.full` also for a report.
         let recording = records(&span);
-        let full = if recording || inner.on_request_end.is_some() {
-            inner.redaction.redact(url)
+        let full: Arc<str> = if recording || inner.on_request_end.is_some() {
+            inner.redaction.redact(url).into()
         } else {
-            String::new()
+            NO_URL.clone()
         };
         if records_http && recording {
             let method = req.method().as_str();
@@ -259,7 +266,7 @@ impl<M: MakeRequestSpan> ConnTraceMiddleware<M> {
             if is_known_method(method) {
                 attributes.push(KeyValue::new(
                     semconv::HTTP_REQUEST_METHOD,
-                    method.to_owned(),
+                    method_attribute(req.method()),
                 ));
             } else {
                 attributes.push(KeyValue::new(semconv::HTTP_REQUEST_METHOD, "_OTHER"));
@@ -270,9 +277,9 @@ impl<M: MakeRequestSpan> ConnTraceMiddleware<M> {
             }
             attributes.extend([
                 KeyValue::new(semconv::URL_FULL, full.clone()),
-                KeyValue::new(semconv::URL_SCHEME, scheme.clone()),
-                KeyValue::new(semconv::SERVER_ADDRESS, host.clone()),
-                KeyValue::new(semconv::SERVER_PORT, i64::from(port)),
+                KeyValue::new(semconv::URL_SCHEME, key.url_scheme()),
+                KeyValue::new(semconv::SERVER_ADDRESS, key.server_address()),
+                KeyValue::new(semconv::SERVER_PORT, i64::from(key.port)),
             ]);
             set_attributes(&span, attributes);
         }
@@ -282,7 +289,7 @@ impl<M: MakeRequestSpan> ConnTraceMiddleware<M> {
 
         let state = Arc::new(RequestState::new(
             inner.next_request_id(),
-            HostKey { scheme, host, port },
+            key,
             crate::request::attribution::connection_token(req.headers(), "close"),
         ));
         let mut end = RequestEnd::new(
@@ -383,9 +390,15 @@ fn wrap_body(response: Response, mut end: RequestEnd) -> Response {
         end.finish(EndKind::Complete);
     }
     // reqwest keeps the final URL in an extension its From impl reads back;
-    // the builder extension is the public way to set it.
-    if let Ok(carrier) = http::Response::builder().url(url).body(()) {
-        parts.extensions.extend(carrier.into_parts().0.extensions);
+    // the builder extension is the public way to set it. The builder gets
+    // the response's own extensions (moved, not copied) and hands them back
+    // with the URL added.
+    let mut carrier = http::Response::builder();
+    if let Some(extensions) = carrier.extensions_mut() {
+        std::mem::swap(extensions, &mut parts.extensions);
+    }
+    if let Ok(carrier) = carrier.url(url).body(()) {
+        parts.extensions = carrier.into_parts().0.extensions;
     }
     let body = reqwest::Body::wrap(TracedBody::new(body, end));
     Response::from(http::Response::from_parts(parts, body))

@@ -17,7 +17,8 @@
 //! with the rules tower-http and reqwest apply (RFC 9110 §15.4: 301/302
 //! turn POST into GET, 303 turns everything but HEAD into GET and drops the
 //! body, 307/308 keep method and body; credentials dropped across hosts;
-//! `Referer` when reqwest's `referer` is on). Requests sent without the
+//! `Referer` when reqwest's `referer` is on; the request's extensions are
+//! not carried over, as tower-http does not). Requests sent without the
 //! middleware are followed by reqwest as before, under the same limit.
 //!
 //! [`ConnTraceMiddleware`]: crate::ConnTraceMiddleware
@@ -67,7 +68,7 @@ fn decide(attempt: Attempt<'_>, limit: usize, referer: bool) -> Action {
         attempt
             .previous()
             .last()
-            .is_some_and(|previous| same_target(previous, &hop.url))
+            .is_some_and(|previous| same_target(previous, hop.template.request.url()))
     });
     match hop {
         Some(hop) => {
@@ -107,11 +108,12 @@ pub(crate) struct Follow {
     referer: bool,
 }
 
-/// One hop in flight: its URL, how many hops came before it, and the
-/// policy's verdict.
+/// One hop in flight: a copy of its request (its URL, and what the next
+/// hop is built from), how many hops came before it, and the policy's
+/// verdict.
 #[derive(Debug)]
 pub(crate) struct HopSlot {
-    url: Url,
+    template: Template,
     followed: usize,
     next: Mutex<Option<Follow>>,
 }
@@ -127,10 +129,11 @@ fn same_target(a: &Url, b: &Url) -> bool {
 }
 
 impl HopSlot {
-    /// The slot of the hop to `url` after `followed` followed redirects.
-    pub(crate) fn new(url: Url, followed: usize) -> Self {
+    /// The slot of the hop sending `request` after `followed` followed
+    /// redirects.
+    pub(crate) fn new(request: &Request, followed: usize) -> Self {
         Self {
-            url,
+            template: Template::of(request),
             followed,
             next: Mutex::new(None),
         }
@@ -146,8 +149,16 @@ impl HopSlot {
     }
 
     /// The redirect to follow, if the policy said so.
-    pub(crate) fn take(&self) -> Option<Follow> {
+    fn take(&self) -> Option<Follow> {
         self.next.lock().unwrap_or_else(|e| e.into_inner()).take()
+    }
+
+    /// The next hop's request after this hop's `status` response, if the
+    /// policy said to follow and the redirect can be followed (see
+    /// [`Template::next_request`]).
+    pub(crate) fn next_request(&self, status: StatusCode) -> Option<Request> {
+        let follow = self.take()?;
+        self.template.try_clone()?.next_request(status, follow)
     }
 }
 
@@ -183,37 +194,57 @@ impl Drop for HopScope {
 
 /// A copy of a request taken before it is sent, to build the next hop from.
 #[derive(Debug)]
-pub(crate) struct Template {
+struct Template {
     request: Request,
     /// The body could not be copied (a stream): 307/308 cannot be followed.
     body_lost: bool,
 }
 
 impl Template {
-    /// Copies `request` (its body too when it is in memory).
-    pub(crate) fn of(request: &Request) -> Self {
-        match request.try_clone() {
-            Some(request) => Self {
-                request,
-                body_lost: false,
-            },
-            None => {
-                let mut copy = Request::new(request.method().clone(), request.url().clone());
-                *copy.headers_mut() = request.headers().clone();
-                *copy.version_mut() = request.version();
-                *copy.timeout_mut() = request.timeout().copied();
-                Self {
-                    request: copy,
-                    body_lost: true,
-                }
+    /// Another copy of the copy, to build the next hop from (only when a
+    /// redirect is followed). `None` only if the copy's body cannot be
+    /// copied, which [`Template::of`] rules out.
+    fn try_clone(&self) -> Option<Self> {
+        Some(Self {
+            request: self.request.try_clone()?,
+            body_lost: self.body_lost,
+        })
+    }
+
+    /// Copies `request`: method, URL, headers, version, timeout, and its
+    /// body when it is in memory. Not its extensions (reqwest's own
+    /// following, tower-http's `FollowRedirect`, does not carry them to the
+    /// next hop either).
+    ///
+    /// Built field by field: `Request::try_clone` allocates a timeout slot
+    /// even for a request without a timeout, and this runs for every
+    /// request sent.
+    fn of(request: &Request) -> Self {
+        let mut copy = Request::new(request.method().clone(), request.url().clone());
+        *copy.headers_mut() = request.headers().clone();
+        *copy.version_mut() = request.version();
+        if let Some(timeout) = request.timeout() {
+            *copy.timeout_mut() = Some(*timeout);
+        }
+        let mut body_lost = false;
+        if request.body().is_some() {
+            // reqwest's `Body::try_clone` is private: the body of a whole
+            // copy (in memory: a shared buffer; a stream: no copy).
+            match request.try_clone().and_then(|mut r| r.body_mut().take()) {
+                Some(body) => *copy.body_mut() = Some(body),
+                None => body_lost = true,
             }
+        }
+        Self {
+            request: copy,
+            body_lost,
         }
     }
 
     /// The next hop's request after a `status` response, or `None` when the
     /// redirect cannot be followed (not a redirect status, or a 307/308 whose
     /// body could not be copied: the 3xx is then the answer, as in reqwest).
-    pub(crate) fn next_request(self, status: StatusCode, follow: Follow) -> Option<Request> {
+    fn next_request(self, status: StatusCode, follow: Follow) -> Option<Request> {
         let Self {
             mut request,
             body_lost,
