@@ -31,11 +31,12 @@
 //! for the number of rounds, default 3).
 //!
 //! `CONNTRACE_BENCH_CHURN=N` runs only the churn instead: `bare` and
-//! `ours-exporting` each open N plain HTTP/1.1 connections, 4 at a time,
-//! against a server that closes each after its response, and print the
-//! live heap and the resident set size every N/10 connections (after a
-//! flush of the exporters): flat figures mean nothing grows per churned
-//! connection.
+//! `ours-exporting` (or the comma-separated variants in
+//! `CONNTRACE_BENCH_CHURN_VARIANTS`) each open N plain HTTP/1.1
+//! connections, 4 at a time, against a server that closes each after its
+//! response, and print the live heap and the resident set size every N/10
+//! connections (after a flush of the exporters): flat figures mean nothing
+//! grows per churned connection.
 
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Child, Command, Stdio};
@@ -459,7 +460,9 @@ fn churn_main(total: usize, server: &Helper, endpoint: &str) {
     let url = server.field("plain-close");
     let ca = server.field("ca");
     println!("### churn: {total} connections, 4 at a time, server closes each\n");
-    for variant in ["bare", "ours-exporting"] {
+    let variants = std::env::var("CONNTRACE_BENCH_CHURN_VARIANTS")
+        .unwrap_or_else(|_| "bare,ours-exporting".to_owned());
+    for variant in variants.split(',').map(str::trim) {
         let mut command = Command::new(std::env::current_exe().expect("own path"));
         command
             .args(["--role", "client", "--variant", variant])
