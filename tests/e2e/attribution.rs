@@ -1367,3 +1367,32 @@ async fn a_close_the_client_asked_for_is_not_the_servers_request_limit() {
         );
     }
 }
+
+/// An HTTP/1.1 request that times out on the client's first connection
+/// (the server recorded it there, unanswered) makes the next request open a
+/// second connection: `abandoned`, naming the first (it was `cold`: the pool
+/// was never warm, but its only connection was given up, not missing).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn found_a_timeout_on_the_first_connection_is_abandoned_not_cold() {
+    let t = telemetry();
+    let server = RemoteServer::start(plain_h1()).await;
+    let client = t.client(reqwest::Client::builder(), None);
+    let error = client
+        .get(server.get().url("/delay/600"))
+        .timeout(Duration::from_millis(100))
+        .send()
+        .await
+        .expect_err("times out");
+    assert!(error.is_timeout(), "{error:?}");
+    get(&client, &server.get().url("/")).await;
+    let spans: Vec<Seen> = requests(&t, 2).iter().map(seen).collect();
+    assert_eq!(server.get().accepted_connections(), 2, "{spans:#?}");
+    assert_eq!(server.get().requests().len(), 2, "the server saw both");
+    let first = spans[0].id.expect("the timeout names its connection");
+    assert_eq!(spans[1].previous_id, Some(first), "{spans:#?}");
+    assert_eq!(
+        spans[1].reason.as_deref(),
+        Some(semconv::MISS_REASON_ABANDONED),
+        "{spans:#?}"
+    );
+}

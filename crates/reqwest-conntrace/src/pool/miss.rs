@@ -79,7 +79,9 @@ pub enum MissReason {
     /// `client_close`: the client itself asked the server to close the
     /// most recent connection: its request sent `Connection: close`, so
     /// the connection ended with that response (as a server's request
-    /// limit would end it, but the fix is the client's).
+    /// limit would end it, but the fix is the client's). A `Connection:
+    /// close` from reqwest's `default_headers` is added after the
+    /// middleware and not seen: that close reads `RequestLimit`.
     ClientClose,
     /// `abandoned`: a request on the most recent HTTP/1.1 connection
     /// failed or was cancelled before its response ended (a timeout, a
@@ -135,7 +137,7 @@ impl MissReason {
                 "build one reqwest::Client and share it (it is an Arc inside); do not build a client per request"
             }
             MissReason::RequestLimit => {
-                "the server closes connections after a number of requests: raise its per-connection request limit (nginx keepalive_requests); no client setting helps"
+                "the server closes connections after a number of requests: raise its per-connection request limit (nginx keepalive_requests); no client setting helps (unless the client sends Connection: close through reqwest's default_headers, which this crate cannot see: remove it)"
             }
             MissReason::PoolDisabled => {
                 "the idle pool is off (pool_max_idle_per_host(0)): set it above 0 if connections should be reused"
@@ -147,7 +149,7 @@ impl MissReason {
                 "set pool_max_idle_per_host and pool_idle_timeout on InstrumentedClientBuilder instead of reqwest's builder, so the limit that closed it can be named"
             }
             MissReason::ClientClose => {
-                "stop sending Connection: close on requests (a header set by the caller or a default header), so connections go back to the pool"
+                "stop sending Connection: close on requests, so connections go back to the pool"
             }
             MissReason::Abandoned => {
                 "the previous request on that connection timed out or was cancelled before its response: see its span (http.connection.stalled and the kernel's evidence), then fix the slow server or raise that request's timeout"

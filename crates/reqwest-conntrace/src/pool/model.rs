@@ -527,7 +527,19 @@ impl PoolHistory {
         }
         // 3. The pool was never warm: no connection has finished a response
         //    yet (a concurrent first burst, however its connects interleave).
+        //    Unless every connection it had was given up by a request that
+        //    timed out on it (row 5c): the latest of those is the cause.
         if mine().all(|r| r.last_released().is_none()) {
+            let abandoned =
+                |r: &&Arc<ConnectionRecord>| r.seen_end() == Some(ConnectionEnd::Abandoned);
+            if mine().all(|r| abandoned(&r) || r.is_closed())
+                && let Some(latest) = mine().filter(abandoned).max_by_key(|r| r.ready_at())
+            {
+                return MissVerdict::Decided(Miss::caused_by(
+                    MissReason::Abandoned,
+                    Previous::of(latest, now, Some(ConnectionEnd::Abandoned)),
+                ));
+            }
             return MissVerdict::Decided(Miss::new(MissReason::Cold));
         }
         // hyper-util hands out the most recently released idle connection
