@@ -795,9 +795,12 @@ pub const UNTRACKED_POOL_HISTORY: &str = "pool_history";
 /// (reqwest's `unix_socket`), which gives no socket addresses to match it
 /// with its connection, and more than one open connection of the host was
 /// free to have carried it. A response over a local transport is
-/// attributed when exactly one was (always so for one request at a time);
-/// else the request carries no `http.connection.id`, `reused`,
-/// `request_count`, `wait_time` or `miss_reason`.
+/// attributed when exactly one was (one request at a time over one
+/// connection); after concurrent requests left several open, none is
+/// guessed until only one is left (a connection the server closed while
+/// idle is only known closed from its traffic). Such a request carries no
+/// `http.connection.id`, `reused`, `request_count`, `wait_time` or
+/// `miss_reason`.
 pub const UNTRACKED_LOCAL_TRANSPORT: &str = "local_transport";
 
 /// [`HTTP_CONNECTION_ADDRESS_OUTCOME`]: the address's share of the connect timeout elapsed.
