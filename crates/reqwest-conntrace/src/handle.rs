@@ -191,8 +191,7 @@ impl Inner {
                 // Over the idle limit yet established: the pool kept it, or
                 // has not closed it yet (hyper-util closes it on a task of
                 // its own): a doubt, which a response on it clears.
-                if record.is_over_idle_limit() {
-                    record.clear_over_idle_limit();
+                if record.clear_over_idle_limit() {
                     record.set_over_idle_limit_unsure(true);
                 }
             }
@@ -309,6 +308,27 @@ impl Inner {
 
     /// Asks the kernel about `record`'s socket; the answer applies when it
     /// arrives (see [`apply_kernel_view`](Self::apply_kernel_view)).
+    /// A response came on `record`, whose release this crate believed over
+    /// the idle limit: the pool had kept it, so a connection counted idle
+    /// at that release was not in hyper-util's idle list (closed unbeknown
+    /// to us: hyper-util dropped it in its release race while the kernel
+    /// still showed it established). The client's other connections to the
+    /// host believed idle are checked with the kernel, off the request
+    /// path, so the next release counts right.
+    pub(crate) fn recheck_believed_idle(self: &Arc<Self>, record: &ConnectionRecord) {
+        let Some(host) = &record.host else {
+            return;
+        };
+        for other in self
+            .pools
+            .idle_of_client(host, record.client.id, INFER_FOLLOW_UPS)
+        {
+            if other.id() != record.id() {
+                self.check_with_kernel(other);
+            }
+        }
+    }
+
     fn check_with_kernel(self: &Arc<Self>, record: Arc<ConnectionRecord>) {
         if let (Some(l), Some(r)) = (record.setup.local_addr, record.setup.peer_addr) {
             let weak = Arc::downgrade(self);

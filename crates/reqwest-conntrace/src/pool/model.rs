@@ -896,7 +896,10 @@ impl PoolHistory {
             && record.in_use() == 0
         {
             record.mark_released(now);
-            self.on_released(host, record, now, record.ready_at(), in_flight);
+            // No request of its own releases it: every request in flight
+            // may hold a connection (`on_released` counts the releasing one
+            // in `in_flight`).
+            self.on_released(host, record, now, record.ready_at(), in_flight + 1);
         }
     }
 

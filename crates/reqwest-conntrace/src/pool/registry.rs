@@ -359,9 +359,10 @@ impl ConnectionRecord {
 
     /// A response arrived on it after all (or the kernel shows it
     /// established after its release): the pool had kept it.
-    pub(crate) fn clear_over_idle_limit(&self) {
-        self.over_idle_limit.store(false, Ordering::Relaxed);
+    /// Returns whether it was believed over the limit (not merely unsure).
+    pub(crate) fn clear_over_idle_limit(&self) -> bool {
         self.over_idle_limit_unsure.store(false, Ordering::Relaxed);
+        self.over_idle_limit.swap(false, Ordering::Relaxed)
     }
 
     /// Whether its latest release may have been over the idle limit (see

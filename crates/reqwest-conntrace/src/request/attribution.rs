@@ -31,7 +31,7 @@ use crate::semconv;
 /// is set and the reason is recorded when the request ends
 /// ([`RequestEnd::finish`]).
 pub(crate) fn attribute_response(
-    inner: &Inner,
+    inner: &Arc<Inner>,
     state: &RequestState,
     span: &tracing::Span,
     info: Option<&HttpInfo>,
@@ -84,7 +84,11 @@ pub(crate) fn attribute_response(
     // A response arrived: the pool had kept the connection whatever we
     // believed (an early-dropped body, the idle limit), and it is not stalled.
     record.mark_alive();
-    record.clear_over_idle_limit();
+    if record.clear_over_idle_limit() {
+        // Believed closed at its release over the idle limit, yet kept: a
+        // connection counted idle then was not in the pool's idle list.
+        inner.recheck_believed_idle(&record);
+    }
     // A `Connection: close` either side sent ends an HTTP/1.1 connection
     // with this response (RFC 9112 §9.6); whose it was names the fix.
     record.set_connection_close(
