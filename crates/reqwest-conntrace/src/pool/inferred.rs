@@ -190,14 +190,16 @@ fn close_after_miss(record: &ConnectionRecord, idle_others: Option<usize>) -> Po
     if k == 0 && client.inferred.keeps_idle() {
         return PoolClose::CheckoutDropped;
     }
-    if client.inferred.idle_limit().is_some_and(|limit| limit <= k)
-        || client.inferred.confirm_unsure(record.id(), k)
-    {
-        PoolClose::AtRelease {
+    if client.inferred.idle_limit().is_some_and(|limit| limit <= k) {
+        return PoolClose::AtRelease {
             idle_others: Some(k),
-        }
-    } else {
-        PoolClose::Unsure
+        };
+    }
+    match client.inferred.confirm_unsure(record.id(), k) {
+        Some(bound) => PoolClose::AtRelease {
+            idle_others: Some(bound),
+        },
+        None => PoolClose::Unsure,
     }
 }
 
@@ -269,7 +271,20 @@ impl InferredLimits {
     pub(crate) fn note_idle_hit(&self) {
         if !self.keeps_idle.load(Ordering::Relaxed) {
             self.keeps_idle.store(true, Ordering::Relaxed);
+            // A limit inferred as 0 was wrong: forget it.
+            let _ = self.idle_limit.compare_exchange(
+                0,
+                usize::MAX,
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            );
         }
+    }
+
+    /// The pool keeps no idle connection, as inferred: an idle limit of 0
+    /// and never an idle hit.
+    pub(crate) fn keeps_none(&self) -> bool {
+        self.idle_limit() == Some(0) && !self.keeps_idle()
     }
 
     /// The pool has served an idle hit ([`note_idle_hit`](Self::note_idle_hit)).
@@ -277,18 +292,20 @@ impl InferredLimits {
         self.keeps_idle.load(Ordering::Relaxed)
     }
 
-    /// An unsure close of connection `id` at `idle_others`: `true` when an
+    /// An unsure close of connection `id` at `idle_others`: when an
     /// earlier unsure close of another connection, at as many idle others
-    /// or more, confirms both as the idle limit's; otherwise it is noted
-    /// (the fewer idle others kept) and `false` returned.
-    fn confirm_unsure(&self, id: u64, idle_others: usize) -> bool {
+    /// or more, was noted, both are taken as the idle limit's (two release
+    /// races in a row, with no idle hit between, do not happen: the race is
+    /// rare) and `idle_others` is the bound; otherwise it is noted (the
+    /// fewer idle others kept) and `None` returned.
+    fn confirm_unsure(&self, id: u64, idle_others: usize) -> Option<usize> {
         let mut unsure = self.unsure.lock().unwrap_or_else(|e| e.into_inner());
         match *unsure {
-            Some((first, k)) if first != id && k >= idle_others => true,
-            Some((_, k)) if k <= idle_others => false,
+            Some((first, k)) if first != id && k >= idle_others => Some(idle_others),
+            Some((_, k)) if k <= idle_others => None,
             _ => {
                 *unsure = Some((id, idle_others));
-                false
+                None
             }
         }
     }

@@ -525,6 +525,7 @@ impl PoolHistory {
         if client.max_idle_per_host == Some(0) {
             return MissVerdict::Decided(Miss::new(MissReason::PoolDisabled));
         }
+
         // 3. The pool was never warm: no connection has finished a response
         //    yet (a concurrent first burst, however its connects interleave).
         //    Unless every connection it had was given up by a request that
@@ -554,6 +555,16 @@ impl PoolHistory {
         // Read before the rest: a response on it from now on shows it alive.
         let requests_seen = candidate.requests.load(Ordering::Relaxed);
         let previous = |end| Previous::of(candidate, now, Some(end));
+        // 4b. An idle pool inferred off (an idle limit of 0 from the pool's
+        //     closes at release, never an idle hit): it closed the candidate
+        //     at its release, as every one.
+        if !client.max_idle_known && client.inferred.keeps_none() {
+            candidate.infer_end(ConnectionEnd::IdleLimit);
+            return MissVerdict::Decided(
+                Miss::caused_by(MissReason::PoolDisabled, previous(ConnectionEnd::IdleLimit))
+                    .limits_inferred(),
+            );
+        }
         // 5. Its body failed: hyper closed it.
         if candidate.is_discarded() {
             return MissVerdict::Closed {
@@ -1028,6 +1039,42 @@ mod tests {
     fn client() -> Arc<ClientState> {
         // Idle timeout known (none), idle limit unlimited.
         Arc::new(ClientState::new(Some(None), None))
+    }
+
+    /// Row 4b: once the pool's closes inferred an idle limit of 0 (and it
+    /// never served an idle hit), every later miss is `pool_disabled`,
+    /// inferred, naming the connection closed at release, whatever the
+    /// kernel would show; an idle hit proves the inference wrong and drops it.
+    #[test]
+    fn an_inferred_idle_limit_of_zero_names_every_miss_pool_disabled() {
+        let t0 = Instant::now();
+        let pools = PoolHistory::default();
+        let client = Arc::new(ClientState::unknown_settings());
+        let a = connection(&pools, &client, 1, t0, false);
+        response(&a, false, t0 + Duration::from_millis(1));
+        client.inferred.observe(PoolClose::AtRelease {
+            idle_others: Some(0),
+        });
+        let at = t0 + Duration::from_millis(2);
+        let miss = decided(pools.classify_miss(&host(), &client, at, 1));
+        assert_eq!(miss.reason, MissReason::PoolDisabled);
+        assert_eq!(
+            miss.limits,
+            Some(crate::pool::inferred::LimitSource::Inferred)
+        );
+        assert_eq!(
+            miss.previous.map(|p| (p.id, p.end)),
+            Some((a.id(), Some(ConnectionEnd::IdleLimit)))
+        );
+        client.inferred.note_idle_hit();
+        assert_eq!(client.inferred.idle_limit(), None);
+        assert!(!matches!(
+            pools.classify_miss(&host(), &client, at, 1),
+            MissVerdict::Decided(Miss {
+                reason: MissReason::PoolDisabled,
+                ..
+            })
+        ));
     }
 
     /// Rows 5c and 6 name whose doing the end was: a request that gave up
