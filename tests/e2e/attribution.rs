@@ -159,6 +159,13 @@ fn plain_h1() -> TestServerBuilder {
     TestServer::builder().http_versions(HttpVersions::Http1Only)
 }
 
+/// A server speaking only HTTP/2, over TLS with `pki`'s certificate.
+fn tls_h2(pki: &TestPki) -> TestServerBuilder {
+    TestServer::builder()
+        .tls(pki)
+        .http_versions(HttpVersions::Http2Only)
+}
+
 async fn get(client: &reqwest_middleware::ClientWithMiddleware, url: &str) {
     let response = client.get(url).send().await.expect("request succeeds");
     response.bytes().await.expect("body");
@@ -559,13 +566,7 @@ async fn http2_goaway_after_n_streams_names_the_previous_connection() {
     for _ in 0..3 {
         let t = telemetry();
         let pki = TestPki::localhost().expect("pki");
-        let server = RemoteServer::start(
-            TestServer::builder()
-                .tls(&pki)
-                .http_versions(HttpVersions::Http2Only)
-                .max_requests_per_connection(Some(3)),
-        )
-        .await;
+        let server = RemoteServer::start(tls_h2(&pki).max_requests_per_connection(Some(3))).await;
         let client = t.client(reqwest::Client::builder(), Some(&pki));
         let url = server.get().url("/");
         for _ in 0..9 {
@@ -666,12 +667,7 @@ async fn dropped_http2_body_resets_the_stream_and_counts_it() {
     for _ in 0..3 {
         let t = telemetry();
         let pki = TestPki::localhost().expect("pki");
-        let server = RemoteServer::start(
-            TestServer::builder()
-                .tls(&pki)
-                .http_versions(HttpVersions::Http2Only),
-        )
-        .await;
+        let server = RemoteServer::start(tls_h2(&pki)).await;
         let client = t.client(reqwest::Client::builder(), Some(&pki));
         let response = client
             .get(server.get().url("/bytes/8000000"))
@@ -708,13 +704,7 @@ async fn dropped_http2_body_resets_the_stream_and_counts_it() {
 async fn requests_timing_out_on_a_stalled_connection_name_it() {
     let t = telemetry();
     let pki = TestPki::localhost().expect("pki");
-    let server = RemoteServer::start(
-        TestServer::builder()
-            .tls(&pki)
-            .http_versions(HttpVersions::Http2Only)
-            .stall_after(Some(1)),
-    )
-    .await;
+    let server = RemoteServer::start(tls_h2(&pki).stall_after(Some(1))).await;
     let client = t.client(reqwest::Client::builder(), Some(&pki));
     let url = server.get().url("/");
     get(&client, &url).await;
@@ -1230,12 +1220,7 @@ async fn requests_refused_by_a_goaway_name_the_connection_they_were_sent_on() {
 async fn a_dropped_http2_body_counts_as_a_possible_stream_reset_even_when_fully_received() {
     let t = telemetry();
     let pki = TestPki::localhost().expect("pki");
-    let server = RemoteServer::start(
-        TestServer::builder()
-            .tls(&pki)
-            .http_versions(HttpVersions::Http2Only),
-    )
-    .await;
+    let server = RemoteServer::start(tls_h2(&pki)).await;
     let client = t.client(reqwest::Client::builder(), Some(&pki));
     let url = server.get().url("/");
     // Warm: the connection is up and the next response is 2 bytes.
