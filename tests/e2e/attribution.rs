@@ -1358,7 +1358,7 @@ async fn a_close_the_client_asked_for_is_not_the_servers_request_limit() {
 /// second connection: `abandoned`, naming the first (it was `cold`: the pool
 /// was never warm, but its only connection was given up, not missing).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn found_a_timeout_on_the_first_connection_is_abandoned_not_cold() {
+async fn a_timeout_on_the_first_connection_is_abandoned_not_cold() {
     let t = telemetry();
     let server = RemoteServer::start(plain_h1()).await;
     let client = t.client(reqwest::Client::builder(), None);
