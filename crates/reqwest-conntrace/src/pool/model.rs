@@ -736,6 +736,24 @@ impl PoolHistory {
             .cloned()
     }
 
+    /// The HTTP/2 connection a request that failed with an HTTP/2 error
+    /// (GOAWAY, stream reset, connection error) when no likelier one was
+    /// found went out on: the host's most recently active HTTP/2
+    /// connection, even one already ended (a GOAWAY refuses a burst's
+    /// streams together; the first refused request records the end), even
+    /// one that became ready after the request started (a cold burst's
+    /// streams ride the first connection ready).
+    pub(crate) fn latest_http2(&self, host: &HostKey) -> Option<Arc<ConnectionRecord>> {
+        let hosts = self.hosts();
+        hosts
+            .get(host)?
+            .connections
+            .iter()
+            .filter(|r| r.http2())
+            .max_by_key(|r| r.last_activity())
+            .cloned()
+    }
+
     /// The connection a request that failed without calling the connector
     /// most likely went out on: hyper-util hands out the most recently
     /// released idle connection of the host, so the one (of any client of

@@ -376,7 +376,8 @@ fn record_server_keep_alive(
 /// `span`: the one its own connect made (if that succeeded), else the
 /// HTTP/2 connection it was multiplexed onto, else the HTTP/1.1 connection
 /// hyper-util would have handed out (the host's most recently released idle
-/// one). Sets `http.connection.reused`, `.id`, `.idle_time` and a link to
+/// one); for an HTTP/2 error with none of those found, the host's latest
+/// HTTP/2 connection. Sets `http.connection.reused`, `.id`, `.idle_time` and a link to
 /// its setup span; records how the failure ended the connection
 /// (`connection_reset`, HTTP/2 GOAWAY or connection error; an HTTP/1.1
 /// timeout abandons it, `abandoned`); and asks the
@@ -412,6 +413,20 @@ pub(crate) fn attribute_failure(
             .likely_multiplexed(&state.host, state.started)
             .or_else(|| inner.pools.likely_pooled(&state.host, state.started))
     };
+    // An HTTP/2 error happened on an HTTP/2 connection: when none of the
+    // above was found (its own connect had not finished, the connection was
+    // already ended by the same GOAWAY), the host's latest one.
+    let http2_error = matches!(
+        error_type,
+        semconv::ERROR_TYPE_HTTP2_GOAWAY
+            | semconv::ERROR_TYPE_HTTP2_STREAM_RESET
+            | semconv::ERROR_TYPE_HTTP2_ERROR
+    );
+    let record = record.or_else(|| {
+        http2_error
+            .then(|| inner.pools.latest_http2(&state.host))
+            .flatten()
+    });
     let record = record?;
     let now = Instant::now();
     let reused = record.ready_at() <= state.started;
