@@ -243,10 +243,11 @@ async fn probe_reuse_mode_against_nginx_tls13() {
 }
 
 /// A 302 chain across 127.0.0.1 to 127.0.0.5, probed twice: the probe's
-/// JSON, its metrics and the servers agree on five connections. JSON: one
-/// row per hop (10), `new_connections` 5, 5 misses (the first pass) and 5
-/// idle hits (the second); metrics: 5 opened, 5 pool misses; the servers:
-/// one accepted connection each, which carried both passes.
+/// JSON, its metrics and the servers agree on the connections. JSON: one
+/// row per hop (10), 5 misses (the first pass) and 5 idle hits (the
+/// second), but for hops that hyper-util's pool-return race made miss
+/// (`release_race`, each a connect the server accepted); metrics: as many
+/// opened as the servers accepted, as many misses as the JSON.
 #[tokio::test]
 async fn probe_redirect_chain_counts_every_hop() {
     let mut servers = Vec::new();
@@ -283,15 +284,29 @@ async fn probe_redirect_chain_counts_every_hop() {
     assert_eq!(resends, [0, 1, 2, 3, 4, 0, 1, 2, 3, 4]);
     // Every hop's row names its protocol (the servers speak HTTP/1.1 only).
     assert!(rows.iter().all(|r| r["http_version"] == "1.1"), "{rows:#?}");
+    // The second pass is idle hits, except where hyper-util's pool-return
+    // race made a hop miss (`release_race`: on a loaded machine, the hop's
+    // own connect then opened another connection the server accepted).
+    let raced = rows[5..]
+        .iter()
+        .filter(|r| !r["miss_reason"].is_null())
+        .inspect(|r| assert_eq!(r["miss_reason"], "release_race", "{rows:#?}"))
+        .count();
+    let new_in_second_pass = rows[5..].iter().filter(|r| r["reused"] == false).count();
     let totals = &mode["totals"];
-    assert_eq!(totals["new_connections"], 5);
-    assert_eq!(totals["pool_misses"], 5);
-    assert_eq!(totals["pool_hits"], 5);
+    assert_eq!(totals["new_connections"], 5 + new_in_second_pass);
+    assert_eq!(totals["pool_misses"], 5 + raced);
+    assert_eq!(totals["pool_hits"], 5 - raced);
+    let mut accepted = 0;
     for (k, s) in servers.iter().enumerate() {
-        assert_eq!(s.accepted_connections(), 1, "host {}", k + 1);
-        let indexes: Vec<u64> = s.requests().iter().map(|r| r.request_index).collect();
-        assert_eq!(indexes, [1, 2], "host {}", k + 1);
+        accepted += s.accepted_connections();
+        assert!(s.accepted_connections() >= 1, "host {}", k + 1);
+        assert_eq!(s.requests().len(), 2, "host {}", k + 1);
     }
+    // Each miss started a connect that the server accepted (hyper-util
+    // finishes a started connect even when a returning connection served
+    // the hop).
+    assert_eq!(accepted, 5 + raced as u64);
     let opened = receiver
         .wait_for_metric(
             semconv::HTTP_CLIENT_CONNECTIONS_OPENED,
@@ -299,12 +314,12 @@ async fn probe_redirect_chain_counts_every_hop() {
         )
         .await
         .expect("connections.opened");
-    assert_eq!(opened.total(), 5.0);
+    assert_eq!(opened.total(), accepted as f64);
     let misses = receiver
         .wait_for_metric(semconv::HTTP_CLIENT_POOL_MISSES, Duration::from_secs(10))
         .await
         .expect("pool.misses");
-    assert_eq!(misses.total(), 5.0);
+    assert_eq!(misses.total(), (5 + raced) as f64);
 }
 
 /// HTTP/2 by prior knowledge (`--http2` on plain http, no ALPN): the setup
