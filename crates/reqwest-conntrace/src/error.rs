@@ -177,3 +177,35 @@ mod tests {
         assert_eq!(classify(&e), semconv::ERROR_TYPE_CONNECTION_REFUSED);
     }
 }
+
+/// How a proxy refused: the `error.type` and, when known, the status code
+/// of its answer to `CONNECT`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct ProxyRefusal {
+    pub(crate) error_type: &'static str,
+    pub(crate) status: Option<u16>,
+}
+
+/// Recognises hyper-util's tunnel errors in `err`'s chain (its
+/// `TunnelError` is private; its `Debug` names the variant): `407` is
+/// `proxy_auth_required` with that status; any other non-2xx answer is
+/// `proxy_connect_refused` (hyper-util 0.1.21 keeps no status code for
+/// it); an answer cut short or too large is `proxy_connect_failed`.
+pub(crate) fn proxy_refusal(err: &(dyn StdError + 'static)) -> Option<ProxyRefusal> {
+    let mut current = Some(err);
+    while let Some(e) = current {
+        let debug = format!("{e:?}");
+        let found = |error_type, status| Some(ProxyRefusal { error_type, status });
+        if debug.starts_with("ProxyAuthRequired") {
+            return found(semconv::ERROR_TYPE_PROXY_AUTH_REQUIRED, Some(407));
+        }
+        if debug.starts_with("TunnelUnsuccessful") {
+            return found(semconv::ERROR_TYPE_PROXY_CONNECT_REFUSED, None);
+        }
+        if debug.starts_with("TunnelUnexpectedEof") || debug.starts_with("ProxyHeadersTooLong") {
+            return found(semconv::ERROR_TYPE_PROXY_CONNECT_FAILED, None);
+        }
+        current = e.source();
+    }
+    None
+}

@@ -13,14 +13,15 @@ use opentelemetry::trace::TracerProvider;
 use opentelemetry::{InstrumentationScope, KeyValue};
 
 use crate::export::clock::Clock;
+use crate::export::metrics::HostGauges;
 use crate::export::metrics::{Metrics, PoolObservations};
 use crate::export::report::OnRequestEnd;
 use crate::kernel::{KernelLookup, KernelView};
-use crate::pool::advice::{HostGauges, PoolLoad};
+use crate::miss::ConnectionEnd;
+use crate::pool::advice::PoolLoad;
 use crate::pool::client::ClientState;
 use crate::pool::host::HostKey;
 use crate::pool::inferred::{LimitSource, pool_close};
-use crate::pool::miss::ConnectionEnd;
 use crate::pool::model::{MissVerdict, PoolHistory, decide_from_kernel};
 use crate::pool::registry::{ConnectionRecord, Registry};
 use crate::pool::slot::MissSlot;

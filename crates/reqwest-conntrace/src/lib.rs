@@ -62,6 +62,9 @@ mod error;
 mod export;
 mod handle;
 mod kernel;
+#[cfg(test)]
+mod layout;
+mod miss;
 #[cfg(feature = "otlp")]
 pub mod otlp;
 mod pool;
@@ -73,9 +76,9 @@ pub use builder::{InstrumentedClientBuilder, ReqwestClientBuilder};
 pub use connect::address::AddressOrder;
 pub use connect::connector::{ConnectFuture, ConnectService, ConnectorLayer, connects_in_flight};
 pub use connect::dns::{SystemResolver, TracedResolver};
-pub use connect::tcp::wait_for_pending_spans;
 pub use connect::tls::TlsSettings;
 pub use error::BuildError;
+pub use export::pending::wait_for_pending_spans;
 pub use export::report::{
     ConnectionSetup, ConnectionUse, DefaultOnRequestEnd, OnRequestEnd, RequestReport, TlsVersion,
 };
@@ -84,8 +87,8 @@ pub use handle::{
     ConnTrace, ConnTraceBuilder, DEFAULT_POOL_ADVICE_INTERVAL, DEFAULT_REGISTRY_CAPACITY,
 };
 pub use kernel::{TIME_WAIT_LENGTH, TcpFacts, TcpInfo, TcpState};
+pub use miss::MissReason;
 pub use pool::advice::{DEFAULT_POOL_ADVICE_HOSTS, PoolAdvice};
-pub use pool::miss::MissReason;
 pub use pool::model::DEFAULT_POOL_HISTORY_HOSTS;
 pub use redact::{DEFAULT_REDACTED_QUERY_KEYS, UrlRedaction, redact_url};
 pub use request::fanout::fan_out;

@@ -19,9 +19,9 @@ use tracing_opentelemetry::OpenTelemetrySpanExt;
 
 use crate::connect::attempt::{AttemptScope, ConnectAttempt};
 use crate::connect::peer::{Peer, PeerLookup};
-use crate::connect::proxy::{self, ProxyRefusal, ProxyRules};
+use crate::connect::proxy::ProxyRules;
 use crate::connect::setup::{self, Ending, Established};
-use crate::error::{classify, error_chain_text};
+use crate::error::{ProxyRefusal, classify, error_chain_text, proxy_refusal};
 use crate::handle::{ConnTrace, Inner};
 use crate::pool::client::ClientState;
 use crate::pool::registry::ConnectionRecord;
@@ -418,7 +418,7 @@ where
                 }
                 Err(e) => {
                     let e: &(dyn StdError + Send + Sync + 'static) = e.borrow();
-                    let refusal = proxy::refusal(e);
+                    let refusal = proxy_refusal(e);
                     let error_type = refusal.map_or_else(|| classify(e), |r| r.error_type);
                     let message = error_chain_text(&inner.redaction, e);
                     finish_failed(

@@ -7,7 +7,7 @@
 //! - `address`: address order as hyper-util tries it, the winner, skipped addresses, SYN retransmits;
 //! - `tcp`: the end of a `tcp.connect` span (kernel facts, retransmit events);
 //! - `peer`: the address TCP connected to when the connection never came back (the handshake hung or failed);
-//! - `proxy`: which proxy a connect goes through, and refused `CONNECT`s;
+//! - `proxy`: which proxy a connect goes through;
 //! - `tls`: [`TlsSettings`](crate::TlsSettings) and the rustls hooks that time the handshake;
 //! - `setup`: the `http.connection_setup` span and its phase children.
 

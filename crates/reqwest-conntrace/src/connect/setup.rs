@@ -14,8 +14,9 @@ use opentelemetry::{Array, Context, KeyValue, StringValue, Value};
 use crate::connect::address;
 use crate::connect::attempt::{ConnectAttempt, DnsPhase, Phases};
 use crate::connect::peer::Peer;
-use crate::connect::proxy::{ProxyRefusal, ProxyRoute};
+use crate::connect::proxy::ProxyRoute;
 use crate::connect::tcp::TcpSpanEnd;
+use crate::error::ProxyRefusal;
 use crate::export::report::{ConnectionSetup, TlsVersion};
 use crate::handle::Inner;
 use crate::semconv;
@@ -408,7 +409,7 @@ pub(crate) fn emit_phases(
             end: inner.clock.wall(tcp_end),
             syn_by_timing: syn_retransmits,
             facts: tcp_facts.clone(),
-            _pending: crate::connect::tcp::PendingEnd::new(),
+            _pending: crate::export::pending::PendingEnd::new(),
         };
         // A connected socket is looked up in the kernel before the span
         // ends (by the caller, off this task), when anyone reads the

@@ -14,8 +14,19 @@ use opentelemetry::metrics::{
     Counter, Histogram, Meter, ObservableGauge, ObservableUpDownCounter, UpDownCounter,
 };
 
-use crate::pool::advice::HostGauges;
 use crate::semconv;
+
+/// A host's gauges (`http.client.pool.peak_in_flight` / `.idle_limit`),
+/// as the pool model reports them.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct HostGauges {
+    pub(crate) server_address: String,
+    pub(crate) server_port: u16,
+    pub(crate) peak_in_flight: u64,
+    /// The idle limit and where it came from (the
+    /// `http.connection.pool.limits` value: `configured` or `inferred`).
+    pub(crate) idle_limit: Option<(usize, &'static str)>,
+}
 
 /// Explicit bucket boundaries (seconds) the HTTP semantic conventions advise
 /// for `http.client.request.duration` (semconv v1.42.0); used for every
@@ -185,7 +196,7 @@ impl Metrics {
                         for g in gauges {
                             if let Some((limit, source)) = g.idle_limit {
                                 let [address, port] = host_attributes(&g.server_address, g.server_port);
-                                let source = KeyValue::new(semconv::HTTP_CONNECTION_POOL_LIMITS, source.as_str());
+                                let source = KeyValue::new(semconv::HTTP_CONNECTION_POOL_LIMITS, source);
                                 observer.observe(limit as u64, &[address, port, source]);
                             }
                         }

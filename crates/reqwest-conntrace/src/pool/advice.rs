@@ -28,6 +28,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+use crate::export::metrics::HostGauges;
 use crate::pool::host::HostKey;
 use crate::pool::inferred::LimitSource;
 use crate::semconv;
@@ -138,15 +139,6 @@ impl std::fmt::Display for PoolAdvice {
             self.suggested_max_idle_per_host
         )
     }
-}
-
-/// A host's gauges (`http.client.pool.peak_in_flight` / `.idle_limit`).
-#[derive(Debug, Clone, PartialEq)]
-pub(crate) struct HostGauges {
-    pub(crate) server_address: String,
-    pub(crate) server_port: u16,
-    pub(crate) peak_in_flight: u64,
-    pub(crate) idle_limit: Option<(usize, LimitSource)>,
 }
 
 /// Per-host load of one handle. Bounded: a host is forgotten only once its
@@ -331,7 +323,9 @@ impl PoolLoad {
                         server_address: key.host.to_string(),
                         server_port: key.port,
                         peak_in_flight: load.peak,
-                        idle_limit: load.idle_limit,
+                        idle_limit: load
+                            .idle_limit
+                            .map(|(limit, source)| (limit, source.as_str())),
                     };
                     (closed, gauges)
                 })
@@ -391,7 +385,7 @@ mod tests {
         assert_eq!(load.gauges(later)[0].peak_in_flight, 5);
         assert_eq!(
             load.gauges(later)[0].idle_limit,
-            Some((2, LimitSource::Configured))
+            Some((2, semconv::POOL_LIMITS_CONFIGURED))
         );
         assert_eq!(load.peak_in_flight("b", 443, later), Some(5));
         // A new interval starts from the requests in flight.

@@ -7,14 +7,12 @@
 //! - `client`: one instrumented client instance and its pool settings;
 //! - `inferred`: pool limits inferred from the closes a client's pool makes;
 //! - `registry`: live connections by socket address pair;
-//! - `miss`: [`MissReason`](crate::MissReason) and how a connection ended;
 //! - `advice`: per-host in-flight load and the pool-size advice (Little's law).
 
 pub(crate) mod advice;
 pub(crate) mod client;
 pub(crate) mod host;
 pub(crate) mod inferred;
-pub(crate) mod miss;
 pub(crate) mod model;
 pub(crate) mod registry;
 pub(crate) mod slot;

@@ -19,12 +19,12 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
 use crate::kernel::{KernelLookup, TcpFacts};
+use crate::miss::{ConnectionEnd, MissReason};
 use crate::pool::client::{ClientState, NEW_CLIENT_WINDOW};
 use crate::pool::host::HostKey;
 use crate::pool::inferred::{
     CLOSE_DATING_SLACK, PoolClose, RELEASE_ORDER_UNSURE, over_limit_reason, pool_close,
 };
-use crate::pool::miss::{ConnectionEnd, MissReason};
 use crate::pool::registry::ConnectionRecord;
 use crate::pool::slot::{Miss, Previous};
 use crate::semconv;

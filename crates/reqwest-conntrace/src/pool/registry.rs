@@ -11,9 +11,9 @@ use std::time::{Duration, Instant};
 use opentelemetry::trace::SpanContext;
 
 use crate::export::report::ConnectionSetup;
+use crate::miss::ConnectionEnd;
 use crate::pool::client::ClientState;
 use crate::pool::host::HostKey;
-use crate::pool::miss::ConnectionEnd;
 use crate::pool::slot::MissSlot;
 
 /// One established connection as this handle saw it being set up.

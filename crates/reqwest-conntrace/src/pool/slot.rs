@@ -5,8 +5,8 @@
 use std::sync::{Mutex, OnceLock};
 use std::time::Duration;
 
+use crate::miss::{ConnectionEnd, MissReason};
 use crate::pool::inferred::LimitSource;
-use crate::pool::miss::{ConnectionEnd, MissReason};
 
 /// A connection whose end (or state) caused a miss: the facts named on
 /// the request as `http.connection.previous.*`.

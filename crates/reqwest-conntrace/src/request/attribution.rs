@@ -13,7 +13,7 @@ use crate::export::clock::secs;
 use crate::export::report::{ConnectionUse, RequestReport};
 use crate::handle::Inner;
 use crate::kernel::KernelLookup;
-use crate::pool::miss::{ConnectionEnd, MissReason};
+use crate::miss::{ConnectionEnd, MissReason};
 use crate::pool::registry::ConnectionRecord;
 use crate::pool::slot::Miss;
 use crate::request::state::{Fate, RequestState};
@@ -491,7 +491,7 @@ pub(crate) fn attribute_failure(
     let span = span.clone();
     // The span stays open until the kernel answers: a flush waits for it
     // like for `tcp.connect` (`wait_for_pending_spans`).
-    let pending = crate::connect::tcp::PendingEnd::new();
+    let pending = crate::export::pending::PendingEnd::new();
     inner.kernel.lookup_then(local, remote, move |lookup| {
         record_kernel_evidence(&span, &record, &lookup, timed_out.then_some(elapsed));
         drop(span);
@@ -687,7 +687,7 @@ impl RequestEnd {
                 .connection
                 .as_ref()
                 .and_then(|(_, record)| record.client.idle_limit());
-            let pending = crate::connect::tcp::PendingEnd::new();
+            let pending = crate::export::pending::PendingEnd::new();
             slot.when_settled(move |miss| {
                 record_miss(&inner, &state, &span, &miss);
                 // Forced only now that the reason is known.

@@ -357,7 +357,7 @@ impl<M: MakeRequestSpan> ConnTraceMiddleware<M> {
             }
             Err(error) => {
                 // A proxy that refused the CONNECT is named as such.
-                let error_type = crate::connect::proxy::refusal(&error)
+                let error_type = crate::error::proxy_refusal(&error)
                     .map_or_else(|| classify(&error), |r| r.error_type);
                 let none = tracing::Span::none();
                 end.failed_on = attribute_failure(
