@@ -97,12 +97,13 @@ pub(crate) struct ConnectionRecord {
     server_end_by: AtomicU64,
 }
 
-/// A span context as a connection keeps it for its lifetime: the trace
-/// state (a `tracestate` header inherited from the parent; rarely any) is
-/// boxed, 40 bytes instead of `SpanContext`'s 64.
+/// A span context as a connection keeps it for its lifetime: the trace id
+/// as bytes (a `u128` aligns to 16) and the trace state (a `tracestate`
+/// header inherited from the parent; rarely any) boxed: 40 bytes instead of
+/// `SpanContext`'s 64.
 #[derive(Debug)]
 struct SetupSpan {
-    trace_id: TraceId,
+    trace_id: [u8; 16],
     span_id: SpanId,
     flags: TraceFlags,
     remote: bool,
@@ -114,7 +115,7 @@ impl SetupSpan {
         let state =
             (*cx.trace_state() != TraceState::NONE).then(|| Box::new(cx.trace_state().clone()));
         Self {
-            trace_id: cx.trace_id(),
+            trace_id: cx.trace_id().to_bytes(),
             span_id: cx.span_id(),
             flags: cx.trace_flags(),
             remote: cx.is_remote(),
@@ -431,7 +432,7 @@ impl ConnectionRecord {
     pub(crate) fn setup_span(&self) -> SpanContext {
         let s = &self.setup_span;
         SpanContext::new(
-            s.trace_id,
+            TraceId::from_bytes(s.trace_id),
             s.span_id,
             s.flags,
             s.remote,
