@@ -30,6 +30,9 @@
 //! (`CONNTRACE_BENCH_SCALE=0.2` for a quick pass, `CONNTRACE_BENCH_ROUNDS`
 //! for the number of rounds, default 3).
 //!
+//! `CONNTRACE_BENCH_MEMORY=1` runs only the memory figure (live heap per
+//! idle connection).
+//!
 //! `CONNTRACE_BENCH_CHURN=N` runs only the churn instead: `bare` and
 //! `ours-exporting` (or the comma-separated variants in
 //! `CONNTRACE_BENCH_CHURN_VARIANTS`) each open N plain HTTP/1.1
@@ -614,7 +617,8 @@ fn coordinator_main() {
          exporter flush included); 'added' = minus bare reqwest\n",
         std::thread::available_parallelism().map_or(0, |n| n.get())
     );
-    for w in WORKLOADS {
+    let memory_only = std::env::var("CONNTRACE_BENCH_MEMORY").is_ok_and(|v| v == "1");
+    for w in WORKLOADS.iter().filter(|_| !memory_only) {
         let url = server.field(w.server);
         let args: Vec<String> = [
             "--url",

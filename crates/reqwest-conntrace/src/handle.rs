@@ -1,7 +1,6 @@
 //! The [`ConnTrace`] handle: registry, tracer and settings shared by the
 //! connector layer, the resolver wrapper, the TLS hooks and the middleware.
 
-use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
 
@@ -24,7 +23,7 @@ use crate::pool::host::HostKey;
 use crate::pool::inferred::{LimitSource, pool_close};
 use crate::pool::model::{MissVerdict, PoolHistory, decide_from_kernel};
 use crate::pool::registry::{ConnectionRecord, Registry};
-use crate::pool::slot::MissSlot;
+use crate::pool::slot::{MissSlot, PendingMiss};
 use crate::redact::UrlRedaction;
 use crate::semconv;
 
@@ -148,14 +147,33 @@ fn scope() -> InstrumentationScope {
         .build()
 }
 
+/// The tracer of one connect's spans: the global provider's, looked up for
+/// it (no allocation for the no-op provider, whose tracer is zero-sized),
+/// or the handle's own, shared.
+pub(crate) enum ConnectTracer {
+    Global(BoxedTracer),
+    Fixed(Arc<BoxedTracer>),
+}
+
+impl std::ops::Deref for ConnectTracer {
+    type Target = BoxedTracer;
+
+    fn deref(&self) -> &BoxedTracer {
+        match self {
+            ConnectTracer::Global(t) => t,
+            ConnectTracer::Fixed(t) => t,
+        }
+    }
+}
+
 impl Inner {
     /// The tracer connection spans are created with.
-    pub(crate) fn tracer(&self) -> Arc<BoxedTracer> {
+    pub(crate) fn tracer(&self) -> ConnectTracer {
         match &self.tracer {
-            TracerSource::Global => {
-                Arc::new(opentelemetry::global::tracer_provider().tracer_with_scope(scope()))
-            }
-            TracerSource::Fixed(t) => t.clone(),
+            TracerSource::Global => ConnectTracer::Global(
+                opentelemetry::global::tracer_provider().tracer_with_scope(scope()),
+            ),
+            TracerSource::Fixed(t) => ConnectTracer::Fixed(t.clone()),
         }
     }
 
@@ -233,13 +251,7 @@ impl Inner {
     /// connection stays untracked (its requests carry
     /// `http.connection.untracked`), with one warning per handle naming the
     /// setting to raise.
-    pub(crate) fn register(
-        self: &Arc<Self>,
-        local: SocketAddr,
-        remote: SocketAddr,
-        record: Arc<ConnectionRecord>,
-        now: Instant,
-    ) {
+    pub(crate) fn register(self: &Arc<Self>, record: Arc<ConnectionRecord>, now: Instant) {
         if self.registry.sweep_due(now) {
             // Off the request path: the connect that called this is some
             // request's poll.
@@ -249,7 +261,7 @@ impl Inner {
                 Err(_) => inner.sweep(now),
             }
         }
-        if let Err(full) = self.registry.insert(local, remote, record)
+        if let Err(full) = self.registry.insert(record)
             && !self.registry_full_logged.swap(true, Ordering::Relaxed)
         {
             tracing::warn!(
@@ -344,22 +356,18 @@ impl Inner {
     /// Classifies the miss of a connect `client` is starting to `host` now
     /// (called from the connector layer when reqwest calls it): decided from
     /// the history, or when the kernel answers about the candidate connection.
-    pub(crate) fn miss_slot(
-        self: &Arc<Self>,
-        host: &HostKey,
-        client: &ClientState,
-    ) -> Arc<MissSlot> {
+    pub(crate) fn miss_slot(self: &Arc<Self>, host: &HostKey, client: &ClientState) -> MissSlot {
         let in_flight = self.load.in_flight(host);
         match self
             .pools
             .classify_miss(host, client, Instant::now(), in_flight)
         {
-            MissVerdict::Decided(miss) => Arc::new(MissSlot::decided(miss)),
+            MissVerdict::Decided(miss) => MissSlot::Decided(miss),
             MissVerdict::Closed { miss, record } => {
                 let at = record.last_activity();
                 record.mark_discarded(at);
                 self.connection_closed(&record, at);
-                Arc::new(MissSlot::decided(miss))
+                MissSlot::Decided(miss)
             }
             MissVerdict::AskKernel {
                 local,
@@ -369,7 +377,7 @@ impl Inner {
                 requests_seen,
                 classified_at,
             } => {
-                let slot = Arc::new(MissSlot::pending(alive));
+                let slot = Arc::new(PendingMiss::new(alive));
                 let answer = slot.clone();
                 let weak: Weak<Inner> = Arc::downgrade(self);
                 let host = host.clone();
@@ -404,7 +412,7 @@ impl Inner {
                     }
                     answer.set(miss);
                 });
-                slot
+                MissSlot::Pending(slot)
             }
         }
     }

@@ -25,7 +25,7 @@ pub(crate) struct ConnectAttempt {
     /// The client whose connector was called.
     pub(crate) client: Arc<ClientState>,
     /// Why the trigger's pool checkout failed.
-    pub(crate) miss: Option<Arc<MissSlot>>,
+    pub(crate) miss: Option<MissSlot>,
     /// The client's connect timeout (hyper-util splits it among addresses).
     pub(crate) connect_timeout: Option<std::time::Duration>,
     /// The proxy this connect goes through, by the client's rules.
@@ -93,7 +93,7 @@ impl ConnectAttempt {
         id: u64,
         trigger: Option<Arc<RequestState>>,
         client: Arc<ClientState>,
-        miss: Option<Arc<MissSlot>>,
+        miss: Option<MissSlot>,
         connect_timeout: Option<std::time::Duration>,
         proxy: Option<ProxyRoute>,
     ) -> Self {

@@ -462,7 +462,10 @@ fn on_connected<T: Connection>(
             .lookup_batched(local, remote, move |lookup| pending.finish(Some(&lookup)));
     }
     let end = inner.clock.wall(now);
-    let host = attempt.trigger.as_ref().map(|t| t.host.clone());
+    let host = attempt
+        .trigger
+        .as_ref()
+        .map(|t| inner.pools.shared_key(&t.host));
     let record = Arc::new(ConnectionRecord::new(
         report,
         setup::span_context(&cx),
@@ -471,8 +474,8 @@ fn on_connected<T: Connection>(
         host.clone(),
         attempt.miss.clone(),
     ));
-    if let (Some(local), Some(remote)) = (established.local, established.remote) {
-        inner.register(local, remote, record.clone(), now);
+    if record.pair().is_some() {
+        inner.register(record.clone(), now);
     }
     if let Some(host) = host {
         inner.pools.record_connection(host, record.clone());

@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use opentelemetry::global::BoxedTracer;
 use opentelemetry::trace::{
-    Link, SpanBuilder, SpanContext, SpanKind, Status, TraceContextExt, Tracer,
+    Link, Span as _, SpanBuilder, SpanContext, SpanKind, Status, TraceContextExt, Tracer,
 };
 use opentelemetry::{Array, Context, KeyValue, StringValue, Value};
 
@@ -81,6 +81,12 @@ pub(crate) fn start_setup_span(
         return root.with_span(span);
     }
     let span = tracer.build_with_context(builder, parent);
+    // A span that neither records nor carries a valid context (nothing
+    // installed: the no-op tracer under no request span) is the empty
+    // context's own: no context built around it (two more allocations).
+    if !span.is_recording() && !span.span_context().is_valid() {
+        return Context::new();
+    }
     parent.with_span(span)
 }
 
@@ -210,7 +216,9 @@ pub(crate) fn emit_phases(
     ending: &Ending<'_>,
     end: Instant,
 ) -> (ConnectionSetup, Option<TcpSpanEnd>) {
-    let phases = attempt.phases().clone();
+    // The hooks are done with the attempt: its phases move here (a DNS
+    // phase's name and address lists are not copied).
+    let mut phases = std::mem::take(&mut *attempt.phases());
     let setup_span = cx.span();
     // A setup span that does not record (nothing installed, or a sampler
     // that dropped it): its phase spans, events and attributes would be
@@ -681,8 +689,8 @@ pub(crate) fn emit_phases(
         dns_skipped: skipped,
         dns_answers: phases
             .dns
-            .as_ref()
-            .map(|d| d.answers.clone())
+            .as_mut()
+            .map(|d| std::mem::take(&mut d.answers))
             .unwrap_or_default(),
         tcp: tcp_duration,
         tls: tls_duration,
@@ -729,9 +737,17 @@ fn record_metrics(
         }
         metrics.dns_duration.record(d.as_secs_f64(), &attributes);
     }
+    // `http.client.connections.opened`'s attributes first: they are the
+    // start of the setup duration's (an attribute set has no order).
     let mut attributes = Vec::with_capacity(7);
     if let Some(t) = &attempt.trigger {
         attributes.extend(t.host.attributes());
+    }
+    if let Some(r) = tls_resumed {
+        attributes.push(KeyValue::new(semconv::TLS_RESUMED, r));
+    }
+    if failed.is_none() {
+        metrics.connections_opened.add(1, &attributes);
     }
     if let Some(r) = remote {
         attributes.push(KeyValue::new(semconv::NETWORK_TYPE, network_type(&r)));
@@ -739,22 +755,8 @@ fn record_metrics(
     if let Some(v) = tls_version {
         attributes.push(KeyValue::new(semconv::TLS_PROTOCOL_VERSION, v.as_str()));
     }
-    if let Some(r) = tls_resumed {
-        attributes.push(KeyValue::new(semconv::TLS_RESUMED, r));
-    }
-    match failed {
-        Some(error_type) => attributes.push(KeyValue::new(semconv::ERROR_TYPE, error_type)),
-        None => {
-            let opened: Vec<KeyValue> = attributes
-                .iter()
-                .filter(|kv| {
-                    kv.key.as_str() != semconv::NETWORK_TYPE
-                        && kv.key.as_str() != semconv::TLS_PROTOCOL_VERSION
-                })
-                .cloned()
-                .collect();
-            metrics.connections_opened.add(1, &opened);
-        }
+    if let Some(error_type) = failed {
+        attributes.push(KeyValue::new(semconv::ERROR_TYPE, error_type));
     }
     metrics.setup_duration.record(
         end.saturating_duration_since(attempt.started).as_secs_f64(),

@@ -11,6 +11,11 @@ use std::time::{Duration, Instant};
 /// (most wait for the kernel's answer on the `conntrace-sock-diag` thread).
 static PENDING_ENDS: AtomicUsize = AtomicUsize::new(0);
 static ENDED: (Mutex<()>, Condvar) = (Mutex::new(()), Condvar::new());
+/// Callers of [`wait_for_pending_spans`] inside it: the last pending end
+/// wakes them only when there are some (std's `Condvar::notify_all` is a
+/// futex syscall even with nobody waiting, and most connects end their
+/// `tcp.connect` span at once, bringing the count to 0).
+static WAITERS: AtomicUsize = AtomicUsize::new(0);
 
 /// One span counted in the pending ends until dropped.
 #[derive(Debug)]
@@ -25,7 +30,10 @@ impl PendingEnd {
 
 impl Drop for PendingEnd {
     fn drop(&mut self) {
-        if PENDING_ENDS.fetch_sub(1, Ordering::SeqCst) == 1 {
+        // A waiter counts itself before it checks the pending ends (both
+        // sequentially consistent): either it is counted here, or its check
+        // sees this end.
+        if PENDING_ENDS.fetch_sub(1, Ordering::SeqCst) == 1 && WAITERS.load(Ordering::SeqCst) > 0 {
             // Under the lock, so a waiter between its check and its wait
             // cannot miss the wake-up.
             let _lock = ENDED.0.lock().unwrap_or_else(|e| e.into_inner());
@@ -46,6 +54,15 @@ impl Drop for PendingEnd {
 /// running are not waited for ([`connects_in_flight`](crate::connects_in_flight)). `otlp::OtlpGuard`'s
 /// flush, shutdown and drop (feature `otlp`) call it with a 2 s bound.
 pub fn wait_for_pending_spans(timeout: Duration) -> bool {
+    WAITERS.fetch_add(1, Ordering::SeqCst);
+    let none_left = wait_for_ends(timeout);
+    WAITERS.fetch_sub(1, Ordering::SeqCst);
+    none_left
+}
+
+/// The wait of [`wait_for_pending_spans`], whose caller is counted in
+/// [`WAITERS`].
+fn wait_for_ends(timeout: Duration) -> bool {
     let deadline = Instant::now() + timeout;
     let mut lock = ENDED.0.lock().unwrap_or_else(|e| e.into_inner());
     while PENDING_ENDS.load(Ordering::SeqCst) > 0 {

@@ -382,6 +382,15 @@ impl PoolHistory {
         self.hosts.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// `host` as the history's own key when it remembers the host: a
+    /// connection keeps that one (its strings shared by every connection to
+    /// the host) rather than its request's copy, for its lifetime.
+    pub(crate) fn shared_key(&self, host: &HostKey) -> HostKey {
+        self.hosts()
+            .get_key_value(host)
+            .map_or_else(|| host.clone(), |(key, _)| key.clone())
+    }
+
     /// Remembers a new connection to `host`, and its DNS answer as the
     /// newest for the host. When the table is full, a host whose
     /// connections are all closed (or idle-expired) is forgotten, the one

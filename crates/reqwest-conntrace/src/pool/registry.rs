@@ -1,14 +1,15 @@
 //! Live connections by socket address pair: how a response's `HttpInfo`
 //! (local and remote address) is traced back to the connect that made it.
 
-use std::collections::HashMap;
+use std::hash::{BuildHasher, RandomState};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::sync::{LazyLock, OnceLock};
 use std::time::{Duration, Instant};
 
-use opentelemetry::trace::SpanContext;
+use hashbrown::HashTable;
+use opentelemetry::trace::{SpanContext, SpanId, TraceFlags, TraceId, TraceState};
 
 use crate::export::report::ConnectionSetup;
 use crate::miss::ConnectionEnd;
@@ -20,7 +21,9 @@ use crate::pool::slot::MissSlot;
 #[derive(Debug)]
 pub(crate) struct ConnectionRecord {
     pub(crate) setup: Arc<ConnectionSetup>,
-    pub(crate) setup_span: SpanContext,
+    /// The `http.connection_setup` span's context (see
+    /// [`setup_span`](Self::setup_span)).
+    setup_span: SetupSpan,
     /// Id of the request whose pool miss started the connect.
     pub(crate) trigger_id: Option<u64>,
     pub(crate) requests: AtomicU64,
@@ -28,8 +31,9 @@ pub(crate) struct ConnectionRecord {
     pub(crate) client: Arc<ClientState>,
     /// The pool key it serves, when the trigger was known.
     pub(crate) host: Option<HostKey>,
-    /// Why the connect was needed (the trigger's pool miss).
-    pub(crate) miss: Option<Arc<MissSlot>>,
+    /// Why the connect was needed (the trigger's pool miss): by value once
+    /// known (see [`MissSlot::settled`]).
+    pub(crate) miss: Option<MissSlot>,
     /// Requests currently using it (HTTP/1.1: 0 or 1).
     in_use: AtomicU32,
     /// An HTTP/1.1 response was dropped mid-body: hyper closed it.
@@ -80,15 +84,44 @@ pub(crate) struct ConnectionRecord {
     idle_others_at_release: AtomicUsize,
     /// When a miss last named it as its candidate and asked the kernel
     /// about it (a close of ours dated after that may be the release
-    /// race's: see [`pool::inferred`](crate::pool::inferred)).
-    named_by_miss: Mutex<Option<Instant>>,
+    /// race's: see [`pool::inferred`](crate::pool::inferred)), as
+    /// [`instant_nanos`]; 0 when never.
+    named_by_miss: AtomicU64,
     /// HTTP/2: the latest instant by which the server's end of it (GOAWAY,
     /// then its close) had reached this client, the earliest one seen: a
     /// request on it refused by the GOAWAY, a miss that found it unusable
     /// (hyper-util hands out a live HTTP/2 connection to every request), or
     /// our close after the GOAWAY as the kernel dates it. See
-    /// [`ended_with_last_response`](Self::ended_with_last_response).
-    server_end_by: Mutex<Option<Instant>>,
+    /// [`ended_with_last_response`](Self::ended_with_last_response). As
+    /// [`instant_nanos`]; 0 when none.
+    server_end_by: AtomicU64,
+}
+
+/// A span context as a connection keeps it for its lifetime: the trace id
+/// as bytes (a `u128` aligns to 16) and the trace state (a `tracestate`
+/// header inherited from the parent; rarely any) boxed: 40 bytes instead of
+/// `SpanContext`'s 64.
+#[derive(Debug)]
+struct SetupSpan {
+    trace_id: [u8; 16],
+    span_id: SpanId,
+    flags: TraceFlags,
+    remote: bool,
+    state: Option<Box<TraceState>>,
+}
+
+impl SetupSpan {
+    fn of(cx: SpanContext) -> Self {
+        let state =
+            (*cx.trace_state() != TraceState::NONE).then(|| Box::new(cx.trace_state().clone()));
+        Self {
+            trace_id: cx.trace_id().to_bytes(),
+            span_id: cx.span_id(),
+            flags: cx.trace_flags(),
+            remote: cx.is_remote(),
+            state,
+        }
+    }
 }
 
 /// A server's end of an HTTP/2 connection (GOAWAY) known no later than this
@@ -108,16 +141,16 @@ impl ConnectionRecord {
         trigger_id: Option<u64>,
         client: Arc<ClientState>,
         host: Option<HostKey>,
-        miss: Option<Arc<MissSlot>>,
+        miss: Option<MissSlot>,
     ) -> Self {
         Self {
             setup,
-            setup_span,
+            setup_span: SetupSpan::of(setup_span),
             trigger_id,
             requests: AtomicU64::new(0),
             client,
             host,
-            miss,
+            miss: miss.map(MissSlot::settled),
             in_use: AtomicU32::new(0),
             discarded: AtomicBool::new(false),
             over_idle_limit: AtomicBool::new(false),
@@ -134,20 +167,21 @@ impl ConnectionRecord {
             stalled: AtomicBool::new(false),
             dns_stale: AtomicBool::new(false),
             idle_others_at_release: AtomicUsize::new(usize::MAX),
-            named_by_miss: Mutex::new(None),
-            server_end_by: Mutex::new(None),
+            named_by_miss: AtomicU64::new(0),
+            server_end_by: AtomicU64::new(0),
         }
     }
 
     /// A miss classified at `at` named it as the connection it would have
     /// had, and asks the kernel about it.
     pub(crate) fn mark_named_by_miss(&self, at: Instant) {
-        *self.named_by_miss.lock().unwrap_or_else(|e| e.into_inner()) = Some(at);
+        self.named_by_miss
+            .store(instant_nanos(at), Ordering::Release);
     }
 
     /// When a miss last named it (see [`mark_named_by_miss`](Self::mark_named_by_miss)).
     pub(crate) fn named_by_miss_at(&self) -> Option<Instant> {
-        *self.named_by_miss.lock().unwrap_or_else(|e| e.into_inner())
+        instant_of(self.named_by_miss.load(Ordering::Acquire))
     }
 
     /// Records how many other connections were idle at its release.
@@ -267,10 +301,12 @@ impl ConnectionRecord {
     /// The server's end of it (HTTP/2 GOAWAY) had reached this client by
     /// `at`; the earliest such instant is kept.
     pub(crate) fn note_server_end_by(&self, at: Instant) {
-        let mut by = self.server_end_by.lock().unwrap_or_else(|e| e.into_inner());
-        if by.is_none_or(|earlier| at < earlier) {
-            *by = Some(at);
-        }
+        let at = instant_nanos(at);
+        let _ = self
+            .server_end_by
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |earlier| {
+                (earlier == 0 || at < earlier).then_some(at)
+            });
     }
 
     /// The server ended it with its latest response rather than after
@@ -280,7 +316,7 @@ impl ConnectionRecord {
     /// served). `false` when the end was not dated (see
     /// [`note_server_end_by`](Self::note_server_end_by)).
     pub(crate) fn ended_with_last_response(&self) -> bool {
-        let by = *self.server_end_by.lock().unwrap_or_else(|e| e.into_inner());
+        let by = instant_of(self.server_end_by.load(Ordering::Acquire));
         match (by, self.last_released()) {
             (Some(by), Some(released)) => by <= released + ENDED_WITH_LAST_RESPONSE,
             _ => false,
@@ -392,6 +428,24 @@ impl ConnectionRecord {
         self.setup.id
     }
 
+    /// The context of its `http.connection_setup` span, for links to it.
+    pub(crate) fn setup_span(&self) -> SpanContext {
+        let s = &self.setup_span;
+        SpanContext::new(
+            TraceId::from_bytes(s.trace_id),
+            s.span_id,
+            s.flags,
+            s.remote,
+            s.state.as_deref().cloned().unwrap_or(TraceState::NONE),
+        )
+    }
+
+    /// Its (local, remote) socket address pair, which the registry finds it
+    /// by; `None` for a local transport (a Unix domain socket).
+    pub(crate) fn pair(&self) -> Option<Pair> {
+        Some((self.setup.local_addr?, self.setup.peer_addr?))
+    }
+
     /// When the connect finished and the connection became usable.
     pub(crate) fn ready_at(&self) -> Instant {
         self.setup.started + self.setup.total
@@ -404,10 +458,7 @@ impl ConnectionRecord {
 
     /// When the connection was last released to the pool.
     pub(crate) fn last_released(&self) -> Option<Instant> {
-        match self.last_released.load(Ordering::Acquire) {
-            0 => None,
-            nanos => Some(*EPOCH + Duration::from_nanos(nanos)),
-        }
+        instant_of(self.last_released.load(Ordering::Acquire))
     }
 
     /// Records the end of a response on this connection (the latest wins).
@@ -445,7 +496,12 @@ fn instant_nanos(at: Instant) -> u64 {
     u64::try_from(nanos).unwrap_or(u64::MAX).max(1)
 }
 
-/// Shards of the map: requests on different connections take different
+/// The instant [`instant_nanos`] gave `nanos` for; `None` for 0.
+fn instant_of(nanos: u64) -> Option<Instant> {
+    (nanos != 0).then(|| *EPOCH + Duration::from_nanos(nanos))
+}
+
+/// Shards of the table: requests on different connections take different
 /// locks (one `Mutex<HashMap>` was the one lock every response took).
 const SHARDS: usize = 16;
 
@@ -458,6 +514,11 @@ const SWEEP_INTERVAL: Duration = Duration::from_secs(1);
 pub(crate) const SWEEP_KERNEL_CHECKS: usize = 1024;
 
 type Pair = (SocketAddr, SocketAddr);
+
+/// One shard: connections found by their own socket address pair. A slot
+/// holds only the record's pointer (8 bytes; a map keyed by a copy of the
+/// pair took 72), the pair is read from the record.
+type Shard = HashTable<Arc<ConnectionRecord>>;
 
 /// The registry refused a connection: it holds `capacity` connections
 /// that may all still be in use.
@@ -478,7 +539,9 @@ pub(crate) struct RegistryFull {
 /// is three quarters full: see [`Registry::sweep_due`].
 #[derive(Debug)]
 pub(crate) struct Registry {
-    shards: [Mutex<HashMap<Pair, Arc<ConnectionRecord>>>; SHARDS],
+    shards: [Mutex<Shard>; SHARDS],
+    /// Hashes a pair for the shards' tables (std's SipHash, randomly keyed).
+    hasher: RandomState,
     len: AtomicUsize,
     capacity: usize,
     /// Start of the latest sweep, in ms since `created`.
@@ -489,7 +552,8 @@ pub(crate) struct Registry {
 impl Registry {
     pub(crate) fn new(capacity: usize) -> Self {
         Self {
-            shards: std::array::from_fn(|_| Mutex::new(HashMap::new())),
+            shards: std::array::from_fn(|_| Mutex::new(HashTable::new())),
+            hasher: RandomState::new(),
             len: AtomicUsize::new(0),
             capacity: capacity.max(1),
             last_sweep_ms: AtomicU64::new(0),
@@ -497,23 +561,28 @@ impl Registry {
         }
     }
 
-    fn shard(&self, (local, remote): Pair) -> MutexGuard<'_, HashMap<Pair, Arc<ConnectionRecord>>> {
+    fn shard(&self, (local, remote): Pair) -> MutexGuard<'_, Shard> {
         // Connections to one server differ in their local port.
         let i = usize::from(local.port() ^ remote.port().rotate_left(8)) % SHARDS;
         self.shards[i].lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Records a new connection. A previous connection on the same address
-    /// pair (the port was reused after a close) is replaced. At the cap the
-    /// connection is refused.
-    pub(crate) fn insert(
-        &self,
-        local: SocketAddr,
-        remote: SocketAddr,
-        record: Arc<ConnectionRecord>,
-    ) -> Result<(), RegistryFull> {
-        let mut shard = self.shard((local, remote));
-        if let Some(previous) = shard.get_mut(&(local, remote)) {
+    fn hash(&self, pair: Pair) -> u64 {
+        self.hasher.hash_one(pair)
+    }
+
+    /// Records a new connection, found by its socket address pair (a
+    /// connection without one, a local transport, is not kept: nothing
+    /// could find it). A previous connection on the same pair (the port was
+    /// reused after a close) is replaced. At the cap the connection is
+    /// refused.
+    pub(crate) fn insert(&self, record: Arc<ConnectionRecord>) -> Result<(), RegistryFull> {
+        let Some(pair) = record.pair() else {
+            return Ok(());
+        };
+        let hash = self.hash(pair);
+        let mut shard = self.shard(pair);
+        if let Some(previous) = shard.find_mut(hash, |r| r.pair() == Some(pair)) {
             *previous = record;
             return Ok(());
         }
@@ -527,7 +596,8 @@ impl Registry {
                 capacity: self.capacity,
             });
         }
-        shard.insert((local, remote), record);
+        // Only records with a pair are kept: the 0 is never used.
+        shard.insert_unique(hash, record, |r| r.pair().map_or(0, |p| self.hash(p)));
         Ok(())
     }
 
@@ -537,14 +607,20 @@ impl Registry {
         local: SocketAddr,
         remote: SocketAddr,
     ) -> Option<Arc<ConnectionRecord>> {
-        self.shard((local, remote)).get(&(local, remote)).cloned()
+        let pair = (local, remote);
+        self.shard(pair)
+            .find(self.hash(pair), |r| r.pair() == Some(pair))
+            .cloned()
     }
 
     /// Forgets a connection known to be closed.
     pub(crate) fn remove(&self, local: SocketAddr, remote: SocketAddr, id: u64) {
-        let mut shard = self.shard((local, remote));
-        if shard.get(&(local, remote)).is_some_and(|r| r.id() == id) {
-            shard.remove(&(local, remote));
+        let pair = (local, remote);
+        let mut shard = self.shard(pair);
+        if let Ok(entry) = shard.find_entry(self.hash(pair), |r| r.pair() == Some(pair))
+            && entry.get().id() == id
+        {
+            entry.remove();
             self.len.fetch_sub(1, Ordering::Relaxed);
         }
     }
@@ -557,7 +633,7 @@ impl Registry {
                 shard
                     .lock()
                     .unwrap_or_else(|e| e.into_inner())
-                    .values()
+                    .iter()
                     .cloned(),
             );
         }
@@ -594,10 +670,16 @@ mod tests {
 
     use super::*;
     use crate::export::report::ConnectionSetup;
+    use crate::pool::host::HostKey;
 
-    fn record(id: u64) -> Arc<ConnectionRecord> {
+    /// Connection `id` on the address pair of local port `port`.
+    fn record(id: u64, port: u16) -> Arc<ConnectionRecord> {
+        let (local, remote) = pair(port);
+        let mut setup = ConnectionSetup::for_test(id, Instant::now());
+        setup.local_addr = Some(local);
+        setup.peer_addr = Some(remote);
         Arc::new(ConnectionRecord::new(
-            Arc::new(ConnectionSetup::for_test(id, Instant::now())),
+            Arc::new(setup),
             SpanContext::empty_context(),
             None,
             Arc::new(ClientState::unknown_settings()),
@@ -615,7 +697,7 @@ mod tests {
 
     #[test]
     fn the_latest_release_wins_and_reads_back_exactly() {
-        let r = record(1);
+        let r = record(1, 1);
         assert_eq!(r.last_released(), None);
         let t0 = Instant::now();
         let later = t0 + Duration::from_nanos(1_500_000_007);
@@ -628,15 +710,89 @@ mod tests {
     }
 
     #[test]
+    fn the_setup_span_reads_back_whole() {
+        use opentelemetry::trace::{SpanId, TraceFlags, TraceId, TraceState};
+        let state = TraceState::from_key_value([("vendor", "v1")]).expect("trace state");
+        for (cx, state) in [
+            (
+                SpanContext::new(
+                    TraceId::from(7),
+                    SpanId::from(9),
+                    TraceFlags::SAMPLED,
+                    false,
+                    state.clone(),
+                ),
+                Some(state),
+            ),
+            (
+                SpanContext::new(
+                    TraceId::from(7),
+                    SpanId::from(9),
+                    TraceFlags::default(),
+                    true,
+                    TraceState::NONE,
+                ),
+                None,
+            ),
+            (SpanContext::empty_context(), None),
+        ] {
+            let r = ConnectionRecord::new(
+                Arc::new(ConnectionSetup::for_test(1, Instant::now())),
+                cx.clone(),
+                None,
+                Arc::new(ClientState::unknown_settings()),
+                None,
+                None,
+            );
+            assert_eq!(r.setup_span(), cx);
+            assert_eq!(r.setup_span.state.is_some(), state.is_some());
+        }
+    }
+
+    #[test]
+    fn the_earliest_server_end_and_the_latest_naming_miss_win() {
+        let r = record(1, 1);
+        assert_eq!(r.named_by_miss_at(), None);
+        assert!(!r.ended_with_last_response(), "no end dated");
+        let t0 = Instant::now();
+        r.mark_named_by_miss(t0 + Duration::from_millis(5));
+        r.mark_named_by_miss(t0 + Duration::from_millis(2));
+        assert_eq!(r.named_by_miss_at(), Some(t0 + Duration::from_millis(2)));
+        r.mark_released(t0);
+        r.note_server_end_by(t0 + ENDED_WITH_LAST_RESPONSE + Duration::from_millis(1));
+        assert!(!r.ended_with_last_response(), "too late after the release");
+        r.note_server_end_by(t0 + ENDED_WITH_LAST_RESPONSE);
+        assert!(r.ended_with_last_response(), "an earlier end wins");
+        r.note_server_end_by(t0 + Duration::from_secs(10));
+        assert!(r.ended_with_last_response(), "a later one does not move it");
+    }
+
+    #[test]
+    fn a_connection_keeps_the_pool_historys_host_strings() {
+        let history = crate::pool::model::PoolHistory::default();
+        let first = HostKey::new("https", "example.test", 443);
+        let unknown = HostKey::new("https", "example.test", 443);
+        // Unknown host: the request's own key.
+        assert!(Arc::ptr_eq(
+            &history.shared_key(&unknown).host,
+            &unknown.host
+        ));
+        assert!(history.record_connection(first.clone(), record(1, 1)));
+        let later = HostKey::new("https", "example.test", 443);
+        let shared = history.shared_key(&later);
+        assert_eq!(shared, later);
+        assert!(Arc::ptr_eq(&shared.host, &first.host));
+        assert!(!Arc::ptr_eq(&shared.host, &later.host));
+    }
+
+    #[test]
     fn keeps_every_connection_and_refuses_past_the_cap() {
         let registry = Registry::new(3);
         for port in 1..=3 {
-            let (l, r) = pair(port);
-            assert_eq!(registry.insert(l, r, record(u64::from(port))), Ok(()));
+            assert_eq!(registry.insert(record(u64::from(port), port)), Ok(()));
         }
-        let (l, r) = pair(4);
         assert_eq!(
-            registry.insert(l, r, record(4)),
+            registry.insert(record(4, 4)),
             Err(RegistryFull { capacity: 3 })
         );
         // Nothing was evicted to make room.
@@ -645,13 +801,16 @@ mod tests {
             assert_eq!(registry.get(l, r).map(|r| r.id()), Some(u64::from(port)));
         }
         // A port reused after a close replaces its pair without a new slot.
-        let (l, r) = pair(2);
-        assert_eq!(registry.insert(l, r, record(22)), Ok(()));
+        assert_eq!(registry.insert(record(22, 2)), Ok(()));
         assert_eq!(registry.len(), 3);
-        // A close frees a slot.
+        let (l, r) = pair(2);
+        assert_eq!(registry.get(l, r).map(|r| r.id()), Some(22));
+        // A close frees a slot; a stale close (another id) does not.
+        registry.remove(l, r, 2);
+        assert_eq!(registry.len(), 3);
         registry.remove(l, r, 22);
-        let (l, r) = pair(4);
-        assert_eq!(registry.insert(l, r, record(4)), Ok(()));
+        assert_eq!(registry.get(l, r).map(|r| r.id()), None);
+        assert_eq!(registry.insert(record(4, 4)), Ok(()));
         assert_eq!((registry.len(), registry.snapshot().len()), (3, 3));
     }
 
@@ -660,14 +819,12 @@ mod tests {
         let registry = Registry::new(8);
         let t0 = Instant::now();
         for port in 1..=5 {
-            let (l, r) = pair(port);
             registry
-                .insert(l, r, record(u64::from(port)))
+                .insert(record(u64::from(port), port))
                 .expect("room");
         }
         assert!(!registry.sweep_due(t0), "5 of 8: not yet");
-        let (l, r) = pair(6);
-        registry.insert(l, r, record(6)).expect("room");
+        registry.insert(record(6, 6)).expect("room");
         let t1 = t0 + Duration::from_millis(5);
         assert!(registry.sweep_due(t1));
         assert!(!registry.sweep_due(t1 + Duration::from_millis(10)));

@@ -2,7 +2,7 @@
 //! and the slot the triggering request and the new connection share while
 //! the kernel is asked.
 
-use std::sync::{Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use crate::miss::{ConnectionEnd, MissReason};
@@ -82,8 +82,59 @@ impl Miss {
 type Waiter = Box<dyn FnOnce(Miss) + Send>;
 
 /// The miss of one connect, shared by the request that triggered it and the
-/// connection it made. Filled at once, or when the kernel answers.
-pub(crate) struct MissSlot {
+/// connection it made: decided at once from the pool history (held by
+/// value: most misses, and nothing allocated for them), or pending the
+/// kernel's answer (shared, filled when it arrives).
+#[derive(Debug, Clone)]
+pub(crate) enum MissSlot {
+    Decided(Miss),
+    Pending(Arc<PendingMiss>),
+}
+
+impl MissSlot {
+    /// The miss, or the fallback if the kernel has not answered yet.
+    pub(crate) fn get(&self) -> Miss {
+        match self {
+            MissSlot::Decided(miss) => *miss,
+            MissSlot::Pending(pending) => pending.get(),
+        }
+    }
+
+    /// Whether the miss is known (decided at once, or the kernel answered).
+    pub(crate) fn is_settled(&self) -> bool {
+        match self {
+            MissSlot::Decided(_) => true,
+            MissSlot::Pending(pending) => pending.miss.get().is_some(),
+        }
+    }
+
+    /// Runs `then` with the miss once it is known: at once if it is,
+    /// otherwise when the kernel answers (the kernel view always answers,
+    /// within its 1 s queue limit). Nothing waits: a request that ended
+    /// before the answer records its miss from here.
+    pub(crate) fn when_settled(&self, then: impl FnOnce(Miss) + Send + 'static) {
+        match self {
+            MissSlot::Decided(miss) => then(*miss),
+            MissSlot::Pending(pending) => pending.when_settled(then),
+        }
+    }
+
+    /// The same miss, held by value once the kernel has answered: what a
+    /// connection keeps for its lifetime (the shared slot and its waiters
+    /// are freed with the request).
+    pub(crate) fn settled(self) -> Self {
+        match &self {
+            MissSlot::Pending(pending) => match pending.miss.get() {
+                Some(miss) => MissSlot::Decided(*miss),
+                None => self,
+            },
+            MissSlot::Decided(_) => self,
+        }
+    }
+}
+
+/// A miss waiting for the kernel's answer: see [`MissSlot::Pending`].
+pub(crate) struct PendingMiss {
     miss: OnceLock<Miss>,
     /// Used if the kernel has not answered in time.
     fallback: Miss,
@@ -91,23 +142,17 @@ pub(crate) struct MissSlot {
     waiters: Mutex<Vec<Waiter>>,
 }
 
-impl std::fmt::Debug for MissSlot {
+impl std::fmt::Debug for PendingMiss {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("MissSlot")
+        f.debug_struct("PendingMiss")
             .field("miss", &self.miss.get())
             .field("fallback", &self.fallback)
             .finish_non_exhaustive()
     }
 }
 
-impl MissSlot {
-    pub(crate) fn decided(miss: Miss) -> Self {
-        let slot = Self::pending(miss);
-        let _ = slot.miss.set(miss);
-        slot
-    }
-
-    pub(crate) fn pending(fallback: Miss) -> Self {
+impl PendingMiss {
+    pub(crate) fn new(fallback: Miss) -> Self {
         Self {
             miss: OnceLock::new(),
             fallback,
@@ -129,11 +174,7 @@ impl MissSlot {
         }
     }
 
-    /// Runs `then` with the miss once it is known: at once if it is,
-    /// otherwise when the kernel answers (the kernel view always answers,
-    /// within its 1 s queue limit). Nothing waits: a request that ended
-    /// before the answer records its miss from here.
-    pub(crate) fn when_settled(&self, then: impl FnOnce(Miss) + Send + 'static) {
+    fn when_settled(&self, then: impl FnOnce(Miss) + Send + 'static) {
         {
             let mut waiters = self.waiters.lock().unwrap_or_else(|e| e.into_inner());
             if self.miss.get().is_none() {
@@ -144,13 +185,48 @@ impl MissSlot {
         then(self.get());
     }
 
-    /// The miss, or the fallback if it is not known yet.
-    pub(crate) fn get(&self) -> Miss {
+    fn get(&self) -> Miss {
         self.miss.get().copied().unwrap_or(self.fallback)
     }
+}
 
-    /// Whether the miss is known (decided at once, or the kernel answered).
-    pub(crate) fn is_settled(&self) -> bool {
-        self.miss.get().is_some()
+#[cfg(test)]
+mod tests {
+    use std::sync::mpsc;
+
+    use super::*;
+
+    #[test]
+    fn a_decided_miss_is_settled_and_answers_at_once() {
+        let slot = MissSlot::Decided(Miss::new(MissReason::AllBusy));
+        assert!(slot.is_settled());
+        assert_eq!(slot.get().reason, MissReason::AllBusy);
+        let (tx, rx) = mpsc::channel();
+        slot.when_settled(move |m| tx.send(m.reason).expect("receiver"));
+        assert_eq!(rx.try_recv(), Ok(MissReason::AllBusy));
+        assert!(matches!(slot.settled(), MissSlot::Decided(_)));
+    }
+
+    #[test]
+    fn a_pending_miss_answers_its_waiters_and_is_kept_by_value_once_answered() {
+        let pending = Arc::new(PendingMiss::new(Miss::new(MissReason::AllBusy)));
+        let slot = MissSlot::Pending(pending.clone());
+        assert!(!slot.is_settled());
+        assert_eq!(slot.get().reason, MissReason::AllBusy, "the fallback");
+        // Not answered yet: a connection keeps the shared slot.
+        assert!(matches!(slot.clone().settled(), MissSlot::Pending(_)));
+        let (tx, rx) = mpsc::channel();
+        slot.when_settled(move |m| tx.send(m.reason).expect("receiver"));
+        assert!(rx.try_recv().is_err(), "waits for the kernel");
+
+        pending.set(Miss::new(MissReason::ReleaseRace));
+        assert_eq!(rx.try_recv(), Ok(MissReason::ReleaseRace));
+        assert!(slot.is_settled());
+        assert_eq!(slot.get().reason, MissReason::ReleaseRace);
+        match slot.settled() {
+            MissSlot::Decided(miss) => assert_eq!(miss.reason, MissReason::ReleaseRace),
+            MissSlot::Pending(_) => panic!("answered: kept by value"),
+        }
+        drop(pending);
     }
 }

@@ -181,7 +181,7 @@ pub(crate) fn attribute_response(
     }
     if !paid && recording {
         span.add_link_with_attributes(
-            record.setup_span.clone(),
+            record.setup_span(),
             vec![
                 KeyValue::new(semconv::HTTP_CONNECTION_ID, record.id() as i64),
                 KeyValue::new(semconv::HTTP_CONNECTION_WAIT_TIME, secs(wait)),
@@ -453,7 +453,7 @@ pub(crate) fn attribute_failure(
     };
     if record.trigger_id != Some(state.id) {
         span.add_link_with_attributes(
-            record.setup_span.clone(),
+            record.setup_span(),
             vec![KeyValue::new(
                 semconv::HTTP_CONNECTION_ID,
                 record.id() as i64,

@@ -24,7 +24,7 @@ pub(crate) struct RequestState {
     pub(crate) host: HostKey,
     trigger: Mutex<TriggerState>,
     /// Why the first connect this request triggered was needed.
-    miss: Mutex<Option<Arc<MissSlot>>>,
+    miss: Mutex<Option<MissSlot>>,
     /// The fan-out batch the request was started in, if any.
     pub(crate) batch: Option<Arc<crate::request::fanout::BatchStats>>,
     /// The request sent `Connection: close`: it asked for its connection
@@ -72,7 +72,7 @@ impl RequestState {
     }
 
     /// Records why a connect this request triggered was needed (first one wins).
-    pub(crate) fn note_miss(&self, slot: Arc<MissSlot>) {
+    pub(crate) fn note_miss(&self, slot: MissSlot) {
         let mut m = self.miss.lock().unwrap_or_else(|e| e.into_inner());
         if m.is_none() {
             *m = Some(slot);
@@ -80,7 +80,7 @@ impl RequestState {
     }
 
     /// Why this request's pool checkout failed, if it triggered a connect.
-    pub(crate) fn miss(&self) -> Option<Arc<MissSlot>> {
+    pub(crate) fn miss(&self) -> Option<MissSlot> {
         self.miss.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
