@@ -22,7 +22,8 @@ use crate::kernel::{KernelLookup, TcpFacts};
 use crate::pool::client::{ClientState, NEW_CLIENT_WINDOW};
 use crate::pool::host::HostKey;
 use crate::pool::inferred::{
-    CLOSE_DATING_SLACK, PoolClose, RELEASE_ORDER_UNSURE, over_limit_reason, pool_close,
+    CLOSE_DATING_SLACK, CLOSED_AT_RELEASE, PoolClose, RELEASE_ORDER_UNSURE, over_limit_reason,
+    pool_close,
 };
 use crate::pool::miss::{ConnectionEnd, MissReason};
 use crate::pool::registry::ConnectionRecord;
@@ -150,6 +151,8 @@ pub(crate) fn decide_from_kernel(
     {
         return alive;
     }
+    // Nothing else to the host was in flight at the miss (HTTP/1.1).
+    let alone = alive.reason == MissReason::ReleaseRace;
     // Its body was dropped before the end: closed by our side (gone at
     // once when unread data was left: RST), or still established with
     // unread bytes in the socket (hyper closes it next), means hyper had
@@ -185,6 +188,13 @@ pub(crate) fn decide_from_kernel(
         // orphaned socket, which leaves no TIME_WAIT.
         KernelLookup::NotFound if gone_after_own_close(candidate, now) => {
             let client = &candidate.client;
+            // Nothing else in flight and the idle limit ours to count: the
+            // pool held no idle connection at the miss, so none at the
+            // release either, and the candidate was not over the limit:
+            // hyper-util dropped it with this miss's checkout (row 10c).
+            if alone && client.max_idle_known && !candidate.is_closed() {
+                return alive;
+            }
             let (reason, end) =
                 if candidate.is_over_idle_limit_unsure() || client.idle_timeout_known {
                     (MissReason::AllBusy, ConnectionEnd::IdleLimit)
@@ -223,11 +233,13 @@ pub(crate) fn decide_from_kernel(
         // have (our release model can miss a release over the limit):
         // `pool_closed`.
         KernelLookup::Found(facts) if facts.state.closed_by_us() => {
-            if closed_after(facts, now, classified_at) {
+            let client = &candidate.client;
+            if closed_after(facts, now, classified_at)
+                && !unsure_pool_closed_at_release(candidate, facts, now)
+            {
                 return alive;
             }
-            let client = &candidate.client;
-            let close = pool_close(candidate, facts, now);
+            let close = pool_close(candidate, facts, now, alone);
             match close {
                 // Alive at the miss; hyper-util closed it on its way back.
                 Some(PoolClose::CheckoutDropped) => {
@@ -329,6 +341,97 @@ pub(crate) fn gone_after_own_close(record: &ConnectionRecord, now: Instant) -> b
                     .last_released()
                     .is_some_and(|t| now.saturating_duration_since(t) < OWN_CLOSE_WINDOW)))
 }
+
+/// Whether a close of ours dated after a miss that named `candidate`
+/// (HTTP/1.1) may be its client's pool closing it at its release rather
+/// than hyper-util dropping it with the miss's checkout: the idle limit is
+/// not ours to count, the pool has never handed a connection out again
+/// (its limit may be 0: hyper-util then closes every connection on its own
+/// task once its response ends, which can come after the next request's
+/// miss), and the close comes within [`CLOSED_AT_RELEASE`] of the release.
+/// Such a close is judged by the pool's history
+/// ([`pool::inferred`](crate::pool::inferred)).
+fn unsure_pool_closed_at_release(
+    candidate: &ConnectionRecord,
+    facts: &TcpFacts,
+    now: Instant,
+) -> bool {
+    let client = &candidate.client;
+    !client.max_idle_known
+        && !client.inferred.keeps_idle()
+        && facts.closed_ago().is_some_and(|ago| {
+            let closed = now.checked_sub(ago);
+            closed
+                .zip(candidate.last_released())
+                .is_some_and(|(closed, released)| closed <= released + CLOSED_AT_RELEASE)
+        })
+}
+
+/// When to ask the kernel again about a miss's HTTP/1.1 candidate it shows
+/// alive (`lookup`), if at all: nothing else was in flight (`alive` is the
+/// release race), the client's idle limit is not ours to count and its
+/// pool has never handed a connection out again, and the candidate has
+/// carried no response since the miss. It is then on its way back into
+/// the pool (the release race) or about to be closed by a pool that keeps
+/// none (hyper-util closes it on its own task once its response ends):
+/// looked at again every [`LOOK_AGAIN_EVERY`] until [`CLOSED_AT_RELEASE`]
+/// after its release, when a pool that closes it at release has done so.
+pub(crate) fn look_again_at(
+    candidate: &ConnectionRecord,
+    lookup: &KernelLookup,
+    now: Instant,
+    alive: &Miss,
+    requests_seen: u64,
+    classified_at: Instant,
+) -> Option<Instant> {
+    let client = &candidate.client;
+    let KernelLookup::Found(facts) = lookup else {
+        return None;
+    };
+    if facts.state == crate::TcpState::FinWait1 && !candidate.http2() && !client.limits_known() {
+        // Our FIN is out and not yet acknowledged (a server may delay that
+        // ACK up to 40 ms): no timer dates the close yet, `FIN_WAIT2` soon
+        // will.
+        let until = classified_at + FIN_ACK_DELAY;
+        return (now < until).then(|| (now + LOOK_AGAIN_EVERY).min(until));
+    }
+    let first_reuse_unseen = !candidate.http2()
+        && !client.max_idle_known
+        && !client.inferred.keeps_idle()
+        && !candidate.is_dropped_early();
+    if facts.state.closed_by_us()
+        && first_reuse_unseen
+        && candidate.idle_others_at_release().is_some_and(|k| k > 0)
+    {
+        // Closed, counting other connections idle at its release: some may
+        // be on their way to the same close, not idle (a pool that keeps
+        // none closes each on its own task once its response ends). Their
+        // closes, once seen, lower the count (`uncount_closed`).
+        let until = candidate.last_released()? + CLOSED_AT_RELEASE;
+        return (now < until).then(|| (now + LOOK_AGAIN_EVERY).min(until));
+    }
+    if facts.state != crate::TcpState::Established
+        || candidate.http2()
+        || alive.reason != MissReason::ReleaseRace
+        || client.max_idle_known
+        || client.inferred.keeps_idle()
+        || candidate.is_dropped_early()
+        || candidate.requests.load(Ordering::Relaxed) != requests_seen
+    {
+        return None;
+    }
+    let until = candidate.last_released()? + CLOSED_AT_RELEASE;
+    (now < until).then(|| (now + LOOK_AGAIN_EVERY).min(until))
+}
+
+/// How often [`look_again_at`] asks again.
+const LOOK_AGAIN_EVERY: std::time::Duration = std::time::Duration::from_millis(5);
+
+/// How long after a miss [`look_again_at`] waits for the server's ACK of
+/// our FIN, which starts the timer that dates the close: a Linux server
+/// delays an ACK by its delayed-ACK timer, typically 40 ms (`TCP_ATO_MIN`),
+/// plus room for the lookups themselves.
+const FIN_ACK_DELAY: std::time::Duration = std::time::Duration::from_millis(50);
 
 /// Whether the kernel dates our close of a socket (asked at `now`) after
 /// `instant`, beyond [`CLOSE_DATING_SLACK`].
@@ -605,7 +708,15 @@ impl PoolHistory {
         }
         // 8. Released while the idle pool was full (an idle limit not
         //    set through our builder: inferred from the kernel's view).
-        if candidate.is_over_idle_limit() {
+        //    Not for a miss with nothing else to the host in flight: the
+        //    connections idle at that release would still be in
+        //    hyper-util's idle list (nothing took them), and the checkout
+        //    would have had one. The count behind the belief included
+        //    connections closed unbeknown to us, and the candidate may be
+        //    on its way back to this very checkout (hyper-util's `put`
+        //    serves a waiting checkout before it counts the limit): the
+        //    kernel decides (row 10).
+        if candidate.is_over_idle_limit() && in_flight > 1 {
             return MissVerdict::Decided(if client.max_idle_known {
                 Miss::caused_by(MissReason::AllBusy, previous(ConnectionEnd::IdleLimit))
             } else {
@@ -892,6 +1003,42 @@ impl PoolHistory {
         false
     }
 
+    /// `closed`, a connection of a client whose idle limit is not ours to
+    /// count, is now known closed by that client's pool as `close` says.
+    /// Until now it was believed idle, so each later release of the
+    /// client's other connections to `host` counted it among the idle
+    /// others (`idle_others_at_release`, what an inferred idle limit rests
+    /// on). It was not idle there when the pool had closed it by then: at
+    /// its own release (the idle limit's close or the release race's: it
+    /// never entered the idle list), or after idling (the idle timeout's).
+    /// Each such count is lowered by one.
+    pub(crate) fn uncount_closed(
+        &self,
+        host: &HostKey,
+        closed: &ConnectionRecord,
+        close: PoolClose,
+    ) {
+        let Some(released) = closed.last_released() else {
+            return;
+        };
+        let gone_from = match close {
+            PoolClose::Expired { idle } => released + idle + CLOSE_DATING_SLACK,
+            _ => released,
+        };
+        let hosts = self.hosts();
+        let Some(history) = hosts.get(host) else {
+            return;
+        };
+        for r in &history.connections {
+            if r.id() != closed.id()
+                && r.client.id == closed.client.id
+                && r.last_released().is_some_and(|t| t > gone_from)
+            {
+                r.uncount_idle_other();
+            }
+        }
+    }
+
     /// The one open connection to `host` over a local transport (no socket
     /// addresses: reqwest's `unix_socket`) free to carry a response that
     /// came without `HttpInfo`; `None` when none or several are (HTTP/1.1:
@@ -1084,7 +1231,7 @@ mod tests {
             miss.previous.map(|p| (p.id, p.end)),
             Some((a.id(), Some(ConnectionEnd::IdleLimit)))
         );
-        client.inferred.note_idle_hit();
+        client.inferred.note_reuse();
         assert_eq!(client.inferred.idle_limit(), None);
         assert!(!matches!(
             pools.classify_miss(&host(), &client, at, 1),
@@ -1216,17 +1363,29 @@ mod tests {
     /// only when nothing shows our side closed it: not when its release
     /// may have been over the idle limit a moment ago, nor when the kernel
     /// showed it closed by us before; but an unsure release long ago is no
-    /// excuse.
+    /// excuse. With nothing else in flight at the miss, the pool held no
+    /// idle connection (the checkout would have had it), so the unsure
+    /// release was within the limit: hyper-util dropped it with the miss's
+    /// checkout, alive at the miss (the release race).
     #[test]
     fn a_socket_gone_after_our_close_is_not_the_servers_close() {
         let t0 = Instant::now();
         let limit = (MissReason::AllBusy, Some(ConnectionEnd::IdleLimit));
         let server = (MissReason::ClosedByPeer, Some(ConnectionEnd::PeerClosed));
-        for (unsure, closed_by_us, asked_ms, expected) in [
-            (true, false, 5, limit),
-            (false, true, 5, limit),
-            (true, false, OWN_CLOSE_WINDOW.as_millis() as u64 + 5, server),
-            (false, false, 5, server),
+        let race = (MissReason::ReleaseRace, None);
+        // (unsure, closed by us, the miss at ms, requests in flight, expected)
+        for (unsure, closed_by_us, asked_ms, in_flight, expected) in [
+            (true, false, 5, 2, limit),
+            (true, false, 5, 1, race),
+            (false, true, 5, 1, limit),
+            (
+                true,
+                false,
+                OWN_CLOSE_WINDOW.as_millis() as u64 + 5,
+                2,
+                server,
+            ),
+            (false, false, 5, 1, server),
         ] {
             let pools = PoolHistory::default();
             let client = Arc::new(ClientState::new(Some(None), Some(2)));
@@ -1237,12 +1396,13 @@ mod tests {
                 a.mark_closed();
             }
             let at = t0 + Duration::from_millis(asked_ms);
-            let (candidate, alive, seen) = ask(pools.classify_miss(&host(), &client, at, 1));
+            let (candidate, alive, seen) =
+                ask(pools.classify_miss(&host(), &client, at, in_flight));
             let miss = decide_from_kernel(&candidate, &gone(), at, alive, seen, at);
             assert_eq!(
                 (miss.reason, miss.previous.and_then(|p| p.end)),
                 expected,
-                "unsure {unsure}, closed by us {closed_by_us}, asked at {asked_ms} ms"
+                "unsure {unsure}, closed by us {closed_by_us}, asked at {asked_ms} ms, {in_flight} in flight"
             );
             assert_eq!(a.is_over_idle_limit(), unsure && expected == limit);
         }
@@ -1545,12 +1705,15 @@ mod tests {
     /// Our side closed the candidate. Dated after the miss (beyond the
     /// timer's slack): hyper-util dropped it on its way back to a checkout
     /// the miss's own connect had won, so it was alive at the miss: the
-    /// release race. Dated well before the miss: the client's pool dropped
-    /// it (its idle limit here). Dated within the slack of the miss: the
-    /// release race when the pool has served an idle hit (its idle limit is
-    /// not 0), else unsure (`pool_closed`) until a second such close, on
-    /// another connection, confirms the limit. Undated (`FIN_WAIT1`): the
-    /// pool's close.
+    /// release race; unless the pool never handed a connection out again
+    /// and the close came within `CLOSED_AT_RELEASE` of the release (a
+    /// pool that keeps none closes it then, on its own task): judged as a
+    /// close at the miss. Dated well before the miss: the client's pool
+    /// dropped it (its idle limit here). Dated within the slack of the
+    /// miss: the release race when the pool has handed a connection out
+    /// again (its idle limit is not 0), else unsure (`pool_closed`) until a
+    /// second such close, on another connection, confirms the limit.
+    /// Undated (`FIN_WAIT1`): the pool's close.
     #[test]
     fn a_close_of_ours_at_the_miss_is_judged_by_the_pools_history() {
         let t0 = Instant::now();
@@ -1572,7 +1735,9 @@ mod tests {
         let limit = (MissReason::PoolDisabled, Some(ConnectionEnd::IdleLimit));
         let unsure = (MissReason::PoolClosed, Some(ConnectionEnd::PoolClosed));
         for (miss_ms, lookup, kept, expected) in [
-            (5, closed(50), false, race),
+            (5, closed(50), false, unsure),
+            (5, closed(50), true, race),
+            (5, closed(150), false, race),
             (50, closed(2), false, limit),
             (5, closed(2), true, race),
             (5, closed(8), true, race),
@@ -1587,7 +1752,7 @@ mod tests {
             let pools = PoolHistory::default();
             let client = client();
             if kept {
-                client.inferred.note_idle_hit();
+                client.inferred.note_reuse();
             }
             let a = connection(&pools, &client, 1, t0, false);
             response(&a, false, t0 + Duration::from_millis(1));

@@ -81,7 +81,8 @@ pub(crate) struct ConnectionRecord {
     /// When a miss last named it as its candidate and asked the kernel
     /// about it (a close of ours dated after that may be the release
     /// race's: see [`pool::inferred`](crate::pool::inferred)).
-    named_by_miss: Mutex<Option<Instant>>,
+    /// As [`instant_nanos`]; 0 when never named.
+    named_by_miss: AtomicU64,
     /// HTTP/2: the latest instant by which the server's end of it (GOAWAY,
     /// then its close) had reached this client, the earliest one seen: a
     /// request on it refused by the GOAWAY, a miss that found it unusable
@@ -134,7 +135,7 @@ impl ConnectionRecord {
             stalled: AtomicBool::new(false),
             dns_stale: AtomicBool::new(false),
             idle_others_at_release: AtomicUsize::new(usize::MAX),
-            named_by_miss: Mutex::new(None),
+            named_by_miss: AtomicU64::new(0),
             server_end_by: Mutex::new(None),
         }
     }
@@ -142,12 +143,13 @@ impl ConnectionRecord {
     /// A miss classified at `at` named it as the connection it would have
     /// had, and asks the kernel about it.
     pub(crate) fn mark_named_by_miss(&self, at: Instant) {
-        *self.named_by_miss.lock().unwrap_or_else(|e| e.into_inner()) = Some(at);
+        self.named_by_miss
+            .fetch_max(instant_nanos(at), Ordering::AcqRel);
     }
 
     /// When a miss last named it (see [`mark_named_by_miss`](Self::mark_named_by_miss)).
     pub(crate) fn named_by_miss_at(&self) -> Option<Instant> {
-        *self.named_by_miss.lock().unwrap_or_else(|e| e.into_inner())
+        nanos_instant(self.named_by_miss.load(Ordering::Acquire))
     }
 
     /// Records how many other connections were idle at its release.
@@ -160,6 +162,16 @@ impl ConnectionRecord {
     pub(crate) fn forget_idle_others_at_release(&self) {
         self.idle_others_at_release
             .store(usize::MAX, Ordering::Relaxed);
+    }
+
+    /// One connection counted idle at its latest release was not (see
+    /// [`PoolHistory::uncount_closed`](crate::pool::model::PoolHistory::uncount_closed)).
+    pub(crate) fn uncount_idle_other(&self) {
+        let _ =
+            self.idle_others_at_release
+                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
+                    (n != usize::MAX && n > 0).then(|| n - 1)
+                });
     }
 
     /// Other connections idle at its latest release, if counted.
@@ -404,10 +416,7 @@ impl ConnectionRecord {
 
     /// When the connection was last released to the pool.
     pub(crate) fn last_released(&self) -> Option<Instant> {
-        match self.last_released.load(Ordering::Acquire) {
-            0 => None,
-            nanos => Some(*EPOCH + Duration::from_nanos(nanos)),
-        }
+        nanos_instant(self.last_released.load(Ordering::Acquire))
     }
 
     /// Records the end of a response on this connection (the latest wins).
@@ -443,6 +452,11 @@ static EPOCH: LazyLock<Instant> = LazyLock::new(|| {
 fn instant_nanos(at: Instant) -> u64 {
     let nanos = at.saturating_duration_since(*EPOCH).as_nanos();
     u64::try_from(nanos).unwrap_or(u64::MAX).max(1)
+}
+
+/// The instant [`instant_nanos`] gave `nanos` for; `None` for 0 (none).
+fn nanos_instant(nanos: u64) -> Option<Instant> {
+    (nanos != 0).then(|| *EPOCH + Duration::from_nanos(nanos))
 }
 
 /// Shards of the map: requests on different connections take different

@@ -69,6 +69,29 @@ impl Miss {
         }
     }
 
+    /// This miss as the request it was for can tell it once its response
+    /// came on connection `served_by`: a miss that named that very
+    /// connection as ended (the idle limit, the pool's close) was wrong
+    /// about it. The checkout found it missing, yet hyper-util handed it to
+    /// the waiting checkout as it came back (its `put` serves a waiting
+    /// checkout before it counts the idle limit): it was alive and on its
+    /// way back, hyper-util's release race (REFERENCE section 14). Any
+    /// other miss is returned as it is.
+    pub(crate) fn served_by(self, served_by: u64) -> Self {
+        match self.previous {
+            Some(previous) if previous.id == served_by && previous.end.is_some() => {
+                Self::caused_by(
+                    MissReason::ReleaseRace,
+                    Previous {
+                        end: None,
+                        ..previous
+                    },
+                )
+            }
+            _ => self,
+        }
+    }
+
     /// The reason rests on a limit inferred from the client's closes.
     pub(crate) fn limits_inferred(self) -> Self {
         Self {
