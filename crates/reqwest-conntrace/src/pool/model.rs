@@ -195,12 +195,13 @@ pub(crate) fn decide_from_kernel(
             if alone && client.max_idle_known && !candidate.is_closed() {
                 return alive;
             }
-            let (reason, end) =
-                if candidate.is_over_idle_limit_unsure() || client.idle_timeout_known {
-                    (MissReason::AllBusy, ConnectionEnd::IdleLimit)
-                } else {
-                    (MissReason::PoolClosed, ConnectionEnd::PoolClosed)
-                };
+            let over_limit =
+                candidate.is_over_idle_limit_unsure() || candidate.is_over_idle_limit();
+            let (reason, end) = if over_limit || client.idle_timeout_known {
+                (MissReason::AllBusy, ConnectionEnd::IdleLimit)
+            } else {
+                (MissReason::PoolClosed, ConnectionEnd::PoolClosed)
+            };
             if candidate.is_over_idle_limit_unsure() {
                 candidate.mark_over_idle_limit();
             }
@@ -210,6 +211,28 @@ pub(crate) fn decide_from_kernel(
             } else {
                 miss.limits_unknown()
             }
+        }
+        // Gone moments after its release, at a miss with nothing else in
+        // flight, with no close announced: hyper-util's own close, not the
+        // server's (an idle close comes after the server's keep-alive
+        // timeout). The pool held nothing idle (the checkout would have had
+        // it), so with an idle limit above 0 it was not over it: dropped
+        // with this miss's checkout, alive at the miss. A pool that may
+        // keep none closes it at release: not known which (`pool_closed`).
+        KernelLookup::NotFound
+            if alone
+                && candidate.end().is_none()
+                && released_just_before(candidate, classified_at) =>
+        {
+            let client = &candidate.client;
+            if client.max_idle_known || client.inferred.keeps_idle() {
+                return alive;
+            }
+            Miss::caused_by(
+                MissReason::PoolClosed,
+                Previous::of(candidate, now, Some(ConnectionEnd::PoolClosed)),
+            )
+            .limits_unknown()
         }
         KernelLookup::NotFound => {
             let end = candidate.closed_by_server(false);
@@ -328,15 +351,15 @@ pub(crate) const OWN_CLOSE_WINDOW: std::time::Duration = std::time::Duration::fr
 /// Whether `record`'s socket, found gone (no `TIME_WAIT` or `FIN_WAIT2`
 /// left) at `now`, was closed by our side first: an HTTP/1.1 connection
 /// the kernel already showed closed by us (closed with no end its traffic
-/// showed), or one whose release may have been over the idle limit, within
-/// [`OWN_CLOSE_WINDOW`] of that release. A server that writes after reading
+/// showed), or one whose release was (or may have been) over the idle
+/// limit, within [`OWN_CLOSE_WINDOW`] of that release. A server that writes after reading
 /// our FIN (a TLS server sending close_notify, as rustls-based servers do)
 /// makes the kernel reset the socket we had closed (`TCPAbortOnData`,
 /// net/ipv4/tcp_input.c), so it is gone at once, as after a server's close.
 pub(crate) fn gone_after_own_close(record: &ConnectionRecord, now: Instant) -> bool {
     !record.http2()
         && ((record.is_closed() && record.end().is_none())
-            || (record.is_over_idle_limit_unsure()
+            || ((record.is_over_idle_limit_unsure() || record.is_over_idle_limit())
                 && record
                     .last_released()
                     .is_some_and(|t| now.saturating_duration_since(t) < OWN_CLOSE_WINDOW)))
@@ -432,6 +455,16 @@ const LOOK_AGAIN_EVERY: std::time::Duration = std::time::Duration::from_millis(5
 /// delays an ACK by its delayed-ACK timer, typically 40 ms (`TCP_ATO_MIN`),
 /// plus room for the lookups themselves.
 const FIN_ACK_DELAY: std::time::Duration = std::time::Duration::from_millis(50);
+
+/// Whether `candidate` (HTTP/1.1) was released no more than
+/// [`CLOSED_AT_RELEASE`] before the miss at `miss`: within the time
+/// hyper-util's pool takes to put it back, or to close it there.
+fn released_just_before(candidate: &ConnectionRecord, miss: Instant) -> bool {
+    !candidate.http2()
+        && candidate
+            .last_released()
+            .is_some_and(|t| miss.saturating_duration_since(t) <= CLOSED_AT_RELEASE)
+}
 
 /// Whether the kernel dates our close of a socket (asked at `now`) after
 /// `instant`, beyond [`CLOSE_DATING_SLACK`].
@@ -1364,9 +1397,11 @@ mod tests {
     /// may have been over the idle limit a moment ago, nor when the kernel
     /// showed it closed by us before; but an unsure release long ago is no
     /// excuse. With nothing else in flight at the miss, the pool held no
-    /// idle connection (the checkout would have had it), so the unsure
-    /// release was within the limit: hyper-util dropped it with the miss's
-    /// checkout, alive at the miss (the release race).
+    /// idle connection (the checkout would have had it), so an unsure
+    /// release was within the limit, and a socket gone moments after its
+    /// release (no close announced) was not the server's idle close:
+    /// hyper-util dropped it with the miss's checkout, alive at the miss
+    /// (the release race).
     #[test]
     fn a_socket_gone_after_our_close_is_not_the_servers_close() {
         let t0 = Instant::now();
@@ -1385,7 +1420,8 @@ mod tests {
                 2,
                 server,
             ),
-            (false, false, 5, 1, server),
+            (false, false, 5, 1, race),
+            (false, false, 200, 1, server),
         ] {
             let pools = PoolHistory::default();
             let client = Arc::new(ClientState::new(Some(None), Some(2)));
