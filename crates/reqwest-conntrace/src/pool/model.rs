@@ -1822,4 +1822,160 @@ mod tests {
         }
         assert_eq!(client.inferred.idle_limit(), Some(0));
     }
+
+    /// Our close of a socket, dated `ago` before the lookup.
+    fn closed_ago(ago: Duration) -> KernelLookup {
+        KernelLookup::Found(TcpFacts {
+            state: TcpState::TimeWait,
+            info: None,
+            receive_queue: 0,
+            time_wait_left: Some(crate::kernel::TIME_WAIT_LENGTH - ago),
+            fin_wait2_left: None,
+        })
+    }
+
+    /// Row 8 holds only with another request in flight. With nothing else
+    /// in flight, the pool held nothing idle at the miss (the checkout
+    /// would have had it), so the release counted over the idle limit (the
+    /// count included a connection closed unbeknown to us) was not: the
+    /// kernel decides, and a candidate alive, closed by us at the miss, or
+    /// gone moments after its release (a TLS server's close_notify resets
+    /// our closed socket) was hyper-util's release race, never `all_busy`.
+    #[test]
+    fn a_sequential_miss_does_not_trust_a_release_counted_over_the_idle_limit() {
+        let t0 = Instant::now();
+        let ms = Duration::from_millis;
+        // The idle limit set through our builder (1); the idle timeout not.
+        let client = Arc::new(ClientState::new(None, Some(1)));
+        let at = t0 + ms(3);
+        for (lookup, in_flight, expected) in [
+            (
+                None,
+                2,
+                (MissReason::AllBusy, Some(ConnectionEnd::IdleLimit)),
+            ),
+            (
+                Some(state(TcpState::Established)),
+                1,
+                (MissReason::ReleaseRace, None),
+            ),
+            (Some(closed_ago(ms(1))), 1, (MissReason::ReleaseRace, None)),
+            (Some(gone()), 1, (MissReason::ReleaseRace, None)),
+        ] {
+            let pools = PoolHistory::default();
+            let b = connection(&pools, &client, 1, t0, false);
+            response(&b, false, t0 + ms(1));
+            let a = connection(&pools, &client, 2, t0, false);
+            response(&a, false, t0 + ms(2));
+            // `b` believed idle at `a`'s release: over the limit of 1.
+            assert!(pools.on_released(&host(), &a, t0 + ms(2), t0 + ms(1), 1));
+            let verdict = pools.classify_miss(&host(), &client, at, in_flight);
+            let miss = match lookup {
+                None => decided(verdict),
+                Some(lookup) => {
+                    let (candidate, alive, seen) = ask(verdict);
+                    assert_eq!(candidate.id(), a.id());
+                    decide_from_kernel(&candidate, &lookup, at + ms(1), alive, seen, at)
+                }
+            };
+            assert_eq!(
+                (miss.reason, miss.previous.and_then(|p| p.end)),
+                expected,
+                "{in_flight} in flight"
+            );
+            assert_eq!(miss.previous.map(|p| p.id), Some(a.id()));
+        }
+    }
+
+    /// A connection believed idle and then found closed by its client's
+    /// pool was not idle at the later releases that counted it (closed at
+    /// its own release: it never entered the idle list; after idling: not
+    /// after that close): their idle counts are lowered, never below 0.
+    #[test]
+    fn a_close_learned_late_is_uncounted_from_the_releases_after_it() {
+        let t0 = Instant::now();
+        let ms = Duration::from_millis;
+        let pools = PoolHistory::default();
+        let client = Arc::new(ClientState::unknown_settings());
+        let a = connection(&pools, &client, 1, t0, false);
+        response(&a, false, t0 + ms(1));
+        let mut later = Vec::new();
+        for (id, released) in [(2, 30), (3, 100)] {
+            let r = connection(&pools, &client, id, t0, false);
+            response(&r, false, t0 + ms(released));
+            pools.on_released(&host(), &r, t0 + ms(released), t0 + ms(released - 1), 1);
+            later.push(r);
+        }
+        let counts = || {
+            later
+                .iter()
+                .map(|r| r.idle_others_at_release())
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(counts(), [Some(1), Some(2)], "each counted those before");
+        // `a` closed by the pool after idling 50 ms: idle at 30 ms, not at 100.
+        pools.uncount_closed(&host(), &a, PoolClose::Expired { idle: ms(50) });
+        assert_eq!(counts(), [Some(1), Some(1)]);
+        // `later[0]` closed at its own release: never idle after it.
+        pools.uncount_closed(&host(), &later[0], PoolClose::Unsure);
+        assert_eq!(counts(), [Some(1), Some(0)]);
+        pools.uncount_closed(&host(), &later[0], PoolClose::Unsure);
+        assert_eq!(counts(), [Some(1), Some(0)], "never below 0");
+    }
+
+    /// The kernel is asked again about a candidate whose fate was still
+    /// being decided, under an idle limit not ours to count and a pool that
+    /// never handed a connection out again: alive with nothing else in
+    /// flight, until `CLOSED_AT_RELEASE` after its release (a pool that
+    /// keeps none has closed it by then); our FIN not yet acknowledged,
+    /// until `FIN_ACK_DELAY` after the miss; closed while counting other
+    /// connections idle at its release (their closes may lower the count),
+    /// until `CLOSED_AT_RELEASE` after it. Never once the pool has handed a
+    /// connection out again, nor with another request in flight.
+    #[test]
+    fn a_candidate_whose_fate_is_pending_is_looked_at_again() {
+        let t0 = Instant::now();
+        let ms = Duration::from_millis;
+        let pools = PoolHistory::default();
+        let client = Arc::new(ClientState::unknown_settings());
+        let other = connection(&pools, &client, 1, t0, false);
+        response(&other, false, t0 + ms(1));
+        let a = connection(&pools, &client, 2, t0, false);
+        response(&a, false, t0 + ms(2));
+        let at = t0 + ms(3);
+        let (candidate, alive, seen) = ask(pools.classify_miss(&host(), &client, at, 1));
+        assert_eq!(candidate.id(), a.id());
+        let again = |lookup: &KernelLookup, now: Instant, alive: &Miss| {
+            look_again_at(&candidate, lookup, now, alive, seen, at)
+        };
+        let established = state(TcpState::Established);
+        assert_eq!(again(&established, at, &alive), Some(at + LOOK_AGAIN_EVERY));
+        assert_eq!(
+            again(&established, t0 + ms(75), &alive),
+            Some(t0 + ms(2) + CLOSED_AT_RELEASE)
+        );
+        assert_eq!(again(&established, t0 + ms(80), &alive), None);
+        assert_eq!(
+            again(&established, at, &Miss::new(MissReason::AllBusy)),
+            None,
+            "another request in flight holds it"
+        );
+        let fin_wait1 = state(TcpState::FinWait1);
+        assert_eq!(again(&fin_wait1, at + ms(10), &alive), Some(at + ms(15)));
+        assert_eq!(again(&fin_wait1, at + FIN_ACK_DELAY, &alive), None);
+        // Closed, `other` counted idle at its release, or not.
+        a.set_idle_others_at_release(1);
+        assert_eq!(
+            again(&closed_ago(ms(1)), at, &alive),
+            Some(at + LOOK_AGAIN_EVERY)
+        );
+        a.set_idle_others_at_release(0);
+        assert_eq!(again(&closed_ago(ms(1)), at, &alive), None);
+        client.inferred.note_reuse();
+        assert_eq!(again(&established, at, &alive), None);
+        a.set_idle_others_at_release(1);
+        assert_eq!(again(&closed_ago(ms(1)), at, &alive), None);
+        // FIN_WAIT1 is dated whatever the pool did before.
+        assert_eq!(again(&fin_wait1, at, &alive), Some(at + LOOK_AGAIN_EVERY));
+    }
 }

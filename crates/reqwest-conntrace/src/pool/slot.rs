@@ -177,3 +177,41 @@ impl MissSlot {
         self.miss.get().is_some()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A miss that named as ended the connection that then served its own
+    /// request was hyper-util's release race, naming that connection alive
+    /// (no limit behind it); any other miss stays as it was.
+    #[test]
+    fn a_miss_naming_its_serving_connection_as_ended_was_the_release_race() {
+        let previous = Previous {
+            id: 7,
+            idle: Duration::from_millis(1),
+            request_count: 3,
+            end: Some(ConnectionEnd::IdleLimit),
+        };
+        let miss = Miss::caused_by(MissReason::AllBusy, previous).limits_inferred();
+        let served = miss.served_by(7);
+        assert_eq!(served.reason, MissReason::ReleaseRace);
+        assert_eq!(
+            served.previous,
+            Some(Previous {
+                end: None,
+                ..previous
+            })
+        );
+        assert_eq!(served.limits, None);
+        assert_eq!(miss.served_by(8), miss, "served by another connection");
+        let race = Miss::caused_by(
+            MissReason::ReleaseRace,
+            Previous {
+                end: None,
+                ..previous
+            },
+        );
+        assert_eq!(race.served_by(7), race);
+    }
+}
