@@ -98,14 +98,16 @@ pub(crate) enum PoolClose {
     /// the module docs): hyper-util handed it to that miss's checkout after
     /// the miss's own connect had won, and dropped it. Told so because the
     /// client's pool could not have closed it for its idle limit: the pool
-    /// has kept released connections idle while none other was (an idle
-    /// hit), so that limit is not 0; or the limit was set through this
-    /// crate's builder and the release was within it.
+    /// has handed a connection out again (so it is on: that limit is not
+    /// 0) while none other was idle; or the limit was set through this
+    /// crate's builder and the release was within it (or nothing else was
+    /// in flight at the miss: the pool held nothing idle, the checkout
+    /// would have had it).
     CheckoutDropped,
     /// At its release, dated no earlier than a miss that named it, and
     /// nothing yet tells the idle limit's close from the release race's
-    /// (the first such close of a client whose pool never served an idle
-    /// hit): no bound is taken. A second one at no more idle others, on
+    /// (the first such close of a client whose pool never handed a
+    /// connection out again): no bound is taken. A second one at no more idle others, on
     /// another connection, confirms the limit ([`PoolClose::AtRelease`]).
     Unsure,
     /// After sitting idle for `idle`: the idle timeout is at most this.
@@ -309,7 +311,7 @@ impl InferredLimits {
     /// An unsure close of connection `id` at `idle_others`: when an
     /// earlier unsure close of another connection, at as many idle others
     /// or more, was noted, both are taken as the idle limit's (two release
-    /// races in a row, with no idle hit between, do not happen: the race is
+    /// races in a row, with no connection handed out again between, do not happen: the race is
     /// rare) and `idle_others` is the bound; otherwise it is noted (the
     /// fewer idle others kept) and `None` returned.
     fn confirm_unsure(&self, id: u64, idle_others: usize) -> Option<usize> {

@@ -692,8 +692,8 @@ impl PoolHistory {
         let requests_seen = candidate.requests.load(Ordering::Relaxed);
         let previous = |end| Previous::of(candidate, now, Some(end));
         // 4b. An idle pool inferred off (an idle limit of 0 from the pool's
-        //     closes at release, never an idle hit): it closed the candidate
-        //     at its release, as every one.
+        //     closes at release, never a connection handed out again): it
+        //     closed the candidate at its release, as every one.
         if !client.max_idle_known && client.inferred.keeps_none() {
             candidate.infer_end(ConnectionEnd::IdleLimit);
             return MissVerdict::Decided(
@@ -1240,9 +1240,10 @@ mod tests {
     }
 
     /// Row 4b: once the pool's closes inferred an idle limit of 0 (and it
-    /// never served an idle hit), every later miss is `pool_disabled`,
+    /// never handed a connection out again), every later miss is `pool_disabled`,
     /// inferred, naming the connection closed at release, whatever the
-    /// kernel would show; an idle hit proves the inference wrong and drops it.
+    /// kernel would show; a connection handed out again (an idle hit)
+    /// proves the inference wrong and drops it.
     #[test]
     fn an_inferred_idle_limit_of_zero_names_every_miss_pool_disabled() {
         let t0 = Instant::now();
