@@ -188,12 +188,21 @@ pub(crate) fn decide_from_kernel(
         // orphaned socket, which leaves no TIME_WAIT.
         KernelLookup::NotFound if gone_after_own_close(candidate, now) => {
             let client = &candidate.client;
-            // Nothing else in flight and the idle limit ours to count: the
-            // pool held no idle connection at the miss, so none at the
-            // release either, and the candidate was not over the limit:
-            // hyper-util dropped it with this miss's checkout (row 10c).
-            if alone && client.max_idle_known && !candidate.is_closed() {
-                return alive;
+            // Gone moments after its release, at a miss with nothing else
+            // in flight. The pool held nothing idle at the miss (the
+            // checkout would have had it), so with an idle limit above 0
+            // the candidate was not over it: dropped with this miss's
+            // checkout, alive at the miss. A pool that may keep none
+            // closes it at release: not known which (`pool_closed`).
+            if alone && !candidate.is_closed() && released_just_before(candidate, classified_at) {
+                if client.max_idle_known || client.inferred.keeps_idle() {
+                    return alive;
+                }
+                return Miss::caused_by(
+                    MissReason::PoolClosed,
+                    Previous::of(candidate, now, Some(ConnectionEnd::PoolClosed)),
+                )
+                .limits_unknown();
             }
             let over_limit =
                 candidate.is_over_idle_limit_unsure() || candidate.is_over_idle_limit();
@@ -211,28 +220,6 @@ pub(crate) fn decide_from_kernel(
             } else {
                 miss.limits_unknown()
             }
-        }
-        // Gone moments after its release, at a miss with nothing else in
-        // flight, with no close announced: hyper-util's own close, not the
-        // server's (an idle close comes after the server's keep-alive
-        // timeout). The pool held nothing idle (the checkout would have had
-        // it), so with an idle limit above 0 it was not over it: dropped
-        // with this miss's checkout, alive at the miss. A pool that may
-        // keep none closes it at release: not known which (`pool_closed`).
-        KernelLookup::NotFound
-            if alone
-                && candidate.end().is_none()
-                && released_just_before(candidate, classified_at) =>
-        {
-            let client = &candidate.client;
-            if client.max_idle_known || client.inferred.keeps_idle() {
-                return alive;
-            }
-            Miss::caused_by(
-                MissReason::PoolClosed,
-                Previous::of(candidate, now, Some(ConnectionEnd::PoolClosed)),
-            )
-            .limits_unknown()
         }
         KernelLookup::NotFound => {
             let end = candidate.closed_by_server(false);
@@ -352,13 +339,21 @@ pub(crate) const OWN_CLOSE_WINDOW: std::time::Duration = std::time::Duration::fr
 /// left) at `now`, was closed by our side first: an HTTP/1.1 connection
 /// the kernel already showed closed by us (closed with no end its traffic
 /// showed), or one whose release was (or may have been) over the idle
-/// limit, within [`OWN_CLOSE_WINDOW`] of that release. A server that writes after reading
+/// limit, within [`OWN_CLOSE_WINDOW`] of that release, or one gone no
+/// more than [`CLOSED_AT_RELEASE`] after its release with no end shown
+/// (the time hyper-util's pool takes to close it there, or to drop it with
+/// a checkout whose connect won; a server's idle close comes after its
+/// keep-alive timeout, and a close it announces is an end shown). A server that writes after reading
 /// our FIN (a TLS server sending close_notify, as rustls-based servers do)
 /// makes the kernel reset the socket we had closed (`TCPAbortOnData`,
 /// net/ipv4/tcp_input.c), so it is gone at once, as after a server's close.
 pub(crate) fn gone_after_own_close(record: &ConnectionRecord, now: Instant) -> bool {
     !record.http2()
-        && ((record.is_closed() && record.end().is_none())
+        && ((record.end().is_none()
+            && (record.is_closed()
+                || record
+                    .last_released()
+                    .is_some_and(|t| now.saturating_duration_since(t) <= CLOSED_AT_RELEASE)))
             || ((record.is_over_idle_limit_unsure() || record.is_over_idle_limit())
                 && record
                     .last_released()
@@ -1978,5 +1973,28 @@ mod tests {
         assert_eq!(again(&closed_ago(ms(1)), at, &alive), None);
         // FIN_WAIT1 is dated whatever the pool did before.
         assert_eq!(again(&fin_wait1, at, &alive), Some(at + LOOK_AGAIN_EVERY));
+    }
+
+    /// A socket found gone no more than `CLOSED_AT_RELEASE` after its
+    /// release, with no end its traffic showed, was closed by our side
+    /// (hyper-util's pool, at release or with a dropped checkout; a TLS
+    /// server's close_notify reset it): not the server's close, which
+    /// comes after its keep-alive timeout. Later, or after an announced
+    /// close, it is not.
+    #[test]
+    fn a_socket_gone_moments_after_its_release_was_our_close() {
+        let t0 = Instant::now();
+        let ms = Duration::from_millis;
+        let pools = PoolHistory::default();
+        let a = connection(&pools, &client(), 1, t0, false);
+        response(&a, false, t0 + ms(1));
+        assert!(gone_after_own_close(&a, t0 + ms(50)));
+        assert!(!gone_after_own_close(&a, t0 + ms(200)));
+        let b = connection(&pools, &client(), 2, t0, false);
+        response(&b, true, t0 + ms(1));
+        assert!(
+            !gone_after_own_close(&b, t0 + ms(50)),
+            "the server announced it"
+        );
     }
 }
