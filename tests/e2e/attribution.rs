@@ -1429,23 +1429,28 @@ async fn an_idle_pool_disabled_on_reqwests_builder_is_inferred_pool_disabled() {
     }
 }
 
-/// Sequential TLS HTTP/1.1 requests (small and 256 KiB bodies alternating)
-/// with `pool_max_idle_per_host(1)` set through our builder: one request
-/// at a time never finds every connection busy, so no miss is `all_busy`;
-/// and no request names as ended (the idle limit's close) a connection
-/// that was alive: not its own serving connection, nor one that serves a
-/// later request.
+/// Sequential HTTP/1.1 requests (small and 256 KiB bodies alternating;
+/// over TLS, then plain) with `pool_max_idle_per_host(1)` set through our
+/// builder: one request at a time never finds every connection busy, so
+/// no miss is `all_busy`; and no request names as ended (the idle limit's
+/// close) a connection that was alive: not its own serving connection, nor
+/// one that serves a later request.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sequential_requests_with_an_idle_limit_of_one_are_never_all_busy() {
-    for round in 0..10 {
+    for round in 0..15 {
+        let tls = round < 10;
         let t = telemetry();
         let pki = TestPki::localhost().expect("pki");
-        let server = RemoteServer::start(
-            TestServer::builder()
-                .tls(&pki)
-                .http_versions(HttpVersions::Http1Only),
-        )
-        .await;
+        let server = if tls {
+            RemoteServer::start(
+                TestServer::builder()
+                    .tls(&pki)
+                    .http_versions(HttpVersions::Http1Only),
+            )
+            .await
+        } else {
+            RemoteServer::start(plain_h1()).await
+        };
         let client = t
             .conntrace()
             .instrument_client(reqwest::Client::builder())
@@ -1457,13 +1462,22 @@ async fn sequential_requests_with_an_idle_limit_of_one_are_never_all_busy() {
             let path = if i % 2 == 0 { "/" } else { "/bytes/262144" };
             get(&client, &server.get().url(path)).await;
         }
-        let spans: Vec<Seen> = requests(&t, 30).iter().map(seen).collect();
+        let raw = requests(&t, 30);
+        let spans: Vec<Seen> = raw.iter().map(seen).collect();
+        for (i, span) in raw.iter().enumerate() {
+            assert!(
+                spans[i].id.is_some(),
+                "round {round} (TLS {tls}), request {i} names no connection (untracked: {:?}):\n{}",
+                str_attr(span, semconv::HTTP_CONNECTION_UNTRACKED),
+                compact(&spans)
+            );
+        }
         compare_with_server(&spans, &server.get().requests());
         for (i, s) in spans.iter().enumerate().skip(1) {
             assert_ne!(
                 s.reason.as_deref(),
                 Some(semconv::MISS_REASON_ALL_BUSY),
-                "round {round}, request {i}: one request at a time:\n{}",
+                "round {round} (TLS {tls}), request {i}: one request at a time:\n{}",
                 compact(&spans)
             );
         }
@@ -1472,7 +1486,7 @@ async fn sequential_requests_with_an_idle_limit_of_one_are_never_all_busy() {
             if s.previous_end.is_some() {
                 assert!(
                     spans[i..].iter().all(|later| later.id != s.previous_id),
-                    "round {round}, request {i} names as ended a connection that served a request later:\n{}",
+                    "round {round} (TLS {tls}), request {i} names as ended a connection that served a request later:\n{}",
                     compact(&spans)
                 );
             }

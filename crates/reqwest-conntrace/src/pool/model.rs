@@ -186,24 +186,30 @@ pub(crate) fn decide_from_kernel(
         // Gone, but our side closed it first: the server answered our FIN
         // with data (a TLS server's close_notify) and the kernel reset the
         // orphaned socket, which leaves no TIME_WAIT.
+        // Gone, missed moments after its release with nothing else in
+        // flight and no end shown: hyper-util's own close (a server's idle
+        // close comes after its keep-alive timeout). The pool held nothing
+        // idle at the miss (the checkout would have had it), so with an
+        // idle limit above 0 the candidate was not over it: dropped with
+        // this miss's checkout, alive at the miss. A pool that may keep
+        // none closes it at release: not known which (`pool_closed`).
+        KernelLookup::NotFound
+            if alone
+                && candidate.end().is_none()
+                && released_just_before(candidate, classified_at) =>
+        {
+            let client = &candidate.client;
+            if client.max_idle_known || client.inferred.keeps_idle() {
+                return alive;
+            }
+            Miss::caused_by(
+                MissReason::PoolClosed,
+                Previous::of(candidate, now, Some(ConnectionEnd::PoolClosed)),
+            )
+            .limits_unknown()
+        }
         KernelLookup::NotFound if gone_after_own_close(candidate, now) => {
             let client = &candidate.client;
-            // Gone moments after its release, at a miss with nothing else
-            // in flight. The pool held nothing idle at the miss (the
-            // checkout would have had it), so with an idle limit above 0
-            // the candidate was not over it: dropped with this miss's
-            // checkout, alive at the miss. A pool that may keep none
-            // closes it at release: not known which (`pool_closed`).
-            if alone && !candidate.is_closed() && released_just_before(candidate, classified_at) {
-                if client.max_idle_known || client.inferred.keeps_idle() {
-                    return alive;
-                }
-                return Miss::caused_by(
-                    MissReason::PoolClosed,
-                    Previous::of(candidate, now, Some(ConnectionEnd::PoolClosed)),
-                )
-                .limits_unknown();
-            }
             let over_limit =
                 candidate.is_over_idle_limit_unsure() || candidate.is_over_idle_limit();
             let (reason, end) = if over_limit || client.idle_timeout_known {
@@ -1408,7 +1414,8 @@ mod tests {
         for (unsure, closed_by_us, asked_ms, in_flight, expected) in [
             (true, false, 5, 2, limit),
             (true, false, 5, 1, race),
-            (false, true, 5, 1, limit),
+            (false, true, 5, 2, limit),
+            (false, true, 5, 1, race),
             (
                 true,
                 false,
