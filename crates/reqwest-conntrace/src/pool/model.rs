@@ -400,6 +400,10 @@ fn unsure_pool_closed_at_release(
 /// none (hyper-util closes it on its own task once its response ends):
 /// looked at again every [`LOOK_AGAIN_EVERY`] until [`CLOSED_AT_RELEASE`]
 /// after its release, when a pool that closes it at release has done so.
+/// Likewise a close of ours no timer dates yet (until
+/// [`UNDATED_CLOSE_WAIT`] after the miss), and one counting other
+/// connections idle at the release (until [`CLOSED_AT_RELEASE`] after it:
+/// their closes, once seen, lower that count).
 pub(crate) fn look_again_at(
     candidate: &ConnectionRecord,
     lookup: &KernelLookup,
@@ -412,11 +416,16 @@ pub(crate) fn look_again_at(
     let KernelLookup::Found(facts) = lookup else {
         return None;
     };
-    if facts.state == crate::TcpState::FinWait1 && !candidate.http2() && !client.limits_known() {
-        // Our FIN is out and not yet acknowledged (a server may delay that
-        // ACK up to 40 ms): no timer dates the close yet, `FIN_WAIT2` soon
-        // will.
-        let until = classified_at + FIN_ACK_DELAY;
+    if facts.state.closed_by_us()
+        && facts.closed_ago().is_none()
+        && !candidate.http2()
+        && !client.limits_known()
+    {
+        // Our close is under way and no timer dates it yet: `FIN_WAIT1`,
+        // our FIN not yet acknowledged (a server may delay that ACK), or
+        // `FIN_WAIT2` with the socket not yet closed by the application
+        // (its write side shut first): the timer starts soon.
+        let until = classified_at + UNDATED_CLOSE_WAIT;
         return (now < until).then(|| (now + LOOK_AGAIN_EVERY).min(until));
     }
     let first_reuse_unseen = !candidate.http2()
@@ -451,11 +460,12 @@ pub(crate) fn look_again_at(
 /// How often [`look_again_at`] asks again.
 const LOOK_AGAIN_EVERY: std::time::Duration = std::time::Duration::from_millis(5);
 
-/// How long after a miss [`look_again_at`] waits for the server's ACK of
-/// our FIN, which starts the timer that dates the close: a Linux server
-/// delays an ACK by its delayed-ACK timer, typically 40 ms (`TCP_ATO_MIN`),
-/// plus room for the lookups themselves.
-const FIN_ACK_DELAY: std::time::Duration = std::time::Duration::from_millis(50);
+/// How long after a miss [`look_again_at`] waits for a close of ours to be
+/// dated by a timer: the server's ACK of our FIN, which a Linux server
+/// delays by its delayed-ACK timer, typically 40 ms (`TCP_ATO_MIN`), or the
+/// application's close of a socket whose write side it shut first; plus
+/// room for the lookups themselves.
+const UNDATED_CLOSE_WAIT: std::time::Duration = std::time::Duration::from_millis(50);
 
 /// Whether `candidate` (HTTP/1.1) was released no more than
 /// [`CLOSED_AT_RELEASE`] before the miss at `miss`: within the time
@@ -1931,7 +1941,8 @@ mod tests {
     /// never handed a connection out again: alive with nothing else in
     /// flight, until `CLOSED_AT_RELEASE` after its release (a pool that
     /// keeps none has closed it by then); our FIN not yet acknowledged,
-    /// until `FIN_ACK_DELAY` after the miss; closed while counting other
+    /// (or `FIN_WAIT2` with no timer yet), until `UNDATED_CLOSE_WAIT` after
+    /// the miss; closed while counting other
     /// connections idle at its release (their closes may lower the count),
     /// until `CLOSED_AT_RELEASE` after it. Never once the pool has handed a
     /// connection out again, nor with another request in flight.
@@ -1965,7 +1976,10 @@ mod tests {
         );
         let fin_wait1 = state(TcpState::FinWait1);
         assert_eq!(again(&fin_wait1, at + ms(10), &alive), Some(at + ms(15)));
-        assert_eq!(again(&fin_wait1, at + FIN_ACK_DELAY, &alive), None);
+        assert_eq!(again(&fin_wait1, at + UNDATED_CLOSE_WAIT, &alive), None);
+        // `FIN_WAIT2` before the application closed the socket: no timer.
+        let fin_wait2 = state(TcpState::FinWait2);
+        assert_eq!(again(&fin_wait2, at, &alive), Some(at + LOOK_AGAIN_EVERY));
         // Closed, `other` counted idle at its release, or not.
         a.set_idle_others_at_release(1);
         assert_eq!(
