@@ -542,15 +542,6 @@ fn settle_miss(weak: &Weak<Inner>, ask: KernelAsk, lookup: &KernelLookup) {
         return;
     }
     let candidate = &ask.candidate;
-    eprintln!(
-        "DBG settle cand={} since_release={:?} since_miss={:?} lookup={:?}",
-        candidate.id(),
-        candidate
-            .last_released()
-            .map(|t| now.saturating_duration_since(t)),
-        now.saturating_duration_since(ask.classified_at),
-        lookup
-    );
     let miss = decide_from_kernel(
         candidate,
         lookup,

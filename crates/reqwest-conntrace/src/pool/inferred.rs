@@ -183,14 +183,6 @@ fn close_after_miss(
     alone: bool,
 ) -> PoolClose {
     let client = &record.client;
-    eprintln!(
-        "DBG close_after_miss id={} k={:?} alone={} keeps={} limit={:?}",
-        record.id(),
-        idle_others,
-        alone,
-        client.inferred.keeps_idle(),
-        client.inferred.idle_limit()
-    );
     if client.max_idle_known {
         // The idle limit is ours to count: a release within it was kept
         // (one that may have been over it, with requests in flight, was
