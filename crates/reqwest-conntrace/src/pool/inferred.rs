@@ -107,8 +107,9 @@ pub(crate) enum PoolClose {
     /// At its release, dated no earlier than a miss that named it, and
     /// nothing yet tells the idle limit's close from the release race's
     /// (the first such close of a client whose pool never handed a
-    /// connection out again): no bound is taken. A second one at no more idle others, on
-    /// another connection, confirms the limit ([`PoolClose::AtRelease`]).
+    /// connection out again): no bound is taken. A second one at no more
+    /// idle others, on another connection, confirms the limit
+    /// ([`PoolClose::AtRelease`]).
     Unsure,
     /// After sitting idle for `idle`: the idle timeout is at most this.
     Expired { idle: Duration },
@@ -311,9 +312,9 @@ impl InferredLimits {
     /// An unsure close of connection `id` at `idle_others`: when an
     /// earlier unsure close of another connection, at as many idle others
     /// or more, was noted, both are taken as the idle limit's (two release
-    /// races in a row, with no connection handed out again between, do not happen: the race is
-    /// rare) and `idle_others` is the bound; otherwise it is noted (the
-    /// fewer idle others kept) and `None` returned.
+    /// races in a row, with no connection handed out again between, do not
+    /// happen: the race is rare) and `idle_others` is the bound; otherwise
+    /// it is noted (the fewer idle others kept) and `None` returned.
     fn confirm_unsure(&self, id: u64, idle_others: usize) -> Option<usize> {
         let mut unsure = self.unsure.lock().unwrap_or_else(|e| e.into_inner());
         match *unsure {

@@ -183,9 +183,6 @@ pub(crate) fn decide_from_kernel(
             let end = candidate.closed_by_server(true);
             ended_by_server(candidate, now, Some(end), classified_at)
         }
-        // Gone, but our side closed it first: the server answered our FIN
-        // with data (a TLS server's close_notify) and the kernel reset the
-        // orphaned socket, which leaves no TIME_WAIT.
         // Gone, missed moments after its release with nothing else in
         // flight and no end shown: hyper-util's own close (a server's idle
         // close comes after its keep-alive timeout). The pool held nothing
@@ -208,6 +205,9 @@ pub(crate) fn decide_from_kernel(
             )
             .limits_unknown()
         }
+        // Gone, but our side closed it first: the server answered our FIN
+        // with data (a TLS server's close_notify) and the kernel reset the
+        // orphaned socket, which leaves no TIME_WAIT.
         KernelLookup::NotFound if gone_after_own_close(candidate, now) => {
             let client = &candidate.client;
             let over_limit =
@@ -349,10 +349,11 @@ pub(crate) const OWN_CLOSE_WINDOW: std::time::Duration = std::time::Duration::fr
 /// more than [`CLOSED_AT_RELEASE`] after its release with no end shown
 /// (the time hyper-util's pool takes to close it there, or to drop it with
 /// a checkout whose connect won; a server's idle close comes after its
-/// keep-alive timeout, and a close it announces is an end shown). A server that writes after reading
-/// our FIN (a TLS server sending close_notify, as rustls-based servers do)
-/// makes the kernel reset the socket we had closed (`TCPAbortOnData`,
-/// net/ipv4/tcp_input.c), so it is gone at once, as after a server's close.
+/// keep-alive timeout, and a close it announces is an end shown). A server
+/// that writes after reading our FIN (a TLS server sending close_notify, as
+/// rustls-based servers do) makes the kernel reset the socket we had closed
+/// (`TCPAbortOnData`, net/ipv4/tcp_input.c), so it is gone at once, as
+/// after a server's close.
 pub(crate) fn gone_after_own_close(record: &ConnectionRecord, now: Instant) -> bool {
     !record.http2()
         && ((record.end().is_none()
