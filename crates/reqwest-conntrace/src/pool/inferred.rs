@@ -32,6 +32,16 @@
 //! ([`CLOSE_DATING_SLACK`]). Such a close is told from the idle limit's by
 //! what the pool did before ([`PoolClose::CheckoutDropped`]), or left
 //! unsure until a second one confirms the limit ([`PoolClose::Unsure`]).
+//!
+//! Under load hyper-util's own task closes a connection of a pool that
+//! keeps none after the next request's miss, so the kernel may still show
+//! it alive, or our close undated: the miss looks again
+//! ([`look_again_at`](crate::pool::model::look_again_at)). And a release
+//! may count as idle a connection already closed that way: a close found at
+//! release is taken out of the later releases' counts
+//! ([`PoolHistory::uncount_closed`](crate::pool::model::PoolHistory::uncount_closed)).
+//! The pool is known on (its idle limit above 0) once it hands an HTTP/1.1
+//! connection out again ([`InferredLimits::note_reuse`]).
 
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
