@@ -192,7 +192,7 @@ pub(crate) fn decide_from_kernel(
         // none closes it at release: not known which (`pool_closed`).
         KernelLookup::NotFound
             if alone
-                && candidate.end().is_none()
+                && gone_with_no_end_shown(candidate)
                 && released_just_before(candidate, classified_at) =>
         {
             let client = &candidate.client;
@@ -467,6 +467,18 @@ const LOOK_AGAIN_EVERY: std::time::Duration = std::time::Duration::from_millis(5
 /// application's close of a socket whose write side it shut first; plus
 /// room for the lookups themselves.
 const UNDATED_CLOSE_WAIT: std::time::Duration = std::time::Duration::from_millis(50);
+
+/// Whether nothing but the kernel's view of a gone socket says how
+/// `record` ended: no end its traffic showed, and none inferred but
+/// `peer_closed` (a gone socket is the server's close only for want of a
+/// better reading: an earlier lookup may have found it gone too late after
+/// its release to read it as ours).
+fn gone_with_no_end_shown(record: &ConnectionRecord) -> bool {
+    record.seen_end().is_none()
+        && record
+            .end()
+            .is_none_or(|end| end == ConnectionEnd::PeerClosed)
+}
 
 /// Whether `candidate` (HTTP/1.1) was released no more than
 /// [`CLOSED_AT_RELEASE`] before the miss at `miss`: within the time
