@@ -1385,3 +1385,125 @@ async fn a_timeout_on_the_first_connection_is_abandoned_not_cold() {
         "{spans:#?}"
     );
 }
+
+/// `pool_max_idle_per_host(0)` set on reqwest's own builder (not ours, so
+/// the limit is unknown to the library): the second miss at the latest
+/// confirms the inference (REFERENCE section 14, *Inferred pool limits*:
+/// the first close dated at its miss may be `pool_closed`), and from then
+/// on every miss is `pool_disabled`, inferred, naming the connection
+/// before; never `release_race` (this pool keeps no connection alive).
+/// The server accepted a connection per request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_pool_disabled_on_reqwests_builder_is_inferred_pool_disabled() {
+    for round in 0..6 {
+        let t = telemetry();
+        let server = RemoteServer::start(plain_h1()).await;
+        let client = t.client(reqwest::Client::builder().pool_max_idle_per_host(0), None);
+        let url = server.get().url("/");
+        for _ in 0..10 {
+            get(&client, &url).await;
+        }
+        let spans: Vec<Seen> = requests(&t, 10).iter().map(seen).collect();
+        let map = compare_with_server(&spans, &server.get().requests());
+        assert_eq!(map.len(), 10, "a connection per request: {spans:#?}");
+        assert_eq!(server.get().accepted_connections(), 10);
+        let reasons: Vec<_> = spans.iter().map(|s| s.reason.clone()).collect();
+        assert_eq!(spans[0].reason.as_deref(), Some(semconv::MISS_REASON_COLD));
+        for (i, (s, before)) in spans[1..].iter().zip(&spans).enumerate() {
+            assert_eq!(s.previous_id, before.id, "round {round}, {i}: {spans:#?}");
+            let allowed: &[&str] = if i == 0 {
+                &[
+                    semconv::MISS_REASON_POOL_DISABLED,
+                    semconv::MISS_REASON_POOL_CLOSED,
+                ]
+            } else {
+                &[semconv::MISS_REASON_POOL_DISABLED]
+            };
+            assert!(
+                s.reason.as_deref().is_some_and(|r| allowed.contains(&r)),
+                "round {round}, miss {}: {reasons:?}\n{}",
+                i + 1,
+                compact(&spans)
+            );
+        }
+    }
+}
+
+/// Sequential HTTP/1.1 requests (small and 256 KiB bodies alternating;
+/// over TLS, then plain) with `pool_max_idle_per_host(1)` set through our
+/// builder: one request at a time never finds every connection busy, so
+/// no miss is `all_busy`; and no request names as ended (the idle limit's
+/// close) a connection that was alive: not its own serving connection, nor
+/// one that serves a later request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sequential_requests_with_an_idle_limit_of_one_are_never_all_busy() {
+    for round in 0..15 {
+        let tls = round < 10;
+        let t = telemetry();
+        let pki = TestPki::localhost().expect("pki");
+        let server = if tls {
+            RemoteServer::start(
+                TestServer::builder()
+                    .tls(&pki)
+                    .http_versions(HttpVersions::Http1Only),
+            )
+            .await
+        } else {
+            RemoteServer::start(plain_h1()).await
+        };
+        let client = t
+            .conntrace()
+            .instrument_client(reqwest::Client::builder())
+            .tls(trust(&pki))
+            .pool_max_idle_per_host(1)
+            .build_with_middleware()
+            .expect("client");
+        for i in 0..30 {
+            let path = if i % 2 == 0 { "/" } else { "/bytes/262144" };
+            get(&client, &server.get().url(path)).await;
+        }
+        let raw = requests(&t, 30);
+        let spans: Vec<Seen> = raw.iter().map(seen).collect();
+        for (i, span) in raw.iter().enumerate() {
+            assert!(
+                spans[i].id.is_some(),
+                "round {round} (TLS {tls}), request {i} names no connection (untracked: {:?}):\n{}",
+                str_attr(span, semconv::HTTP_CONNECTION_UNTRACKED),
+                compact(&spans)
+            );
+        }
+        compare_with_server(&spans, &server.get().requests());
+        for (i, s) in spans.iter().enumerate().skip(1) {
+            assert_ne!(
+                s.reason.as_deref(),
+                Some(semconv::MISS_REASON_ALL_BUSY),
+                "round {round} (TLS {tls}), request {i}: one request at a time:\n{}",
+                compact(&spans)
+            );
+        }
+        assert_sequential_misses_named(&spans[1..], &[]);
+        for (i, s) in spans.iter().enumerate() {
+            if s.previous_end.is_some() {
+                assert!(
+                    spans[i..].iter().all(|later| later.id != s.previous_id),
+                    "round {round} (TLS {tls}), request {i} names as ended a connection that served a request later:\n{}",
+                    compact(&spans)
+                );
+            }
+        }
+    }
+}
+
+/// One line per request span: for a failure message that fits a screen.
+fn compact(spans: &[Seen]) -> String {
+    spans
+        .iter()
+        .enumerate()
+        .map(|(i, s)| {
+            format!(
+                "{i:>2}: id={:?} count={:?} reused={:?} reason={:?} previous={:?}/{:?}/{:?}\n",
+                s.id, s.count, s.reused, s.reason, s.previous_id, s.previous_count, s.previous_end
+            )
+        })
+        .collect()
+}

@@ -1,6 +1,7 @@
 //! The [`ConnTrace`] handle: registry, tracer and settings shared by the
 //! connector layer, the resolver wrapper, the TLS hooks and the middleware.
 
+use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
 
@@ -21,7 +22,7 @@ use crate::pool::advice::PoolLoad;
 use crate::pool::client::ClientState;
 use crate::pool::host::HostKey;
 use crate::pool::inferred::{LimitSource, pool_close};
-use crate::pool::model::{MissVerdict, PoolHistory, decide_from_kernel};
+use crate::pool::model::{MissVerdict, PoolHistory, decide_from_kernel, look_again_at};
 use crate::pool::registry::{ConnectionRecord, Registry};
 use crate::pool::slot::{MissSlot, PendingMiss};
 use crate::redact::UrlRedaction;
@@ -220,10 +221,17 @@ impl Inner {
                 } else if record.is_dropped_early() {
                     record.mark_discarded(record.last_activity());
                 } else if !record.client.limits_known()
-                    && let Some(close) = pool_close(record, facts, Instant::now())
+                    && let Some(close) = pool_close(record, facts, Instant::now(), false)
                 {
                     // The client's own pool closed it: a bound on a limit
-                    // this crate could not read.
+                    // this crate could not read. Releases after it counted
+                    // it idle while it was not (see `uncount_closed`).
+                    if !record.is_closed()
+                        && !record.client.max_idle_known
+                        && let Some(host) = &record.host
+                    {
+                        self.pools.uncount_closed(host, record, close);
+                    }
                     record.client.inferred.observe(close);
                     close.mark(record);
                 }
@@ -378,39 +386,26 @@ impl Inner {
                 classified_at,
             } => {
                 let slot = Arc::new(PendingMiss::new(alive));
-                let answer = slot.clone();
-                let weak: Weak<Inner> = Arc::downgrade(self);
-                let host = host.clone();
-                self.kernel.lookup_then(local, remote, move |lookup| {
-                    let miss = decide_from_kernel(
-                        &candidate,
-                        &lookup,
-                        Instant::now(),
-                        alive,
-                        requests_seen,
-                        classified_at,
-                    );
-                    if let Some(inner) = weak.upgrade() {
-                        inner.apply_kernel_view(&candidate, &lookup);
-                        if miss.limits == Some(LimitSource::Inferred)
-                            && miss.previous.and_then(|p| p.end) == Some(ConnectionEnd::IdleLimit)
-                        {
-                            // The idle count at its release may include
-                            // connections already closed over the limit:
-                            // the client's other idle ones give tighter
-                            // bounds.
-                            for other in inner.pools.idle_of_client(
-                                &host,
-                                candidate.client.id,
-                                INFER_FOLLOW_UPS,
-                            ) {
-                                if other.id() != candidate.id() {
-                                    inner.check_with_kernel(other);
-                                }
-                            }
-                        }
-                    }
-                    answer.set(miss);
+                if !candidate.client.max_idle_known {
+                    // The client's other connections believed idle first
+                    // (answered in order, before the candidate): one closed
+                    // unbeknown to us was counted idle at the candidate's
+                    // release, which an inferred idle limit depends on.
+                    self.recheck_believed_idle(&candidate);
+                }
+                let ask = KernelAsk {
+                    host: host.clone(),
+                    local,
+                    remote,
+                    candidate,
+                    alive,
+                    requests_seen,
+                    classified_at,
+                    slot: slot.clone(),
+                };
+                self.kernel.lookup_then(local, remote, {
+                    let weak = Arc::downgrade(self);
+                    move |lookup| settle_miss(&weak, ask, &lookup)
                 });
                 MissSlot::Pending(slot)
             }
@@ -504,6 +499,89 @@ const MAX_OPEN_SETS: usize = 4096;
 /// Other idle connections of the client checked with the kernel after a
 /// close at release was inferred (their closes tighten the idle limit).
 const INFER_FOLLOW_UPS: usize = 8;
+
+/// A miss whose reason waits for the kernel's view of its candidate.
+struct KernelAsk {
+    host: HostKey,
+    local: SocketAddr,
+    remote: SocketAddr,
+    candidate: Arc<ConnectionRecord>,
+    /// The reason when the candidate is alive (or the kernel silent).
+    alive: crate::pool::slot::Miss,
+    requests_seen: u64,
+    classified_at: Instant,
+    slot: Arc<PendingMiss>,
+}
+
+impl Drop for KernelAsk {
+    /// A lookup dropped unanswered (the kernel view's thread ended with it
+    /// still queued): the miss settles as if the kernel were silent.
+    fn drop(&mut self) {
+        if !self.slot.is_settled() {
+            self.slot.set(self.alive);
+        }
+    }
+}
+
+/// The kernel answered `lookup` about `ask`'s candidate (on the kernel
+/// view's thread): settles the miss, or asks again later when the
+/// candidate's fate was still being decided (see [`look_again_at`]).
+fn settle_miss(weak: &Weak<Inner>, ask: KernelAsk, lookup: &KernelLookup) {
+    let now = Instant::now();
+    let inner = weak.upgrade();
+    if let Some(inner) = &inner
+        && let Some(due) = look_again_at(
+            &ask.candidate,
+            lookup,
+            now,
+            &ask.alive,
+            ask.requests_seen,
+            ask.classified_at,
+        )
+    {
+        if !ask.candidate.client.max_idle_known {
+            // Their closes, answered first, may lower the idle count at
+            // the candidate's release.
+            inner.recheck_believed_idle(&ask.candidate);
+        }
+        let (local, remote) = (ask.local, ask.remote);
+        let weak = weak.clone();
+        inner.kernel.lookup_at(local, remote, due, move |lookup| {
+            settle_miss(&weak, ask, &lookup);
+        });
+        return;
+    }
+    let candidate = &ask.candidate;
+    let miss = decide_from_kernel(
+        candidate,
+        lookup,
+        now,
+        ask.alive,
+        ask.requests_seen,
+        ask.classified_at,
+    );
+    let Some(inner) = inner else {
+        ask.slot.set(miss);
+        return;
+    };
+    inner.apply_kernel_view(candidate, lookup);
+    if miss.limits == Some(LimitSource::Inferred)
+        && miss.previous.and_then(|p| p.end) == Some(ConnectionEnd::IdleLimit)
+    {
+        // The idle count at its release may include connections already
+        // closed over the limit: the client's other idle ones give tighter
+        // bounds.
+        for other in inner
+            .pools
+            .idle_of_client(&ask.host, candidate.client.id, INFER_FOLLOW_UPS)
+        {
+            if other.id() != candidate.id() {
+                inner.check_with_kernel(other);
+            }
+        }
+    }
+    ask.slot.set(miss);
+}
 
 /// `server.address`, `server.port`, `url.scheme`, `network.protocol.version`
 /// of a connection (no peer address: bounded cardinality).

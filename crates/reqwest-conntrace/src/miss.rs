@@ -69,8 +69,8 @@ pub enum MissReason {
     /// it may have expired, or it was released over
     /// `pool_max_idle_per_host`; or the close came at the miss and nothing
     /// yet tells the idle limit's close from hyper-util's release race
-    /// (the first such close of a client whose pool never served an idle
-    /// hit). The span also carries `http.connection.pool.limits = unknown`.
+    /// (the first such close of a client whose pool never handed a
+    /// connection out again). The span also carries `http.connection.pool.limits = unknown`.
     PoolClosed,
     /// `discarded`: the previous response on the most recent connection was
     /// dropped before its body was read to the end, so HTTP/1.1 could not

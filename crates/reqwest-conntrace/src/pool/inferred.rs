@@ -32,6 +32,16 @@
 //! ([`CLOSE_DATING_SLACK`]). Such a close is told from the idle limit's by
 //! what the pool did before ([`PoolClose::CheckoutDropped`]), or left
 //! unsure until a second one confirms the limit ([`PoolClose::Unsure`]).
+//!
+//! Under load hyper-util's own task closes a connection of a pool that
+//! keeps none after the next request's miss, so the kernel may still show
+//! it alive, or our close undated: the miss looks again
+//! ([`look_again_at`](crate::pool::model::look_again_at)). And a release
+//! may count as idle a connection already closed that way: a close found at
+//! release is taken out of the later releases' counts
+//! ([`PoolHistory::uncount_closed`](crate::pool::model::PoolHistory::uncount_closed)).
+//! The pool is known on (its idle limit above 0) once it hands an HTTP/1.1
+//! connection out again ([`InferredLimits::note_reuse`]).
 
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -98,15 +108,18 @@ pub(crate) enum PoolClose {
     /// the module docs): hyper-util handed it to that miss's checkout after
     /// the miss's own connect had won, and dropped it. Told so because the
     /// client's pool could not have closed it for its idle limit: the pool
-    /// has kept released connections idle while none other was (an idle
-    /// hit), so that limit is not 0; or the limit was set through this
-    /// crate's builder and the release was within it.
+    /// has handed a connection out again (so it is on: that limit is not
+    /// 0) while none other was idle; or the limit was set through this
+    /// crate's builder and the release was within it (or nothing else was
+    /// in flight at the miss: the pool held nothing idle, the checkout
+    /// would have had it).
     CheckoutDropped,
     /// At its release, dated no earlier than a miss that named it, and
     /// nothing yet tells the idle limit's close from the release race's
-    /// (the first such close of a client whose pool never served an idle
-    /// hit): no bound is taken. A second one at no more idle others, on
-    /// another connection, confirms the limit ([`PoolClose::AtRelease`]).
+    /// (the first such close of a client whose pool never handed a
+    /// connection out again): no bound is taken. A second one at no more
+    /// idle others, on another connection, confirms the limit
+    /// ([`PoolClose::AtRelease`]).
     Unsure,
     /// After sitting idle for `idle`: the idle timeout is at most this.
     Expired { idle: Duration },
@@ -133,11 +146,13 @@ impl PoolClose {
 /// at `now`) show our side closed it while it was idle in the pool and
 /// date that close; `None` otherwise. A close at release dated no earlier
 /// than a miss that named the connection is judged against the client's
-/// history ([`close_after_miss`]).
+/// history ([`close_after_miss`]); `alone`: nothing else to the host was
+/// in flight at that miss.
 pub(crate) fn pool_close(
     record: &ConnectionRecord,
     facts: &TcpFacts,
     now: Instant,
+    alone: bool,
 ) -> Option<PoolClose> {
     if record.http2()
         || record.in_use() > 0
@@ -158,7 +173,7 @@ pub(crate) fn pool_close(
             .named_by_miss_at()
             .is_some_and(|named| named >= released && closed_at + CLOSE_DATING_SLACK >= named);
         Some(if after_miss {
-            close_after_miss(record, idle_others)
+            close_after_miss(record, idle_others, alone)
         } else {
             PoolClose::AtRelease { idle_others }
         })
@@ -170,15 +185,22 @@ pub(crate) fn pool_close(
 }
 
 /// What closed `record` at its release, `idle_others` other connections
-/// idle then, when the close is dated no earlier than a miss that named it:
-/// the release race's dropped checkout, the idle limit, or not yet known.
-fn close_after_miss(record: &ConnectionRecord, idle_others: Option<usize>) -> PoolClose {
+/// idle then, when the close is dated no earlier than a miss that named it
+/// (`alone`: nothing else to the host in flight at that miss): the release
+/// race's dropped checkout, the idle limit, or not yet known.
+fn close_after_miss(
+    record: &ConnectionRecord,
+    idle_others: Option<usize>,
+    alone: bool,
+) -> PoolClose {
     let client = &record.client;
     if client.max_idle_known {
         // The idle limit is ours to count: a release within it was kept
         // (one that may have been over it, with requests in flight, was
-        // not surely within it).
-        return if record.is_over_idle_limit() || record.is_over_idle_limit_unsure() {
+        // not surely within it). With nothing else in flight the pool held
+        // no idle connection at the miss (the checkout would have had it),
+        // so none at the release: within any limit.
+        return if !alone && (record.is_over_idle_limit() || record.is_over_idle_limit_unsure()) {
             PoolClose::AtRelease { idle_others }
         } else {
             PoolClose::CheckoutDropped
@@ -228,8 +250,10 @@ pub(crate) struct InferredLimits {
     /// Smallest count of others idle at a release the pool closed
     /// (`usize::MAX`: none seen).
     idle_limit: AtomicUsize,
-    /// The pool served an HTTP/1.1 idle hit: it keeps released
-    /// connections, so its idle limit is at least 1.
+    /// The pool handed out an HTTP/1.1 connection that had served before
+    /// (an idle hit, or one handed to a waiting checkout): the pool is on
+    /// (hyper-util turns it off for an idle limit of 0), so its idle limit
+    /// is at least 1.
     keeps_idle: AtomicBool,
     /// The first [`PoolClose::Unsure`] close not yet confirmed: the
     /// connection's id and the idle others at its release.
@@ -265,10 +289,13 @@ impl InferredLimits {
         }
     }
 
-    /// An HTTP/1.1 request got a released connection straight from the
-    /// pool's idle list (an idle hit): the pool keeps idle connections.
-    /// One relaxed load on every hit, a store on the first.
-    pub(crate) fn note_idle_hit(&self) {
+    /// An HTTP/1.1 response came on a connection that had served before:
+    /// hyper-util's pool handed it out again (from its idle list, or to a
+    /// waiting checkout as it came back), so the pool is on: its idle limit
+    /// is not 0 (`Config::is_enabled`: a limit of 0 turns the pool off and
+    /// every connection carries one request). One relaxed load on every
+    /// such response, a store on the first.
+    pub(crate) fn note_reuse(&self) {
         if !self.keeps_idle.load(Ordering::Relaxed) {
             self.keeps_idle.store(true, Ordering::Relaxed);
             // A limit inferred as 0 was wrong: forget it.
@@ -282,12 +309,12 @@ impl InferredLimits {
     }
 
     /// The pool keeps no idle connection, as inferred: an idle limit of 0
-    /// and never an idle hit.
+    /// and never a connection handed out again.
     pub(crate) fn keeps_none(&self) -> bool {
         self.idle_limit() == Some(0) && !self.keeps_idle()
     }
 
-    /// The pool has served an idle hit ([`note_idle_hit`](Self::note_idle_hit)).
+    /// The pool has handed a connection out again ([`note_reuse`](Self::note_reuse)).
     pub(crate) fn keeps_idle(&self) -> bool {
         self.keeps_idle.load(Ordering::Relaxed)
     }
@@ -295,9 +322,9 @@ impl InferredLimits {
     /// An unsure close of connection `id` at `idle_others`: when an
     /// earlier unsure close of another connection, at as many idle others
     /// or more, was noted, both are taken as the idle limit's (two release
-    /// races in a row, with no idle hit between, do not happen: the race is
-    /// rare) and `idle_others` is the bound; otherwise it is noted (the
-    /// fewer idle others kept) and `None` returned.
+    /// races in a row, with no connection handed out again between, do not
+    /// happen: the race is rare) and `idle_others` is the bound; otherwise
+    /// it is noted (the fewer idle others kept) and `None` returned.
     fn confirm_unsure(&self, id: u64, idle_others: usize) -> Option<usize> {
         let mut unsure = self.unsure.lock().unwrap_or_else(|e| e.into_inner());
         match *unsure {
@@ -374,14 +401,14 @@ mod tests {
         let lookup = t0 + Duration::from_secs(3);
         // Closed 10 ms after the release: the idle limit, at most 2.
         assert_eq!(
-            pool_close(&r, &time_wait(Duration::from_millis(2890)), lookup),
+            pool_close(&r, &time_wait(Duration::from_millis(2890)), lookup, false),
             Some(PoolClose::AtRelease {
                 idle_others: Some(2)
             })
         );
         // Closed 1.5 s after the release: the idle timeout, at most 1.5 s.
         assert_eq!(
-            pool_close(&r, &time_wait(Duration::from_millis(1400)), lookup),
+            pool_close(&r, &time_wait(Duration::from_millis(1400)), lookup, false),
             Some(PoolClose::Expired {
                 idle: Duration::from_millis(1500)
             })
@@ -394,7 +421,7 @@ mod tests {
             time_wait_left: None,
             fin_wait2_left: None,
         };
-        assert_eq!(pool_close(&r, &undated, lookup), None);
+        assert_eq!(pool_close(&r, &undated, lookup, false), None);
         let theirs = TcpFacts {
             state: TcpState::CloseWait,
             info: None,
@@ -402,17 +429,17 @@ mod tests {
             time_wait_left: None,
             fin_wait2_left: None,
         };
-        assert_eq!(pool_close(&r, &theirs, lookup), None);
+        assert_eq!(pool_close(&r, &theirs, lookup, false), None);
         // A close hyper made for another reason is no pool limit's.
         r.set_connection_close(true);
         assert_eq!(
-            pool_close(&r, &time_wait(Duration::from_millis(2890)), lookup),
+            pool_close(&r, &time_wait(Duration::from_millis(2890)), lookup, false),
             None
         );
         r.set_connection_close(false);
         r.take();
         assert_eq!(
-            pool_close(&r, &time_wait(Duration::from_millis(2890)), lookup),
+            pool_close(&r, &time_wait(Duration::from_millis(2890)), lookup, false),
             None,
             "a request was on it"
         );

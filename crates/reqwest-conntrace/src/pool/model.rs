@@ -23,7 +23,8 @@ use crate::miss::{ConnectionEnd, MissReason};
 use crate::pool::client::{ClientState, NEW_CLIENT_WINDOW};
 use crate::pool::host::HostKey;
 use crate::pool::inferred::{
-    CLOSE_DATING_SLACK, PoolClose, RELEASE_ORDER_UNSURE, over_limit_reason, pool_close,
+    CLOSE_DATING_SLACK, CLOSED_AT_RELEASE, PoolClose, RELEASE_ORDER_UNSURE, over_limit_reason,
+    pool_close,
 };
 use crate::pool::registry::ConnectionRecord;
 use crate::pool::slot::{Miss, Previous};
@@ -150,6 +151,8 @@ pub(crate) fn decide_from_kernel(
     {
         return alive;
     }
+    // Nothing else to the host was in flight at the miss (HTTP/1.1).
+    let alone = alive.reason == MissReason::ReleaseRace;
     // Its body was dropped before the end: closed by our side (gone at
     // once when unread data was left: RST), or still established with
     // unread bytes in the socket (hyper closes it next), means hyper had
@@ -180,17 +183,40 @@ pub(crate) fn decide_from_kernel(
             let end = candidate.closed_by_server(true);
             ended_by_server(candidate, now, Some(end), classified_at)
         }
+        // Gone, missed moments after its release with nothing else in
+        // flight and no end shown: hyper-util's own close (a server's idle
+        // close comes after its keep-alive timeout). The pool held nothing
+        // idle at the miss (the checkout would have had it), so with an
+        // idle limit above 0 the candidate was not over it: dropped with
+        // this miss's checkout, alive at the miss. A pool that may keep
+        // none closes it at release: not known which (`pool_closed`).
+        KernelLookup::NotFound
+            if alone
+                && gone_with_no_end_shown(candidate)
+                && released_just_before(candidate, classified_at) =>
+        {
+            let client = &candidate.client;
+            if client.max_idle_known || client.inferred.keeps_idle() {
+                return alive;
+            }
+            Miss::caused_by(
+                MissReason::PoolClosed,
+                Previous::of(candidate, now, Some(ConnectionEnd::PoolClosed)),
+            )
+            .limits_unknown()
+        }
         // Gone, but our side closed it first: the server answered our FIN
         // with data (a TLS server's close_notify) and the kernel reset the
         // orphaned socket, which leaves no TIME_WAIT.
         KernelLookup::NotFound if gone_after_own_close(candidate, now) => {
             let client = &candidate.client;
-            let (reason, end) =
-                if candidate.is_over_idle_limit_unsure() || client.idle_timeout_known {
-                    (MissReason::AllBusy, ConnectionEnd::IdleLimit)
-                } else {
-                    (MissReason::PoolClosed, ConnectionEnd::PoolClosed)
-                };
+            let over_limit =
+                candidate.is_over_idle_limit_unsure() || candidate.is_over_idle_limit();
+            let (reason, end) = if over_limit || client.idle_timeout_known {
+                (MissReason::AllBusy, ConnectionEnd::IdleLimit)
+            } else {
+                (MissReason::PoolClosed, ConnectionEnd::PoolClosed)
+            };
             if candidate.is_over_idle_limit_unsure() {
                 candidate.mark_over_idle_limit();
             }
@@ -223,11 +249,13 @@ pub(crate) fn decide_from_kernel(
         // have (our release model can miss a release over the limit):
         // `pool_closed`.
         KernelLookup::Found(facts) if facts.state.closed_by_us() => {
-            if closed_after(facts, now, classified_at) {
+            let client = &candidate.client;
+            if closed_after(facts, now, classified_at)
+                && !unsure_pool_closed_at_release(candidate, facts, now)
+            {
                 return alive;
             }
-            let client = &candidate.client;
-            let close = pool_close(candidate, facts, now);
+            let close = pool_close(candidate, facts, now, alone);
             match close {
                 // Alive at the miss; hyper-util closed it on its way back.
                 Some(PoolClose::CheckoutDropped) => {
@@ -316,18 +344,150 @@ pub(crate) const OWN_CLOSE_WINDOW: std::time::Duration = std::time::Duration::fr
 /// Whether `record`'s socket, found gone (no `TIME_WAIT` or `FIN_WAIT2`
 /// left) at `now`, was closed by our side first: an HTTP/1.1 connection
 /// the kernel already showed closed by us (closed with no end its traffic
-/// showed), or one whose release may have been over the idle limit, within
-/// [`OWN_CLOSE_WINDOW`] of that release. A server that writes after reading
-/// our FIN (a TLS server sending close_notify, as rustls-based servers do)
-/// makes the kernel reset the socket we had closed (`TCPAbortOnData`,
-/// net/ipv4/tcp_input.c), so it is gone at once, as after a server's close.
+/// showed), or one whose release was (or may have been) over the idle
+/// limit, within [`OWN_CLOSE_WINDOW`] of that release, or one gone no
+/// more than [`CLOSED_AT_RELEASE`] after its release with no end shown
+/// (the time hyper-util's pool takes to close it there, or to drop it with
+/// a checkout whose connect won; a server's idle close comes after its
+/// keep-alive timeout, and a close it announces is an end shown). A server
+/// that writes after reading our FIN (a TLS server sending close_notify, as
+/// rustls-based servers do) makes the kernel reset the socket we had closed
+/// (`TCPAbortOnData`, net/ipv4/tcp_input.c), so it is gone at once, as
+/// after a server's close.
 pub(crate) fn gone_after_own_close(record: &ConnectionRecord, now: Instant) -> bool {
     !record.http2()
-        && ((record.is_closed() && record.end().is_none())
-            || (record.is_over_idle_limit_unsure()
+        && ((record.end().is_none()
+            && (record.is_closed()
+                || record
+                    .last_released()
+                    .is_some_and(|t| now.saturating_duration_since(t) <= CLOSED_AT_RELEASE)))
+            || ((record.is_over_idle_limit_unsure() || record.is_over_idle_limit())
                 && record
                     .last_released()
                     .is_some_and(|t| now.saturating_duration_since(t) < OWN_CLOSE_WINDOW)))
+}
+
+/// Whether a close of ours dated after a miss that named `candidate`
+/// (HTTP/1.1) may be its client's pool closing it at its release rather
+/// than hyper-util dropping it with the miss's checkout: the idle limit is
+/// not ours to count, the pool has never handed a connection out again
+/// (its limit may be 0: hyper-util then closes every connection on its own
+/// task once its response ends, which can come after the next request's
+/// miss), and the close comes within [`CLOSED_AT_RELEASE`] of the release.
+/// Such a close is judged by the pool's history
+/// ([`pool::inferred`](crate::pool::inferred)).
+fn unsure_pool_closed_at_release(
+    candidate: &ConnectionRecord,
+    facts: &TcpFacts,
+    now: Instant,
+) -> bool {
+    let client = &candidate.client;
+    !client.max_idle_known
+        && !client.inferred.keeps_idle()
+        && facts.closed_ago().is_some_and(|ago| {
+            let closed = now.checked_sub(ago);
+            closed
+                .zip(candidate.last_released())
+                .is_some_and(|(closed, released)| closed <= released + CLOSED_AT_RELEASE)
+        })
+}
+
+/// When to ask the kernel again about a miss's HTTP/1.1 candidate it shows
+/// alive (`lookup`), if at all: nothing else was in flight (`alive` is the
+/// release race), the client's idle limit is not ours to count and its
+/// pool has never handed a connection out again, and the candidate has
+/// carried no response since the miss. It is then on its way back into
+/// the pool (the release race) or about to be closed by a pool that keeps
+/// none (hyper-util closes it on its own task once its response ends):
+/// looked at again every [`LOOK_AGAIN_EVERY`] until [`CLOSED_AT_RELEASE`]
+/// after its release, when a pool that closes it at release has done so.
+/// Likewise a close of ours no timer dates yet (until
+/// [`UNDATED_CLOSE_WAIT`] after the miss), and one counting other
+/// connections idle at the release (until [`CLOSED_AT_RELEASE`] after it:
+/// their closes, once seen, lower that count).
+pub(crate) fn look_again_at(
+    candidate: &ConnectionRecord,
+    lookup: &KernelLookup,
+    now: Instant,
+    alive: &Miss,
+    requests_seen: u64,
+    classified_at: Instant,
+) -> Option<Instant> {
+    let client = &candidate.client;
+    let KernelLookup::Found(facts) = lookup else {
+        return None;
+    };
+    if facts.state.closed_by_us()
+        && facts.closed_ago().is_none()
+        && !candidate.http2()
+        && !client.limits_known()
+    {
+        // Our close is under way and no timer dates it yet: `FIN_WAIT1`,
+        // our FIN not yet acknowledged (a server may delay that ACK), or
+        // `FIN_WAIT2` with the socket not yet closed by the application
+        // (its write side shut first): the timer starts soon.
+        let until = classified_at + UNDATED_CLOSE_WAIT;
+        return (now < until).then(|| (now + LOOK_AGAIN_EVERY).min(until));
+    }
+    let first_reuse_unseen = !candidate.http2()
+        && !client.max_idle_known
+        && !client.inferred.keeps_idle()
+        && !candidate.is_dropped_early();
+    if facts.state.closed_by_us()
+        && first_reuse_unseen
+        && candidate.idle_others_at_release().is_some_and(|k| k > 0)
+    {
+        // Closed, counting other connections idle at its release: some may
+        // be on their way to the same close, not idle (a pool that keeps
+        // none closes each on its own task once its response ends). Their
+        // closes, once seen, lower the count (`uncount_closed`).
+        let until = candidate.last_released()? + CLOSED_AT_RELEASE;
+        return (now < until).then(|| (now + LOOK_AGAIN_EVERY).min(until));
+    }
+    if facts.state != crate::TcpState::Established
+        || candidate.http2()
+        || alive.reason != MissReason::ReleaseRace
+        || client.max_idle_known
+        || client.inferred.keeps_idle()
+        || candidate.is_dropped_early()
+        || candidate.requests.load(Ordering::Relaxed) != requests_seen
+    {
+        return None;
+    }
+    let until = candidate.last_released()? + CLOSED_AT_RELEASE;
+    (now < until).then(|| (now + LOOK_AGAIN_EVERY).min(until))
+}
+
+/// How often [`look_again_at`] asks again.
+const LOOK_AGAIN_EVERY: std::time::Duration = std::time::Duration::from_millis(5);
+
+/// How long after a miss [`look_again_at`] waits for a close of ours to be
+/// dated by a timer: the server's ACK of our FIN, which a Linux server
+/// delays by its delayed-ACK timer, typically 40 ms (`TCP_ATO_MIN`), or the
+/// application's close of a socket whose write side it shut first; plus
+/// room for the lookups themselves.
+const UNDATED_CLOSE_WAIT: std::time::Duration = std::time::Duration::from_millis(50);
+
+/// Whether nothing but the kernel's view of a gone socket says how
+/// `record` ended: no end its traffic showed, and none inferred but
+/// `peer_closed` (a gone socket is the server's close only for want of a
+/// better reading: an earlier lookup may have found it gone too late after
+/// its release to read it as ours).
+fn gone_with_no_end_shown(record: &ConnectionRecord) -> bool {
+    record.seen_end().is_none()
+        && record
+            .end()
+            .is_none_or(|end| end == ConnectionEnd::PeerClosed)
+}
+
+/// Whether `candidate` (HTTP/1.1) was released no more than
+/// [`CLOSED_AT_RELEASE`] before the miss at `miss`: within the time
+/// hyper-util's pool takes to put it back, or to close it there.
+fn released_just_before(candidate: &ConnectionRecord, miss: Instant) -> bool {
+    !candidate.http2()
+        && candidate
+            .last_released()
+            .is_some_and(|t| miss.saturating_duration_since(t) <= CLOSED_AT_RELEASE)
 }
 
 /// Whether the kernel dates our close of a socket (asked at `now`) after
@@ -565,8 +725,8 @@ impl PoolHistory {
         let requests_seen = candidate.requests.load(Ordering::Relaxed);
         let previous = |end| Previous::of(candidate, now, Some(end));
         // 4b. An idle pool inferred off (an idle limit of 0 from the pool's
-        //     closes at release, never an idle hit): it closed the candidate
-        //     at its release, as every one.
+        //     closes at release, never a connection handed out again): it
+        //     closed the candidate at its release, as every one.
         if !client.max_idle_known && client.inferred.keeps_none() {
             candidate.infer_end(ConnectionEnd::IdleLimit);
             return MissVerdict::Decided(
@@ -614,7 +774,15 @@ impl PoolHistory {
         }
         // 8. Released while the idle pool was full (an idle limit not
         //    set through our builder: inferred from the kernel's view).
-        if candidate.is_over_idle_limit() {
+        //    Not for a miss with nothing else to the host in flight: the
+        //    connections idle at that release would still be in
+        //    hyper-util's idle list (nothing took them), and the checkout
+        //    would have had one. The count behind the belief included
+        //    connections closed unbeknown to us, and the candidate may be
+        //    on its way back to this very checkout (hyper-util's `put`
+        //    serves a waiting checkout before it counts the limit): the
+        //    kernel decides (row 10).
+        if candidate.is_over_idle_limit() && in_flight > 1 {
             return MissVerdict::Decided(if client.max_idle_known {
                 Miss::caused_by(MissReason::AllBusy, previous(ConnectionEnd::IdleLimit))
             } else {
@@ -901,6 +1069,42 @@ impl PoolHistory {
         false
     }
 
+    /// `closed`, a connection of a client whose idle limit is not ours to
+    /// count, is now known closed by that client's pool as `close` says.
+    /// Until now it was believed idle, so each later release of the
+    /// client's other connections to `host` counted it among the idle
+    /// others (`idle_others_at_release`, what an inferred idle limit rests
+    /// on). It was not idle there when the pool had closed it by then: at
+    /// its own release (the idle limit's close or the release race's: it
+    /// never entered the idle list), or after idling (the idle timeout's).
+    /// Each such count is lowered by one.
+    pub(crate) fn uncount_closed(
+        &self,
+        host: &HostKey,
+        closed: &ConnectionRecord,
+        close: PoolClose,
+    ) {
+        let Some(released) = closed.last_released() else {
+            return;
+        };
+        let gone_from = match close {
+            PoolClose::Expired { idle } => released + idle + CLOSE_DATING_SLACK,
+            _ => released,
+        };
+        let hosts = self.hosts();
+        let Some(history) = hosts.get(host) else {
+            return;
+        };
+        for r in &history.connections {
+            if r.id() != closed.id()
+                && r.client.id == closed.client.id
+                && r.last_released().is_some_and(|t| t > gone_from)
+            {
+                r.uncount_idle_other();
+            }
+        }
+    }
+
     /// The one open connection to `host` over a local transport (no socket
     /// addresses: reqwest's `unix_socket`) free to carry a response that
     /// came without `HttpInfo`; `None` when none or several are (HTTP/1.1:
@@ -1069,9 +1273,10 @@ mod tests {
     }
 
     /// Row 4b: once the pool's closes inferred an idle limit of 0 (and it
-    /// never served an idle hit), every later miss is `pool_disabled`,
+    /// never handed a connection out again), every later miss is `pool_disabled`,
     /// inferred, naming the connection closed at release, whatever the
-    /// kernel would show; an idle hit proves the inference wrong and drops it.
+    /// kernel would show; a connection handed out again (an idle hit)
+    /// proves the inference wrong and drops it.
     #[test]
     fn an_inferred_idle_limit_of_zero_names_every_miss_pool_disabled() {
         let t0 = Instant::now();
@@ -1093,7 +1298,7 @@ mod tests {
             miss.previous.map(|p| (p.id, p.end)),
             Some((a.id(), Some(ConnectionEnd::IdleLimit)))
         );
-        client.inferred.note_idle_hit();
+        client.inferred.note_reuse();
         assert_eq!(client.inferred.idle_limit(), None);
         assert!(!matches!(
             pools.classify_miss(&host(), &client, at, 1),
@@ -1225,17 +1430,33 @@ mod tests {
     /// only when nothing shows our side closed it: not when its release
     /// may have been over the idle limit a moment ago, nor when the kernel
     /// showed it closed by us before; but an unsure release long ago is no
-    /// excuse.
+    /// excuse. With nothing else in flight at the miss, the pool held no
+    /// idle connection (the checkout would have had it), so an unsure
+    /// release was within the limit, and a socket gone moments after its
+    /// release (no close announced) was not the server's idle close:
+    /// hyper-util dropped it with the miss's checkout, alive at the miss
+    /// (the release race).
     #[test]
     fn a_socket_gone_after_our_close_is_not_the_servers_close() {
         let t0 = Instant::now();
         let limit = (MissReason::AllBusy, Some(ConnectionEnd::IdleLimit));
         let server = (MissReason::ClosedByPeer, Some(ConnectionEnd::PeerClosed));
-        for (unsure, closed_by_us, asked_ms, expected) in [
-            (true, false, 5, limit),
-            (false, true, 5, limit),
-            (true, false, OWN_CLOSE_WINDOW.as_millis() as u64 + 5, server),
-            (false, false, 5, server),
+        let race = (MissReason::ReleaseRace, None);
+        // (unsure, closed by us, the miss at ms, requests in flight, expected)
+        for (unsure, closed_by_us, asked_ms, in_flight, expected) in [
+            (true, false, 5, 2, limit),
+            (true, false, 5, 1, race),
+            (false, true, 5, 2, limit),
+            (false, true, 5, 1, race),
+            (
+                true,
+                false,
+                OWN_CLOSE_WINDOW.as_millis() as u64 + 5,
+                2,
+                server,
+            ),
+            (false, false, 5, 1, race),
+            (false, false, 200, 1, server),
         ] {
             let pools = PoolHistory::default();
             let client = Arc::new(ClientState::new(Some(None), Some(2)));
@@ -1246,12 +1467,13 @@ mod tests {
                 a.mark_closed();
             }
             let at = t0 + Duration::from_millis(asked_ms);
-            let (candidate, alive, seen) = ask(pools.classify_miss(&host(), &client, at, 1));
+            let (candidate, alive, seen) =
+                ask(pools.classify_miss(&host(), &client, at, in_flight));
             let miss = decide_from_kernel(&candidate, &gone(), at, alive, seen, at);
             assert_eq!(
                 (miss.reason, miss.previous.and_then(|p| p.end)),
                 expected,
-                "unsure {unsure}, closed by us {closed_by_us}, asked at {asked_ms} ms"
+                "unsure {unsure}, closed by us {closed_by_us}, asked at {asked_ms} ms, {in_flight} in flight"
             );
             assert_eq!(a.is_over_idle_limit(), unsure && expected == limit);
         }
@@ -1554,12 +1776,15 @@ mod tests {
     /// Our side closed the candidate. Dated after the miss (beyond the
     /// timer's slack): hyper-util dropped it on its way back to a checkout
     /// the miss's own connect had won, so it was alive at the miss: the
-    /// release race. Dated well before the miss: the client's pool dropped
-    /// it (its idle limit here). Dated within the slack of the miss: the
-    /// release race when the pool has served an idle hit (its idle limit is
-    /// not 0), else unsure (`pool_closed`) until a second such close, on
-    /// another connection, confirms the limit. Undated (`FIN_WAIT1`): the
-    /// pool's close.
+    /// release race; unless the pool never handed a connection out again
+    /// and the close came within `CLOSED_AT_RELEASE` of the release (a
+    /// pool that keeps none closes it then, on its own task): judged as a
+    /// close at the miss. Dated well before the miss: the client's pool
+    /// dropped it (its idle limit here). Dated within the slack of the
+    /// miss: the release race when the pool has handed a connection out
+    /// again (its idle limit is not 0), else unsure (`pool_closed`) until a
+    /// second such close, on another connection, confirms the limit.
+    /// Undated (`FIN_WAIT1`): the pool's close.
     #[test]
     fn a_close_of_ours_at_the_miss_is_judged_by_the_pools_history() {
         let t0 = Instant::now();
@@ -1581,7 +1806,9 @@ mod tests {
         let limit = (MissReason::PoolDisabled, Some(ConnectionEnd::IdleLimit));
         let unsure = (MissReason::PoolClosed, Some(ConnectionEnd::PoolClosed));
         for (miss_ms, lookup, kept, expected) in [
-            (5, closed(50), false, race),
+            (5, closed(50), false, unsure),
+            (5, closed(50), true, race),
+            (5, closed(150), false, race),
             (50, closed(2), false, limit),
             (5, closed(2), true, race),
             (5, closed(8), true, race),
@@ -1596,7 +1823,7 @@ mod tests {
             let pools = PoolHistory::default();
             let client = client();
             if kept {
-                client.inferred.note_idle_hit();
+                client.inferred.note_reuse();
             }
             let a = connection(&pools, &client, 1, t0, false);
             response(&a, false, t0 + Duration::from_millis(1));
@@ -1629,5 +1856,188 @@ mod tests {
             assert_eq!(miss.reason, reason, "connection {id}");
         }
         assert_eq!(client.inferred.idle_limit(), Some(0));
+    }
+
+    /// Our close of a socket, dated `ago` before the lookup.
+    fn closed_ago(ago: Duration) -> KernelLookup {
+        KernelLookup::Found(TcpFacts {
+            state: TcpState::TimeWait,
+            info: None,
+            receive_queue: 0,
+            time_wait_left: Some(crate::kernel::TIME_WAIT_LENGTH - ago),
+            fin_wait2_left: None,
+        })
+    }
+
+    /// Row 8 holds only with another request in flight. With nothing else
+    /// in flight, the pool held nothing idle at the miss (the checkout
+    /// would have had it), so the release counted over the idle limit (the
+    /// count included a connection closed unbeknown to us) was not: the
+    /// kernel decides, and a candidate alive, closed by us at the miss, or
+    /// gone moments after its release (a TLS server's close_notify resets
+    /// our closed socket) was hyper-util's release race, never `all_busy`.
+    #[test]
+    fn a_sequential_miss_does_not_trust_a_release_counted_over_the_idle_limit() {
+        let t0 = Instant::now();
+        let ms = Duration::from_millis;
+        // The idle limit set through our builder (1); the idle timeout not.
+        let client = Arc::new(ClientState::new(None, Some(1)));
+        let at = t0 + ms(3);
+        for (lookup, in_flight, expected) in [
+            (
+                None,
+                2,
+                (MissReason::AllBusy, Some(ConnectionEnd::IdleLimit)),
+            ),
+            (
+                Some(state(TcpState::Established)),
+                1,
+                (MissReason::ReleaseRace, None),
+            ),
+            (Some(closed_ago(ms(1))), 1, (MissReason::ReleaseRace, None)),
+            (Some(gone()), 1, (MissReason::ReleaseRace, None)),
+        ] {
+            let pools = PoolHistory::default();
+            let b = connection(&pools, &client, 1, t0, false);
+            response(&b, false, t0 + ms(1));
+            let a = connection(&pools, &client, 2, t0, false);
+            response(&a, false, t0 + ms(2));
+            // `b` believed idle at `a`'s release: over the limit of 1.
+            assert!(pools.on_released(&host(), &a, t0 + ms(2), t0 + ms(1), 1));
+            let verdict = pools.classify_miss(&host(), &client, at, in_flight);
+            let miss = match lookup {
+                None => decided(verdict),
+                Some(lookup) => {
+                    let (candidate, alive, seen) = ask(verdict);
+                    assert_eq!(candidate.id(), a.id());
+                    decide_from_kernel(&candidate, &lookup, at + ms(1), alive, seen, at)
+                }
+            };
+            assert_eq!(
+                (miss.reason, miss.previous.and_then(|p| p.end)),
+                expected,
+                "{in_flight} in flight"
+            );
+            assert_eq!(miss.previous.map(|p| p.id), Some(a.id()));
+        }
+    }
+
+    /// A connection believed idle and then found closed by its client's
+    /// pool was not idle at the later releases that counted it (closed at
+    /// its own release: it never entered the idle list; after idling: not
+    /// after that close): their idle counts are lowered, never below 0.
+    #[test]
+    fn a_close_learned_late_is_uncounted_from_the_releases_after_it() {
+        let t0 = Instant::now();
+        let ms = Duration::from_millis;
+        let pools = PoolHistory::default();
+        let client = Arc::new(ClientState::unknown_settings());
+        let a = connection(&pools, &client, 1, t0, false);
+        response(&a, false, t0 + ms(1));
+        let mut later = Vec::new();
+        for (id, released) in [(2, 30), (3, 100)] {
+            let r = connection(&pools, &client, id, t0, false);
+            response(&r, false, t0 + ms(released));
+            pools.on_released(&host(), &r, t0 + ms(released), t0 + ms(released - 1), 1);
+            later.push(r);
+        }
+        let counts = || {
+            later
+                .iter()
+                .map(|r| r.idle_others_at_release())
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(counts(), [Some(1), Some(2)], "each counted those before");
+        // `a` closed by the pool after idling 50 ms: idle at 30 ms, not at 100.
+        pools.uncount_closed(&host(), &a, PoolClose::Expired { idle: ms(50) });
+        assert_eq!(counts(), [Some(1), Some(1)]);
+        // `later[0]` closed at its own release: never idle after it.
+        pools.uncount_closed(&host(), &later[0], PoolClose::Unsure);
+        assert_eq!(counts(), [Some(1), Some(0)]);
+        pools.uncount_closed(&host(), &later[0], PoolClose::Unsure);
+        assert_eq!(counts(), [Some(1), Some(0)], "never below 0");
+    }
+
+    /// The kernel is asked again about a candidate whose fate was still
+    /// being decided, under an idle limit not ours to count and a pool that
+    /// never handed a connection out again: alive with nothing else in
+    /// flight, until `CLOSED_AT_RELEASE` after its release (a pool that
+    /// keeps none has closed it by then); our FIN not yet acknowledged,
+    /// (or `FIN_WAIT2` with no timer yet), until `UNDATED_CLOSE_WAIT` after
+    /// the miss; closed while counting other
+    /// connections idle at its release (their closes may lower the count),
+    /// until `CLOSED_AT_RELEASE` after it. Never once the pool has handed a
+    /// connection out again, nor with another request in flight.
+    #[test]
+    fn a_candidate_whose_fate_is_pending_is_looked_at_again() {
+        let t0 = Instant::now();
+        let ms = Duration::from_millis;
+        let pools = PoolHistory::default();
+        let client = Arc::new(ClientState::unknown_settings());
+        let other = connection(&pools, &client, 1, t0, false);
+        response(&other, false, t0 + ms(1));
+        let a = connection(&pools, &client, 2, t0, false);
+        response(&a, false, t0 + ms(2));
+        let at = t0 + ms(3);
+        let (candidate, alive, seen) = ask(pools.classify_miss(&host(), &client, at, 1));
+        assert_eq!(candidate.id(), a.id());
+        let again = |lookup: &KernelLookup, now: Instant, alive: &Miss| {
+            look_again_at(&candidate, lookup, now, alive, seen, at)
+        };
+        let established = state(TcpState::Established);
+        assert_eq!(again(&established, at, &alive), Some(at + LOOK_AGAIN_EVERY));
+        assert_eq!(
+            again(&established, t0 + ms(75), &alive),
+            Some(t0 + ms(2) + CLOSED_AT_RELEASE)
+        );
+        assert_eq!(again(&established, t0 + ms(80), &alive), None);
+        assert_eq!(
+            again(&established, at, &Miss::new(MissReason::AllBusy)),
+            None,
+            "another request in flight holds it"
+        );
+        let fin_wait1 = state(TcpState::FinWait1);
+        assert_eq!(again(&fin_wait1, at + ms(10), &alive), Some(at + ms(15)));
+        assert_eq!(again(&fin_wait1, at + UNDATED_CLOSE_WAIT, &alive), None);
+        // `FIN_WAIT2` before the application closed the socket: no timer.
+        let fin_wait2 = state(TcpState::FinWait2);
+        assert_eq!(again(&fin_wait2, at, &alive), Some(at + LOOK_AGAIN_EVERY));
+        // Closed, `other` counted idle at its release, or not.
+        a.set_idle_others_at_release(1);
+        assert_eq!(
+            again(&closed_ago(ms(1)), at, &alive),
+            Some(at + LOOK_AGAIN_EVERY)
+        );
+        a.set_idle_others_at_release(0);
+        assert_eq!(again(&closed_ago(ms(1)), at, &alive), None);
+        client.inferred.note_reuse();
+        assert_eq!(again(&established, at, &alive), None);
+        a.set_idle_others_at_release(1);
+        assert_eq!(again(&closed_ago(ms(1)), at, &alive), None);
+        // FIN_WAIT1 is dated whatever the pool did before.
+        assert_eq!(again(&fin_wait1, at, &alive), Some(at + LOOK_AGAIN_EVERY));
+    }
+
+    /// A socket found gone no more than `CLOSED_AT_RELEASE` after its
+    /// release, with no end its traffic showed, was closed by our side
+    /// (hyper-util's pool, at release or with a dropped checkout; a TLS
+    /// server's close_notify reset it): not the server's close, which
+    /// comes after its keep-alive timeout. Later, or after an announced
+    /// close, it is not.
+    #[test]
+    fn a_socket_gone_moments_after_its_release_was_our_close() {
+        let t0 = Instant::now();
+        let ms = Duration::from_millis;
+        let pools = PoolHistory::default();
+        let a = connection(&pools, &client(), 1, t0, false);
+        response(&a, false, t0 + ms(1));
+        assert!(gone_after_own_close(&a, t0 + ms(50)));
+        assert!(!gone_after_own_close(&a, t0 + ms(200)));
+        let b = connection(&pools, &client(), 2, t0, false);
+        response(&b, true, t0 + ms(1));
+        assert!(
+            !gone_after_own_close(&b, t0 + ms(50)),
+            "the server announced it"
+        );
     }
 }

@@ -176,7 +176,7 @@ impl ConnectionRecord {
     /// had, and asks the kernel about it.
     pub(crate) fn mark_named_by_miss(&self, at: Instant) {
         self.named_by_miss
-            .store(instant_nanos(at), Ordering::Release);
+            .fetch_max(instant_nanos(at), Ordering::AcqRel);
     }
 
     /// When a miss last named it (see [`mark_named_by_miss`](Self::mark_named_by_miss)).
@@ -194,6 +194,16 @@ impl ConnectionRecord {
     pub(crate) fn forget_idle_others_at_release(&self) {
         self.idle_others_at_release
             .store(usize::MAX, Ordering::Relaxed);
+    }
+
+    /// One connection counted idle at its latest release was not (see
+    /// [`PoolHistory::uncount_closed`](crate::pool::model::PoolHistory::uncount_closed)).
+    pub(crate) fn uncount_idle_other(&self) {
+        let _ =
+            self.idle_others_at_release
+                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
+                    (n != usize::MAX && n > 0).then(|| n - 1)
+                });
     }
 
     /// Other connections idle at its latest release, if counted.

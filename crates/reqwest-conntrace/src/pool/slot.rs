@@ -69,6 +69,29 @@ impl Miss {
         }
     }
 
+    /// This miss as the request it was for can tell it once its response
+    /// came on connection `served_by`: a miss that named that very
+    /// connection as ended (the idle limit, the pool's close) was wrong
+    /// about it. The checkout found it missing, yet hyper-util handed it to
+    /// the waiting checkout as it came back (its `put` serves a waiting
+    /// checkout before it counts the idle limit): it was alive and on its
+    /// way back, hyper-util's release race (REFERENCE section 14). Any
+    /// other miss is returned as it is.
+    pub(crate) fn served_by(self, served_by: u64) -> Self {
+        match self.previous {
+            Some(previous) if previous.id == served_by && previous.end.is_some() => {
+                Self::caused_by(
+                    MissReason::ReleaseRace,
+                    Previous {
+                        end: None,
+                        ..previous
+                    },
+                )
+            }
+            _ => self,
+        }
+    }
+
     /// The reason rests on a limit inferred from the client's closes.
     pub(crate) fn limits_inferred(self) -> Self {
         Self {
@@ -104,7 +127,7 @@ impl MissSlot {
     pub(crate) fn is_settled(&self) -> bool {
         match self {
             MissSlot::Decided(_) => true,
-            MissSlot::Pending(pending) => pending.miss.get().is_some(),
+            MissSlot::Pending(pending) => pending.is_settled(),
         }
     }
 
@@ -188,6 +211,11 @@ impl PendingMiss {
     fn get(&self) -> Miss {
         self.miss.get().copied().unwrap_or(self.fallback)
     }
+
+    /// Whether the kernel has answered.
+    pub(crate) fn is_settled(&self) -> bool {
+        self.miss.get().is_some()
+    }
 }
 
 #[cfg(test)]
@@ -228,5 +256,38 @@ mod tests {
             MissSlot::Pending(_) => panic!("answered: kept by value"),
         }
         drop(pending);
+    }
+
+    /// A miss that named as ended the connection that then served its own
+    /// request was hyper-util's release race, naming that connection alive
+    /// (no limit behind it); any other miss stays as it was.
+    #[test]
+    fn a_miss_naming_its_serving_connection_as_ended_was_the_release_race() {
+        let previous = Previous {
+            id: 7,
+            idle: Duration::from_millis(1),
+            request_count: 3,
+            end: Some(ConnectionEnd::IdleLimit),
+        };
+        let miss = Miss::caused_by(MissReason::AllBusy, previous).limits_inferred();
+        let served = miss.served_by(7);
+        assert_eq!(served.reason, MissReason::ReleaseRace);
+        assert_eq!(
+            served.previous,
+            Some(Previous {
+                end: None,
+                ..previous
+            })
+        );
+        assert_eq!(served.limits, None);
+        assert_eq!(miss.served_by(8), miss, "served by another connection");
+        let race = Miss::caused_by(
+            MissReason::ReleaseRace,
+            Previous {
+                end: None,
+                ..previous
+            },
+        );
+        assert_eq!(race.served_by(7), race);
     }
 }

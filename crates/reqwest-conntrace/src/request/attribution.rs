@@ -108,10 +108,14 @@ pub(crate) fn attribute_response(
     // hyper-util's pool at once (an idle hit), even where our release time
     // is later: hyper-util returns a connection whose body it has read
     // before the caller has read it.
-    let own_miss = state.miss().map(|m| m.get());
+    // A miss that named this very connection as ended was wrong about it
+    // (it came back to this request's checkout): said as it was.
+    let own_miss = state.miss().map(|m| m.get().served_by(record.id()));
     let idle_hit = reused && own_miss.is_none();
-    if idle_hit && !record.http2() && !record.client.max_idle_known {
-        record.client.inferred.note_idle_hit();
+    // An HTTP/1.1 connection serving again went through the pool (an idle
+    // hit, or handed to a waiting checkout): the pool is on.
+    if (idle_hit || request_count > 1) && !record.http2() && !record.client.max_idle_known {
+        record.client.inferred.note_reuse();
     }
     let wait = if idle_hit {
         Duration::ZERO
@@ -688,7 +692,9 @@ impl RequestEnd {
                 .as_ref()
                 .and_then(|(_, record)| record.client.idle_limit());
             let pending = crate::export::pending::PendingEnd::new();
+            let served_by = self.connection.as_ref().map(|(usage, _)| usage.id);
             slot.when_settled(move |miss| {
+                let miss = served_by.map_or(miss, |id| miss.served_by(id));
                 record_miss(&inner, &state, &span, &miss);
                 // Forced only now that the reason is known.
                 if miss.reason == MissReason::AllBusy
@@ -705,7 +711,7 @@ impl RequestEnd {
             // The report gets what is known now: the kernel's answer or,
             // when it has not come yet, the fallback.
             if let Some((usage, _)) = &mut self.connection {
-                usage.miss_reason = Some(slot.get().reason);
+                usage.miss_reason = Some(slot.get().served_by(usage.id).reason);
             }
         }
         if let Some((_, record)) = &self.connection {
