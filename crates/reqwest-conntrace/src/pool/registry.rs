@@ -767,7 +767,11 @@ mod tests {
         let t0 = Instant::now();
         r.mark_named_by_miss(t0 + Duration::from_millis(5));
         r.mark_named_by_miss(t0 + Duration::from_millis(2));
-        assert_eq!(r.named_by_miss_at(), Some(t0 + Duration::from_millis(2)));
+        assert_eq!(
+            r.named_by_miss_at(),
+            Some(t0 + Duration::from_millis(5)),
+            "a miss classified earlier, marked later, does not move it back"
+        );
         r.mark_released(t0);
         r.note_server_end_by(t0 + ENDED_WITH_LAST_RESPONSE + Duration::from_millis(1));
         assert!(!r.ended_with_last_response(), "too late after the release");
