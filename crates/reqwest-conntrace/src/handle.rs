@@ -20,8 +20,10 @@ use crate::pool::advice::{HostGauges, PoolLoad};
 use crate::pool::client::ClientState;
 use crate::pool::host::HostKey;
 use crate::pool::inferred::{LimitSource, pool_close};
-use crate::pool::miss::ConnectionEnd;
-use crate::pool::model::{MissVerdict, PoolHistory, decide_from_kernel};
+use crate::pool::miss::{ConnectionEnd, MissReason};
+use crate::pool::model::{
+    MissVerdict, PoolHistory, RESPONSE_IN_FLIGHT_WAIT, decide_from_kernel, response_may_explain_end,
+};
 use crate::pool::registry::{ConnectionRecord, Registry};
 use crate::pool::slot::MissSlot;
 use crate::redact::UrlRedaction;
@@ -367,41 +369,44 @@ impl Inner {
                 alive,
                 requests_seen,
                 classified_at,
+                others_in_flight,
             } => {
                 let slot = Arc::new(MissSlot::pending(alive));
-                let answer = slot.clone();
+                let asked = AskedMiss {
+                    host: host.clone(),
+                    candidate,
+                    alive,
+                    requests_seen,
+                    classified_at,
+                    slot: slot.clone(),
+                };
                 let weak: Weak<Inner> = Arc::downgrade(self);
-                let host = host.clone();
                 self.kernel.lookup_then(local, remote, move |lookup| {
-                    let miss = decide_from_kernel(
-                        &candidate,
+                    let now = Instant::now();
+                    let Some(inner) = weak.upgrade() else {
+                        return asked.settle(None, &lookup, now);
+                    };
+                    if response_may_explain_end(
+                        &asked.candidate,
                         &lookup,
-                        Instant::now(),
-                        alive,
                         requests_seen,
-                        classified_at,
-                    );
-                    if let Some(inner) = weak.upgrade() {
-                        inner.apply_kernel_view(&candidate, &lookup);
-                        if miss.limits == Some(LimitSource::Inferred)
-                            && miss.previous.and_then(|p| p.end) == Some(ConnectionEnd::IdleLimit)
-                        {
-                            // The idle count at its release may include
-                            // connections already closed over the limit:
-                            // the client's other idle ones give tighter
-                            // bounds.
-                            for other in inner.pools.idle_of_client(
-                                &host,
-                                candidate.client.id,
-                                INFER_FOLLOW_UPS,
-                            ) {
-                                if other.id() != candidate.id() {
-                                    inner.check_with_kernel(other);
-                                }
-                            }
-                        }
+                        others_in_flight,
+                    ) {
+                        // Decided once a response in flight on it has had
+                        // time to show (nothing is applied meanwhile: its
+                        // response must still find it open).
+                        let weak = Arc::downgrade(&inner);
+                        inner.kernel.lookup_at(
+                            local,
+                            remote,
+                            now + RESPONSE_IN_FLIGHT_WAIT,
+                            move |later| {
+                                asked.settle(weak.upgrade().as_ref(), &later, Instant::now());
+                            },
+                        );
+                        return;
                     }
-                    answer.set(miss);
+                    asked.settle(Some(&inner), &lookup, now);
                 });
                 slot
             }
@@ -495,6 +500,71 @@ const MAX_OPEN_SETS: usize = 4096;
 /// Other idle connections of the client checked with the kernel after a
 /// close at release was inferred (their closes tighten the idle limit).
 const INFER_FOLLOW_UPS: usize = 8;
+
+/// A miss whose candidate the kernel was asked about: decided when the
+/// answer comes (see [`decide_from_kernel`]).
+struct AskedMiss {
+    host: HostKey,
+    candidate: Arc<ConnectionRecord>,
+    alive: crate::pool::slot::Miss,
+    requests_seen: u64,
+    classified_at: Instant,
+    slot: Arc<MissSlot>,
+}
+
+impl AskedMiss {
+    /// Decides the miss from `lookup`, applies the kernel's view of the
+    /// candidate to the handle (`None`: dropped), and fills the slot.
+    fn settle(self, inner: Option<&Arc<Inner>>, lookup: &KernelLookup, now: Instant) {
+        let Self {
+            host,
+            candidate,
+            alive,
+            requests_seen,
+            classified_at,
+            slot,
+        } = self;
+        let mut miss =
+            decide_from_kernel(&candidate, lookup, now, alive, requests_seen, classified_at);
+        if let Some(inner) = inner {
+            inner.apply_kernel_view(&candidate, lookup);
+            if miss.reason == MissReason::AllBusy
+                && miss.previous.is_none()
+                && let Some(ended) =
+                    inner
+                        .pools
+                        .name_announced_close(&host, candidate.client.id, classified_at, now)
+            {
+                // Busy, but a connection ended by its announced close is
+                // why the pool had none free (row 4's exception).
+                miss = ended;
+            }
+            if miss.limits == Some(LimitSource::Inferred)
+                && miss.previous.and_then(|p| p.end) == Some(ConnectionEnd::IdleLimit)
+            {
+                // The idle count at its release may include connections
+                // already closed over the limit: the client's other idle
+                // ones give tighter bounds.
+                for other in
+                    inner
+                        .pools
+                        .idle_of_client(&host, candidate.client.id, INFER_FOLLOW_UPS)
+                {
+                    if other.id() != candidate.id() {
+                        inner.check_with_kernel(other);
+                    }
+                }
+            }
+        }
+        if let Some(previous) = &mut miss.previous {
+            // Its idle time up to the miss, not up to the answer.
+            previous.idle = previous
+                .idle
+                .saturating_sub(now.saturating_duration_since(classified_at));
+        }
+        slot.set(miss);
+    }
+}
 
 /// `server.address`, `server.port`, `url.scheme`, `network.protocol.version`
 /// of a connection (no peer address: bounded cardinality).

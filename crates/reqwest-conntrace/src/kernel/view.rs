@@ -90,6 +90,23 @@ impl KernelView {
         self.queue_socket(local, remote, Box::new(then), false);
     }
 
+    /// As [`lookup_then`](Self::lookup_then), asked at `due` (not before):
+    /// for a second look once something expected had time to happen.
+    pub(crate) fn lookup_at(
+        &self,
+        local: SocketAddr,
+        remote: SocketAddr,
+        due: Instant,
+        then: impl FnOnce(KernelLookup) + Send + 'static,
+    ) {
+        let query = worker::Query::Socket {
+            local,
+            remote,
+            then: Box::new(then),
+        };
+        self.queue(query, due, false);
+    }
+
     /// Queues the exact-pair lookup, due now.
     fn queue_socket(
         &self,
