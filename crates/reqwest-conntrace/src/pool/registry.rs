@@ -474,6 +474,9 @@ pub(crate) const SWEEP_KERNEL_CHECKS: usize = 1024;
 
 type Pair = (SocketAddr, SocketAddr);
 
+/// One shard's most recently closed connections, oldest first.
+type Closed = VecDeque<(Pair, Arc<ConnectionRecord>)>;
+
 /// The shard of an address pair: connections to one server differ in their
 /// local port.
 fn shard_of((local, remote): Pair) -> usize {
@@ -518,7 +521,7 @@ const CLOSED_PER_SHARD: usize = 64;
 pub(crate) struct Registry {
     shards: [Mutex<HashMap<Pair, Arc<ConnectionRecord>>>; SHARDS],
     /// The most recently closed connections of each shard, oldest first.
-    closed: [Mutex<VecDeque<(Pair, Arc<ConnectionRecord>)>>; SHARDS],
+    closed: [Mutex<Closed>; SHARDS],
     len: AtomicUsize,
     capacity: usize,
     /// Start of the latest sweep, in ms since `created`.
@@ -544,7 +547,7 @@ impl Registry {
             .unwrap_or_else(|e| e.into_inner())
     }
 
-    fn closed_shard(&self, pair: Pair) -> MutexGuard<'_, VecDeque<(Pair, Arc<ConnectionRecord>)>> {
+    fn closed_shard(&self, pair: Pair) -> MutexGuard<'_, Closed> {
         self.closed[shard_of(pair)]
             .lock()
             .unwrap_or_else(|e| e.into_inner())

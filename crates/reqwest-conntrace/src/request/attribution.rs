@@ -395,18 +395,15 @@ pub(crate) fn attribute_failure(
     error_type: &str,
 ) -> Option<ConnectionUse> {
     // Only errors that happen on a connection (not, say, a refused
-    // redirect or a request that could not be built).
-    let on_a_connection = matches!(
-        error_type,
-        semconv::ERROR_TYPE_CONNECTION_RESET
-            | semconv::ERROR_TYPE_TIMEOUT
-            | semconv::ERROR_TYPE_HTTP2_GOAWAY
-            | semconv::ERROR_TYPE_HTTP2_STREAM_RESET
-            | semconv::ERROR_TYPE_HTTP2_ERROR
-    );
-    if !on_a_connection {
-        return None;
-    }
+    // redirect or a request that could not be built); of those, the HTTP/2
+    // layer's happen on an HTTP/2 connection.
+    let http2_error = match error_type {
+        semconv::ERROR_TYPE_HTTP2_GOAWAY
+        | semconv::ERROR_TYPE_HTTP2_STREAM_RESET
+        | semconv::ERROR_TYPE_HTTP2_ERROR => true,
+        semconv::ERROR_TYPE_CONNECTION_RESET | semconv::ERROR_TYPE_TIMEOUT => false,
+        _ => return None,
+    };
     let record = if state.miss().is_some() {
         inner.pools.made_for(&state.host, state.id)
     } else {
@@ -418,12 +415,6 @@ pub(crate) fn attribute_failure(
     // An HTTP/2 error happened on an HTTP/2 connection: when none of the
     // above was found (its own connect had not finished, the connection was
     // already ended by the same GOAWAY), the host's latest one.
-    let http2_error = matches!(
-        error_type,
-        semconv::ERROR_TYPE_HTTP2_GOAWAY
-            | semconv::ERROR_TYPE_HTTP2_STREAM_RESET
-            | semconv::ERROR_TYPE_HTTP2_ERROR
-    );
     let record = record.or_else(|| {
         http2_error
             .then(|| inner.pools.latest_http2(&state.host))
