@@ -695,6 +695,18 @@ impl PoolHistory {
         }
         // 7. Already known closed by the server (a failed request, the kernel).
         if let Some(end) = candidate.end().filter(|e| e.by_server()) {
+            // An HTTP/1.1 end only inferred from the kernel's view, while
+            // other requests are in flight without a response: one of them
+            // may hold it, its response announcing that close (row 6). The
+            // kernel is asked again, and the miss waits for such a response
+            // as row 10 does (`response_may_explain_end`).
+            if !candidate.http2()
+                && candidate.seen_end().is_none()
+                && candidate.setup.local_addr.is_some()
+                && Self::others_in_flight(&hosts, host, in_flight)
+            {
+                return Self::ask_kernel(&hosts, host, candidate, in_flight, now, requests_seen);
+            }
             return MissVerdict::Decided(Miss::caused_by(
                 server_end_reason(candidate, Some(end)),
                 previous(end),
@@ -727,6 +739,21 @@ impl PoolHistory {
         Self::ask_kernel(&hosts, host, candidate, in_flight, now, requests_seen)
     }
 
+    /// Whether requests to `host` other than the missing one are in flight
+    /// (`in_flight` counts them all) without a response that showed their
+    /// connection yet: each may hold a connection the history sees free.
+    fn others_in_flight(
+        hosts: &HashMap<HostKey, HostHistory>,
+        host: &HostKey,
+        in_flight: u64,
+    ) -> bool {
+        let attributed: u64 = hosts
+            .get(host)
+            .map(|h| h.connections.iter().map(|r| u64::from(r.in_use())).sum())
+            .unwrap_or(0);
+        in_flight.saturating_sub(1 + attributed) > 0
+    }
+
     /// Row 10 (and 5, a dropped body): the kernel's view of `candidate`'s
     /// socket decides. If it is alive, either another request in flight to
     /// the host holds it (hyper-util hands a connection out before its
@@ -740,11 +767,7 @@ impl PoolHistory {
         now: Instant,
         requests_seen: u64,
     ) -> MissVerdict {
-        let attributed: u64 = hosts
-            .get(host)
-            .map(|h| h.connections.iter().map(|r| u64::from(r.in_use())).sum())
-            .unwrap_or(0);
-        let others_unattributed = in_flight.saturating_sub(1 + attributed) > 0;
+        let others_unattributed = Self::others_in_flight(hosts, host, in_flight);
         let alive = if others_unattributed || candidate.http2() {
             Miss::new(MissReason::AllBusy)
         } else {
@@ -1474,6 +1497,38 @@ mod tests {
         let h2 = connection(&pools, &client, 2, t0, true);
         response(&h2, false, t0 + Duration::from_millis(1));
         assert!(!response_may_explain_end(&h2, &gone(), 1, true));
+    }
+
+    /// Row 7 with an end only the kernel's view inferred (a metrics or
+    /// sweep check saw the socket gone), while another request is in
+    /// flight without a response: that request may hold the candidate and
+    /// its response announce the close, so the kernel is asked again (and
+    /// the miss waits as row 10's). Decided at once with nothing else in
+    /// flight, or when its own traffic showed the end.
+    #[test]
+    fn an_end_only_inferred_is_asked_again_while_a_response_may_be_in_flight() {
+        let pools = PoolHistory::default();
+        let client = client();
+        let t0 = Instant::now();
+        let a = connection(&pools, &client, 1, t0, false);
+        response(&a, false, t0 + Duration::from_millis(1));
+        a.closed_by_server(false);
+        let at = t0 + Duration::from_millis(2);
+        let (candidate, alive, seen) = ask(pools.classify_miss(&host(), &client, at, 2));
+        assert_eq!(candidate.id(), a.id());
+        assert!(response_may_explain_end(&candidate, &gone(), seen, true));
+        // The response in flight came, saying close: named as such.
+        response(&a, true, t0 + Duration::from_millis(3));
+        let miss = decide_from_kernel(&candidate, &gone(), at, alive, seen, at);
+        assert_eq!(miss.reason, MissReason::RequestLimit);
+        assert_eq!(miss.previous.map(|p| p.request_count), Some(2));
+        // Nothing else in flight: row 7 at once.
+        let b = connection(&pools, &client, 2, t0, false);
+        response(&b, false, t0 + Duration::from_millis(4));
+        b.closed_by_server(false);
+        let miss = decided(pools.classify_miss(&host(), &client, at, 1));
+        assert_eq!(miss.reason, MissReason::ClosedByPeer);
+        assert_eq!(miss.previous.map(|p| p.id), Some(b.id()));
     }
 
     /// Row 4's exception and row 6 under a burst: each connection ended by
