@@ -635,9 +635,11 @@ impl PoolHistory {
             return MissVerdict::Decided(Miss::new(MissReason::Cold));
         }
         // hyper-util hands out the most recently released idle connection
-        // first: that is the one this request would have had.
+        // first: that is the one this request would have had. One whose
+        // announced close an earlier miss named is gone, its loss told.
         let Some(candidate) = mine()
             .filter(|r| r.http2() || r.in_use() == 0)
+            .filter(|r| !(r.said_connection_close() && r.is_close_named()))
             .max_by_key(|r| r.last_activity())
         else {
             // 4. Every established connection is in use; unless one ended
@@ -683,8 +685,9 @@ impl PoolHistory {
             ));
         }
         // 6. The server (or the client's own request) said it would close
-        //    it. Each such close is named by one miss: when an earlier miss
-        //    named the candidate's, the latest one no miss named yet, if any.
+        //    it. Each such close is named by one miss: when another miss
+        //    named the candidate's meanwhile, the latest one no miss named
+        //    yet, if any.
         if candidate.said_connection_close() {
             let ended = if candidate.name_close() {
                 candidate
@@ -1560,17 +1563,16 @@ mod tests {
         };
         assert_eq!(named(&first), limit(&b));
         assert_eq!(named(&second), limit(&a));
-        // Both named; the candidate (b, the latest release) again for a
-        // third miss while its close is still the latest news (row 6).
+        // Both named, so neither is a candidate any more; c is busy: row 4.
         let third = decided(pools.classify_miss(&host(), &client, at, 4));
-        assert_eq!(named(&third), limit(&b));
-        // Every other connection busy, no close left unnamed: row 4.
-        let d = connection(&pools, &client, 4, t0, false);
-        response(&d, false, at);
-        d.take();
-        let e = connection(&pools, &client, 5, at, false);
-        e.take();
+        assert_eq!(named(&third), (MissReason::AllBusy, None));
         assert_eq!(pools.name_announced_close(&host(), client.id, at, at), None);
+        // A later close is named by the next miss.
+        c.give_back();
+        let later = t0 + Duration::from_millis(4);
+        response(&c, true, later);
+        let fourth = decided(pools.classify_miss(&host(), &client, later, 2));
+        assert_eq!(named(&fourth), limit(&c));
     }
 
     /// Kernel first: a sweep saw the socket closed by the server (its FIN)
