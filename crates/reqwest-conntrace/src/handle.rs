@@ -393,8 +393,21 @@ impl Inner {
                         others_in_flight,
                     ) {
                         // Decided once a response in flight on it has had
-                        // time to show (nothing is applied meanwhile: its
-                        // response must still find it open).
+                        // time to show. The close is applied now (the
+                        // history forgets closed connections; a response
+                        // still finds it among the registry's recently
+                        // closed, and its `Connection: close` replaces an
+                        // inferred end), but for a close of ours under
+                        // limits this crate cannot read: that one infers
+                        // a limit, which a close after `Connection: close`
+                        // must not.
+                        let ours = matches!(
+                            &lookup,
+                            KernelLookup::Found(facts) if facts.state.closed_by_us()
+                        );
+                        if !ours || asked.candidate.client.limits_known() {
+                            inner.apply_kernel_view(&asked.candidate, &lookup);
+                        }
                         let weak = Arc::downgrade(&inner);
                         inner.kernel.lookup_at(
                             local,
