@@ -70,7 +70,7 @@ pub(crate) fn attribute_response(
             set_attributes(span, attributes);
             // Every connection of an instrumented client went through the
             // connector layer: one the registry lacks was refused at its
-            // cap (or forgotten after an inferred close).
+            // cap (or closed before the registry's most recent closes).
             inner.note_untracked(span, &state.host, table);
             let _ = state.finish(Fate::NoResponse);
             return None;
