@@ -1507,3 +1507,81 @@ fn compact(spans: &[Seen]) -> String {
         })
         .collect()
 }
+
+// HTTP/1.1 with a server request limit of 5 (nginx `keepalive_requests 5`
+// does the same; see the CLI's probe test), waves of 4 concurrent
+// requests, 8 rounds: every answered request names the connection the
+// server saw it on, with the server's count, also the 5th (last) one whose
+// socket the server closed right after answering; every miss that names a
+// previous connection names one the server closed at its limit (5
+// requests), as `request_limit` with `previous.end = connection_close`
+// and its 5 requests, never as closed by the peer or the client's pool
+// (but for hyper-util's dropped checkout, REFERENCE section 11, of a
+// connection the server had not closed).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn request_limit_under_concurrency_names_every_connection() {
+    for round in 0..8 {
+        let t = telemetry();
+        let server = RemoteServer::start(plain_h1().max_requests_per_connection(Some(5))).await;
+        let client = t.client(reqwest::Client::builder(), None);
+        let url = server.get().url("/");
+        for _ in 0..10 {
+            futures::future::join_all((0..4).map(|_| get(&client, &url))).await;
+        }
+        let spans: Vec<Seen> = requests(&t, 40).iter().map(seen).collect();
+        let records = server.get().requests();
+        let server_of = compare_with_server(&spans, &records);
+        let mut carried: HashMap<u64, u64> = HashMap::new();
+        for r in &records {
+            *carried.entry(r.connection_id).or_default() += 1;
+        }
+        for s in &spans {
+            match s.reason.as_deref() {
+                None
+                | Some(
+                    semconv::MISS_REASON_COLD
+                    | semconv::MISS_REASON_ALL_BUSY
+                    | semconv::MISS_REASON_REQUEST_LIMIT,
+                ) => {}
+                // Alive at the miss: names no end.
+                Some(semconv::MISS_REASON_RELEASE_RACE) => {
+                    assert_eq!(s.previous_end, None, "round {round}: {s:?}");
+                    continue;
+                }
+                // The known limit of REFERENCE section 11: hyper-util's
+                // release race dropped (closed) a returning connection
+                // the server had not closed (it carried fewer than 5).
+                Some(semconv::MISS_REASON_POOL_CLOSED) if lost_to_its_own_connect(s) => {
+                    let previous = s.previous_id.expect("previous");
+                    assert!(
+                        carried[&server_of[&previous]] < 5,
+                        "round {round}: the server closed it at its limit: {s:?}"
+                    );
+                    continue;
+                }
+                Some(other) => panic!(
+                    "round {round}: the server only closed at its request limit, not {other}: {s:?}"
+                ),
+            }
+            let Some(previous) = s.previous_id else {
+                continue;
+            };
+            assert_eq!(
+                s.reason.as_deref(),
+                Some(semconv::MISS_REASON_REQUEST_LIMIT),
+                "round {round}: {s:?}"
+            );
+            assert_eq!(
+                s.previous_end.as_deref(),
+                Some(semconv::CONNECTION_END_CONNECTION_CLOSE),
+                "round {round}: {s:?}"
+            );
+            let on_server = server_of[&previous];
+            assert_eq!(
+                carried[&on_server], 5,
+                "round {round}: the server closed the named connection at its limit: {s:?}"
+            );
+            assert_eq!(s.previous_count, Some(5), "round {round}: {s:?}");
+        }
+    }
+}

@@ -427,6 +427,66 @@ async fn probe_fanout_agrees_with_nginx_access_log() {
     );
 }
 
+/// `conntrace probe URL --mode reuse -n 40 -c 4 --json` against plain
+/// HTTP nginx with `keepalive_requests 5`, six runs: every request names
+/// the connection nginx served it on, with nginx's request count (also
+/// the 5th, whose socket nginx closed right after answering); the probe's
+/// documented `pool_hits + pool_misses = succeeded` holds; and no miss
+/// blames the peer or the client's pool for closes that were nginx's
+/// request limit (`closed_by_peer`, `pool_closed`).
+#[tokio::test]
+async fn probe_reuse_against_a_request_limit_names_every_connection() {
+    let pki = TestPki::localhost().expect("pki");
+    let nginx = Nginx::start(NginxConfig::new(&pki).keepalive_requests(5))
+        .await
+        .expect("nginx starts (installed by scripts/test.sh)");
+    let url = nginx.url(NginxListener::Plain, "/").expect("listener");
+    let mut logged = 0;
+    for run_index in 0..6 {
+        let mut cmd = conntrace();
+        cmd.arg("probe")
+            .arg(&url)
+            .args(["--json", "--mode", "reuse", "-n", "40", "-c", "4"]);
+        let out = run(cmd).await;
+        assert!(out.status.success(), "probe failed: {}", stderr(&out));
+        let json: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+        let mode = &json["modes"][0];
+        let totals = &mode["totals"];
+        assert_eq!(totals["succeeded"], 40, "run {run_index}: {totals}");
+        assert_eq!(
+            totals["pool_hits"].as_u64().expect("hits")
+                + totals["pool_misses"].as_u64().expect("misses"),
+            40,
+            "run {run_index}: pool_hits + pool_misses = succeeded: {totals}"
+        );
+        let log = nginx
+            .wait_for_access_log(logged + 40, Duration::from_secs(10))
+            .await;
+        let this_run = &log[logged..];
+        assert_eq!(this_run.len(), 40, "run {run_index}");
+        logged = log.len();
+        let rows = mode["requests"].as_array().expect("rows");
+        for row in rows {
+            assert!(row["connection_id"].is_u64(), "run {run_index}: {row}");
+            let port = row["local_port"].as_u64().expect("local_port");
+            let count = row["connection_request_count"].as_u64().expect("count");
+            assert!(
+                this_run
+                    .iter()
+                    .any(|e| u64::from(e.remote_port) == port && e.connection_requests == count),
+                "run {run_index}: nginx served no request {count} on port {port}: {row}\n{this_run:?}"
+            );
+            assert!(
+                !matches!(
+                    row["miss_reason"].as_str(),
+                    Some(semconv::MISS_REASON_CLOSED_BY_PEER | semconv::MISS_REASON_POOL_CLOSED)
+                ),
+                "run {run_index}: nginx closed only at its request limit: {row}"
+            );
+        }
+    }
+}
+
 /// TLS 1.2-only nginx: version 1.2 on every setup, as nginx logs it.
 #[tokio::test]
 async fn probe_against_nginx_tls12() {

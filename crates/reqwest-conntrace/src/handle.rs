@@ -17,12 +17,15 @@ use crate::export::metrics::HostGauges;
 use crate::export::metrics::{Metrics, PoolObservations};
 use crate::export::report::OnRequestEnd;
 use crate::kernel::{KernelLookup, KernelView};
-use crate::miss::ConnectionEnd;
+use crate::miss::{ConnectionEnd, MissReason};
 use crate::pool::advice::PoolLoad;
 use crate::pool::client::ClientState;
 use crate::pool::host::HostKey;
 use crate::pool::inferred::{LimitSource, pool_close};
-use crate::pool::model::{MissVerdict, PoolHistory, decide_from_kernel, look_again_at};
+use crate::pool::model::{
+    MissVerdict, PoolHistory, RESPONSE_IN_FLIGHT_WAIT, decide_from_kernel, look_again_at,
+    response_may_explain_end,
+};
 use crate::pool::registry::{ConnectionRecord, Registry};
 use crate::pool::slot::{MissSlot, PendingMiss};
 use crate::redact::UrlRedaction;
@@ -384,6 +387,7 @@ impl Inner {
                 alive,
                 requests_seen,
                 classified_at,
+                others_in_flight,
             } => {
                 let slot = Arc::new(PendingMiss::new(alive));
                 if !candidate.client.max_idle_known {
@@ -401,6 +405,8 @@ impl Inner {
                     alive,
                     requests_seen,
                     classified_at,
+                    others_in_flight,
+                    waited_for_response: false,
                     slot: slot.clone(),
                 };
                 self.kernel.lookup_then(local, remote, {
@@ -510,6 +516,11 @@ struct KernelAsk {
     alive: crate::pool::slot::Miss,
     requests_seen: u64,
     classified_at: Instant,
+    /// Other requests to the host were in flight without a response at
+    /// the miss (see [`response_may_explain_end`]).
+    others_in_flight: bool,
+    /// The second look after [`RESPONSE_IN_FLIGHT_WAIT`] was taken.
+    waited_for_response: bool,
     slot: Arc<PendingMiss>,
 }
 
@@ -525,34 +536,69 @@ impl Drop for KernelAsk {
 
 /// The kernel answered `lookup` about `ask`'s candidate (on the kernel
 /// view's thread): settles the miss, or asks again later when the
-/// candidate's fate was still being decided (see [`look_again_at`]).
-fn settle_miss(weak: &Weak<Inner>, ask: KernelAsk, lookup: &KernelLookup) {
+/// candidate's fate was still being decided (see [`look_again_at`]) or a
+/// response in flight on it may explain the close the kernel shows (see
+/// [`response_may_explain_end`]; asked once, after
+/// [`RESPONSE_IN_FLIGHT_WAIT`]).
+fn settle_miss(weak: &Weak<Inner>, mut ask: KernelAsk, lookup: &KernelLookup) {
     let now = Instant::now();
     let inner = weak.upgrade();
-    if let Some(inner) = &inner
-        && let Some(due) = look_again_at(
+    if let Some(inner) = &inner {
+        if let Some(due) = look_again_at(
             &ask.candidate,
             lookup,
             now,
             &ask.alive,
             ask.requests_seen,
             ask.classified_at,
-        )
-    {
-        if !ask.candidate.client.max_idle_known {
-            // Their closes, answered first, may lower the idle count at
-            // the candidate's release.
-            inner.recheck_believed_idle(&ask.candidate);
+        ) {
+            if !ask.candidate.client.max_idle_known {
+                // Their closes, answered first, may lower the idle count at
+                // the candidate's release.
+                inner.recheck_believed_idle(&ask.candidate);
+            }
+            let (local, remote) = (ask.local, ask.remote);
+            let weak = weak.clone();
+            inner.kernel.lookup_at(local, remote, due, move |lookup| {
+                settle_miss(&weak, ask, &lookup);
+            });
+            return;
         }
-        let (local, remote) = (ask.local, ask.remote);
-        let weak = weak.clone();
-        inner.kernel.lookup_at(local, remote, due, move |lookup| {
-            settle_miss(&weak, ask, &lookup);
-        });
-        return;
+        if !ask.waited_for_response
+            && response_may_explain_end(
+                &ask.candidate,
+                lookup,
+                ask.requests_seen,
+                ask.others_in_flight,
+            )
+        {
+            // Decided once a response in flight on it has had time to
+            // show. The close is applied now (the history forgets closed
+            // connections; a response still finds it among the registry's
+            // recently closed, and its `Connection: close` replaces an
+            // inferred end), but for a close of ours under limits this
+            // crate cannot read: that one infers a limit, which a close
+            // after `Connection: close` must not.
+            let ours = matches!(
+                lookup,
+                KernelLookup::Found(facts) if facts.state.closed_by_us()
+            );
+            if !ours || ask.candidate.client.limits_known() {
+                inner.apply_kernel_view(&ask.candidate, lookup);
+            }
+            ask.waited_for_response = true;
+            let (local, remote) = (ask.local, ask.remote);
+            let weak = weak.clone();
+            inner
+                .kernel
+                .lookup_at(local, remote, now + RESPONSE_IN_FLIGHT_WAIT, move |later| {
+                    settle_miss(&weak, ask, &later);
+                });
+            return;
+        }
     }
     let candidate = &ask.candidate;
-    let miss = decide_from_kernel(
+    let mut miss = decide_from_kernel(
         candidate,
         lookup,
         now,
@@ -560,25 +606,43 @@ fn settle_miss(weak: &Weak<Inner>, ask: KernelAsk, lookup: &KernelLookup) {
         ask.requests_seen,
         ask.classified_at,
     );
-    let Some(inner) = inner else {
-        ask.slot.set(miss);
-        return;
-    };
-    inner.apply_kernel_view(candidate, lookup);
-    if miss.limits == Some(LimitSource::Inferred)
-        && miss.previous.and_then(|p| p.end) == Some(ConnectionEnd::IdleLimit)
-    {
-        // The idle count at its release may include connections already
-        // closed over the limit: the client's other idle ones give tighter
-        // bounds.
-        for other in inner
-            .pools
-            .idle_of_client(&ask.host, candidate.client.id, INFER_FOLLOW_UPS)
+    if let Some(inner) = &inner {
+        inner.apply_kernel_view(candidate, lookup);
+        if miss.reason == MissReason::AllBusy
+            && miss.previous.is_none()
+            && let Some(ended) = inner.pools.name_announced_close(
+                &ask.host,
+                candidate.client.id,
+                ask.classified_at,
+                now,
+            )
         {
-            if other.id() != candidate.id() {
-                inner.check_with_kernel(other);
+            // Busy, but a connection ended by its announced close is why
+            // the pool had none free (row 4's exception).
+            miss = ended;
+        }
+        if miss.limits == Some(LimitSource::Inferred)
+            && miss.previous.and_then(|p| p.end) == Some(ConnectionEnd::IdleLimit)
+        {
+            // The idle count at its release may include connections already
+            // closed over the limit: the client's other idle ones give
+            // tighter bounds.
+            for other in
+                inner
+                    .pools
+                    .idle_of_client(&ask.host, candidate.client.id, INFER_FOLLOW_UPS)
+            {
+                if other.id() != candidate.id() {
+                    inner.check_with_kernel(other);
+                }
             }
         }
+    }
+    if let Some(previous) = &mut miss.previous {
+        // Its idle time up to the miss, not up to the answer.
+        previous.idle = previous
+            .idle
+            .saturating_sub(now.saturating_duration_since(ask.classified_at));
     }
     ask.slot.set(miss);
 }

@@ -30,7 +30,8 @@ pub enum MissReason {
     /// `all_busy`: the client's pool for the host had been warm, and every
     /// established connection was in use, or the ones freed earlier were
     /// closed because the pool already held `pool_max_idle_per_host` idle
-    /// connections.
+    /// connections. A connection the server's `Connection: close` ended,
+    /// not named by another miss yet, is named instead (`RequestLimit`).
     AllBusy,
     /// `idle_expired`: the most recent idle connection had sat in the pool
     /// longer than the client's pool idle timeout, so the pool dropped it
@@ -47,7 +48,9 @@ pub enum MissReason {
     /// purpose with its last response (`Connection: close`, HTTP/1.0
     /// without `Connection: keep-alive`, or an HTTP/2 GOAWAY that reached
     /// the client within 75 ms of that response's end), as servers do when
-    /// a connection reached its request limit (nginx `keepalive_requests`).
+    /// a connection reached its request limit (nginx `keepalive_requests`);
+    /// each such close is named by one miss of a burst that found the other
+    /// connections busy.
     /// docs/REFERENCE.md section 14 says how the GOAWAY is dated.
     RequestLimit,
     /// `pool_disabled`: the client keeps no idle connection on purpose

@@ -91,7 +91,8 @@ impl KernelView {
     }
 
     /// As [`lookup_then`](Self::lookup_then), asked at `due` (not before):
-    /// a second look at a socket whose state is about to change.
+    /// a second look at a socket whose state is about to change, or once
+    /// something expected had time to happen.
     pub(crate) fn lookup_at(
         &self,
         local: SocketAddr,

@@ -161,7 +161,14 @@ fn run(lookups: &Receiver<Lookup>, available: &AtomicBool, urgent: &AtomicBool) 
             }
             Ok(lookup) => lookup,
             Err(RecvTimeoutError::Timeout) => continue,
-            Err(RecvTimeoutError::Disconnected) => break,
+            Err(RecvTimeoutError::Disconnected) => {
+                // The view is gone: what was asked for later is answered
+                // now, so no callback is dropped unrun.
+                for lookup in later.drain(..) {
+                    answer(&mut kernel, lookup, available);
+                }
+                break;
+            }
         };
         if !first.urgent {
             let until = first.queued_at + BATCH_WINDOW;

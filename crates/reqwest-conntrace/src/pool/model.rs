@@ -118,6 +118,10 @@ pub(crate) enum MissVerdict {
         requests_seen: u64,
         /// When the miss was classified.
         classified_at: Instant,
+        /// Other requests to the host were in flight without a response
+        /// yet: one of them may hold the candidate (see
+        /// [`response_may_explain_end`]).
+        others_in_flight: bool,
     },
 }
 
@@ -149,6 +153,16 @@ pub(crate) fn decide_from_kernel(
         && (candidate.requests.load(Ordering::Relaxed) != requests_seen
             || candidate.said_connection_close())
     {
+        // Another request held it (`alive` is `all_busy`), and the response
+        // it carried announced its close: that close is why the pool had
+        // it no more (named once; see `name_next_announced_close`).
+        if alive.reason == MissReason::AllBusy
+            && alive.previous.is_none()
+            && candidate.said_connection_close()
+            && candidate.name_close()
+        {
+            return announced_close_miss(candidate, now);
+        }
         return alive;
     }
     // Nothing else to the host was in flight at the miss (HTTP/1.1).
@@ -293,6 +307,83 @@ pub(crate) fn decide_from_kernel(
         }
         KernelLookup::Found(_) => alive,
         KernelLookup::Unavailable | KernelLookup::TimedOut => alive,
+    }
+}
+
+/// How long a miss whose HTTP/1.1 candidate the kernel shows closed waits
+/// for a response on that candidate, when other requests to the host were
+/// in flight without one ([`response_may_explain_end`]): 250 ms. Such a
+/// response is already read by then (its connection closed after it);
+/// what it waits for is its request's task to be polled, milliseconds even
+/// on a loaded machine. Only the miss's span waits (it ends when its
+/// reason is known), never a request.
+pub(crate) const RESPONSE_IN_FLIGHT_WAIT: std::time::Duration =
+    std::time::Duration::from_millis(250);
+
+/// Whether the kernel's answer that `candidate`'s socket is closed (by
+/// either side, or gone) may describe its later life rather than the
+/// miss's cause: HTTP/1.1, other requests to the host were in flight
+/// without a response at the miss (`others_in_flight`), and none has come
+/// on `candidate` since (`requests_seen`). hyper-util hands a connection
+/// out at the request's start and its response shows it only later, so
+/// one of those requests may hold the candidate, its response announcing
+/// the close the kernel already shows (a server's request limit:
+/// `Connection: close` on the last response; then the server's FIN, or
+/// hyper's own close once it has read that response). The miss is then
+/// decided after [`RESPONSE_IN_FLIGHT_WAIT`], once such a response has had
+/// time to show.
+pub(crate) fn response_may_explain_end(
+    candidate: &ConnectionRecord,
+    lookup: &KernelLookup,
+    requests_seen: u64,
+    others_in_flight: bool,
+) -> bool {
+    let closed = match lookup {
+        KernelLookup::Found(facts) => facts.state != crate::TcpState::Established,
+        KernelLookup::NotFound => true,
+        KernelLookup::Unavailable | KernelLookup::TimedOut => false,
+    };
+    closed
+        && others_in_flight
+        && !candidate.http2()
+        && !candidate.is_dropped_early()
+        && !candidate.said_connection_close()
+        && candidate.requests.load(Ordering::Relaxed) == requests_seen
+}
+
+/// The miss `record`'s announced close caused (row 6): its last exchange
+/// said `Connection: close`, the server's (`request_limit`) or the
+/// request's own (`client_close`).
+fn announced_close_miss(record: &ConnectionRecord, now: Instant) -> Miss {
+    let end = record.announced_close_end();
+    record.set_end(end);
+    let reason = if end == ConnectionEnd::ClientClose {
+        MissReason::ClientClose
+    } else {
+        MissReason::RequestLimit
+    };
+    Miss::caused_by(reason, Previous::of(record, now, Some(end)))
+}
+
+/// Names, for a miss, the connection among `connections()` whose last
+/// exchange announced its close and that no miss named yet, the most
+/// recently active first: each such close cost the pool one connection,
+/// so it explains one miss (a burst after several connections reached the
+/// server's request limit names each once). `None` when there is none.
+fn name_next_announced_close<'a, I>(
+    connections: impl Fn() -> I,
+) -> Option<&'a Arc<ConnectionRecord>>
+where
+    I: Iterator<Item = &'a Arc<ConnectionRecord>>,
+{
+    loop {
+        let next = connections()
+            .filter(|r| !r.http2() && r.said_connection_close() && !r.is_close_named())
+            .max_by_key(|r| r.last_activity())?;
+        // Another miss may name it meanwhile: then the next one.
+        if next.name_close() {
+            return Some(next);
+        }
     }
 }
 
@@ -713,13 +804,21 @@ impl PoolHistory {
             return MissVerdict::Decided(Miss::new(MissReason::Cold));
         }
         // hyper-util hands out the most recently released idle connection
-        // first: that is the one this request would have had.
+        // first: that is the one this request would have had. One whose
+        // announced close an earlier miss named is gone, its loss told.
         let Some(candidate) = mine()
             .filter(|r| r.http2() || r.in_use() == 0)
+            .filter(|r| !(r.said_connection_close() && r.is_close_named()))
             .max_by_key(|r| r.last_activity())
         else {
-            // 4. Every established connection is in use.
-            return MissVerdict::Decided(Miss::new(MissReason::AllBusy));
+            // 4. Every established connection is in use; unless one ended
+            //    by an announced close no miss named yet (row 6): the pool
+            //    lost it.
+            return MissVerdict::Decided(
+                name_next_announced_close(mine).map_or(Miss::new(MissReason::AllBusy), |r| {
+                    announced_close_miss(r, now)
+                }),
+            );
         };
         // Read before the rest: a response on it from now on shows it alive.
         let requests_seen = candidate.requests.load(Ordering::Relaxed);
@@ -754,19 +853,32 @@ impl PoolHistory {
                 previous(ConnectionEnd::Abandoned),
             ));
         }
-        // 6. The server (or the client's own request) said it would close it.
+        // 6. The server (or the client's own request) said it would close
+        //    it. Each such close is named by one miss: when another miss
+        //    named the candidate's meanwhile, the latest one no miss named
+        //    yet, if any.
         if candidate.said_connection_close() {
-            let end = candidate.announced_close_end();
-            candidate.set_end(end);
-            let reason = if end == ConnectionEnd::ClientClose {
-                MissReason::ClientClose
+            let ended = if candidate.name_close() {
+                candidate
             } else {
-                MissReason::RequestLimit
+                name_next_announced_close(mine).unwrap_or(candidate)
             };
-            return MissVerdict::Decided(Miss::caused_by(reason, previous(end)));
+            return MissVerdict::Decided(announced_close_miss(ended, now));
         }
         // 7. Already known closed by the server (a failed request, the kernel).
         if let Some(end) = candidate.end().filter(|e| e.by_server()) {
+            // An HTTP/1.1 end only inferred from the kernel's view, while
+            // other requests are in flight without a response: one of them
+            // may hold it, its response announcing that close (row 6). The
+            // kernel is asked again, and the miss waits for such a response
+            // as row 10 does (`response_may_explain_end`).
+            if !candidate.http2()
+                && candidate.seen_end().is_none()
+                && candidate.setup.local_addr.is_some()
+                && Self::others_in_flight(&hosts, host, in_flight)
+            {
+                return Self::ask_kernel(&hosts, host, candidate, in_flight, now, requests_seen);
+            }
             return MissVerdict::Decided(Miss::caused_by(
                 server_end_reason(candidate, Some(end)),
                 previous(end),
@@ -807,6 +919,21 @@ impl PoolHistory {
         Self::ask_kernel(&hosts, host, candidate, in_flight, now, requests_seen)
     }
 
+    /// Whether requests to `host` other than the missing one are in flight
+    /// (`in_flight` counts them all) without a response that showed their
+    /// connection yet: each may hold a connection the history sees free.
+    fn others_in_flight(
+        hosts: &HashMap<HostKey, HostHistory>,
+        host: &HostKey,
+        in_flight: u64,
+    ) -> bool {
+        let attributed: u64 = hosts
+            .get(host)
+            .map(|h| h.connections.iter().map(|r| u64::from(r.in_use())).sum())
+            .unwrap_or(0);
+        in_flight.saturating_sub(1 + attributed) > 0
+    }
+
     /// Row 10 (and 5, a dropped body): the kernel's view of `candidate`'s
     /// socket decides. If it is alive, either another request in flight to
     /// the host holds it (hyper-util hands a connection out before its
@@ -820,11 +947,7 @@ impl PoolHistory {
         now: Instant,
         requests_seen: u64,
     ) -> MissVerdict {
-        let attributed: u64 = hosts
-            .get(host)
-            .map(|h| h.connections.iter().map(|r| u64::from(r.in_use())).sum())
-            .unwrap_or(0);
-        let others_unattributed = in_flight.saturating_sub(1 + attributed) > 0;
+        let others_unattributed = Self::others_in_flight(hosts, host, in_flight);
         let alive = if others_unattributed || candidate.http2() {
             Miss::new(MissReason::AllBusy)
         } else {
@@ -840,6 +963,7 @@ impl PoolHistory {
                     alive,
                     requests_seen,
                     classified_at: now,
+                    others_in_flight: others_unattributed,
                 }
             }
             // No socket to ask about: a dropped body is believed to have
@@ -853,6 +977,28 @@ impl PoolHistory {
             },
             _ => MissVerdict::Decided(alive),
         }
+    }
+
+    /// An `all_busy` miss of `client` to `host` classified at `missed_at`
+    /// and decided when the kernel answered (row 10e / 10g): when one of
+    /// its connections ended by an announced close that had ended (its
+    /// response released) by the miss and no miss named yet, that close is
+    /// the cause (row 4's exception), named now.
+    pub(crate) fn name_announced_close(
+        &self,
+        host: &HostKey,
+        client_id: u64,
+        missed_at: Instant,
+        now: Instant,
+    ) -> Option<Miss> {
+        let hosts = self.hosts();
+        let history = hosts.get(host)?;
+        let ended = name_next_announced_close(|| {
+            history.connections.iter().filter(|r| {
+                r.client.id == client_id && r.last_released().is_some_and(|t| t <= missed_at)
+            })
+        })?;
+        Some(announced_close_miss(ended, now))
     }
 
     /// The end to name for `previous` when its miss is recorded: the one
@@ -1533,9 +1679,131 @@ mod tests {
         );
         a.take();
         a.set_connection_close(true);
+        // The other request held it, and its response announced the close
+        // (the server's request limit): that close is the cause, named.
         let miss = decide_from_kernel(&candidate, &state(TcpState::CloseWait), at, alive, seen, at);
-        assert_eq!(miss.reason, MissReason::AllBusy);
-        assert_eq!(a.end(), None, "the kernel's view was not applied to it");
+        assert_eq!(miss.reason, MissReason::RequestLimit);
+        let previous = miss.previous.expect("previous");
+        assert_eq!(previous.id, a.id());
+        assert_eq!(previous.end, Some(ConnectionEnd::ConnectionClose));
+        // Named once: a second such miss is busy.
+        let again = decide_from_kernel(&candidate, &gone(), at, alive, seen, at);
+        assert_eq!(again, alive);
+    }
+
+    /// The kernel shows an HTTP/1.1 candidate closed (either side, or
+    /// gone) while other requests to the host were in flight without a
+    /// response: one of them may hold it, its response announcing that
+    /// close, so the miss waits for it. Not without others in flight, not
+    /// for HTTP/2, not once a response on it showed.
+    #[test]
+    fn a_closed_candidate_waits_for_a_response_in_flight_only_when_one_may_hold_it() {
+        let pools = PoolHistory::default();
+        let client = client();
+        let t0 = Instant::now();
+        let a = connection(&pools, &client, 1, t0, false);
+        response(&a, false, t0 + Duration::from_millis(1));
+        for lookup in [
+            gone(),
+            state(TcpState::CloseWait),
+            state(TcpState::FinWait2),
+        ] {
+            assert!(response_may_explain_end(&a, &lookup, 1, true), "{lookup:?}");
+            assert!(
+                !response_may_explain_end(&a, &lookup, 1, false),
+                "{lookup:?}"
+            );
+        }
+        assert!(!response_may_explain_end(
+            &a,
+            &state(TcpState::Established),
+            1,
+            true
+        ));
+        assert!(!response_may_explain_end(
+            &a,
+            &KernelLookup::TimedOut,
+            1,
+            true
+        ));
+        response(&a, true, t0 + Duration::from_millis(2));
+        assert!(!response_may_explain_end(&a, &gone(), 1, true), "shown");
+        let h2 = connection(&pools, &client, 2, t0, true);
+        response(&h2, false, t0 + Duration::from_millis(1));
+        assert!(!response_may_explain_end(&h2, &gone(), 1, true));
+    }
+
+    /// Row 7 with an end only the kernel's view inferred (a metrics or
+    /// sweep check saw the socket gone), while another request is in
+    /// flight without a response: that request may hold the candidate and
+    /// its response announce the close, so the kernel is asked again (and
+    /// the miss waits as row 10's). Decided at once with nothing else in
+    /// flight, or when its own traffic showed the end.
+    #[test]
+    fn an_end_only_inferred_is_asked_again_while_a_response_may_be_in_flight() {
+        let pools = PoolHistory::default();
+        let client = client();
+        let t0 = Instant::now();
+        let a = connection(&pools, &client, 1, t0, false);
+        response(&a, false, t0 + Duration::from_millis(1));
+        a.closed_by_server(false);
+        let at = t0 + Duration::from_millis(2);
+        let (candidate, alive, seen) = ask(pools.classify_miss(&host(), &client, at, 2));
+        assert_eq!(candidate.id(), a.id());
+        assert!(response_may_explain_end(&candidate, &gone(), seen, true));
+        // The response in flight came, saying close: named as such.
+        response(&a, true, t0 + Duration::from_millis(3));
+        let miss = decide_from_kernel(&candidate, &gone(), at, alive, seen, at);
+        assert_eq!(miss.reason, MissReason::RequestLimit);
+        assert_eq!(miss.previous.map(|p| p.request_count), Some(2));
+        // Nothing else in flight: row 7 at once.
+        let b = connection(&pools, &client, 2, t0, false);
+        response(&b, false, t0 + Duration::from_millis(4));
+        b.closed_by_server(false);
+        let miss = decided(pools.classify_miss(&host(), &client, at, 1));
+        assert_eq!(miss.reason, MissReason::ClosedByPeer);
+        assert_eq!(miss.previous.map(|p| p.id), Some(b.id()));
+    }
+
+    /// Row 4's exception and row 6 under a burst: each connection ended by
+    /// the server's announced close names one miss, the most recently
+    /// released first; with every such close named, a miss whose
+    /// connections are all busy is `all_busy`.
+    #[test]
+    fn each_announced_close_names_one_miss_of_a_burst() {
+        let pools = PoolHistory::default();
+        let client = client();
+        let t0 = Instant::now();
+        let a = connection(&pools, &client, 1, t0, false);
+        let b = connection(&pools, &client, 2, t0, false);
+        let c = connection(&pools, &client, 3, t0, false);
+        response(&a, true, t0 + Duration::from_millis(1));
+        response(&b, true, t0 + Duration::from_millis(2));
+        response(&c, false, t0 + Duration::from_millis(1));
+        // c carries a request (its response shows it): busy.
+        c.take();
+        let at = t0 + Duration::from_millis(3);
+        let first = decided(pools.classify_miss(&host(), &client, at, 2));
+        let second = decided(pools.classify_miss(&host(), &client, at, 3));
+        let named = |m: &Miss| (m.reason, m.previous.map(|p| (p.id, p.end)));
+        let limit = |r: &ConnectionRecord| {
+            (
+                MissReason::RequestLimit,
+                Some((r.id(), Some(ConnectionEnd::ConnectionClose))),
+            )
+        };
+        assert_eq!(named(&first), limit(&b));
+        assert_eq!(named(&second), limit(&a));
+        // Both named, so neither is a candidate any more; c is busy: row 4.
+        let third = decided(pools.classify_miss(&host(), &client, at, 4));
+        assert_eq!(named(&third), (MissReason::AllBusy, None));
+        assert_eq!(pools.name_announced_close(&host(), client.id, at, at), None);
+        // A later close is named by the next miss.
+        c.give_back();
+        let later = t0 + Duration::from_millis(4);
+        response(&c, true, later);
+        let fourth = decided(pools.classify_miss(&host(), &client, later, 2));
+        assert_eq!(named(&fourth), limit(&c));
     }
 
     /// Kernel first: a sweep saw the socket closed by the server (its FIN)

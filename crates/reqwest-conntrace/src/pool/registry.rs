@@ -1,6 +1,7 @@
 //! Live connections by socket address pair: how a response's `HttpInfo`
 //! (local and remote address) is traced back to the connect that made it.
 
+use std::collections::VecDeque;
 use std::hash::{BuildHasher, RandomState};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
@@ -48,6 +49,9 @@ pub(crate) struct ConnectionRecord {
     over_idle_limit_unsure: AtomicBool,
     /// Its close was observed and counted.
     closed: AtomicBool,
+    /// A miss named it as the connection whose announced close
+    /// (`Connection: close`) caused it: each such close is named once.
+    close_named: AtomicBool,
     /// End of the latest response on this connection (body read or
     /// dropped), as [`instant_nanos`]; 0 when none. An atomic, not a lock:
     /// every miss reads it for each remembered connection of its host.
@@ -156,6 +160,7 @@ impl ConnectionRecord {
             over_idle_limit: AtomicBool::new(false),
             over_idle_limit_unsure: AtomicBool::new(false),
             closed: AtomicBool::new(false),
+            close_named: AtomicBool::new(false),
             last_released: AtomicU64::new(0),
             dropped_early: AtomicBool::new(false),
             connection_close: AtomicBool::new(false),
@@ -263,6 +268,17 @@ impl ConnectionRecord {
 
     pub(crate) fn said_connection_close(&self) -> bool {
         self.connection_close.load(Ordering::Relaxed)
+    }
+
+    /// A miss names it as the connection whose announced close caused it;
+    /// `true` for the first such miss only (one close, one connection lost).
+    pub(crate) fn name_close(&self) -> bool {
+        !self.close_named.swap(true, Ordering::Relaxed)
+    }
+
+    /// A miss already named its announced close.
+    pub(crate) fn is_close_named(&self) -> bool {
+        self.close_named.load(Ordering::Relaxed)
     }
 
     /// Records how it ended, as its own traffic showed it (a response
@@ -530,12 +546,35 @@ type Pair = (SocketAddr, SocketAddr);
 /// pair took 72), the pair is read from the record.
 type Shard = HashTable<Arc<ConnectionRecord>>;
 
+/// One shard's most recently closed connections, oldest first.
+type Closed = VecDeque<(Pair, Arc<ConnectionRecord>)>;
+
+/// The shard of an address pair: connections to one server differ in their
+/// local port.
+fn shard_of((local, remote): Pair) -> usize {
+    usize::from(local.port() ^ remote.port().rotate_left(8)) % SHARDS
+}
+
 /// The registry refused a connection: it holds `capacity` connections
 /// that may all still be in use.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct RegistryFull {
     pub(crate) capacity: usize,
 }
+
+/// Connections closed most recently, per shard, that a response may still
+/// name: 64 per shard, 1,024 in all (the oldest is forgotten first).
+///
+/// A server that closes after its last response (`Connection: close`, its
+/// per-connection request limit) makes the socket disappear as soon as
+/// hyper has read that response and closed its side, before the request
+/// that carried it has run the middleware (it waits for its task to be
+/// polled: milliseconds on a loaded machine); a miss asking the kernel
+/// about the connection then sees its close first. Its response must
+/// still name it. 1,024: at a thousand connections closed per second,
+/// about a second of closes, far longer than a response waits for its
+/// task.
+const CLOSED_PER_SHARD: usize = 64;
 
 /// Connections by (local, remote) socket address.
 ///
@@ -546,12 +585,17 @@ pub(crate) struct RegistryFull {
 /// requests say so, `http.connection.untracked`), never an old one evicted.
 /// Connections that closed without the handle seeing it (the server closed an
 /// idle one; the client was dropped) are found by sweeps once the registry
-/// is three quarters full: see [`Registry::sweep_due`].
+/// is three quarters full: see [`Registry::sweep_due`]. A removed
+/// connection stays findable by [`get`](Registry::get) among the most
+/// recently closed ([`CLOSED_PER_SHARD`]), outside the cap, so a response
+/// that arrives after its connection's close was observed still names it.
 #[derive(Debug)]
 pub(crate) struct Registry {
     shards: [Mutex<Shard>; SHARDS],
     /// Hashes a pair for the shards' tables (std's SipHash, randomly keyed).
     hasher: RandomState,
+    /// The most recently closed connections of each shard, oldest first.
+    closed: [Mutex<Closed>; SHARDS],
     len: AtomicUsize,
     capacity: usize,
     /// Start of the latest sweep, in ms since `created`.
@@ -564,6 +608,7 @@ impl Registry {
         Self {
             shards: std::array::from_fn(|_| Mutex::new(HashTable::new())),
             hasher: RandomState::new(),
+            closed: std::array::from_fn(|_| Mutex::new(VecDeque::new())),
             len: AtomicUsize::new(0),
             capacity: capacity.max(1),
             last_sweep_ms: AtomicU64::new(0),
@@ -571,10 +616,16 @@ impl Registry {
         }
     }
 
-    fn shard(&self, (local, remote): Pair) -> MutexGuard<'_, Shard> {
-        // Connections to one server differ in their local port.
-        let i = usize::from(local.port() ^ remote.port().rotate_left(8)) % SHARDS;
-        self.shards[i].lock().unwrap_or_else(|e| e.into_inner())
+    fn shard(&self, pair: Pair) -> MutexGuard<'_, Shard> {
+        self.shards[shard_of(pair)]
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn closed_shard(&self, pair: Pair) -> MutexGuard<'_, Closed> {
+        self.closed[shard_of(pair)]
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
     }
 
     fn hash(&self, pair: Pair) -> u64 {
@@ -602,6 +653,10 @@ impl Registry {
                 (n < self.capacity).then_some(n + 1)
             });
         if reserved.is_err() {
+            drop(shard);
+            // Its responses must not name a closed connection that had the
+            // same address pair.
+            self.closed_shard(pair).retain(|(p, _)| *p != pair);
             return Err(RegistryFull {
                 capacity: self.capacity,
             });
@@ -611,27 +666,46 @@ impl Registry {
         Ok(())
     }
 
-    /// The connection on this address pair, if known.
+    /// The connection on this address pair, if known: the open one, else
+    /// the latest one closed recently (see [`CLOSED_PER_SHARD`]).
     pub(crate) fn get(
         &self,
         local: SocketAddr,
         remote: SocketAddr,
     ) -> Option<Arc<ConnectionRecord>> {
         let pair = (local, remote);
-        self.shard(pair)
+        if let Some(open) = self
+            .shard(pair)
             .find(self.hash(pair), |r| r.pair() == Some(pair))
-            .cloned()
+        {
+            return Some(Arc::clone(open));
+        }
+        self.closed_shard(pair)
+            .iter()
+            .rev()
+            .find(|(p, _)| *p == pair)
+            .map(|(_, record)| Arc::clone(record))
     }
 
-    /// Forgets a connection known to be closed.
+    /// Forgets a connection known to be closed: it leaves the open ones,
+    /// and stays findable among the recently closed (see
+    /// [`CLOSED_PER_SHARD`]).
     pub(crate) fn remove(&self, local: SocketAddr, remote: SocketAddr, id: u64) {
         let pair = (local, remote);
-        let mut shard = self.shard(pair);
-        if let Ok(entry) = shard.find_entry(self.hash(pair), |r| r.pair() == Some(pair))
-            && entry.get().id() == id
-        {
-            entry.remove();
+        let removed = {
+            let mut shard = self.shard(pair);
+            match shard.find_entry(self.hash(pair), |r| r.pair() == Some(pair)) {
+                Ok(entry) if entry.get().id() == id => Some(entry.remove().0),
+                _ => None,
+            }
+        };
+        if let Some(record) = removed {
             self.len.fetch_sub(1, Ordering::Relaxed);
+            let mut closed = self.closed_shard(pair);
+            if closed.len() >= CLOSED_PER_SHARD {
+                closed.pop_front();
+            }
+            closed.push_back((pair, record));
         }
     }
 
@@ -823,9 +897,49 @@ mod tests {
         registry.remove(l, r, 2);
         assert_eq!(registry.len(), 3);
         registry.remove(l, r, 22);
-        assert_eq!(registry.get(l, r).map(|r| r.id()), None);
+        assert_eq!(registry.len(), 2, "closed: no longer counted");
+        assert!(registry.snapshot().iter().all(|c| c.id() != 22), "not open");
         assert_eq!(registry.insert(record(4, 4)), Ok(()));
         assert_eq!((registry.len(), registry.snapshot().len()), (3, 3));
+    }
+
+    #[test]
+    fn a_closed_connection_stays_findable_until_newer_closes_push_it_out() {
+        let registry = Registry::new(8);
+        let (l, r) = pair(7);
+        registry.insert(record(7, 7)).expect("room");
+        registry.remove(l, r, 7);
+        assert_eq!(registry.len(), 0, "no longer counted against the cap");
+        assert!(registry.snapshot().is_empty(), "not open");
+        assert_eq!(registry.get(l, r).map(|r| r.id()), Some(7));
+        // A new connection on the same pair is the one found.
+        registry.insert(record(77, 7)).expect("room");
+        assert_eq!(registry.get(l, r).map(|r| r.id()), Some(77));
+        registry.remove(l, r, 77);
+        assert_eq!(registry.get(l, r).map(|r| r.id()), Some(77));
+        // Closes in the same shard push the oldest out (ports 16 apart
+        // share a shard).
+        for k in 1..=CLOSED_PER_SHARD as u16 {
+            let (l2, r2) = pair(7 + 16 * k);
+            registry
+                .insert(record(1000 + u64::from(k), 7 + 16 * k))
+                .expect("room");
+            registry.remove(l2, r2, 1000 + u64::from(k));
+        }
+        assert_eq!(registry.get(l, r).map(|r| r.id()), None);
+        let (l2, r2) = pair(7 + 16 * CLOSED_PER_SHARD as u16);
+        assert!(registry.get(l2, r2).is_some());
+    }
+
+    #[test]
+    fn a_refused_connection_does_not_name_the_closed_one_on_its_pair() {
+        let registry = Registry::new(1);
+        let (l, r) = pair(1);
+        registry.insert(record(1, 1)).expect("room");
+        registry.remove(l, r, 1);
+        registry.insert(record(2, 2)).expect("room");
+        assert!(registry.insert(record(3, 1)).is_err());
+        assert_eq!(registry.get(l, r).map(|r| r.id()), None);
     }
 
     #[test]

@@ -70,7 +70,7 @@ pub(crate) fn attribute_response(
             set_attributes(span, attributes);
             // Every connection of an instrumented client went through the
             // connector layer: one the registry lacks was refused at its
-            // cap (or forgotten after an inferred close).
+            // cap (or closed before the registry's most recent closes).
             inner.note_untracked(span, &state.host, table);
             let _ = state.finish(Fate::NoResponse);
             return None;
@@ -89,13 +89,15 @@ pub(crate) fn attribute_response(
         // connection counted idle then was not in the pool's idle list.
         inner.recheck_believed_idle(&record);
     }
+    // Counted before its close is announced: a miss that reads the close
+    // names it with this request counted.
+    let request_count = record.count_request();
     // A `Connection: close` either side sent ends an HTTP/1.1 connection
     // with this response (RFC 9112 §9.6); whose it was names the fix.
     record.set_connection_close(
         !record.http2() && (state.asked_close || server_closes(version, headers)),
     );
     record.set_client_asked_close(state.asked_close);
-    let request_count = record.count_request();
     let start = state.started;
     let ready = record.ready_at();
     // The end of the previous response on the connection (or its ready time).
@@ -397,18 +399,15 @@ pub(crate) fn attribute_failure(
     error_type: &str,
 ) -> Option<ConnectionUse> {
     // Only errors that happen on a connection (not, say, a refused
-    // redirect or a request that could not be built).
-    let on_a_connection = matches!(
-        error_type,
-        semconv::ERROR_TYPE_CONNECTION_RESET
-            | semconv::ERROR_TYPE_TIMEOUT
-            | semconv::ERROR_TYPE_HTTP2_GOAWAY
-            | semconv::ERROR_TYPE_HTTP2_STREAM_RESET
-            | semconv::ERROR_TYPE_HTTP2_ERROR
-    );
-    if !on_a_connection {
-        return None;
-    }
+    // redirect or a request that could not be built); of those, the HTTP/2
+    // layer's happen on an HTTP/2 connection.
+    let http2_error = match error_type {
+        semconv::ERROR_TYPE_HTTP2_GOAWAY
+        | semconv::ERROR_TYPE_HTTP2_STREAM_RESET
+        | semconv::ERROR_TYPE_HTTP2_ERROR => true,
+        semconv::ERROR_TYPE_CONNECTION_RESET | semconv::ERROR_TYPE_TIMEOUT => false,
+        _ => return None,
+    };
     let record = if state.miss().is_some() {
         inner.pools.made_for(&state.host, state.id)
     } else {
@@ -420,12 +419,6 @@ pub(crate) fn attribute_failure(
     // An HTTP/2 error happened on an HTTP/2 connection: when none of the
     // above was found (its own connect had not finished, the connection was
     // already ended by the same GOAWAY), the host's latest one.
-    let http2_error = matches!(
-        error_type,
-        semconv::ERROR_TYPE_HTTP2_GOAWAY
-            | semconv::ERROR_TYPE_HTTP2_STREAM_RESET
-            | semconv::ERROR_TYPE_HTTP2_ERROR
-    );
     let record = record.or_else(|| {
         http2_error
             .then(|| inner.pools.latest_http2(&state.host))
