@@ -378,7 +378,11 @@ mod tests {
             "https://example.com/p#frag",
         ] {
             let url = Url::parse(raw).expect("valid url");
-            assert_eq!(&*redaction.redact_shared(&url), redaction.redact(&url), "{raw}");
+            assert_eq!(
+                &*redaction.redact_shared(&url),
+                redaction.redact(&url),
+                "{raw}"
+            );
         }
         let url = Url::parse("https://example.com/p?Signature=abc").expect("valid url");
         assert_eq!(

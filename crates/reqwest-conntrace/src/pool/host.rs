@@ -123,9 +123,15 @@ mod tests {
         map.insert(HostKey::new("https", "example.com", 443), 1);
         map.insert(HostKey::new("http", "example.com", 80), 2);
         map.insert(HostKey::new("https", "example.com", 8443), 3);
-        assert_eq!(map.get(&HostKey::new("https", "example.com", 443)), Some(&1));
+        assert_eq!(
+            map.get(&HostKey::new("https", "example.com", 443)),
+            Some(&1)
+        );
         assert_eq!(map.get(&HostKey::new("http", "example.com", 80)), Some(&2));
-        assert_eq!(map.get(&HostKey::new("https", "example.com", 8443)), Some(&3));
+        assert_eq!(
+            map.get(&HostKey::new("https", "example.com", 8443)),
+            Some(&3)
+        );
         assert_eq!(map.get(&HostKey::new("https", "example.org", 443)), None);
         assert_eq!(map.get(&HostKey::new("ftp", "example.com", 443)), None);
         assert_eq!(

@@ -19,12 +19,12 @@ use crate::pool::slot::Miss;
 use crate::request::state::{Fate, RequestState};
 use crate::semconv;
 
-/// Attributes the response to the connection that carried it and records the
+/// Attributes `response` to the connection that carried it and records the
 /// pool attributes on `span`. Returns `None` when the connection is unknown
 /// to this handle (or, for a response with no `HttpInfo`, over a local
-/// transport, not the only one that could have carried it). `version` and
-/// `headers` are the response's (`HTTP/1.0`, `Connection: close`,
-/// `Keep-Alive: timeout=N`); `attributes`, the response's own span
+/// transport, not the only one that could have carried it). The response's
+/// version and headers tell `HTTP/1.0`, `Connection: close` and
+/// `Keep-Alive: timeout=N`; `attributes`, the response's own span
 /// attributes, are set with the connection's in one call.
 ///
 /// Never waits: when this request's miss reason still waits on the kernel's
@@ -35,12 +35,12 @@ pub(crate) fn attribute_response(
     inner: &Arc<Inner>,
     state: &RequestState,
     span: &tracing::Span,
-    info: Option<&HttpInfo>,
-    version: http::Version,
-    headers: &http::HeaderMap,
+    response: &reqwest::Response,
     mut attributes: Vec<KeyValue>,
     miss_deferred: &mut bool,
 ) -> Option<(ConnectionUse, Arc<ConnectionRecord>)> {
+    let info = response.extensions().get::<HttpInfo>();
+    let (version, headers) = (response.version(), response.headers());
     let recording = !span.is_none();
     let record = match info {
         Some(info) => {
@@ -874,7 +874,12 @@ mod tests {
 
     #[test]
     fn ip_text_is_the_address_as_displayed() {
-        for ip in ["127.0.0.1", "::1", "2001:db8::8a2e:370:7334", "::ffff:192.0.2.1"] {
+        for ip in [
+            "127.0.0.1",
+            "::1",
+            "2001:db8::8a2e:370:7334",
+            "::ffff:192.0.2.1",
+        ] {
             let ip: std::net::IpAddr = ip.parse().expect("address");
             assert_eq!(ip_text(ip), ip.to_string());
         }

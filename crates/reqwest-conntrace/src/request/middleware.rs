@@ -8,7 +8,6 @@ use std::task::{Context, Poll};
 use std::time::Instant;
 
 use http::Extensions;
-use hyper_util::client::legacy::connect::HttpInfo;
 use opentelemetry::KeyValue;
 use opentelemetry::trace::TraceContextExt;
 use pin_project_lite::pin_project;
@@ -382,9 +381,7 @@ impl<M: MakeRequestSpan> ConnTraceMiddleware<M> {
                     &inner,
                     &state,
                     if recording { &span } else { &none },
-                    response.extensions().get::<HttpInfo>(),
-                    response.version(),
-                    response.headers(),
+                    &response,
                     attributes,
                     &mut end.miss_deferred,
                 );
