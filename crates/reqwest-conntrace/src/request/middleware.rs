@@ -51,6 +51,11 @@ pub trait MakeRequestSpan: Send + Sync + 'static {
 /// conventions, semconv v1.42.0: `{method}`, or `HTTP` for a method outside
 /// the known set, whose `http.request.method` is then `_OTHER` with
 /// `http.request.method_original` holding the method sent).
+///
+/// The `tracing` span declares a pool hit's attributes as empty fields;
+/// they are never recorded through `tracing` (the middleware sets them on
+/// the OpenTelemetry span), declared only so that `tracing-opentelemetry`
+/// sizes the span's attribute list for them.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct DefaultMakeRequestSpan;
 
