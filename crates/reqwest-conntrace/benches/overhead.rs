@@ -40,6 +40,14 @@
 //! response, and print the live heap and the resident set size every N/10
 //! connections (after a flush of the exporters): flat figures mean nothing
 //! grows per churned connection.
+//!
+//! On a loaded machine CPU time moves by microseconds between runs;
+//! instruction counts do not. One client process run under
+//! `valgrind --tool=callgrind` (with `CONNTRACE_BENCH_NO_CPU_CLOCK=1`: the
+//! CPU clock's vDSO lookup crashes under valgrind, and `cpu_us` then reads
+//! 0) for two request counts gives the instructions per request as the
+//! difference, and callgrind's per-function counts say where they go
+//! (docs/ARCHITECTURE.md, "Cost and sampling at scale").
 
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Child, Command, Stdio};
@@ -329,6 +337,11 @@ fn build_client(variant: &str, ca_pem: &[u8], per_connection: bool) -> (Client, 
 }
 
 fn cpu_time() -> Duration {
+    // rustix's vDSO lookup crashes under valgrind: instruction counts
+    // (callgrind) need no CPU clock.
+    if std::env::var_os("CONNTRACE_BENCH_NO_CPU_CLOCK").is_some() {
+        return Duration::ZERO;
+    }
     let t = rustix::time::clock_gettime(rustix::time::ClockId::ProcessCPUTime);
     Duration::new(t.tv_sec as u64, t.tv_nsec as u32)
 }

@@ -146,16 +146,38 @@ impl UrlRedaction {
             .any(|k| k.eq_ignore_ascii_case(&decoded))
     }
 
-    /// `url` as it may be exported (`url.full`): see the type's docs.
-    pub fn redact(&self, url: &Url) -> String {
-        let needs_query = url.query().is_some_and(|q| {
+    /// Whether `url` has a query value to redact.
+    fn needs_query(&self, url: &Url) -> bool {
+        url.query().is_some_and(|q| {
             q.split('&')
                 .any(|pair| pair.contains('=') && self.is_secret_key(key_of(pair)))
-        });
-        let has_userinfo = !url.username().is_empty() || url.password().is_some();
-        if !needs_query && !has_userinfo && url.fragment().is_none() {
+        })
+    }
+
+    /// Whether `url` is exported as it is: nothing to redact, no fragment.
+    fn is_clean(&self, url: &Url) -> bool {
+        url.username().is_empty()
+            && url.password().is_none()
+            && url.fragment().is_none()
+            && !self.needs_query(url)
+    }
+
+    /// As [`redact`](Self::redact), as a shared string (one allocation
+    /// where `redact(..).into()` made two and copied the URL twice).
+    pub(crate) fn redact_shared(&self, url: &Url) -> Arc<str> {
+        if self.is_clean(url) {
+            Arc::from(url.as_str())
+        } else {
+            Arc::from(self.redact(url))
+        }
+    }
+
+    /// `url` as it may be exported (`url.full`): see the type's docs.
+    pub fn redact(&self, url: &Url) -> String {
+        if self.is_clean(url) {
             return url.as_str().to_owned();
         }
+        let needs_query = self.needs_query(url);
         let mut out = url.clone();
         out.set_fragment(None);
         if !out.username().is_empty() {
@@ -344,6 +366,30 @@ pub(crate) fn redact_str(raw: &str) -> String {
 mod tests {
     use super::{UrlRedaction, redact_str, redact_url};
     use url::Url;
+
+    #[test]
+    fn the_shared_form_is_the_redacted_url() {
+        let redaction = UrlRedaction::standard();
+        for raw in [
+            "https://example.com/p?x=1",
+            "https://example.com/",
+            "https://user:secret@example.com/p",
+            "https://example.com/p?Signature=abc&x=1",
+            "https://example.com/p#frag",
+        ] {
+            let url = Url::parse(raw).expect("valid url");
+            assert_eq!(
+                &*redaction.redact_shared(&url),
+                redaction.redact(&url),
+                "{raw}"
+            );
+        }
+        let url = Url::parse("https://example.com/p?Signature=abc").expect("valid url");
+        assert_eq!(
+            &*redaction.redact_shared(&url),
+            "https://example.com/p?Signature=REDACTED"
+        );
+    }
 
     #[test]
     fn credentials_and_signatures_are_redacted() {

@@ -23,13 +23,12 @@
 //! it carries the whole interval's numbers: the values `pool_advice()`
 //! would have returned at that moment.
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use crate::export::metrics::HostGauges;
-use crate::pool::host::HostKey;
+use crate::pool::host::{HostKey, HostMap};
 use crate::pool::inferred::LimitSource;
 use crate::semconv;
 
@@ -148,7 +147,7 @@ impl std::fmt::Display for PoolAdvice {
 /// tracked (its requests say so) and one warning names the setting.
 #[derive(Debug)]
 pub(crate) struct PoolLoad {
-    hosts: Mutex<HashMap<HostKey, HostLoad>>,
+    hosts: Mutex<HostMap<HostLoad>>,
     interval: Duration,
     max_hosts: usize,
     /// The cap was reached and logged.
@@ -158,7 +157,7 @@ pub(crate) struct PoolLoad {
 impl PoolLoad {
     pub(crate) fn new(interval: Duration, max_hosts: usize) -> Self {
         Self {
-            hosts: Mutex::new(HashMap::new()),
+            hosts: Mutex::new(HostMap::default()),
             interval: interval.max(Duration::from_millis(1)),
             max_hosts: max_hosts.max(1),
             full_logged: AtomicBool::new(false),
@@ -170,7 +169,7 @@ impl PoolLoad {
         load.in_flight == 0 && now.saturating_duration_since(load.last_seen) >= 2 * self.interval
     }
 
-    fn hosts(&self) -> MutexGuard<'_, HashMap<HostKey, HostLoad>> {
+    fn hosts(&self) -> MutexGuard<'_, HostMap<HostLoad>> {
         self.hosts.lock().unwrap_or_else(|e| e.into_inner())
     }
 
@@ -197,7 +196,11 @@ impl PoolLoad {
 
     fn request_started_locked(&self, host: &HostKey, now: Instant) -> (bool, Option<PoolAdvice>) {
         let mut hosts = self.hosts();
-        if !hosts.contains_key(host) && hosts.len() >= self.max_hosts {
+        // A host already tracked: one lookup (every request takes this lock).
+        if let Some(load) = hosts.get_mut(host) {
+            return (true, self.started(host, load, now));
+        }
+        if hosts.len() >= self.max_hosts {
             let stale = hosts
                 .iter()
                 .find(|(_, l)| self.is_stale(l, now))
@@ -221,27 +224,24 @@ impl PoolLoad {
             }
         }
         // Cloning the key only for a host not seen yet.
-        if !hosts.contains_key(host) {
-            hosts.insert(
-                host.clone(),
-                HostLoad {
-                    in_flight: 0,
-                    peak: 0,
-                    idle_limit: None,
-                    forced_misses: 0,
-                    interval_start: now,
-                    last_seen: now,
-                },
-            );
-        }
-        let Some(load) = hosts.get_mut(host) else {
-            return (false, None);
-        };
+        let load = hosts.entry(host.clone()).or_insert(HostLoad {
+            in_flight: 0,
+            peak: 0,
+            idle_limit: None,
+            forced_misses: 0,
+            interval_start: now,
+            last_seen: now,
+        });
+        (true, self.started(host, load, now))
+    }
+
+    /// Counts a request started at `now` in `load`, the load of `host`.
+    fn started(&self, host: &HostKey, load: &mut HostLoad, now: Instant) -> Option<PoolAdvice> {
         let closed = self.roll(host, load, now);
         load.in_flight += 1;
         load.peak = load.peak.max(load.in_flight);
         load.last_seen = now;
-        (true, closed)
+        closed
     }
 
     /// A request to `host` ended.

@@ -19,12 +19,13 @@ use crate::pool::slot::Miss;
 use crate::request::state::{Fate, RequestState};
 use crate::semconv;
 
-/// Attributes the response to the connection that carried it and records the
+/// Attributes `response` to the connection that carried it and records the
 /// pool attributes on `span`. Returns `None` when the connection is unknown
 /// to this handle (or, for a response with no `HttpInfo`, over a local
-/// transport, not the only one that could have carried it). `version` and
-/// `headers` are the response's (`HTTP/1.0`, `Connection: close`,
-/// `Keep-Alive: timeout=N`).
+/// transport, not the only one that could have carried it). The response's
+/// version and headers tell `HTTP/1.0`, `Connection: close` and
+/// `Keep-Alive: timeout=N`; `attributes`, the response's own span
+/// attributes, are set with the connection's in one call.
 ///
 /// Never waits: when this request's miss reason still waits on the kernel's
 /// answer (was the idle connection closed by the server?), `miss_deferred`
@@ -34,20 +35,20 @@ pub(crate) fn attribute_response(
     inner: &Arc<Inner>,
     state: &RequestState,
     span: &tracing::Span,
-    info: Option<&HttpInfo>,
-    version: http::Version,
-    headers: &http::HeaderMap,
+    response: &reqwest::Response,
+    mut attributes: Vec<KeyValue>,
     miss_deferred: &mut bool,
 ) -> Option<(ConnectionUse, Arc<ConnectionRecord>)> {
+    let info = response.extensions().get::<HttpInfo>();
+    let (version, headers) = (response.version(), response.headers());
     let recording = !span.is_none();
-    let mut attributes = Vec::new();
     let record = match info {
         Some(info) => {
             let (local, remote) = (info.local_addr(), info.remote_addr());
             if recording {
                 attributes.reserve(9);
                 attributes.extend([
-                    KeyValue::new(semconv::NETWORK_PEER_ADDRESS, remote.ip().to_string()),
+                    KeyValue::new(semconv::NETWORK_PEER_ADDRESS, ip_text(remote.ip())),
                     KeyValue::new(semconv::NETWORK_PEER_PORT, i64::from(remote.port())),
                     KeyValue::new(semconv::NETWORK_LOCAL_PORT, i64::from(local.port())),
                 ]);
@@ -214,6 +215,15 @@ pub(crate) fn attribute_response(
         setup: record.setup.clone(),
     };
     Some((usage, record))
+}
+
+/// `ip` as text, in one allocation (`to_string` grows its string as the
+/// parts are written): 39 bytes hold any IPv6 address.
+fn ip_text(ip: std::net::IpAddr) -> String {
+    use std::fmt::Write as _;
+    let mut text = String::with_capacity(39);
+    let _ = write!(text, "{ip}");
+    text
 }
 
 /// The `pool.advice` event on a request span that missed because every
@@ -860,6 +870,19 @@ impl Drop for RequestEnd {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ip_text_is_the_address_as_displayed() {
+        for ip in [
+            "127.0.0.1",
+            "::1",
+            "2001:db8::8a2e:370:7334",
+            "::ffff:192.0.2.1",
+        ] {
+            let ip: std::net::IpAddr = ip.parse().expect("address");
+            assert_eq!(ip_text(ip), ip.to_string());
+        }
+    }
 
     fn headers(pairs: &[(&'static str, &'static str)]) -> http::HeaderMap {
         let mut map = http::HeaderMap::new();
