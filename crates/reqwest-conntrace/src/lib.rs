@@ -80,7 +80,8 @@ pub use connect::tls::TlsSettings;
 pub use error::BuildError;
 pub use export::pending::wait_for_pending_spans;
 pub use export::report::{
-    ConnectionSetup, ConnectionUse, DefaultOnRequestEnd, OnRequestEnd, RequestReport, TlsVersion,
+    ConnectionSetup, ConnectionUse, DefaultOnRequestEnd, OnRequestEnd, RequestReport,
+    SettledMissReason, TlsVersion,
 };
 pub use export::sampling::KeepConnectionSetups;
 pub use handle::{

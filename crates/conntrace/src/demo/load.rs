@@ -187,18 +187,23 @@ async fn fanout(
     let calls = reqwest_conntrace::fan_out((0..batches).map(|batch| {
         let client = client.clone();
         let url = url.clone();
-        async move {
-            let outcome = capture::get(&client, &url).await;
-            let row = RequestRow::new(index * batches + batch + 1, phase, start, &outcome);
-            BatchCall {
-                fanout: index,
-                batch,
-                row,
-            }
-        }
+        async move { (batch, capture::get(&client, &url).await) }
     }))
     .await;
     let latency_ms = ms(start.elapsed());
+    // The miss reasons the spans record (after the fan-out's latency was
+    // taken: it never waits for them).
+    let mut rows = Vec::with_capacity(calls.len());
+    for (batch, mut outcome) in calls {
+        capture::settle_reports(&mut outcome).await;
+        let row = RequestRow::new(index * batches + batch + 1, phase, start, &outcome);
+        rows.push(BatchCall {
+            fanout: index,
+            batch,
+            row,
+        });
+    }
+    let calls = rows;
     let misses = calls
         .iter()
         .filter(|c| c.row.pool_miss() == Some(true))

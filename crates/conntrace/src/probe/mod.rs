@@ -306,24 +306,29 @@ async fn run_mode(
     let start = Instant::now();
     let n = n as usize;
     let c = concurrency.max(1) as usize;
-    let mut rows = Vec::with_capacity(n);
+    let mut outcomes = Vec::with_capacity(n);
     let mut next = 1;
     while next <= n {
         let wave = c.min(n - next + 1);
-        let outcomes = join_all((0..wave).map(|_| capture::get(client, url))).await;
-        for (i, outcome) in outcomes.iter().enumerate() {
-            rows.extend(RequestRow::physical(
-                next + i,
-                mode.as_str(),
-                start,
-                outcome,
-            ));
-        }
+        outcomes.extend(join_all((0..wave).map(|_| capture::get(client, url))).await);
         // Nothing to measure when the very first request failed.
-        if next == 1 && rows.first().is_some_and(RequestRow::failed) {
+        if next == 1
+            && outcomes
+                .first()
+                .is_some_and(|o: &capture::Outcome| o.hops.is_empty() && o.result.is_err())
+        {
             break;
         }
         next += wave;
+    }
+    // The miss reasons the spans record, once the kernel's answers they
+    // may wait for have come (after the run: no wave waits for them).
+    for outcome in &mut outcomes {
+        capture::settle_reports(outcome).await;
+    }
+    let mut rows = Vec::with_capacity(n);
+    for (i, outcome) in outcomes.iter().enumerate() {
+        rows.extend(RequestRow::physical(i + 1, mode.as_str(), start, outcome));
     }
     rows
 }

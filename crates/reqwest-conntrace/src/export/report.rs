@@ -2,8 +2,11 @@
 //! same facts the spans carry, as plain Rust values (what `conntrace probe`
 //! prints its table from).
 
+use std::future::Future;
 use std::net::SocketAddr;
-use std::sync::{Arc, OnceLock};
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::task::{Context, Poll, Waker};
 
 use crate::kernel::TcpFacts;
 use std::time::{Duration, Instant};
@@ -133,10 +136,106 @@ pub struct ConnectionUse {
     /// This request's own pool miss started the connect that served it.
     pub paid_by_this_request: bool,
     /// Why the request was not an idle hit (`http.connection.miss_reason`);
-    /// `None` on an idle hit, and on a failed request.
+    /// `None` on an idle hit, and on a failed request. The reason known
+    /// when the request ended: a miss whose reason waits for the kernel's
+    /// view of the previous connection (a second look up to 75 ms after its
+    /// release, or 250 ms for a response in flight on a closed candidate)
+    /// may not be decided yet, and this holds the reason it falls back to;
+    /// [`settled_miss_reason`](Self::settled_miss_reason) waits for the
+    /// one the request span records.
     pub miss_reason: Option<crate::MissReason>,
     /// The serving connection's setup.
     pub setup: Arc<ConnectionSetup>,
+    /// The miss still being decided when the request ended.
+    pub(crate) settling: Option<Arc<dyn SettlingMiss>>,
+}
+
+/// A miss decided after its request's end (implemented by the request
+/// side over the pool model's shared slot).
+pub(crate) trait SettlingMiss: Send + Sync {
+    /// The reason, if decided.
+    fn reason_now(&self) -> Option<crate::MissReason>;
+    /// Runs `then` with the reason once decided (at once if it is).
+    fn when_settled(&self, then: Box<dyn FnOnce(crate::MissReason) + Send>);
+}
+
+impl std::fmt::Debug for dyn SettlingMiss {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SettlingMiss")
+            .field("reason_now", &self.reason_now())
+            .finish()
+    }
+}
+
+impl ConnectionUse {
+    /// The miss reason the request span records (`http.connection.miss_reason`):
+    /// [`miss_reason`](Self::miss_reason) once the kernel's answer it may
+    /// wait for has come. Ready at once for an idle hit, a failed request
+    /// and a miss decided by the request's end; otherwise when the kernel
+    /// view answers (within about 250 ms; a lookup queued for more than 1 s
+    /// is given up, and the fallback is the answer). Never waits on the
+    /// request's own path: await it after the request, e.g. in a tool that
+    /// collects reports.
+    pub fn settled_miss_reason(&self) -> SettledMissReason {
+        let shared = Arc::new(Mutex::new(Settled {
+            reason: None,
+            waker: None,
+        }));
+        if let Some(settling) = &self.settling {
+            let answer = shared.clone();
+            settling.when_settled(Box::new(move |reason| {
+                let waker = {
+                    let mut settled = answer.lock().unwrap_or_else(|e| e.into_inner());
+                    settled.reason = Some(reason);
+                    settled.waker.take()
+                };
+                if let Some(waker) = waker {
+                    waker.wake();
+                }
+            }));
+        }
+        SettledMissReason {
+            fallback: self.miss_reason,
+            waiting: self.settling.is_some(),
+            shared,
+        }
+    }
+}
+
+/// What [`SettledMissReason`] waits on.
+#[derive(Debug)]
+struct Settled {
+    reason: Option<crate::MissReason>,
+    waker: Option<Waker>,
+}
+
+/// The future [`ConnectionUse::settled_miss_reason`] returns: the miss
+/// reason the request span records (`None` on an idle hit or a failed
+/// request).
+#[derive(Debug)]
+#[must_use = "a future does nothing unless awaited"]
+pub struct SettledMissReason {
+    fallback: Option<crate::MissReason>,
+    waiting: bool,
+    shared: Arc<Mutex<Settled>>,
+}
+
+impl Future for SettledMissReason {
+    type Output = Option<crate::MissReason>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        if !self.waiting {
+            return Poll::Ready(self.fallback);
+        }
+        let mut settled = self.shared.lock().unwrap_or_else(|e| e.into_inner());
+        match settled.reason {
+            Some(reason) => Poll::Ready(Some(reason)),
+            None => {
+                settled.waker = Some(cx.waker().clone());
+                Poll::Pending
+            }
+        }
+    }
 }
 
 /// Everything known about one finished request. Handed to

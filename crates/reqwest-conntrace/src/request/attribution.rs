@@ -10,12 +10,12 @@ use opentelemetry::trace::Status;
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 
 use crate::export::clock::secs;
-use crate::export::report::{ConnectionUse, RequestReport};
+use crate::export::report::{ConnectionUse, RequestReport, SettlingMiss};
 use crate::handle::Inner;
 use crate::kernel::KernelLookup;
 use crate::miss::{ConnectionEnd, MissReason};
 use crate::pool::registry::ConnectionRecord;
-use crate::pool::slot::Miss;
+use crate::pool::slot::{Miss, MissSlot};
 use crate::request::state::{Fate, RequestState};
 use crate::semconv;
 
@@ -213,6 +213,7 @@ pub(crate) fn attribute_response(
         paid_by_this_request: paid,
         miss_reason,
         setup: record.setup.clone(),
+        settling: None,
     };
     Some((usage, record))
 }
@@ -457,6 +458,7 @@ pub(crate) fn attribute_failure(
         paid_by_this_request: record.trigger_id == Some(state.id),
         miss_reason: None,
         setup: record.setup.clone(),
+        settling: None,
     };
     if record.trigger_id != Some(state.id) {
         span.add_link_with_attributes(
@@ -715,6 +717,12 @@ impl RequestEnd {
             // when it has not come yet, the fallback.
             if let Some((usage, _)) = &mut self.connection {
                 usage.miss_reason = Some(slot.get().served_by(usage.id).reason);
+                if !slot.is_settled() {
+                    usage.settling = Some(Arc::new(MissOfReport {
+                        slot: slot.clone(),
+                        served_by: usage.id,
+                    }));
+                }
             }
         }
         if let Some((_, record)) = &self.connection {
@@ -810,6 +818,29 @@ impl RequestEnd {
     }
 }
 
+/// The miss of a request that ended before it was decided, as its report's
+/// [`ConnectionUse::settled_miss_reason`] reads it: the reason the span
+/// records (a miss that named the serving connection as ended was the
+/// release race, [`Miss::served_by`]).
+struct MissOfReport {
+    slot: MissSlot,
+    served_by: u64,
+}
+
+impl SettlingMiss for MissOfReport {
+    fn reason_now(&self) -> Option<MissReason> {
+        self.slot
+            .is_settled()
+            .then(|| self.slot.get().served_by(self.served_by).reason)
+    }
+
+    fn when_settled(&self, then: Box<dyn FnOnce(MissReason) + Send>) {
+        let served_by = self.served_by;
+        self.slot
+            .when_settled(move |miss| then(miss.served_by(served_by).reason));
+    }
+}
+
 impl RequestEnd {
     /// The connection carries no request any more (HTTP/1.1: its response
     /// ended; HTTP/2: its last open stream did): it goes back to the pool,
@@ -869,7 +900,67 @@ impl Drop for RequestEnd {
 
 #[cfg(test)]
 mod tests {
+    use std::task::{Context, Poll, Waker};
+
     use super::*;
+    use crate::export::report::ConnectionSetup;
+    use crate::miss::ConnectionEnd;
+    use crate::pool::slot::{PendingMiss, Previous};
+
+    /// A report whose miss is still being decided: `miss_reason` holds the
+    /// fallback, `settled_miss_reason()` is pending until the kernel's
+    /// answer, then gives the reason the span records (a miss that named
+    /// the serving connection as ended reads as the release race, as on
+    /// the span); a decided miss is ready at once.
+    #[test]
+    fn a_reports_settled_miss_reason_waits_for_the_kernels_answer() {
+        let pending = Arc::new(PendingMiss::new(Miss::new(MissReason::AllBusy)));
+        let slot = MissSlot::Pending(pending.clone());
+        let usage = ConnectionUse {
+            id: 7,
+            reused: false,
+            wait: Duration::ZERO,
+            request_count: 1,
+            age: Duration::ZERO,
+            idle: None,
+            paid_by_this_request: true,
+            miss_reason: Some(slot.get().reason),
+            setup: Arc::new(ConnectionSetup::for_test(7, Instant::now())),
+            settling: Some(Arc::new(MissOfReport { slot, served_by: 7 })),
+        };
+        let mut settled = Box::pin(usage.settled_miss_reason());
+        let mut cx = Context::from_waker(Waker::noop());
+        assert_eq!(settled.as_mut().poll(&mut cx), Poll::Pending);
+        assert_eq!(usage.miss_reason, Some(MissReason::AllBusy), "the fallback");
+        let previous = Previous {
+            id: 7,
+            idle: Duration::from_millis(1),
+            request_count: 1,
+            end: Some(ConnectionEnd::IdleLimit),
+        };
+        pending.set(Miss::caused_by(MissReason::AllBusy, previous));
+        assert_eq!(
+            settled.as_mut().poll(&mut cx),
+            Poll::Ready(Some(MissReason::ReleaseRace)),
+            "it named its own serving connection as ended"
+        );
+        // Asked after the answer: ready at once.
+        let mut again = Box::pin(usage.settled_miss_reason());
+        assert_eq!(
+            again.as_mut().poll(&mut cx),
+            Poll::Ready(Some(MissReason::ReleaseRace))
+        );
+        let decided = ConnectionUse {
+            settling: None,
+            miss_reason: Some(MissReason::Cold),
+            ..usage
+        };
+        let mut now = Box::pin(decided.settled_miss_reason());
+        assert_eq!(
+            now.as_mut().poll(&mut cx),
+            Poll::Ready(Some(MissReason::Cold))
+        );
+    }
 
     #[test]
     fn ip_text_is_the_address_as_displayed() {
