@@ -13,7 +13,8 @@ use opentelemetry_sdk::trace::SpanData;
 use reqwest_conntrace::semconv;
 
 use crate::support::{
-    Logs, f64_attr, get_sequentially, has, i64_attr, str_attr, telemetry, telemetry_logging_to,
+    Logs, bool_attr, f64_attr, get_sequentially, has, i64_attr, str_attr, telemetry,
+    telemetry_logging_to,
 };
 
 /// Requests per wave: more connections than the 4,096 the registry used to
@@ -849,4 +850,55 @@ async fn a_close_the_server_has_not_answered_is_dated_by_fin_wait2() {
             Some(semconv::POOL_LIMITS_INFERRED)
         );
     }
+}
+
+/// More connections in use at once to one host than the pool history's
+/// pruning threshold (64): 100 concurrent slow requests open 100
+/// connections, then 120 concurrent ones reuse them and open 20 more. No
+/// request is untracked (the history keeps open connections), every
+/// request that did not reuse a connection has a miss reason (the first
+/// wave `cold`, the second's misses `all_busy`: every connection was busy),
+/// and the connections the spans name are the server's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_host_with_more_connections_in_use_than_64_keeps_every_miss_attributed() {
+    let t = telemetry();
+    let server = TestServer::start_plain().await.expect("server");
+    let client = t.client(
+        reqwest::Client::builder().pool_idle_timeout(Some(Duration::from_secs(60))),
+        None,
+    );
+    let url = server.url("/delay/300");
+    for wave in [100, 120] {
+        let responses = futures::future::join_all((0..wave).map(|_| client.get(&url).send())).await;
+        for response in responses {
+            let response = response.expect("response");
+            assert_eq!(response.status(), 200);
+            response.bytes().await.expect("body");
+        }
+    }
+    let spans = t.requests();
+    assert_eq!(spans.len(), 220);
+    let mut ids = std::collections::HashSet::new();
+    let mut reasons: HashMap<String, usize> = HashMap::new();
+    for span in &spans {
+        assert!(!has(span, semconv::HTTP_CONNECTION_UNTRACKED), "{span:#?}");
+        ids.insert(i64_attr(span, semconv::HTTP_CONNECTION_ID).expect("connection id"));
+        if bool_attr(span, semconv::HTTP_CONNECTION_REUSED) == Some(false) {
+            let reason = str_attr(span, semconv::HTTP_CONNECTION_MISS_REASON)
+                .unwrap_or_else(|| panic!("a miss without a reason: {span:#?}"));
+            *reasons.entry(reason).or_default() += 1;
+        }
+    }
+    assert!(ids.len() >= 120, "{} connections", ids.len());
+    assert!(
+        ids.len() as u64 <= server.accepted_connections() as u64,
+        "{} named, {} accepted",
+        ids.len(),
+        server.accepted_connections()
+    );
+    assert_eq!(
+        reasons.get(semconv::MISS_REASON_COLD),
+        Some(&100),
+        "{reasons:?}"
+    );
 }

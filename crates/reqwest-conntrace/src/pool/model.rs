@@ -30,12 +30,22 @@ use crate::pool::registry::ConnectionRecord;
 use crate::pool::slot::{Miss, Previous};
 use crate::semconv;
 
-/// Connections remembered per host: past it, a closed one is forgotten
-/// first, then one the pool has closed as far as the history knows (over
-/// the idle limit, idle past the idle timeout, ended); when all are open,
-/// the oldest is, and the host's misses are
-/// untracked from then on (`http.connection.untracked = pool_history`).
+/// Connections remembered per host before ended ones are forgotten: past
+/// it, each new connection makes the history forget its ended ones, oldest
+/// first, until it is back under this (a closed one, or one the pool has
+/// closed as far as the history knows: over the idle limit, idle past the
+/// idle timeout, ended). Open connections are kept past it (a host with
+/// more connections in use at once than this, at peak load, keeps every
+/// miss attributed), up to [`OPEN_CONNECTIONS_PER_HOST`].
 pub(crate) const CONNECTIONS_PER_HOST: usize = 64;
+
+/// The most connections one host's history holds: when all of them are
+/// open, the oldest is forgotten, and the host's misses are untracked from
+/// then on (`http.connection.untracked = pool_history`; its history is
+/// incomplete). Bounds a miss's walk over the host's connections and the
+/// history's memory (8 bytes a connection, plus the records the registry
+/// holds anyway).
+pub(crate) const OPEN_CONNECTIONS_PER_HOST: usize = 4096;
 
 /// Default of [`ConnTraceBuilder::pool_history_hosts`](crate::ConnTraceBuilder::pool_history_hosts):
 /// the most hosts whose connections the pool history (what miss reasons are
@@ -47,7 +57,7 @@ struct HostHistory {
     connections: VecDeque<Arc<ConnectionRecord>>,
     last_used: Instant,
     /// An open connection was forgotten (more than
-    /// [`CONNECTIONS_PER_HOST`] open at once): the history is incomplete.
+    /// [`OPEN_CONNECTIONS_PER_HOST`] open at once): the history is incomplete.
     forgot_open: bool,
 }
 
@@ -686,10 +696,10 @@ impl PoolHistory {
             }
         }
         if history.connections.len() >= CONNECTIONS_PER_HOST {
-            // A closed one first; then one hyper-util has closed as far as
-            // the history knows (released over the idle limit, idle past
-            // the idle timeout, or ended): such a one can no longer be a
-            // miss's candidate. Only an open one is a loss.
+            // Closed ones first, oldest first; then ones hyper-util has
+            // closed as far as the history knows (released over the idle
+            // limit, idle past the idle timeout, or ended): such a one can
+            // no longer be a miss's candidate. Only an open one is a loss.
             let now = Instant::now();
             let gone = |r: &Arc<ConnectionRecord>| {
                 r.in_use() == 0
@@ -699,19 +709,11 @@ impl PoolHistory {
                             .idle_timeout
                             .is_some_and(|t| now.saturating_duration_since(r.last_activity()) >= t))
             };
-            let forgettable = history
-                .connections
-                .iter()
-                .position(|r| r.is_closed())
-                .or_else(|| history.connections.iter().position(gone));
-            match forgettable {
-                Some(closed) => {
-                    history.connections.remove(closed);
-                }
-                None => {
-                    history.connections.pop_front();
-                    history.forgot_open = true;
-                }
+            forget_oldest(&mut history.connections, |r| r.is_closed());
+            forget_oldest(&mut history.connections, gone);
+            if history.connections.len() >= OPEN_CONNECTIONS_PER_HOST {
+                history.connections.pop_front();
+                history.forgot_open = true;
             }
         }
         history.connections.push_back(record);
@@ -753,7 +755,7 @@ impl PoolHistory {
                     target: "reqwest_conntrace",
                     "pool history full: {} hosts with live connections (or over {} open connections to one host); misses to further hosts are untracked ({}={}); raise ConnTraceBuilder::pool_history_hosts",
                     hosts.len(),
-                    CONNECTIONS_PER_HOST,
+                    OPEN_CONNECTIONS_PER_HOST,
                     semconv::HTTP_CONNECTION_UNTRACKED,
                     semconv::UNTRACKED_POOL_HISTORY,
                 );
@@ -1318,6 +1320,24 @@ impl PoolHistory {
             .cloned()
             .collect()
     }
+}
+
+/// Forgets `connections` matching `forgettable`, oldest first, until
+/// fewer than [`CONNECTIONS_PER_HOST`] are left (at least one room made
+/// when any matches).
+fn forget_oldest(
+    connections: &mut VecDeque<Arc<ConnectionRecord>>,
+    forgettable: impl Fn(&Arc<ConnectionRecord>) -> bool,
+) {
+    let mut excess = (connections.len() + 1).saturating_sub(CONNECTIONS_PER_HOST);
+    connections.retain(|r| {
+        if excess > 0 && forgettable(r) {
+            excess -= 1;
+            false
+        } else {
+            true
+        }
+    });
 }
 
 #[cfg(test)]
