@@ -76,6 +76,7 @@ pub use builder::{InstrumentedClientBuilder, ReqwestClientBuilder};
 pub use connect::address::AddressOrder;
 pub use connect::connector::{ConnectFuture, ConnectService, ConnectorLayer, connects_in_flight};
 pub use connect::dns::{SystemResolver, TracedResolver};
+pub use connect::phases::ConnectionPhases;
 pub use connect::tls::TlsSettings;
 pub use error::BuildError;
 pub use export::pending::wait_for_pending_spans;
