@@ -27,7 +27,7 @@ pub enum ConnectionPhases {
     /// span and stamped with the phase's start: the phase span's attributes
     /// plus [`HTTP_CONNECTION_PHASE_DURATION`](crate::semconv::HTTP_CONNECTION_PHASE_DURATION)
     /// (seconds), and `error.type` / `exception.message` when the phase
-    /// failed. The events the phase span would carry (`dns.lookup.began`,
+    /// failed. The events the phase span would carry (`dns.lookup_began`,
     /// `tcp.address_skipped`, `tcp.syn_retransmit`, `tls.server_hello`, ...)
     /// are events of the setup span too. One span per connection instead
     /// of 4: less CPU and fewer bytes per new connection, at the price of
@@ -75,17 +75,16 @@ impl SetupSpanEnd {
 pub(crate) enum PhaseRecord {
     /// The phase span's context (the empty context when nothing records).
     Span(Context),
-    Event(Box<PhaseEvent>),
+    Event(PhaseEvent),
 }
 
-/// A phase event being gathered until the phase ends.
+/// A phase event being gathered until the phase ends (its own events go
+/// on the setup span at once: no list kept).
 pub(crate) struct PhaseEvent {
     setup: Context,
     name: &'static str,
     start: SystemTime,
     attributes: Vec<KeyValue>,
-    /// The phase's own events, written after it on the setup span.
-    events: Vec<(&'static str, SystemTime, Vec<KeyValue>)>,
 }
 
 impl PhaseRecord {
@@ -109,13 +108,12 @@ impl PhaseRecord {
                 );
                 PhaseRecord::Span(Context::new().with_span(span))
             }
-            ConnectionPhases::Events => PhaseRecord::Event(Box::new(PhaseEvent {
+            ConnectionPhases::Events => PhaseRecord::Event(PhaseEvent {
                 setup: setup.clone(),
                 name,
                 start,
                 attributes,
-                events: Vec::new(),
-            })),
+            }),
         }
     }
 
@@ -127,7 +125,8 @@ impl PhaseRecord {
         }
     }
 
-    /// Adds the phase's own event `name` at `at`.
+    /// Adds the phase's own event `name` at `at` (to the setup span in
+    /// events mode, before the phase's event: order by timestamp).
     pub(crate) fn add_event(
         &mut self,
         name: &'static str,
@@ -136,7 +135,10 @@ impl PhaseRecord {
     ) {
         match self {
             PhaseRecord::Span(cx) => cx.span().add_event_with_timestamp(name, at, attributes),
-            PhaseRecord::Event(e) => e.events.push((name, at, attributes)),
+            PhaseRecord::Event(e) => e
+                .setup
+                .span()
+                .add_event_with_timestamp(name, at, attributes),
         }
     }
 
@@ -161,7 +163,7 @@ impl PhaseRecord {
     }
 
     /// Ends the phase at `end`: ends its span, or writes its event (with
-    /// its duration) and then its own events on the setup span.
+    /// its duration) on the setup span.
     pub(crate) fn end(self, end: SystemTime) {
         match self {
             PhaseRecord::Span(cx) => cx.span().end_with_timestamp(end),
@@ -171,19 +173,130 @@ impl PhaseRecord {
                     name,
                     start,
                     mut attributes,
-                    events,
-                } = *e;
+                } = e;
                 let duration = end.duration_since(start).unwrap_or_default();
                 attributes.push(KeyValue::new(
                     semconv::HTTP_CONNECTION_PHASE_DURATION,
                     duration.as_secs_f64(),
                 ));
-                let span = setup.span();
-                span.add_event_with_timestamp(name, start, attributes);
-                for (name, at, attributes) in events {
-                    span.add_event_with_timestamp(name, at, attributes);
-                }
+                setup
+                    .span()
+                    .add_event_with_timestamp(name, start, attributes);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{Arc, Mutex};
+    use std::time::Duration;
+
+    use opentelemetry::trace::{Tracer as _, TracerProvider as _};
+    use opentelemetry_sdk::error::OTelSdkResult;
+    use opentelemetry_sdk::trace::{SdkTracerProvider, SpanData, SpanProcessor};
+
+    use super::*;
+
+    /// Keeps ended spans.
+    #[derive(Debug, Clone, Default)]
+    struct Ended(Arc<Mutex<Vec<SpanData>>>);
+
+    impl SpanProcessor for Ended {
+        fn on_start(&self, _: &mut opentelemetry_sdk::trace::Span, _: &Context) {}
+        fn on_end(&self, span: SpanData) {
+            self.0.lock().expect("ended").push(span);
+        }
+        fn force_flush(&self) -> OTelSdkResult {
+            Ok(())
+        }
+        fn shutdown_with_timeout(&self, _: Duration) -> OTelSdkResult {
+            Ok(())
+        }
+    }
+
+    fn provider() -> (SdkTracerProvider, Ended) {
+        let ended = Ended::default();
+        let provider = SdkTracerProvider::builder()
+            .with_span_processor(ended.clone())
+            .build();
+        (provider, ended)
+    }
+
+    /// Whichever of the two parties arrives second ends the span, at the
+    /// end time given up front.
+    #[test]
+    fn the_setup_span_ends_when_the_second_party_arrives() {
+        let (provider, ended) = provider();
+        let tracer = provider.tracer("test");
+        let end = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000);
+        for _ in 0..2 {
+            let cx = Context::new().with_span(tracer.start("http.connection_setup"));
+            let shared = SetupSpanEnd::new(cx, end);
+            shared.arrive();
+            assert!(ended.0.lock().expect("ended").is_empty(), "one party in");
+            shared.arrive();
+            let spans = std::mem::take(&mut *ended.0.lock().expect("ended"));
+            assert_eq!(spans.len(), 1, "ended by the second");
+            assert_eq!(spans[0].end_time, end);
+        }
+    }
+
+    /// In events mode a phase is no span: an event on the setup span at
+    /// the phase's start with its attributes, a failure and its duration;
+    /// its own events are the setup span's too.
+    #[test]
+    fn an_event_phase_and_its_own_events_go_on_the_setup_span() {
+        let (provider, ended) = provider();
+        let tracer = BoxedTracer::new(Box::new(provider.tracer("test")));
+        let setup = Context::new().with_span(tracer.start("http.connection_setup"));
+        let start = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000);
+        let mut phase = PhaseRecord::start(
+            &tracer,
+            ConnectionPhases::Events,
+            &setup,
+            semconv::TLS_HANDSHAKE_SPAN,
+            start,
+            vec![KeyValue::new(semconv::TLS_PROTOCOL_NAME, "tls")],
+        );
+        phase.add_event(
+            semconv::EVENT_TLS_SERVER_HELLO,
+            start + Duration::from_millis(1),
+            vec![],
+        );
+        phase.fail("timeout", "handshake timed out");
+        phase.end(start + Duration::from_millis(250));
+        setup.span().end();
+        let spans = std::mem::take(&mut *ended.0.lock().expect("ended"));
+        assert_eq!(spans.len(), 1, "no phase span");
+        let events: Vec<_> = spans[0].events.iter().collect();
+        assert_eq!(events.len(), 2);
+        assert_eq!(events[0].name, semconv::EVENT_TLS_SERVER_HELLO);
+        assert_eq!(events[0].timestamp, start + Duration::from_millis(1));
+        assert_eq!(events[1].name, semconv::TLS_HANDSHAKE_SPAN);
+        assert_eq!(events[1].timestamp, start);
+        let value = |key: &str| {
+            events[1]
+                .attributes
+                .iter()
+                .find(|kv| kv.key.as_str() == key)
+                .map(|kv| kv.value.clone())
+        };
+        assert_eq!(
+            value(semconv::TLS_PROTOCOL_NAME),
+            Some(opentelemetry::Value::from("tls"))
+        );
+        assert_eq!(
+            value(semconv::ERROR_TYPE),
+            Some(opentelemetry::Value::from("timeout"))
+        );
+        assert_eq!(
+            value(semconv::EXCEPTION_MESSAGE),
+            Some(opentelemetry::Value::from("handshake timed out"))
+        );
+        assert_eq!(
+            value(semconv::HTTP_CONNECTION_PHASE_DURATION),
+            Some(opentelemetry::Value::F64(0.25))
+        );
     }
 }
