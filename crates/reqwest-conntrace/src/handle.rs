@@ -11,10 +11,10 @@ use opentelemetry::metrics::{Meter, MeterProvider};
 use opentelemetry::trace::TracerProvider;
 use opentelemetry::{InstrumentationScope, KeyValue};
 
-use crate::connect::phases::ConnectionPhases;
 use crate::export::clock::Clock;
 use crate::export::metrics::HostGauges;
 use crate::export::metrics::{Metrics, PoolObservations};
+use crate::export::phases::ConnectionPhases;
 use crate::export::report::OnRequestEnd;
 use crate::kernel::{KernelLookup, KernelView};
 use crate::miss::ConnectionEnd;

@@ -76,10 +76,10 @@ pub use builder::{InstrumentedClientBuilder, ReqwestClientBuilder};
 pub use connect::address::AddressOrder;
 pub use connect::connector::{ConnectFuture, ConnectService, ConnectorLayer, connects_in_flight};
 pub use connect::dns::{SystemResolver, TracedResolver};
-pub use connect::phases::ConnectionPhases;
 pub use connect::tls::TlsSettings;
 pub use error::BuildError;
 pub use export::pending::wait_for_pending_spans;
+pub use export::phases::ConnectionPhases;
 pub use export::report::{
     ConnectionSetup, ConnectionUse, DefaultOnRequestEnd, OnRequestEnd, RequestReport, TlsVersion,
 };

@@ -6,7 +6,6 @@
 //! - `dns`: the resolver wrapper and the system resolver;
 //! - `address`: address order as hyper-util tries it, the winner, skipped addresses, SYN retransmits;
 //! - `tcp`: the end of a `tcp.connect` span (kernel facts, retransmit events);
-//! - `phases`: [`ConnectionPhases`](crate::ConnectionPhases) (phase spans or events) and the shared end of a setup span;
 //! - `peer`: the address TCP connected to when the connection never came back (the handshake hung or failed);
 //! - `proxy`: which proxy a connect goes through;
 //! - `tls`: [`TlsSettings`](crate::TlsSettings) and the rustls hooks that time the handshake;
@@ -17,7 +16,6 @@ pub(crate) mod attempt;
 pub(crate) mod connector;
 pub(crate) mod dns;
 pub(crate) mod peer;
-pub(crate) mod phases;
 pub(crate) mod proxy;
 pub(crate) mod setup;
 pub(crate) mod tcp;

@@ -7,8 +7,8 @@ use std::time::{Duration, SystemTime};
 use opentelemetry::KeyValue;
 
 use crate::connect::address::SYN_RETRANSMIT_AT;
-use crate::connect::phases::{PhaseRecord, SetupSpanEnd};
 use crate::export::pending::PendingEnd;
+use crate::export::phases::{PhaseRecord, SetupSpanEnd};
 use crate::kernel::{KernelLookup, TcpFacts};
 use crate::semconv;
 

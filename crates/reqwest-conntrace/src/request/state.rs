@@ -10,7 +10,7 @@ use std::time::{Instant, SystemTime};
 use opentelemetry::trace::{Status, TraceContextExt};
 use opentelemetry::{Context, KeyValue};
 
-use crate::connect::phases::SetupSpanEnd;
+use crate::export::phases::SetupSpanEnd;
 use crate::pool::host::HostKey;
 use crate::pool::registry::ConnectionRecord;
 use crate::pool::slot::MissSlot;
