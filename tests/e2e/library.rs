@@ -1281,3 +1281,75 @@ async fn connection_phases_as_events_carry_what_the_phase_spans_carry() {
 fn names(spans: &[conntrace_lab::ReceivedSpan]) -> Vec<&str> {
     spans.iter().map(|s| s.name()).collect()
 }
+
+/// A phase that fails, in events mode: the refused connect's `tcp.connect`
+/// event carries the `error.type` and, as `exception.message`, the status
+/// message its span carries in spans mode (the same refused port), and the
+/// setup span is exported at once, without children.
+#[tokio::test]
+async fn a_failed_phase_as_an_event_carries_its_spans_error() {
+    use opentelemetry::trace::Status;
+    use reqwest_conntrace::ConnectionPhases;
+
+    let t = telemetry();
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        l.local_addr().expect("addr").port()
+    };
+    for mode in [ConnectionPhases::Spans, ConnectionPhases::Events] {
+        let client = t
+            .conntrace_builder()
+            .connection_phases(mode)
+            .build()
+            .instrument_client(reqwest::Client::builder())
+            .build_with_middleware()
+            .expect("client");
+        client
+            .get(format!("http://127.0.0.1:{port}/"))
+            .send()
+            .await
+            .expect_err("refused");
+    }
+    let setups = t.setups();
+    assert_eq!(setups.len(), 2, "both setups exported at once");
+    let tcp = t
+        .child(&setups[0], semconv::TCP_CONNECT_SPAN)
+        .expect("spans mode: tcp.connect span");
+    let Status::Error { description } = &tcp.status else {
+        panic!("tcp.connect failed: {:?}", tcp.status)
+    };
+    assert!(t.children(&setups[1]).is_empty(), "events mode: no span");
+    let events: Vec<_> = setups[1]
+        .events
+        .iter()
+        .filter(|e| e.name == semconv::TCP_CONNECT_SPAN)
+        .collect();
+    assert_eq!(events.len(), 1, "one tcp.connect event");
+    let event_attr = |key: &str| {
+        events[0]
+            .attributes
+            .iter()
+            .find(|kv| kv.key.as_str() == key)
+            .map(|kv| kv.value.clone())
+    };
+    assert_eq!(
+        event_attr(semconv::ERROR_TYPE),
+        attr(&tcp, semconv::ERROR_TYPE).cloned()
+    );
+    assert_eq!(
+        str_attr(&tcp, semconv::ERROR_TYPE).as_deref(),
+        Some(semconv::ERROR_TYPE_CONNECTION_REFUSED)
+    );
+    assert_eq!(
+        event_attr(semconv::EXCEPTION_MESSAGE),
+        Some(opentelemetry::Value::from(description.to_string()))
+    );
+    for kv in &tcp.attributes {
+        assert_eq!(
+            event_attr(kv.key.as_str()).as_ref(),
+            Some(&kv.value),
+            "{}",
+            kv.key
+        );
+    }
+}
