@@ -1122,3 +1122,234 @@ async fn requests_over_a_unix_socket_name_their_connection() {
     );
     server.abort();
 }
+
+/// `ConnectionPhases::Events` against the same TLS server as
+/// `ConnectionPhases::Spans`, both exported over OTLP to the lab's
+/// receiver: the events-mode setup span has no phase child span and one
+/// event per phase, named like the phase span, carrying the phase span's
+/// attribute keys (values equal, but the kernel's per-socket RTT,
+/// variance and window), the phase's duration within the setup span, and
+/// the phase spans' own events; the kernel's facts arrive on the
+/// `tcp.connect` event.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connection_phases_as_events_carry_what_the_phase_spans_carry() {
+    use conntrace_lab::{OtlpReceiver, ReceivedSpan};
+    use reqwest_conntrace::{ConnTrace, ConnectionPhases, otlp};
+
+    let receiver = OtlpReceiver::start().await.expect("receiver");
+    let guard = otlp::pipeline_to(
+        &receiver.endpoint(),
+        otlp::PipelineOptions::default().metric_interval(Some(Duration::from_secs(600))),
+    )
+    .expect("pipeline");
+    let pki = TestPki::localhost().expect("pki");
+    let server = tls_server(&pki, TlsVersions::Tls13Only, HttpVersions::Http1Only).await;
+    // One connection per mode, to the same server by name (DNS, TCP, TLS).
+    // The clients stay alive until the flush: the kernel is asked about
+    // each socket after its connect, and a closed socket is not found.
+    let mut accepted = Vec::new();
+    let mut clients = Vec::new();
+    for mode in [ConnectionPhases::Spans, ConnectionPhases::Events] {
+        let client = ConnTrace::builder()
+            .tracer_provider(guard.tracer_provider().expect("provider"))
+            .connection_phases(mode)
+            .build()
+            .instrument_client(reqwest::Client::builder())
+            .tls(trust(&pki))
+            .build_with_middleware()
+            .expect("client");
+        get_sequentially(&client, &server.url("/"), 1).await;
+        accepted.push(server.accepted_connections());
+        clients.push(client);
+    }
+    assert_eq!(accepted, [1, 2], "one new connection per mode");
+    let guard = tokio::task::spawn_blocking(move || {
+        guard.flush().expect("flush");
+        guard
+    })
+    .await
+    .expect("flush task");
+    // Spans mode: the setup span and its 3 phase spans; events mode: 1.
+    let spans = receiver.wait_for_spans(5, Duration::from_secs(10)).await;
+    assert_eq!(spans.len(), 5, "{:?}", names(&spans));
+    let setups: Vec<&ReceivedSpan> = spans
+        .iter()
+        .filter(|s| s.name() == semconv::CONNECTION_SETUP_SPAN)
+        .collect();
+    assert_eq!(setups.len(), 2);
+    let children = |setup: &ReceivedSpan| -> Vec<ReceivedSpan> {
+        spans
+            .iter()
+            .filter(|s| s.parent_span_id_hex().as_deref() == Some(&setup.span_id_hex()))
+            .cloned()
+            .collect()
+    };
+    // The spans-mode setup is the one with children (export order is not
+    // the connect order).
+    let (with_spans, with_events) = if children(setups[0]).is_empty() {
+        (setups[1], setups[0])
+    } else {
+        (setups[0], setups[1])
+    };
+    let phase_spans = children(with_spans);
+    assert!(
+        children(with_events).is_empty(),
+        "events mode exports no phase span"
+    );
+    let phase_names = [
+        semconv::DNS_LOOKUP_SPAN,
+        semconv::TCP_CONNECT_SPAN,
+        semconv::TLS_HANDSHAKE_SPAN,
+    ];
+    assert_eq!(
+        phase_spans.len(),
+        phase_names.len(),
+        "{:?}",
+        names(&phase_spans)
+    );
+    let events = with_events.events();
+    // Per-socket kernel measures: two sockets, two values.
+    let per_socket = [
+        semconv::HTTP_CONNECTION_TCP_RTT,
+        semconv::HTTP_CONNECTION_TCP_RTT_VARIANCE,
+        semconv::HTTP_CONNECTION_TCP_CONGESTION_WINDOW,
+    ];
+    let setup_start = with_events.start_unix_nanos();
+    let setup_end = with_events.end_unix_nanos();
+    for name in phase_names {
+        let span = phase_spans
+            .iter()
+            .find(|s| s.name() == name)
+            .unwrap_or_else(|| panic!("{name} span in spans mode"));
+        let matching: Vec<_> = events.iter().filter(|e| e.name == name).collect();
+        assert_eq!(matching.len(), 1, "one {name} event");
+        let event = matching[0];
+        let mut span_keys = span.attributes().keys();
+        span_keys.push(semconv::HTTP_CONNECTION_PHASE_DURATION);
+        span_keys.sort_unstable();
+        let mut event_keys = event.attributes.keys();
+        event_keys.sort_unstable();
+        assert_eq!(
+            event_keys, span_keys,
+            "{name}: the span's keys and the duration"
+        );
+        for key in span.attributes().keys() {
+            if !per_socket.contains(&key) {
+                assert_eq!(
+                    event.attributes.get(key),
+                    span.attributes().get(key),
+                    "{name}: {key}"
+                );
+            }
+        }
+        let duration = event
+            .attributes
+            .f64(semconv::HTTP_CONNECTION_PHASE_DURATION)
+            .expect("duration");
+        let end = event.time_unix_nano + (duration * 1e9) as u64;
+        assert!(
+            duration > 0.0 && event.time_unix_nano >= setup_start && end <= setup_end + 1_000,
+            "{name} at {} for {duration} s inside the setup {setup_start}..{setup_end}",
+            event.time_unix_nano
+        );
+        // The phase span's own events are the setup span's too.
+        for own in span.events() {
+            assert!(
+                events.iter().any(|e| e.name == own.name),
+                "{name}'s event {} on the setup span",
+                own.name
+            );
+        }
+    }
+    let tcp = events
+        .iter()
+        .find(|e| e.name == semconv::TCP_CONNECT_SPAN)
+        .expect("tcp.connect event");
+    let rtt = tcp
+        .attributes
+        .f64(semconv::HTTP_CONNECTION_TCP_RTT)
+        .expect("the kernel's RTT on the event");
+    assert!(rtt > 0.0 && rtt < 0.1, "loopback RTT in seconds: {rtt}");
+    assert!(
+        tcp.attributes
+            .has(semconv::HTTP_CONNECTION_TCP_CONGESTION_WINDOW)
+    );
+    drop(clients);
+    drop(guard);
+}
+
+fn names(spans: &[conntrace_lab::ReceivedSpan]) -> Vec<&str> {
+    spans.iter().map(|s| s.name()).collect()
+}
+
+/// A phase that fails, in events mode: the refused connect's `tcp.connect`
+/// event carries the `error.type` and, as `exception.message`, the status
+/// message its span carries in spans mode (the same refused port), and the
+/// setup span is exported at once, without children.
+#[tokio::test]
+async fn a_failed_phase_as_an_event_carries_its_spans_error() {
+    use opentelemetry::trace::Status;
+    use reqwest_conntrace::ConnectionPhases;
+
+    let t = telemetry();
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        l.local_addr().expect("addr").port()
+    };
+    for mode in [ConnectionPhases::Spans, ConnectionPhases::Events] {
+        let client = t
+            .conntrace_builder()
+            .connection_phases(mode)
+            .build()
+            .instrument_client(reqwest::Client::builder())
+            .build_with_middleware()
+            .expect("client");
+        client
+            .get(format!("http://127.0.0.1:{port}/"))
+            .send()
+            .await
+            .expect_err("refused");
+    }
+    let setups = t.setups();
+    assert_eq!(setups.len(), 2, "both setups exported at once");
+    let tcp = t
+        .child(&setups[0], semconv::TCP_CONNECT_SPAN)
+        .expect("spans mode: tcp.connect span");
+    let Status::Error { description } = &tcp.status else {
+        panic!("tcp.connect failed: {:?}", tcp.status)
+    };
+    assert!(t.children(&setups[1]).is_empty(), "events mode: no span");
+    let events: Vec<_> = setups[1]
+        .events
+        .iter()
+        .filter(|e| e.name == semconv::TCP_CONNECT_SPAN)
+        .collect();
+    assert_eq!(events.len(), 1, "one tcp.connect event");
+    let event_attr = |key: &str| {
+        events[0]
+            .attributes
+            .iter()
+            .find(|kv| kv.key.as_str() == key)
+            .map(|kv| kv.value.clone())
+    };
+    assert_eq!(
+        event_attr(semconv::ERROR_TYPE),
+        attr(&tcp, semconv::ERROR_TYPE).cloned()
+    );
+    assert_eq!(
+        str_attr(&tcp, semconv::ERROR_TYPE).as_deref(),
+        Some(semconv::ERROR_TYPE_CONNECTION_REFUSED)
+    );
+    assert_eq!(
+        event_attr(semconv::EXCEPTION_MESSAGE),
+        Some(opentelemetry::Value::from(description.to_string()))
+    );
+    for kv in &tcp.attributes {
+        assert_eq!(
+            event_attr(kv.key.as_str()).as_ref(),
+            Some(&kv.value),
+            "{}",
+            kv.key
+        );
+    }
+}

@@ -9,6 +9,7 @@
 //! | `ours-unsampled` | ours, `otlp::init_from_env()` with `OTEL_TRACES_SAMPLER=parentbased_always_off` (metrics still exported) |
 //! | `ours-exporting` | ours, `otlp::init_from_env()`: every span and metric exported over OTLP/gRPC |
 //! | `ours-stalled` | as `ours-exporting`, but the collector accepts the connection and never answers (misses only) |
+//! | `ours-exporting-events` | as `ours-exporting`, with `ConnectionPhases::Events`: a connection's phases as events on its setup span (misses only) |
 //!
 //! Workloads: HTTP/1.1 keep-alive at concurrency 1 and 32, HTTPS
 //! keep-alive (TLS 1.3, ALPN `h2`) at 1 and 32, a new TLS 1.3 connection
@@ -57,7 +58,7 @@ use std::time::{Duration, Instant};
 
 use conntrace_lab::{OtlpReceiver, TestPki, TestServer, TlsVersions};
 use opentelemetry_sdk::trace::SdkTracerProvider;
-use reqwest_conntrace::{ConnTrace, TlsSettings, otlp};
+use reqwest_conntrace::{ConnTrace, ConnectionPhases, TlsSettings, otlp};
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 
@@ -331,6 +332,13 @@ fn build_client(variant: &str, ca_pem: &[u8], per_connection: bool) -> (Client, 
         "ours-unsampled" | "ours-exporting" | "ours-stalled" => {
             let guard = otlp::init_from_env().expect("pipeline");
             (ours(&ConnTrace::new()), Pipeline::Ours(guard))
+        }
+        "ours-exporting-events" => {
+            let guard = otlp::init_from_env().expect("pipeline");
+            let trace = ConnTrace::builder()
+                .connection_phases(ConnectionPhases::Events)
+                .build();
+            (ours(&trace), Pipeline::Ours(guard))
         }
         other => panic!("unknown variant {other}"),
     }
@@ -654,6 +662,7 @@ fn coordinator_main() {
         .collect();
         let mut variants: Vec<&str> = VARIANTS.to_vec();
         if w.per_connection {
+            variants.push("ours-exporting-events");
             variants.push("ours-stalled");
         }
         let mut results: Vec<Vec<Vec<(String, f64)>>> = vec![Vec::new(); variants.len()];

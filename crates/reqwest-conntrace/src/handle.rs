@@ -15,6 +15,7 @@ use opentelemetry::{InstrumentationScope, KeyValue};
 use crate::export::clock::Clock;
 use crate::export::metrics::HostGauges;
 use crate::export::metrics::{Metrics, PoolObservations};
+use crate::export::phases::ConnectionPhases;
 use crate::export::report::OnRequestEnd;
 use crate::kernel::{KernelLookup, KernelView};
 use crate::miss::{ConnectionEnd, MissReason};
@@ -132,6 +133,8 @@ pub(crate) struct Inner {
     pub(crate) on_request_end: Option<Box<dyn OnRequestEnd>>,
     /// The redaction of every URL and error text this handle exports.
     pub(crate) redaction: UrlRedaction,
+    /// Phase spans or phase events on the setup span.
+    pub(crate) phases: ConnectionPhases,
 }
 
 impl PoolObservations for Inner {
@@ -732,6 +735,7 @@ pub struct ConnTraceBuilder {
     capacity: usize,
     on_request_end: Option<Box<dyn OnRequestEnd>>,
     redaction: UrlRedaction,
+    phases: ConnectionPhases,
 }
 
 impl std::fmt::Debug for ConnTraceBuilder {
@@ -753,6 +757,7 @@ impl Default for ConnTraceBuilder {
             capacity: DEFAULT_REGISTRY_CAPACITY,
             on_request_end: None,
             redaction: UrlRedaction::default(),
+            phases: ConnectionPhases::default(),
         }
     }
 }
@@ -858,6 +863,19 @@ impl ConnTraceBuilder {
         self
     }
 
+    /// How each new connection's phases (`dns.lookup`, `tcp.connect`,
+    /// `proxy.connect`, `tls.handshake`) are recorded: as child spans of its
+    /// `http.connection_setup` span, or as events on it
+    /// ([`ConnectionPhases::Events`]: one span per new connection instead
+    /// of up to 4, the same attributes and timings; see the README's Cost
+    /// section for what it saves). Metrics and
+    /// [`RequestReport`](crate::RequestReport)s are the same either way.
+    /// Default: [`ConnectionPhases::Spans`].
+    pub fn connection_phases(mut self, phases: ConnectionPhases) -> Self {
+        self.phases = phases;
+        self
+    }
+
     /// The handle.
     pub fn build(self) -> ConnTrace {
         let meter = self.meter.unwrap_or_else(|| {
@@ -881,6 +899,7 @@ impl ConnTraceBuilder {
                 tracer: self.tracer,
                 on_request_end: self.on_request_end,
                 redaction: self.redaction,
+                phases: self.phases,
             }),
         }
     }

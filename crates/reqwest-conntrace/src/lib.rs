@@ -79,6 +79,7 @@ pub use connect::dns::{SystemResolver, TracedResolver};
 pub use connect::tls::TlsSettings;
 pub use error::BuildError;
 pub use export::pending::wait_for_pending_spans;
+pub use export::phases::ConnectionPhases;
 pub use export::report::{
     ConnectionSetup, ConnectionUse, DefaultOnRequestEnd, OnRequestEnd, RequestReport,
     SettledMissReason, TlsVersion,

@@ -237,6 +237,12 @@ pub const HTTP_CONNECTION_ADDRESS_OUTCOME: &str = "http.connection.address_outco
 /// RFC 6298), and confirmed by the kernel's retransmit count where available.
 pub const HTTP_CONNECTION_TCP_SYN_RETRANSMITS: &str = "http.connection.tcp.syn_retransmits";
 
+/// `http.connection.phase.duration` (double, seconds, on a phase event of
+/// the setup span with [`ConnectionPhases::Events`](crate::ConnectionPhases::Events)):
+/// the phase's duration, the one its span would have had (the event's time
+/// is the phase's start).
+pub const HTTP_CONNECTION_PHASE_DURATION: &str = "http.connection.phase.duration";
+
 /// `http.connection.tcp.rtt` (double, seconds, `tcp.connect` span): the
 /// kernel's smoothed round-trip time of the socket right after the connect
 /// completed (`tcpi_rtt` of `struct tcp_info`, Linux sock_diag). Absent where

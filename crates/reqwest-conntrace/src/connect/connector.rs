@@ -454,6 +454,7 @@ fn on_connected<T: Connection>(
     let (report, tcp_pending) =
         setup::emit_phases(inner, &attempt, &cx, &Ending::Ready(&established), now);
     let report = Arc::new(report);
+    let setup_end = tcp_pending.as_ref().and_then(|p| p.setup_end.clone());
     if let (Some(pending), Some(local), Some(remote)) =
         (tcp_pending, established.local, established.remote)
     {
@@ -482,11 +483,19 @@ fn on_connected<T: Connection>(
     }
     match &attempt.trigger {
         Some(trigger) => {
-            if let Some(unused) = trigger.connect_ready(PendingSetup { record, cx, end }) {
+            if let Some(unused) = trigger.connect_ready(PendingSetup {
+                record,
+                cx,
+                end,
+                setup_end,
+            }) {
                 let in_flight = unused.host.as_ref().map_or(0, |h| inner.load.in_flight(h));
                 inner.pools.on_pooled_unused(&unused, now, in_flight);
             }
         }
-        None => cx.span().end_with_timestamp(end),
+        None => match setup_end {
+            Some(setup_end) => setup_end.arrive(),
+            None => cx.span().end_with_timestamp(end),
+        },
     }
 }

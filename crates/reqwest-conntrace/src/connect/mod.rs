@@ -9,7 +9,7 @@
 //! - `peer`: the address TCP connected to when the connection never came back (the handshake hung or failed);
 //! - `proxy`: which proxy a connect goes through;
 //! - `tls`: [`TlsSettings`](crate::TlsSettings) and the rustls hooks that time the handshake;
-//! - `setup`: the `http.connection_setup` span and its phase children.
+//! - `setup`: the `http.connection_setup` span and its phase children (or events).
 
 pub(crate) mod address;
 pub(crate) mod attempt;

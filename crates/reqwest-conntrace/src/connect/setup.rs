@@ -17,6 +17,7 @@ use crate::connect::peer::Peer;
 use crate::connect::proxy::ProxyRoute;
 use crate::connect::tcp::TcpSpanEnd;
 use crate::error::ProxyRefusal;
+use crate::export::phases::{ConnectionPhases, PhaseRecord, SetupSpanEnd};
 use crate::export::report::{ConnectionSetup, TlsVersion};
 use crate::handle::Inner;
 use crate::semconv;
@@ -135,15 +136,9 @@ fn dns_skipped(
     })
 }
 
-/// Marks a phase span failed with `error_type` and `message`.
-fn fail_span(span: &opentelemetry::trace::SpanRef<'_>, error_type: &'static str, message: &str) {
-    span.set_attribute(KeyValue::new(semconv::ERROR_TYPE, error_type));
-    span.set_status(Status::error(message.to_owned()));
-}
-
-/// The `dns.lookup` span of `dns` (a child of the setup span in `cx`),
-/// ended at `dns_end`.
-fn emit_dns_span(
+/// The `dns.lookup` phase of `dns` (under the setup span in `cx`), ended
+/// at `dns_end`.
+fn emit_dns_phase(
     inner: &Inner,
     tracer: &BoxedTracer,
     dns: &DnsPhase,
@@ -167,31 +162,30 @@ fn emit_dns_span(
             Value::Array(Array::String(answers)),
         ));
     }
-    let span = tracer.build_with_context(
-        SpanBuilder::from_name(semconv::DNS_LOOKUP_SPAN)
-            .with_kind(SpanKind::Internal)
-            .with_start_time(inner.clock.wall(dns.asked))
-            .with_attributes(attrs),
+    let mut phase = PhaseRecord::start(
+        tracer,
+        inner.phases,
         cx,
+        semconv::DNS_LOOKUP_SPAN,
+        inner.clock.wall(dns.asked),
+        attrs,
     );
-    let dns_cx = Context::new().with_span(span);
-    let dspan = dns_cx.span();
     if let Some(began) = dns.began
         && began > dns.asked
     {
-        dspan.add_event_with_timestamp(
+        phase.add_event(
             semconv::EVENT_DNS_LOOKUP_BEGAN,
             inner.clock.wall(began),
             vec![],
         );
     }
     if let Some((error_type, message)) = &dns.error {
-        fail_span(&dspan, error_type, message);
+        phase.fail(error_type, message);
     } else if dns.answered.is_none() {
         let (t, m) = failure_or_cancel(failure_type, failure_message);
-        fail_span(&dspan, t, &m);
+        phase.fail(t, &m);
     }
-    dspan.end_with_timestamp(inner.clock.wall(dns_end));
+    phase.end(inner.clock.wall(dns_end));
 }
 
 /// How a connect ended, for the phase that was running.
@@ -251,7 +245,7 @@ pub(crate) fn emit_phases(
         let dns_end = dns.answered.unwrap_or(end);
         dns_failed = dns.error.is_some() || dns.answered.is_none();
         if let Some(tracer) = &tracer {
-            emit_dns_span(
+            emit_dns_phase(
                 inner,
                 tracer,
                 dns,
@@ -324,7 +318,7 @@ pub(crate) fn emit_phases(
         } else {
             address::syn_retransmits_by_timing(tcp_duration)
         };
-        let tcp_cx = match &tracer {
+        let tcp_phase = match &tracer {
             Some(tracer) => {
                 let mut attrs = vec![KeyValue::new(
                     semconv::NETWORK_TRANSPORT,
@@ -366,15 +360,14 @@ pub(crate) fn emit_phases(
                         address_fallback,
                     ));
                 }
-                let span = tracer.build_with_context(
-                    SpanBuilder::from_name(semconv::TCP_CONNECT_SPAN)
-                        .with_kind(SpanKind::Internal)
-                        .with_start_time(inner.clock.wall(tcp_start))
-                        .with_attributes(attrs),
+                let mut phase = PhaseRecord::start(
+                    tracer,
+                    inner.phases,
                     cx,
+                    semconv::TCP_CONNECT_SPAN,
+                    inner.clock.wall(tcp_start),
+                    attrs,
                 );
-                let tcp_cx = Context::new().with_span(span);
-                let tspan = tcp_cx.span();
                 if let Some(c) = &choice {
                     for skipped in &c.skipped {
                         let at = match (skipped.outcome, skipped.gave_up_after) {
@@ -382,7 +375,7 @@ pub(crate) fn emit_phases(
                             (semconv::ADDRESS_OUTCOME_OUTRACED, _) => tcp_end,
                             _ => tcp_start,
                         };
-                        tspan.add_event_with_timestamp(
+                        phase.add_event(
                             semconv::EVENT_TCP_ADDRESS_SKIPPED,
                             inner.clock.wall(at.min(tcp_end)),
                             vec![
@@ -404,19 +397,20 @@ pub(crate) fn emit_phases(
                 }
                 if phases.tls_started.is_none() && tunnel_start.is_none() && established.is_none() {
                     let (t, m) = failure_or_cancel(&failure_type, &failure_message);
-                    fail_span(&tspan, t, &m);
+                    phase.fail(t, &m);
                 }
-                tcp_cx
+                phase
             }
             // No span: the kernel's facts, if asked for, only fill the report.
-            None => Context::new(),
+            None => PhaseRecord::Span(Context::new()),
         };
-        let ending = TcpSpanEnd {
-            cx: tcp_cx,
+        let mut ending = TcpSpanEnd {
+            phase: tcp_phase,
             start: inner.clock.wall(tcp_start),
             end: inner.clock.wall(tcp_end),
             syn_by_timing: syn_retransmits,
             facts: tcp_facts.clone(),
+            setup_end: None,
             _pending: crate::export::pending::PendingEnd::new(),
         };
         // A connected socket is looked up in the kernel before the span
@@ -426,6 +420,15 @@ pub(crate) fn emit_phases(
             && inner.kernel.is_available()
             && (recording || inner.on_request_end.is_some())
         {
+            // The `tcp.connect` event is written when the kernel answers:
+            // the setup span ends once it is (and its trigger's outcome is
+            // known), at its own end time.
+            if recording && matches!(inner.phases, ConnectionPhases::Events) {
+                ending.setup_end = Some(Arc::new(SetupSpanEnd::new(
+                    cx.clone(),
+                    inner.clock.wall(end),
+                )));
+            }
             tcp_pending = Some(ending);
         } else {
             ending.finish(None);
@@ -453,21 +456,19 @@ pub(crate) fn emit_phases(
                     i64::from(status),
                 ));
             }
-            let span = tracer.build_with_context(
-                SpanBuilder::from_name(semconv::PROXY_CONNECT_SPAN)
-                    .with_kind(SpanKind::Internal)
-                    .with_start_time(inner.clock.wall(start))
-                    .with_attributes(attrs),
+            let mut phase = PhaseRecord::start(
+                tracer,
+                inner.phases,
                 cx,
+                semconv::PROXY_CONNECT_SPAN,
+                inner.clock.wall(start),
+                attrs,
             );
-            let tunnel_cx = Context::new().with_span(span);
             if phases.tls_started.is_none() {
                 let (t, m) = failure_or_cancel(&failure_type, &failure_message);
-                fail_span(&tunnel_cx.span(), t, &m);
+                phase.fail(t, &m);
             }
-            tunnel_cx
-                .span()
-                .end_with_timestamp(inner.clock.wall(tunnel_end));
+            phase.end(inner.clock.wall(tunnel_end));
         }
         tunnel_duration = Some(tunnel_end.saturating_duration_since(start));
     }
@@ -520,30 +521,25 @@ pub(crate) fn emit_phases(
             if let Some(v) = tls_version {
                 attrs.push(KeyValue::new(semconv::TLS_PROTOCOL_VERSION, v.as_str()));
             }
-            let span = tracer.build_with_context(
-                SpanBuilder::from_name(semconv::TLS_HANDSHAKE_SPAN)
-                    .with_kind(SpanKind::Internal)
-                    .with_start_time(inner.clock.wall(tls_start))
-                    .with_attributes(attrs),
+            let mut phase = PhaseRecord::start(
+                tracer,
+                inner.phases,
                 cx,
+                semconv::TLS_HANDSHAKE_SPAN,
+                inner.clock.wall(tls_start),
+                attrs,
             );
-            let tls_cx = Context::new().with_span(span);
-            let tspan = tls_cx.span();
             if let Some(t) = phases.server_hello {
-                tspan.add_event_with_timestamp(
-                    semconv::EVENT_TLS_SERVER_HELLO,
-                    inner.clock.wall(t),
-                    vec![],
-                );
+                phase.add_event(semconv::EVENT_TLS_SERVER_HELLO, inner.clock.wall(t), vec![]);
             }
             match &phases.cert_verified {
                 Some((_, None)) if phases.cert_verification_skipped => {}
-                Some((t, None)) => tspan.add_event_with_timestamp(
+                Some((t, None)) => phase.add_event(
                     semconv::EVENT_TLS_CERTIFICATE_VERIFIED,
                     inner.clock.wall(*t),
                     vec![],
                 ),
-                Some((t, Some(message))) => tspan.add_event_with_timestamp(
+                Some((t, Some(message))) => phase.add_event(
                     semconv::EVENT_TLS_CERTIFICATE_REJECTED,
                     inner.clock.wall(*t),
                     vec![
@@ -554,7 +550,7 @@ pub(crate) fn emit_phases(
                 // A user's own rustls config: only the start of verification
                 // is seen; the handshake's outcome tells the verifier's answer.
                 None => match (phases.cert_verify_started, &failure_message) {
-                    (Some(t), _) if established.is_some() => tspan.add_event_with_timestamp(
+                    (Some(t), _) if established.is_some() => phase.add_event(
                         semconv::EVENT_TLS_CERTIFICATE_VERIFIED,
                         inner.clock.wall(t),
                         vec![],
@@ -562,7 +558,7 @@ pub(crate) fn emit_phases(
                     (Some(t), Some(message))
                         if failure_type == Some(semconv::ERROR_TYPE_TLS_CERTIFICATE) =>
                     {
-                        tspan.add_event_with_timestamp(
+                        phase.add_event(
                             semconv::EVENT_TLS_CERTIFICATE_REJECTED,
                             inner.clock.wall(t),
                             vec![
@@ -578,7 +574,7 @@ pub(crate) fn emit_phases(
                 },
             }
             if let Some(t) = phases.server_finished {
-                tspan.add_event_with_timestamp(
+                phase.add_event(
                     semconv::EVENT_TLS_SERVER_FINISHED,
                     inner.clock.wall(t),
                     vec![],
@@ -586,9 +582,9 @@ pub(crate) fn emit_phases(
             }
             if established.is_none() {
                 let (t, m) = failure_or_cancel(&failure_type, &failure_message);
-                fail_span(&tspan, t, &m);
+                phase.fail(t, &m);
             }
-            tspan.end_with_timestamp(inner.clock.wall(end));
+            phase.end(inner.clock.wall(end));
         }
         tls_duration = Some(end.saturating_duration_since(tls_start));
     }

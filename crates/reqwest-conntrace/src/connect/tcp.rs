@@ -4,18 +4,19 @@
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, SystemTime};
 
-use opentelemetry::trace::TraceContextExt;
-use opentelemetry::{Context, KeyValue};
+use opentelemetry::KeyValue;
 
 use crate::connect::address::SYN_RETRANSMIT_AT;
 use crate::export::pending::PendingEnd;
+use crate::export::phases::{PhaseRecord, SetupSpanEnd};
 use crate::kernel::{KernelLookup, TcpFacts};
 use crate::semconv;
 
-/// A `tcp.connect` span whose attributes are not complete yet: ended by
-/// [`finish`](Self::finish) at its fixed end time.
+/// A `tcp.connect` span (or event, see [`ConnectionPhases`](crate::ConnectionPhases))
+/// whose attributes are not complete yet: ended by [`finish`](Self::finish)
+/// at its fixed end time.
 pub(crate) struct TcpSpanEnd {
-    pub(crate) cx: Context,
+    pub(crate) phase: PhaseRecord,
     /// Wall-clock start and end of the phase.
     pub(crate) start: SystemTime,
     pub(crate) end: SystemTime,
@@ -25,6 +26,9 @@ pub(crate) struct TcpSpanEnd {
     /// Where the kernel's facts go for the connection's report, when a
     /// report wants them (else the span alone carries them).
     pub(crate) facts: Option<Arc<OnceLock<TcpFacts>>>,
+    /// A `tcp.connect` event's setup span, when the kernel's answer is one
+    /// of the two parties its end waits for.
+    pub(crate) setup_end: Option<Arc<SetupSpanEnd>>,
     /// Counts the span as not ended yet, for [`wait_for_pending_spans`](crate::wait_for_pending_spans).
     pub(crate) _pending: PendingEnd,
 }
@@ -43,8 +47,17 @@ impl TcpSpanEnd {
     /// count comes from timing alone; with it, the kernel's retransmit count
     /// caps it (0 there means the slowness was not SYN loss).
     pub(crate) fn finish(self, lookup: Option<&KernelLookup>) {
-        let span = self.cx.span();
-        let mut syn = self.syn_by_timing;
+        let TcpSpanEnd {
+            phase: mut span,
+            start,
+            end,
+            syn_by_timing,
+            facts: kept,
+            setup_end,
+            // Dropped last: the setup span, when it waits, has ended.
+            _pending,
+        } = self;
+        let mut syn = syn_by_timing;
         if let Some(KernelLookup::Found(facts)) = lookup
             && let Some(info) = &facts.info
         {
@@ -69,7 +82,7 @@ impl TcpSpanEnd {
                 i64::from(info.total_retransmits),
             ));
             syn = syn.min(info.total_retransmits as usize);
-            if let Some(kept) = &self.facts {
+            if let Some(kept) = &kept {
                 let _ = kept.set(facts.clone());
             }
         }
@@ -80,9 +93,9 @@ impl TcpSpanEnd {
             ));
         }
         for (n, at) in SYN_RETRANSMIT_AT.iter().take(syn).enumerate() {
-            span.add_event_with_timestamp(
+            span.add_event(
                 semconv::EVENT_TCP_SYN_RETRANSMIT,
-                self.start + *at,
+                start + *at,
                 vec![
                     KeyValue::new(semconv::HTTP_CONNECTION_TCP_SYN_RETRANSMITS, n as i64 + 1),
                     KeyValue::new(
@@ -92,7 +105,10 @@ impl TcpSpanEnd {
                 ],
             );
         }
-        span.end_with_timestamp(self.end);
+        span.end(end);
+        if let Some(setup) = setup_end {
+            setup.arrive();
+        }
     }
 }
 
@@ -101,7 +117,8 @@ mod tests {
     use std::net::{Ipv4Addr, SocketAddr};
     use std::sync::atomic::{AtomicUsize, Ordering};
 
-    use opentelemetry::trace::{Tracer, TracerProvider};
+    use opentelemetry::Context;
+    use opentelemetry::trace::{TraceContextExt, Tracer, TracerProvider};
     use opentelemetry_sdk::error::OTelSdkResult;
     use opentelemetry_sdk::trace::{SdkTracerProvider, SpanData, SpanProcessor};
 
@@ -138,11 +155,12 @@ mod tests {
         let span = provider.tracer("test").start("tcp.connect");
         let now = SystemTime::now();
         let ending = TcpSpanEnd {
-            cx: Context::new().with_span(span),
+            phase: PhaseRecord::Span(Context::new().with_span(span)),
             start: now,
             end: now,
             syn_by_timing: 0,
             facts: None,
+            setup_end: None,
             _pending: PendingEnd::new(),
         };
         let view = KernelView::new();

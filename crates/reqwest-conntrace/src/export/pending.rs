@@ -1,6 +1,7 @@
 //! Spans that end off the request path, counted so a flush can wait for
 //! them: `tcp.connect` (ended on the `conntrace-sock-diag` thread when the
-//! kernel answers) and request spans whose miss reason or failure evidence
+//! kernel answers; with `ConnectionPhases::Events`, the setup span carrying
+//! its event) and request spans whose miss reason or failure evidence
 //! waits for the kernel.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -45,7 +46,8 @@ impl Drop for PendingEnd {
 /// Waits until every span this crate keeps open for the kernel's answer
 /// has ended (at most `timeout`); `true` if none is left. Call it before
 /// flushing or shutting down a tracer provider you set up yourself:
-/// a `tcp.connect` span, and a request span whose miss reason or failure
+/// a `tcp.connect` span (with [`ConnectionPhases::Events`](crate::ConnectionPhases::Events):
+/// the setup span carrying its event), and a request span whose miss reason or failure
 /// evidence (`stalled`) needs the kernel, end when the kernel's answer about
 /// the socket arrives (on the `conntrace-sock-diag` thread, within about
 /// 2 ms: a lookup nobody waits for rests up to 2 ms to share the thread's

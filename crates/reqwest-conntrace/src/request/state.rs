@@ -10,6 +10,7 @@ use std::time::{Instant, SystemTime};
 use opentelemetry::trace::{Status, TraceContextExt};
 use opentelemetry::{Context, KeyValue};
 
+use crate::export::phases::SetupSpanEnd;
 use crate::pool::host::HostKey;
 use crate::pool::registry::ConnectionRecord;
 use crate::pool::slot::MissSlot;
@@ -55,6 +56,9 @@ pub(crate) struct PendingSetup {
     pub(crate) record: Arc<ConnectionRecord>,
     pub(crate) cx: Context,
     pub(crate) end: SystemTime,
+    /// Shared with the kernel's answer when a `tcp.connect` event waits
+    /// for it ([`ConnectionPhases::Events`](crate::ConnectionPhases::Events)): the span ends when both are done.
+    pub(crate) setup_end: Option<Arc<SetupSpanEnd>>,
 }
 
 impl RequestState {
@@ -189,7 +193,10 @@ fn finish_setup(p: PendingSetup, fate: Fate) -> Option<Arc<ConnectionRecord>> {
         }
         Fate::NoResponse => {}
     }
-    span.end_with_timestamp(p.end);
+    match &p.setup_end {
+        Some(setup_end) => setup_end.arrive(),
+        None => span.end_with_timestamp(p.end),
+    }
     pooled_unused
 }
 
