@@ -902,3 +902,67 @@ async fn a_host_with_more_connections_in_use_than_64_keeps_every_miss_attributed
         "{reasons:?}"
     );
 }
+
+/// Regression (a tester's finding; the text says what was seen before the fix). What was done: a plain HTTP/1.1 lab server that ends
+/// every connection after one response (`max_requests_per_connection(1)`:
+/// `Connection: close`, nginx's `keepalive_requests 1`), four waves of 60
+/// concurrent GETs (`/delay/100`) to the one host: fewer than 64
+/// connections in use at once. The truth (the server's records): every
+/// connection carried one request and was ended by the server at its
+/// request limit; each miss of waves 2 to 4 replaces one of them. What the
+/// telemetry said (11 of 11 runs at no load, 3 of 5 with two CPU
+/// burners): of the 180 misses 9 to 42 are
+/// `all_busy` with no previous connection (the fix "raise the idle pool":
+/// wrong) instead of `request_limit` naming the connection the server
+/// closed. With 100 per wave, about 140 of 300. With 30 or fewer per wave
+/// every miss is right: the history forgets ended connections past 64 per
+/// host (REFERENCE section 11, `pool_history`), including closes no miss
+/// named yet, and the miss then reads as if nothing had ended, with no
+/// `http.connection.untracked` to say its history was incomplete.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn request_limit_closes_past_64_connections_each_name_one_miss() {
+    let t = telemetry();
+    let server = TestServer::builder()
+        .idle_timeout(None)
+        .max_requests_per_connection(Some(1))
+        .start()
+        .await
+        .expect("server");
+    let client = t.client(reqwest::Client::builder(), None);
+    let url = server.url("/delay/100");
+    for _ in 0..4 {
+        let responses = futures::future::join_all((0..60).map(|_| client.get(&url).send())).await;
+        for response in responses {
+            response.expect("response").bytes().await.expect("body");
+        }
+    }
+    let spans = t.requests();
+    assert_eq!(spans.len(), 240);
+    let records = server.connections();
+    assert_eq!(records.len(), 240);
+    assert!(
+        records
+            .iter()
+            .all(|r| r.end == Some(conntrace_lab::ConnectionEnd::RequestLimit) && r.requests == 1),
+        "{records:?}"
+    );
+    let mut reasons: HashMap<String, usize> = HashMap::new();
+    let mut named: HashMap<i64, usize> = HashMap::new();
+    for span in &spans {
+        if let Some(reason) = str_attr(span, semconv::HTTP_CONNECTION_MISS_REASON) {
+            if let Some(previous) = i64_attr(span, semconv::HTTP_CONNECTION_PREVIOUS_ID) {
+                *named.entry(previous).or_default() += 1;
+            }
+            *reasons.entry(reason).or_default() += 1;
+        }
+    }
+    assert_eq!(
+        (
+            reasons.get(semconv::MISS_REASON_COLD),
+            reasons.get(semconv::MISS_REASON_REQUEST_LIMIT),
+            named.len()
+        ),
+        (Some(&60), Some(&180), 180),
+        "{reasons:?}"
+    );
+}

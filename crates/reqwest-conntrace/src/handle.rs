@@ -613,12 +613,10 @@ fn settle_miss(weak: &Weak<Inner>, mut ask: KernelAsk, lookup: &KernelLookup) {
         inner.apply_kernel_view(candidate, lookup);
         if miss.reason == MissReason::AllBusy
             && miss.previous.is_none()
-            && let Some(ended) = inner.pools.name_announced_close(
-                &ask.host,
-                candidate.client.id,
-                ask.classified_at,
-                now,
-            )
+            && let Some(ended) =
+                inner
+                    .pools
+                    .name_known_loss(&ask.host, candidate.client.id, ask.classified_at, now)
         {
             // Busy, but a connection ended by its announced close is why
             // the pool had none free (row 4's exception).

@@ -34,7 +34,8 @@ use crate::semconv;
 /// it, each new connection makes the history forget its ended ones, oldest
 /// first, until it is back under this (a closed one, or one the pool has
 /// closed as far as the history knows: over the idle limit, idle past the
-/// idle timeout, ended). Open connections are kept past it (a host with
+/// idle timeout, ended), but for losses no miss named yet (each explains a
+/// miss to come). Those and open connections are kept past it (a host with
 /// more connections in use at once than this, at peak load, keeps every
 /// miss attributed), up to [`OPEN_CONNECTIONS_PER_HOST`].
 pub(crate) const CONNECTIONS_PER_HOST: usize = 64;
@@ -165,7 +166,7 @@ pub(crate) fn decide_from_kernel(
     {
         // Another request held it (`alive` is `all_busy`), and the response
         // it carried announced its close: that close is why the pool had
-        // it no more (named once; see `name_next_announced_close`).
+        // it no more (named once; see `name_next_known_loss`).
         if alive.reason == MissReason::AllBusy
             && alive.previous.is_none()
             && candidate.said_connection_close()
@@ -375,26 +376,85 @@ fn announced_close_miss(record: &ConnectionRecord, now: Instant) -> Miss {
     Miss::caused_by(reason, Previous::of(record, now, Some(end)))
 }
 
-/// Names, for a miss, the connection among `connections()` whose last
-/// exchange announced its close and that no miss named yet, the most
-/// recently active first: each such close cost the pool one connection,
-/// so it explains one miss (a burst after several connections reached the
-/// server's request limit names each once). `None` when there is none.
-fn name_next_announced_close<'a, I>(
-    connections: impl Fn() -> I,
-) -> Option<&'a Arc<ConnectionRecord>>
+/// How `record` (HTTP/1.1) is known lost without the kernel's view: its
+/// last exchange announced its close (row 6: `connection_close` /
+/// `client_close`), a request on it gave up on its response (row 5c:
+/// `abandoned`), or its body failed (row 5: `discarded`). hyper closes such
+/// a connection: each costs the pool one connection, so it explains one
+/// miss.
+fn known_loss(record: &ConnectionRecord) -> Option<ConnectionEnd> {
+    if record.http2() {
+        None
+    } else if record.said_connection_close() {
+        Some(record.announced_close_end())
+    } else if record.seen_end() == Some(ConnectionEnd::Abandoned) {
+        Some(ConnectionEnd::Abandoned)
+    } else if record.is_discarded() {
+        Some(ConnectionEnd::Discarded)
+    } else {
+        None
+    }
+}
+
+/// A known loss some miss named already: no candidate any more (its loss
+/// is told).
+fn loss_told(record: &ConnectionRecord) -> bool {
+    record.is_close_named() && known_loss(record).is_some()
+}
+
+/// The miss `record`'s known loss (see [`known_loss`]) caused.
+fn known_loss_miss(record: &ConnectionRecord, now: Instant) -> Miss {
+    match known_loss(record) {
+        Some(end @ (ConnectionEnd::Abandoned | ConnectionEnd::Discarded)) => {
+            let reason = if end == ConnectionEnd::Abandoned {
+                MissReason::Abandoned
+            } else {
+                MissReason::Discarded
+            };
+            Miss::caused_by(reason, Previous::of(record, now, Some(end)))
+        }
+        _ => announced_close_miss(record, now),
+    }
+}
+
+/// Names, for a miss, the connection among `connections()` known lost
+/// (see [`known_loss`]) that no miss named yet, the most recently active
+/// first: each such loss cost the pool one connection, so it explains one
+/// miss (a burst after several connections reached the server's request
+/// limit, or after requests timed out on every pooled connection, names
+/// each once). `None` when there is none.
+fn name_next_known_loss<'a, I>(connections: impl Fn() -> I) -> Option<&'a Arc<ConnectionRecord>>
 where
     I: Iterator<Item = &'a Arc<ConnectionRecord>>,
 {
     loop {
         let next = connections()
-            .filter(|r| !r.http2() && r.said_connection_close() && !r.is_close_named())
+            .filter(|r| known_loss(r).is_some() && !r.is_close_named())
             .max_by_key(|r| r.last_activity())?;
         // Another miss may name it meanwhile: then the next one.
         if next.name_close() {
             return Some(next);
         }
     }
+}
+
+/// The miss for a candidate known lost (`candidate` in rows 5, 5c, 6):
+/// its own loss when no miss named it yet, else the next unnamed loss of
+/// `connections()`, else its own again.
+fn name_loss<'a, I>(
+    candidate: &'a Arc<ConnectionRecord>,
+    connections: impl Fn() -> I,
+    now: Instant,
+) -> Miss
+where
+    I: Iterator<Item = &'a Arc<ConnectionRecord>>,
+{
+    let ended = if candidate.name_close() {
+        candidate
+    } else {
+        name_next_known_loss(connections).unwrap_or(candidate)
+    };
+    known_loss_miss(ended, now)
 }
 
 /// The miss the server's end of `candidate` caused, `end` being how it
@@ -709,11 +769,22 @@ impl PoolHistory {
                             .idle_timeout
                             .is_some_and(|t| now.saturating_duration_since(r.last_activity()) >= t))
             };
-            forget_oldest(&mut history.connections, |r| r.is_closed());
-            forget_oldest(&mut history.connections, gone);
+            // A loss no miss named yet (see `known_loss`) is kept: a miss
+            // to come is explained by it.
+            let awaiting =
+                |r: &Arc<ConnectionRecord>| known_loss(r).is_some() && !r.is_close_named();
+            forget_oldest(&mut history.connections, |r| r.is_closed() && !awaiting(r));
+            forget_oldest(&mut history.connections, |r| gone(r) && !awaiting(r));
             if history.connections.len() >= OPEN_CONNECTIONS_PER_HOST {
-                history.connections.pop_front();
-                history.forgot_open = true;
+                match history.connections.iter().position(awaiting) {
+                    Some(oldest) => {
+                        history.connections.remove(oldest);
+                    }
+                    None => {
+                        history.connections.pop_front();
+                        history.forgot_open = true;
+                    }
+                }
             }
         }
         history.connections.push_back(record);
@@ -810,16 +881,16 @@ impl PoolHistory {
         // announced close an earlier miss named is gone, its loss told.
         let Some(candidate) = mine()
             .filter(|r| r.http2() || r.in_use() == 0)
-            .filter(|r| !(r.said_connection_close() && r.is_close_named()))
+            .filter(|r| !loss_told(r))
             .max_by_key(|r| r.last_activity())
         else {
-            // 4. Every established connection is in use; unless one ended
-            //    by an announced close no miss named yet (row 6): the pool
-            //    lost it.
+            // 4. Every established connection is in use; unless one was
+            //    lost in a way known without the kernel (an announced
+            //    close, a request that gave up on it, a failed body) and no
+            //    miss named it yet: the pool lost it.
             return MissVerdict::Decided(
-                name_next_announced_close(mine).map_or(Miss::new(MissReason::AllBusy), |r| {
-                    announced_close_miss(r, now)
-                }),
+                name_next_known_loss(mine)
+                    .map_or(Miss::new(MissReason::AllBusy), |r| known_loss_miss(r, now)),
             );
         };
         // Read before the rest: a response on it from now on shows it alive.
@@ -835,37 +906,30 @@ impl PoolHistory {
                     .limits_inferred(),
             );
         }
-        // 5. Its body failed: hyper closed it.
-        if candidate.is_discarded() {
-            return MissVerdict::Closed {
-                miss: Miss::caused_by(MissReason::Discarded, previous(ConnectionEnd::Discarded)),
-                record: Arc::clone(candidate),
+        // 5. Its body failed: hyper closed it. 5c. A request on it gave up
+        //    on its response (HTTP/1.1): hyper closed it (checked before
+        //    5b: a body dropped earlier did not end it then). 6. The server
+        //    (or the client's own request) said it would close it. Each
+        //    such loss is named by one miss: when another miss named the
+        //    candidate's meanwhile, the latest one no miss named yet, if
+        //    any.
+        if known_loss(candidate).is_some() {
+            let miss = name_loss(candidate, mine, now);
+            return if candidate.is_discarded()
+                && miss.previous.is_some_and(|p| p.id == candidate.id())
+            {
+                MissVerdict::Closed {
+                    miss,
+                    record: Arc::clone(candidate),
+                }
+            } else {
+                MissVerdict::Decided(miss)
             };
         }
         // 5b. Its body was dropped before the end: closed only if hyper had
         //     not read it all; the kernel tells.
         if candidate.is_dropped_early() {
             return Self::ask_kernel(&hosts, host, candidate, in_flight, now, requests_seen);
-        }
-        // 5c. A request on it gave up on its response (HTTP/1.1): hyper
-        //     closed it.
-        if candidate.seen_end() == Some(ConnectionEnd::Abandoned) {
-            return MissVerdict::Decided(Miss::caused_by(
-                MissReason::Abandoned,
-                previous(ConnectionEnd::Abandoned),
-            ));
-        }
-        // 6. The server (or the client's own request) said it would close
-        //    it. Each such close is named by one miss: when another miss
-        //    named the candidate's meanwhile, the latest one no miss named
-        //    yet, if any.
-        if candidate.said_connection_close() {
-            let ended = if candidate.name_close() {
-                candidate
-            } else {
-                name_next_announced_close(mine).unwrap_or(candidate)
-            };
-            return MissVerdict::Decided(announced_close_miss(ended, now));
         }
         // 7. Already known closed by the server (a failed request, the kernel).
         if let Some(end) = candidate.end().filter(|e| e.by_server()) {
@@ -983,10 +1047,11 @@ impl PoolHistory {
 
     /// An `all_busy` miss of `client` to `host` classified at `missed_at`
     /// and decided when the kernel answered (row 10e / 10g): when one of
-    /// its connections ended by an announced close that had ended (its
-    /// response released) by the miss and no miss named yet, that close is
-    /// the cause (row 4's exception), named now.
-    pub(crate) fn name_announced_close(
+    /// its connections released by the miss was known lost (see
+    /// [`known_loss`]: an announced close, a request that gave up on it, a
+    /// failed body) and no miss named it yet, that loss is the cause (row
+    /// 4's exception), named now.
+    pub(crate) fn name_known_loss(
         &self,
         host: &HostKey,
         client_id: u64,
@@ -995,12 +1060,12 @@ impl PoolHistory {
     ) -> Option<Miss> {
         let hosts = self.hosts();
         let history = hosts.get(host)?;
-        let ended = name_next_announced_close(|| {
+        let ended = name_next_known_loss(|| {
             history.connections.iter().filter(|r| {
                 r.client.id == client_id && r.last_released().is_some_and(|t| t <= missed_at)
             })
         })?;
-        Some(announced_close_miss(ended, now))
+        Some(known_loss_miss(ended, now))
     }
 
     /// The end to name for `previous` when its miss is recorded: the one
@@ -1817,7 +1882,7 @@ mod tests {
         // Both named, so neither is a candidate any more; c is busy: row 4.
         let third = decided(pools.classify_miss(&host(), &client, at, 4));
         assert_eq!(named(&third), (MissReason::AllBusy, None));
-        assert_eq!(pools.name_announced_close(&host(), client.id, at, at), None);
+        assert_eq!(pools.name_known_loss(&host(), client.id, at, at), None);
         // A later close is named by the next miss.
         c.give_back();
         let later = t0 + Duration::from_millis(4);
