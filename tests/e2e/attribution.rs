@@ -1600,15 +1600,13 @@ async fn request_limit_under_concurrency_names_every_connection() {
 /// connections by the server's own records.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reports_settled_miss_reason_is_the_one_its_span_records() {
-    type Reports = std::sync::Arc<std::sync::Mutex<Vec<reqwest_conntrace::RequestReport>>>;
     let (mut misses, mut deferred) = (0, 0);
     for (scenario, limit, idle, concurrency) in [
         ("reqwest's idle pool 0", None, Some(0), 1),
         ("request limit 5, 4 at a time", Some(5), None, 4),
     ] {
         let t = telemetry();
-        let reports: Reports = Default::default();
-        let sink = reports.clone();
+        let reports = crate::support::Reports::default();
         let server = RemoteServer::start(plain_h1().max_requests_per_connection(limit)).await;
         let mut builder = reqwest::Client::builder();
         if let Some(idle) = idle {
@@ -1616,9 +1614,7 @@ async fn a_reports_settled_miss_reason_is_the_one_its_span_records() {
         }
         let client = t
             .conntrace_builder()
-            .on_request_end(move |r: &reqwest_conntrace::RequestReport| {
-                sink.lock().expect("reports").push(r.clone())
-            })
+            .on_request_end(reports.callback())
             .build()
             .instrument_client(builder)
             .build_with_middleware()
@@ -1629,7 +1625,7 @@ async fn a_reports_settled_miss_reason_is_the_one_its_span_records() {
         }
         let spans: Vec<Seen> = requests(&t, 20).iter().map(seen).collect();
         compare_with_server(&spans, &server.get().requests());
-        let reports = std::mem::take(&mut *reports.lock().expect("reports"));
+        let reports = reports.taken();
         assert_eq!(reports.len(), 20, "{scenario}: one report per request");
         for report in &reports {
             let connection = report.connection.as_ref().expect("attributed");

@@ -59,13 +59,10 @@ async fn tcp_connect_carries_the_kernels_view_matching_ss() {
         .start()
         .await
         .expect("server");
-    let reports = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
-    let sink = reports.clone();
+    let reports = crate::support::Reports::default();
     let client = reqwest_conntrace::ConnTrace::builder()
         .tracer_provider(&t.provider)
-        .on_request_end(move |r: &reqwest_conntrace::RequestReport| {
-            sink.lock().expect("reports").push(r.clone())
-        })
+        .on_request_end(reports.callback())
         .build()
         .instrument_client(reqwest::Client::builder())
         .tls(trust(&pki))
@@ -98,7 +95,7 @@ async fn tcp_connect_carries_the_kernels_view_matching_ss() {
         "cwnd at connect {cwnd} (initial window 10, RFC 6928), now {ss_cwnd}"
     );
 
-    let report = reports.lock().expect("reports")[0].clone();
+    let report = reports.taken()[0].clone();
     let facts = report
         .connection
         .expect("attributed")

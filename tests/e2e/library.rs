@@ -566,13 +566,10 @@ async fn refused_connection_is_reported_and_passes_through() {
 #[tokio::test]
 async fn a_request_without_response_has_no_body_size_or_first_byte() {
     let t = telemetry();
-    let reports = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
-    let sink = reports.clone();
+    let reports = crate::support::Reports::default();
     let client = reqwest_conntrace::ConnTrace::builder()
         .tracer_provider(&t.provider)
-        .on_request_end(move |r: &reqwest_conntrace::RequestReport| {
-            sink.lock().expect("reports").push(r.clone())
-        })
+        .on_request_end(reports.callback())
         .build()
         .instrument_client(reqwest::Client::builder())
         .build_with_middleware()
@@ -595,7 +592,7 @@ async fn a_request_without_response_has_no_body_size_or_first_byte() {
         assert!(str_attr(r, semconv::ERROR_TYPE).is_some());
         assert_eq!(i64_attr(r, semconv::HTTP_RESPONSE_BODY_SIZE), None);
     }
-    let reports = reports.lock().expect("reports");
+    let reports = reports.taken();
     assert_eq!(reports.len(), 2);
     for r in reports.iter() {
         assert!(r.error_type.is_some(), "{r:?}");

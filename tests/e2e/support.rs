@@ -43,6 +43,26 @@ impl Point {
     }
 }
 
+/// The `RequestReport`s a handle hands to its `OnRequestEnd` callback
+/// ([`callback`](Self::callback)), in the order they came.
+#[derive(Clone, Default)]
+pub(crate) struct Reports(std::sync::Arc<std::sync::Mutex<Vec<reqwest_conntrace::RequestReport>>>);
+
+impl Reports {
+    /// The callback to register with `ConnTraceBuilder::on_request_end`.
+    pub(crate) fn callback(
+        &self,
+    ) -> impl Fn(&reqwest_conntrace::RequestReport) + Send + Sync + 'static {
+        let sink = self.0.clone();
+        move |r| sink.lock().expect("reports").push(r.clone())
+    }
+
+    /// The reports so far.
+    pub(crate) fn taken(&self) -> Vec<reqwest_conntrace::RequestReport> {
+        self.0.lock().expect("reports").clone()
+    }
+}
+
 /// Installs a thread-local subscriber exporting into memory. Tests run on a
 /// current-thread runtime so every poll sees it.
 pub(crate) fn telemetry() -> Telemetry {
