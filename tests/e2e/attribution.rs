@@ -1845,3 +1845,57 @@ async fn a_connection_reused_after_a_dropped_body_is_not_blamed_on_it() {
         }
     }
 }
+
+// A TLS HTTP/1.1 lab server that closes connections idle for 300 ms (as
+// nginx's `keepalive_timeout` does), a client with reqwest's defaults (idle
+// timeout 90 s, not set through our builder, so unknown to the library), 4
+// waves of 4 concurrent GETs 700 ms apart, 3 rounds. Every miss whose
+// previous connection the server ended by its idle timeout (its connection
+// records) reads `closed_by_peer`. The server sends its close_notify first;
+// hyper closes on it, so the kernel shows our side closing first
+// (TIME_WAIT), which without TLS would be the client pool's close (found
+// by a tester: read `idle_expired`, "raise the client's idle timeout", the
+// opposite of the fix).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_server_idle_close_is_closed_by_peer() {
+    let pki = TestPki::localhost().expect("pki");
+    for round in 0..3 {
+        let t = telemetry();
+        let server = RemoteServer::start(
+            plain_h1()
+                .idle_timeout(Some(Duration::from_millis(300)))
+                .tls(&pki),
+        )
+        .await;
+        let client = t.client(reqwest::Client::builder(), Some(&pki));
+        let url = server.get().url("/");
+        for _ in 0..4 {
+            futures::future::join_all((0..4).map(|_| get(&client, &url))).await;
+            tokio::time::sleep(Duration::from_millis(700)).await;
+        }
+        let spans: Vec<Seen> = requests(&t, 16).iter().map(seen).collect();
+        let server_of = compare_with_server(&spans, &server.get().requests());
+        let records = server.get().connections();
+        let mut named = 0;
+        for (i, s) in spans.iter().enumerate() {
+            let Some(previous) = s.previous_id else {
+                continue;
+            };
+            let end = records
+                .iter()
+                .find(|r| Some(&r.id) == server_of.get(&previous))
+                .and_then(|r| r.end);
+            if end == Some(ConnectionEnd::IdleTimeout) {
+                named += 1;
+                assert_eq!(
+                    s.reason.as_deref(),
+                    Some(semconv::MISS_REASON_CLOSED_BY_PEER),
+                    "round {round}, request {i}: the server's idle timeout closed {previous}:\n{}",
+                    compact(&spans)
+                );
+            }
+        }
+        // Each later wave found the previous one's connections closed.
+        assert!(named >= 3, "round {round}:\n{}", compact(&spans));
+    }
+}

@@ -15,7 +15,10 @@
 //!
 //! The close and its moment come from the kernel: our side closed first
 //! (`FIN_WAIT*`, `TIME_WAIT`), and the `FIN_WAIT2` or `TIME_WAIT` timer
-//! dates the close ([`TcpFacts::closed_ago`]). Only HTTP/1.1 connections that were idle in
+//! dates the close ([`TcpFacts::closed_ago`]); over TLS, `TIME_WAIT` is
+//! the server's close, not the pool's (hyper closes on the server's
+//! close_notify; a close of ours gets one after it, which resets the
+//! socket), and is never taken here. Only HTTP/1.1 connections that were idle in
 //! the pool count: not one with a request on it, one whose body was
 //! dropped early (hyper closed it for that), one whose own traffic showed
 //! how it ended (a request that gave up on its response, a failed body), or

@@ -264,6 +264,20 @@ pub(crate) fn decide_from_kernel(
             let by = closed.map_or(classified_at, |at| at.min(classified_at));
             ended_by_server(candidate, now, candidate.end(), by)
         }
+        // HTTP/1.1 over TLS, our side closed first and the server answered
+        // with its FIN alone: its close_notify came before our FIN, so we
+        // only answered its close (hyper closes on it). A TLS server
+        // sends close_notify before closing its write side (RFC 8446
+        // section 6.1), so after a close of ours it sends one then, and
+        // that data resets our closed socket (gone, above): no TIME_WAIT.
+        KernelLookup::Found(facts)
+            if facts.state == crate::TcpState::TimeWait
+                && closed_first_by_tls_server(candidate)
+                && !closed_after(facts, now, classified_at) =>
+        {
+            let end = candidate.closed_by_server(false);
+            ended_by_server(candidate, now, Some(end), classified_at)
+        }
         // Our side closed it and nothing we saw explains why: hyper-util's
         // pool dropped it, at release over its idle limit or past its idle
         // timeout, or dropped it with this miss's checkout (the release
@@ -639,6 +653,20 @@ fn gone_with_no_end_shown(record: &ConnectionRecord) -> bool {
         && record
             .end()
             .is_none_or(|end| end == ConnectionEnd::PeerClosed)
+}
+
+/// Whether `record`, an HTTP/1.1 connection over TLS idle in the pool,
+/// has nothing but its server's close to explain a close of ours: no
+/// request on it, and no close of hyper's own its traffic showed (a dropped
+/// or failed body, an announced close, a request that gave up on it).
+fn closed_first_by_tls_server(record: &ConnectionRecord) -> bool {
+    record.setup.tls.is_some()
+        && !record.http2()
+        && record.in_use() == 0
+        && !record.is_discarded()
+        && !record.is_dropped_early()
+        && !record.said_connection_close()
+        && record.seen_end().is_none()
 }
 
 /// Whether `candidate` (HTTP/1.1) was released no more than
