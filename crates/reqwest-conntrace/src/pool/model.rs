@@ -592,6 +592,18 @@ pub(crate) fn look_again_at(
     let KernelLookup::Found(facts) = lookup else {
         return None;
     };
+    if matches!(
+        facts.state,
+        crate::TcpState::FinWait1 | crate::TcpState::FinWait2
+    ) && closed_first_by_tls_server(candidate)
+    {
+        // HTTP/1.1 over TLS, our FIN sent, the server's end not here yet:
+        // its FIN (TIME_WAIT: its close_notify came first, we answered it)
+        // or its close_notify resetting our closed socket (gone: we closed
+        // first) tells who closed; a loaded server sends either late.
+        let until = classified_at + UNDATED_CLOSE_WAIT;
+        return (now < until).then(|| (now + LOOK_AGAIN_EVERY).min(until));
+    }
     if facts.state.closed_by_us()
         && facts.closed_ago().is_none()
         && !candidate.http2()
