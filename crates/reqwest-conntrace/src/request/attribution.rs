@@ -15,7 +15,7 @@ use crate::handle::Inner;
 use crate::kernel::KernelLookup;
 use crate::miss::{ConnectionEnd, MissReason};
 use crate::pool::registry::ConnectionRecord;
-use crate::pool::slot::{Miss, MissSlot};
+use crate::pool::slot::{Miss, MissSlot, Previous};
 use crate::request::state::{Fate, RequestState};
 use crate::semconv;
 
@@ -131,6 +131,9 @@ pub(crate) fn attribute_response(
         .then(|| start.saturating_duration_since(last_quiet));
     let age = start.saturating_duration_since(ready);
     let paid = record.trigger_id == Some(state.id);
+    if !paid {
+        record.mark_shared();
+    }
     let now = Instant::now();
     if let Some(batch) = &state.batch {
         batch.record(reused, wait);
@@ -272,7 +275,7 @@ pub(crate) fn set_attributes(span: &tracing::Span, attributes: Vec<KeyValue>) {
 
 /// The miss reason on the span and the misses counter; the previous
 /// connection, when one caused the miss.
-fn record_miss(inner: &Inner, state: &RequestState, span: &tracing::Span, miss: &Miss) {
+fn record_miss(inner: &Arc<Inner>, state: &RequestState, span: &tracing::Span, miss: &Miss) {
     if miss.untracked {
         // The host is not in the pool history: no reason is known.
         inner.note_untracked(span, &state.host, semconv::UNTRACKED_POOL_HISTORY);
@@ -292,10 +295,7 @@ fn record_miss(inner: &Inner, state: &RequestState, span: &tracing::Span, miss: 
             semconv::HTTP_CONNECTION_PREVIOUS_IDLE_TIME,
             secs(previous.idle),
         );
-        span.set_attribute(
-            semconv::HTTP_CONNECTION_PREVIOUS_REQUEST_COUNT,
-            previous.request_count as i64,
-        );
+        record_previous_count(inner, state, span, previous);
         if let Some(end) = inner.pools.previous_end(&state.host, previous) {
             span.set_attribute(semconv::HTTP_CONNECTION_PREVIOUS_END, end.as_str());
         }
@@ -310,6 +310,53 @@ fn record_miss(inner: &Inner, state: &RequestState, span: &tracing::Span, miss: 
         ));
     }
     inner.metrics.pool_misses.add(1, &attributes);
+}
+
+/// `http.connection.previous.request_count`: as read at the miss, unless
+/// the previous connection is an HTTP/2 one the server ended (GOAWAY)
+/// while requests to the host are in flight without a response attributed:
+/// the GOAWAY comes with the request that reached the server's limit,
+/// before its response, so responses on it may still be on their way to
+/// their requests. Then the count is read once none is left unattributed,
+/// at most [`RESPONSE_IN_FLIGHT_WAIT`](crate::pool::model::RESPONSE_IN_FLIGHT_WAIT)
+/// later; only the span's end waits (a flush waits for it), never a request.
+fn record_previous_count(
+    inner: &Arc<Inner>,
+    state: &RequestState,
+    span: &tracing::Span,
+    previous: &Previous,
+) {
+    let seen = previous.request_count;
+    let Some(record) = inner.pools.ended_http2(&state.host, previous) else {
+        span.set_attribute(semconv::HTTP_CONNECTION_PREVIOUS_REQUEST_COUNT, seen as i64);
+        return;
+    };
+    let count = move || {
+        let now = record.requests.load(std::sync::atomic::Ordering::Relaxed);
+        now.max(seen) as i64
+    };
+    let unattributed = {
+        let (inner, host) = (Arc::clone(inner), state.host.clone());
+        move || inner.pools.unattributed(&host, inner.load.in_flight(&host))
+    };
+    let runtime = match tokio::runtime::Handle::try_current() {
+        Ok(runtime) if unattributed() > 0 => runtime,
+        // Nothing to wait for (or no runtime to wait on): read now.
+        _ => {
+            span.set_attribute(semconv::HTTP_CONNECTION_PREVIOUS_REQUEST_COUNT, count());
+            return;
+        }
+    };
+    let span = span.clone();
+    let pending = crate::export::pending::PendingEnd::new();
+    let deadline = Instant::now() + crate::pool::model::RESPONSE_IN_FLIGHT_WAIT;
+    runtime.spawn(async move {
+        while unattributed() > 0 && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        span.set_attribute(semconv::HTTP_CONNECTION_PREVIOUS_REQUEST_COUNT, count());
+        drop(pending);
+    });
 }
 
 /// Whether an HTTP/1.x response says the server closes the connection after
