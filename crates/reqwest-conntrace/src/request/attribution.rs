@@ -355,6 +355,8 @@ fn record_previous_count(
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
         span.set_attribute(semconv::HTTP_CONNECTION_PREVIOUS_REQUEST_COUNT, count());
+        // Ended before a flush waiting for the pending ends goes on.
+        drop(span);
         drop(pending);
     });
 }
