@@ -760,6 +760,9 @@ impl RequestEnd {
                 {
                     add_pool_advice_event(&span, &advice);
                 }
+                // The span ends first: a flush waiting for the pending ends
+                // then finds it exported.
+                drop(span);
                 drop(pending);
             });
             // The report gets what is known now: the kernel's answer or,
