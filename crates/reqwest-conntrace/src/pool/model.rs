@@ -521,6 +521,19 @@ fn server_end_reason(candidate: &ConnectionRecord, end: Option<ConnectionEnd>) -
     }
 }
 
+/// The reason for a miss decided as `decided` whose previous connection
+/// `record` (HTTP/2) the server ended, read again once the responses it
+/// carried are counted: a GOAWAY that had looked late for its last response
+/// counted then came with a later one (see
+/// [`ConnectionRecord::ended_with_last_response`]): `request_limit`.
+pub(crate) fn ended_http2_reason(record: &ConnectionRecord, decided: MissReason) -> MissReason {
+    if decided == MissReason::ClosedByPeer {
+        server_end_reason(record, record.end())
+    } else {
+        decided
+    }
+}
+
 /// How soon after its release an HTTP/1.1 connection found gone at a miss
 /// is taken as closed by its client's pool, when that release may have
 /// been over the idle limit ([`ConnectionRecord::is_over_idle_limit_unsure`]).
@@ -2083,6 +2096,35 @@ mod tests {
         response(&next, false, t0 + ms(11));
         let (candidate, _, _) = ask(pools.classify_miss(&host(), &client, t0 + ms(2000), 1));
         assert_eq!(candidate.id(), next.id());
+    }
+
+    /// A GOAWAY dated late for the last response counted at the miss is
+    /// `request_limit` once a response on the connection that ended later
+    /// is counted (its request was in flight at the miss): read again.
+    #[test]
+    fn a_late_counted_response_dates_the_goaway_at_the_request_limit() {
+        let t0 = Instant::now();
+        let ms = Duration::from_millis;
+        let pools = PoolHistory::default();
+        let client = client();
+        let a = connection(&pools, &client, 1, t0, true);
+        response(&a, false, t0 + ms(1));
+        a.infer_end(ConnectionEnd::GoAway);
+        a.note_server_end_by(t0 + ms(200));
+        assert_eq!(
+            ended_http2_reason(&a, MissReason::ClosedByPeer),
+            MissReason::ClosedByPeer
+        );
+        response(&a, false, t0 + ms(190));
+        assert_eq!(
+            ended_http2_reason(&a, MissReason::ClosedByPeer),
+            MissReason::RequestLimit
+        );
+        assert_eq!(
+            ended_http2_reason(&a, MissReason::AllBusy),
+            MissReason::AllBusy,
+            "only a server's close is read again"
+        );
     }
 
     /// HTTP/2 GOAWAY: the server's end reached the client (the miss found
