@@ -1657,6 +1657,65 @@ async fn a_reports_settled_miss_reason_is_the_one_its_span_records() {
     );
 }
 
+/// nginx with `keepalive_requests 5` on its HTTP/2 listener, waves of 8
+/// concurrent GETs (40 in all, 3 rounds), the next wave right after the
+/// previous one: nginx sends GOAWAY when a connection's 5th request
+/// arrives, so its other streams are refused and retried on new
+/// connections within milliseconds. Every miss that names a connection is
+/// `request_limit` (raise the server's limit), naming a connection nginx
+/// ended after 5 requests (its access log, `$connection` and
+/// `$connection_requests` by `$remote_port`) with
+/// `previous.request_count = 5`: never `closed_by_peer` (nothing idled),
+/// never a spare connection the client's own concurrent connects made and
+/// closed (0 or 1 requests, no GOAWAY from nginx), and with the count of
+/// responses still on their way when the miss was decided.
+/// Regression (a tester's finding): before, 18 of 20 runs failed, with
+/// such misses reading `closed_by_peer` naming a spare connection with 0
+/// requests as ended by `goaway`, or naming the right connection with
+/// `previous.request_count = 4`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http2_request_limit_under_concurrency_names_the_connection_nginx_ended() {
+    let pki = TestPki::localhost().expect("pki");
+    let nginx = Nginx::start(NginxConfig::new(&pki).keepalive_requests(5))
+        .await
+        .unwrap_or_else(|e| panic!("nginx must start (a missing nginx is a failure): {e}"));
+    let mut logged = 0;
+    for round in 0..3 {
+        let t = telemetry();
+        let client = t.client(reqwest::Client::builder(), Some(&pki));
+        let url = nginx.url(NginxListener::H2, "/").expect("url");
+        for _ in 0..5 {
+            futures::future::join_all((0..8).map(|_| get(&client, &url))).await;
+        }
+        let spans: Vec<Seen> = requests(&t, 40).iter().map(seen).collect();
+        logged += 40;
+        let log = nginx
+            .wait_for_access_log(logged, Duration::from_secs(5))
+            .await;
+        let view: Vec<ServerView> = log[logged - 40..]
+            .iter()
+            .map(|e| (e.remote_port, e.connection_requests, e.connection))
+            .collect();
+        let map = compare_with(&spans, &view);
+        for (i, s) in spans.iter().enumerate() {
+            let Some(previous) = s.previous_id else {
+                continue;
+            };
+            // Requests nginx served on the named connection (0: none, the
+            // client's own spare connection, which nginx never ended).
+            let served = map
+                .get(&previous)
+                .map_or(0, |conn| view.iter().filter(|(_, _, c)| c == conn).count());
+            assert_eq!(
+                (s.reason.as_deref(), served, s.previous_count),
+                (Some(semconv::MISS_REASON_REQUEST_LIMIT), 5, Some(5)),
+                "round {round}, request {i}: nginx ended the named connection after {served} requests:\n{}",
+                compact(&spans)
+            );
+        }
+    }
+}
+
 /// Regression (a tester's finding; the text says what was seen before the fix). What was done: a TLS HTTP/1.1 lab server, three
 /// concurrent GETs of an 8 MB body whose responses are dropped after their
 /// headers (hyper closes all three connections: bodies left unread), then

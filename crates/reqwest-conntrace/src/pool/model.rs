@@ -471,6 +471,35 @@ where
     known_loss_miss(ended, now)
 }
 
+/// Whether `record` is a spare HTTP/2 connection of its client: hyper-util's
+/// pool keeps one HTTP/2 connection per host (its `put` drops the pool's
+/// share of a newer one while one is idle) and shares it with every
+/// request, so one that a concurrent connect made while another one was
+/// pooled serves at most the request whose connect made it, then the
+/// client closes it. Told by its traffic: it served no request but that
+/// one, while another connection of `connections()` that served other
+/// requests (the pool's) was ready before it and not known ended then
+/// (its end dated later, or, undated, it served a response after).
+fn http2_spare<'a, I>(record: &ConnectionRecord, connections: impl Fn() -> I) -> bool
+where
+    I: Iterator<Item = &'a Arc<ConnectionRecord>>,
+{
+    let ready = record.ready_at();
+    record.http2()
+        && !record.is_shared()
+        && connections().any(|pooled| {
+            pooled.id() != record.id()
+                && pooled.http2()
+                && pooled.is_shared()
+                && pooled.ready_at() <= ready
+                && match pooled.server_end_by() {
+                    Some(by) => by > ready,
+                    // Ended, undated: alive while it was still serving.
+                    None => pooled.end().is_none() || pooled.last_activity() > ready,
+                }
+        })
+}
+
 /// The miss the server's end of `candidate` caused, `end` being how it
 /// ended; for HTTP/2 that end had reached us by `by`. See
 /// [`server_end_reason`].
@@ -503,6 +532,19 @@ fn server_end_reason(candidate: &ConnectionRecord, end: Option<ConnectionEnd>) -
         MissReason::RequestLimit
     } else {
         MissReason::ClosedByPeer
+    }
+}
+
+/// The reason for a miss decided as `decided` whose previous connection
+/// `record` (HTTP/2) the server ended, read again once the responses it
+/// carried are counted: a GOAWAY that had looked late for its last response
+/// counted then came with a later one (see
+/// [`ConnectionRecord::ended_with_last_response`]): `request_limit`.
+pub(crate) fn ended_http2_reason(record: &ConnectionRecord, decided: MissReason) -> MissReason {
+    if decided == MissReason::ClosedByPeer {
+        server_end_reason(record, record.end())
+    } else {
+        decided
     }
 }
 
@@ -919,8 +961,12 @@ impl PoolHistory {
         // hyper-util hands out the most recently released idle connection
         // first: that is the one this request would have had. One whose
         // announced close an earlier miss named is gone, its loss told.
+        // HTTP/2: a spare connection (see `http2_spare`) was never the
+        // pool's, and one that never carried a request is none either.
         let Some(candidate) = mine()
             .filter(|r| r.http2() || r.in_use() == 0)
+            .filter(|r| !r.http2() || r.in_use() > 0 || r.last_released().is_some())
+            .filter(|r| !http2_spare(r, mine))
             .filter(|r| !loss_told(r))
             .max_by_key(|r| r.last_activity())
         else {
@@ -1033,11 +1079,21 @@ impl PoolHistory {
         host: &HostKey,
         in_flight: u64,
     ) -> bool {
+        Self::others_in_flight_count(hosts, host, in_flight) > 1
+    }
+
+    /// Requests to `host` in flight (`in_flight`) not attributed to a
+    /// connection yet.
+    fn others_in_flight_count(
+        hosts: &HashMap<HostKey, HostHistory>,
+        host: &HostKey,
+        in_flight: u64,
+    ) -> u64 {
         let attributed: u64 = hosts
             .get(host)
             .map(|h| h.connections.iter().map(|r| u64::from(r.in_use())).sum())
             .unwrap_or(0);
-        in_flight.saturating_sub(1 + attributed) > 0
+        in_flight.saturating_sub(attributed)
     }
 
     /// Row 10 (and 5, a dropped body): the kernel's view of `candidate`'s
@@ -1130,6 +1186,37 @@ impl PoolHistory {
             .and_then(|r| r.seen_end())
             .filter(|e| e.by_server());
         Some(seen.unwrap_or(decided))
+    }
+
+    /// `previous` when it is an HTTP/2 connection the server ended
+    /// (GOAWAY): it takes no new stream, but the responses it carried show
+    /// only as their requests' tasks run, which under concurrency can be
+    /// after the miss (the GOAWAY comes with the last stream's request,
+    /// before its response), so its request count grows until those ran.
+    pub(crate) fn ended_http2(
+        &self,
+        host: &HostKey,
+        previous: &Previous,
+    ) -> Option<Arc<ConnectionRecord>> {
+        if !previous.end.is_some_and(|e| e.by_server()) {
+            return None;
+        }
+        let hosts = self.hosts();
+        hosts
+            .get(host)?
+            .connections
+            .iter()
+            .rev()
+            .find(|r| r.id() == previous.id)
+            .filter(|r| r.http2())
+            .cloned()
+    }
+
+    /// Requests to `host` in flight (`in_flight`) whose response has not
+    /// shown their connection yet.
+    pub(crate) fn unattributed(&self, host: &HostKey, in_flight: u64) -> u64 {
+        let hosts = self.hosts();
+        Self::others_in_flight_count(&hosts, host, in_flight)
     }
 
     /// The connection this request's own connect made, if it succeeded.
@@ -2017,6 +2104,66 @@ mod tests {
         assert_eq!(
             miss.previous.and_then(|p| p.end),
             Some(ConnectionEnd::GoAway)
+        );
+    }
+
+    /// HTTP/2: a spare connection (made by a concurrent connect while
+    /// another one was pooled; it serves at most its own request, then the
+    /// client closes it) is never a miss's candidate, nor one that carried
+    /// no request: the pooled one that served other requests is. One made
+    /// after the pooled one's end was dated is the pool's, even with only
+    /// its own request on it.
+    #[test]
+    fn a_spare_http2_connection_is_never_the_candidate() {
+        let t0 = Instant::now();
+        let ms = Duration::from_millis;
+        let pools = PoolHistory::default();
+        let client = client();
+        let pooled = connection(&pools, &client, 1, t0, true);
+        response(&pooled, false, t0 + ms(2));
+        pooled.mark_shared();
+        response(&pooled, false, t0 + ms(3));
+        let spare = connection(&pools, &client, 2, t0 + ms(1), true);
+        response(&spare, false, t0 + ms(4));
+        let unused = connection(&pools, &client, 3, t0 + ms(5), true);
+        let (candidate, _, seen) = ask(pools.classify_miss(&host(), &client, t0 + ms(6), 1));
+        assert_eq!((candidate.id(), seen), (pooled.id(), 2));
+        assert_ne!(unused.id(), candidate.id());
+        // Its end dated before the next connection was ready: that one
+        // went into the pool.
+        pooled.note_server_end_by(t0 + ms(3));
+        let next = connection(&pools, &client, 4, t0 + ms(10), true);
+        response(&next, false, t0 + ms(11));
+        let (candidate, _, _) = ask(pools.classify_miss(&host(), &client, t0 + ms(2000), 1));
+        assert_eq!(candidate.id(), next.id());
+    }
+
+    /// A GOAWAY dated late for the last response counted at the miss is
+    /// `request_limit` once a response on the connection that ended later
+    /// is counted (its request was in flight at the miss): read again.
+    #[test]
+    fn a_late_counted_response_dates_the_goaway_at_the_request_limit() {
+        let t0 = Instant::now();
+        let ms = Duration::from_millis;
+        let pools = PoolHistory::default();
+        let client = client();
+        let a = connection(&pools, &client, 1, t0, true);
+        response(&a, false, t0 + ms(1));
+        a.infer_end(ConnectionEnd::GoAway);
+        a.note_server_end_by(t0 + ms(200));
+        assert_eq!(
+            ended_http2_reason(&a, MissReason::ClosedByPeer),
+            MissReason::ClosedByPeer
+        );
+        response(&a, false, t0 + ms(190));
+        assert_eq!(
+            ended_http2_reason(&a, MissReason::ClosedByPeer),
+            MissReason::RequestLimit
+        );
+        assert_eq!(
+            ended_http2_reason(&a, MissReason::AllBusy),
+            MissReason::AllBusy,
+            "only a server's close is read again"
         );
     }
 

@@ -99,6 +99,11 @@ pub(crate) struct ConnectionRecord {
     /// [`ended_with_last_response`](Self::ended_with_last_response). As
     /// [`instant_nanos`]; 0 when none.
     server_end_by: AtomicU64,
+    /// HTTP/2: it served a request other than the one whose connect made
+    /// it, so hyper-util's pool held it. A connection a concurrent connect
+    /// made while another one was pooled serves only that request (the
+    /// pool's `put` keeps one HTTP/2 connection per host), then closes.
+    shared: AtomicBool,
 }
 
 /// A span context as a connection keeps it for its lifetime: the trace id
@@ -174,6 +179,7 @@ impl ConnectionRecord {
             idle_others_at_release: AtomicUsize::new(usize::MAX),
             named_by_miss: AtomicU64::new(0),
             server_end_by: AtomicU64::new(0),
+            shared: AtomicBool::new(false),
         }
     }
 
@@ -335,6 +341,13 @@ impl ConnectionRecord {
             });
     }
 
+    /// HTTP/2: the earliest instant by which the server's end of it was
+    /// known to have reached this client (see
+    /// [`note_server_end_by`](Self::note_server_end_by)).
+    pub(crate) fn server_end_by(&self) -> Option<Instant> {
+        instant_of(self.server_end_by.load(Ordering::Acquire))
+    }
+
     /// The server ended it with its latest response rather than after
     /// idling: its end had reached this client no later than
     /// [`ENDED_WITH_LAST_RESPONSE`] after that response ended (or before
@@ -347,6 +360,17 @@ impl ConnectionRecord {
             (Some(by), Some(released)) => by <= released + ENDED_WITH_LAST_RESPONSE,
             _ => false,
         }
+    }
+
+    /// It served a request whose connect did not make it.
+    pub(crate) fn mark_shared(&self) {
+        self.shared.store(true, Ordering::Relaxed);
+    }
+
+    /// Whether it served a request whose connect did not make it (HTTP/2:
+    /// hyper-util's pool held it).
+    pub(crate) fn is_shared(&self) -> bool {
+        self.shared.load(Ordering::Relaxed)
     }
 
     /// Records the server's advertised keep-alive timeout; returns `true`

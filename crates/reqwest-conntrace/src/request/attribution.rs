@@ -14,6 +14,7 @@ use crate::export::report::{ConnectionUse, RequestReport, SettlingMiss};
 use crate::handle::Inner;
 use crate::kernel::KernelLookup;
 use crate::miss::{ConnectionEnd, MissReason};
+use crate::pool::host::HostKey;
 use crate::pool::registry::ConnectionRecord;
 use crate::pool::slot::{Miss, MissSlot};
 use crate::request::state::{Fate, RequestState};
@@ -131,6 +132,9 @@ pub(crate) fn attribute_response(
         .then(|| start.saturating_duration_since(last_quiet));
     let age = start.saturating_duration_since(ready);
     let paid = record.trigger_id == Some(state.id);
+    if !paid {
+        record.mark_shared();
+    }
     let now = Instant::now();
     if let Some(batch) = &state.batch {
         batch.record(reused, wait);
@@ -272,7 +276,7 @@ pub(crate) fn set_attributes(span: &tracing::Span, attributes: Vec<KeyValue>) {
 
 /// The miss reason on the span and the misses counter; the previous
 /// connection, when one caused the miss.
-fn record_miss(inner: &Inner, state: &RequestState, span: &tracing::Span, miss: &Miss) {
+fn record_miss(inner: &Arc<Inner>, state: &RequestState, span: &tracing::Span, miss: &Miss) {
     if miss.untracked {
         // The host is not in the pool history: no reason is known.
         inner.note_untracked(span, &state.host, semconv::UNTRACKED_POOL_HISTORY);
@@ -284,7 +288,58 @@ fn record_miss(inner: &Inner, state: &RequestState, span: &tracing::Span, miss: 
     if let Some(timeout) = miss.inferred_idle_timeout {
         span.set_attribute(semconv::HTTP_CONNECTION_CLIENT_IDLE_TIMEOUT, secs(timeout));
     }
-    let reason = miss.reason.as_str();
+    // An HTTP/2 previous connection the server ended (GOAWAY) while
+    // requests to the host are in flight without an attributed response:
+    // the GOAWAY comes with the request that reached the server's limit,
+    // before its response, so responses on it may still be on their way to
+    // their requests. They date the GOAWAY (it came while the connection
+    // was serving: `request_limit`) and count in `previous.request_count`,
+    // so the reason is recorded once none is left unattributed, at most
+    // `RESPONSE_IN_FLIGHT_WAIT` later. Only the span's end waits (a flush
+    // waits for it), never a request.
+    let ended = miss
+        .previous
+        .and_then(|p| inner.pools.ended_http2(&state.host, &p));
+    let unattributed = {
+        let (inner, host) = (Arc::clone(inner), state.host.clone());
+        move || inner.pools.unattributed(&host, inner.load.in_flight(&host))
+    };
+    let runtime = match (&ended, tokio::runtime::Handle::try_current()) {
+        (Some(_), Ok(runtime)) if unattributed() > 0 => runtime,
+        // Nothing to wait for (or no runtime to wait on): now.
+        _ => return record_reason(inner, &state.host, span, miss, ended.as_deref()),
+    };
+    let (inner, host, span, miss) = (Arc::clone(inner), state.host.clone(), span.clone(), *miss);
+    let pending = crate::export::pending::PendingEnd::new();
+    let deadline = Instant::now() + crate::pool::model::RESPONSE_IN_FLIGHT_WAIT;
+    runtime.spawn(async move {
+        while unattributed() > 0 && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        record_reason(&inner, &host, &span, &miss, ended.as_deref());
+        // Ended before a flush waiting for the pending ends goes on.
+        drop(span);
+        drop(pending);
+    });
+}
+
+/// The miss reason, the previous connection and the misses counter, once
+/// the responses `ended` (an HTTP/2 previous connection the server ended)
+/// carried are counted: they may date its GOAWAY at its last response
+/// (`request_limit`), and its count is as read now (at least as at the
+/// miss).
+fn record_reason(
+    inner: &Inner,
+    host: &HostKey,
+    span: &tracing::Span,
+    miss: &Miss,
+    ended: Option<&ConnectionRecord>,
+) {
+    let reason = ended
+        .map_or(miss.reason, |record| {
+            crate::pool::model::ended_http2_reason(record, miss.reason)
+        })
+        .as_str();
     span.set_attribute(semconv::HTTP_CONNECTION_MISS_REASON, reason);
     if let Some(previous) = &miss.previous {
         span.set_attribute(semconv::HTTP_CONNECTION_PREVIOUS_ID, previous.id as i64);
@@ -292,16 +347,22 @@ fn record_miss(inner: &Inner, state: &RequestState, span: &tracing::Span, miss: 
             semconv::HTTP_CONNECTION_PREVIOUS_IDLE_TIME,
             secs(previous.idle),
         );
+        let count = ended.map_or(previous.request_count, |record| {
+            record
+                .requests
+                .load(std::sync::atomic::Ordering::Relaxed)
+                .max(previous.request_count)
+        });
         span.set_attribute(
             semconv::HTTP_CONNECTION_PREVIOUS_REQUEST_COUNT,
-            previous.request_count as i64,
+            count as i64,
         );
-        if let Some(end) = inner.pools.previous_end(&state.host, previous) {
+        if let Some(end) = inner.pools.previous_end(host, previous) {
             span.set_attribute(semconv::HTTP_CONNECTION_PREVIOUS_END, end.as_str());
         }
     }
     let mut attributes = Vec::with_capacity(5);
-    attributes.extend(state.host.attributes());
+    attributes.extend(host.attributes());
     attributes.push(KeyValue::new(semconv::HTTP_CONNECTION_MISS_REASON, reason));
     if let Some(source) = miss.limits {
         attributes.push(KeyValue::new(
@@ -711,6 +772,9 @@ impl RequestEnd {
                 {
                     add_pool_advice_event(&span, &advice);
                 }
+                // The span ends first: a flush waiting for the pending ends
+                // then finds it exported.
+                drop(span);
                 drop(pending);
             });
             // The report gets what is known now: the kernel's answer or,
