@@ -1,7 +1,6 @@
 //! The [`ConnTrace`] handle: registry, tracer and settings shared by the
 //! connector layer, the resolver wrapper, the TLS hooks and the middleware.
 
-use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
 
@@ -24,8 +23,8 @@ use crate::pool::client::ClientState;
 use crate::pool::host::HostKey;
 use crate::pool::inferred::{LimitSource, pool_close};
 use crate::pool::model::{
-    MissVerdict, PoolHistory, RESPONSE_IN_FLIGHT_WAIT, decide_from_kernel, look_again_at,
-    response_may_explain_end,
+    KernelQuestion, MissVerdict, PoolHistory, RESPONSE_IN_FLIGHT_WAIT, decide_from_kernel,
+    look_again_at, response_may_explain_end,
 };
 use crate::pool::registry::{ConnectionRecord, Registry};
 use crate::pool::slot::{MissSlot, PendingMiss};
@@ -383,32 +382,19 @@ impl Inner {
                 self.connection_closed(&record, at);
                 MissSlot::Decided(miss)
             }
-            MissVerdict::AskKernel {
-                local,
-                remote,
-                candidate,
-                alive,
-                requests_seen,
-                classified_at,
-                others_in_flight,
-            } => {
-                let slot = Arc::new(PendingMiss::new(alive));
-                if !candidate.client.max_idle_known {
+            MissVerdict::AskKernel(question) => {
+                let slot = Arc::new(PendingMiss::new(question.alive));
+                if !question.candidate.client.max_idle_known {
                     // The client's other connections believed idle first
                     // (answered in order, before the candidate): one closed
                     // unbeknown to us was counted idle at the candidate's
                     // release, which an inferred idle limit depends on.
-                    self.recheck_believed_idle(&candidate);
+                    self.recheck_believed_idle(&question.candidate);
                 }
+                let (local, remote) = (question.local, question.remote);
                 let ask = KernelAsk {
                     host: host.clone(),
-                    local,
-                    remote,
-                    candidate,
-                    alive,
-                    requests_seen,
-                    classified_at,
-                    others_in_flight,
+                    question,
                     waited_for_response: false,
                     slot: slot.clone(),
                 };
@@ -512,16 +498,7 @@ const INFER_FOLLOW_UPS: usize = 8;
 /// A miss whose reason waits for the kernel's view of its candidate.
 struct KernelAsk {
     host: HostKey,
-    local: SocketAddr,
-    remote: SocketAddr,
-    candidate: Arc<ConnectionRecord>,
-    /// The reason when the candidate is alive (or the kernel silent).
-    alive: crate::pool::slot::Miss,
-    requests_seen: u64,
-    classified_at: Instant,
-    /// Other requests to the host were in flight without a response at
-    /// the miss (see [`response_may_explain_end`]).
-    others_in_flight: bool,
+    question: KernelQuestion,
     /// The second look after [`RESPONSE_IN_FLIGHT_WAIT`] was taken.
     waited_for_response: bool,
     slot: Arc<PendingMiss>,
@@ -532,7 +509,7 @@ impl Drop for KernelAsk {
     /// still queued): the miss settles as if the kernel were silent.
     fn drop(&mut self) {
         if !self.slot.is_settled() {
-            self.slot.set(self.alive);
+            self.slot.set(self.question.alive);
         }
     }
 }
@@ -548,19 +525,19 @@ fn settle_miss(weak: &Weak<Inner>, mut ask: KernelAsk, lookup: &KernelLookup) {
     let inner = weak.upgrade();
     if let Some(inner) = &inner {
         if let Some(due) = look_again_at(
-            &ask.candidate,
+            &ask.question.candidate,
             lookup,
             now,
-            &ask.alive,
-            ask.requests_seen,
-            ask.classified_at,
+            &ask.question.alive,
+            ask.question.requests_seen,
+            ask.question.classified_at,
         ) {
-            if !ask.candidate.client.max_idle_known {
+            if !ask.question.candidate.client.max_idle_known {
                 // Their closes, answered first, may lower the idle count at
                 // the candidate's release.
-                inner.recheck_believed_idle(&ask.candidate);
+                inner.recheck_believed_idle(&ask.question.candidate);
             }
-            let (local, remote) = (ask.local, ask.remote);
+            let (local, remote) = (ask.question.local, ask.question.remote);
             let weak = weak.clone();
             inner.kernel.lookup_at(local, remote, due, move |lookup| {
                 settle_miss(&weak, ask, &lookup);
@@ -569,10 +546,10 @@ fn settle_miss(weak: &Weak<Inner>, mut ask: KernelAsk, lookup: &KernelLookup) {
         }
         if !ask.waited_for_response
             && response_may_explain_end(
-                &ask.candidate,
+                &ask.question.candidate,
                 lookup,
-                ask.requests_seen,
-                ask.others_in_flight,
+                ask.question.requests_seen,
+                ask.question.others_in_flight,
             )
         {
             // Decided once a response in flight on it has had time to
@@ -586,11 +563,11 @@ fn settle_miss(weak: &Weak<Inner>, mut ask: KernelAsk, lookup: &KernelLookup) {
                 lookup,
                 KernelLookup::Found(facts) if facts.state.closed_by_us()
             );
-            if !ours || ask.candidate.client.limits_known() {
-                inner.apply_kernel_view(&ask.candidate, lookup);
+            if !ours || ask.question.candidate.client.limits_known() {
+                inner.apply_kernel_view(&ask.question.candidate, lookup);
             }
             ask.waited_for_response = true;
-            let (local, remote) = (ask.local, ask.remote);
+            let (local, remote) = (ask.question.local, ask.question.remote);
             let weak = weak.clone();
             inner
                 .kernel
@@ -600,23 +577,25 @@ fn settle_miss(weak: &Weak<Inner>, mut ask: KernelAsk, lookup: &KernelLookup) {
             return;
         }
     }
-    let candidate = &ask.candidate;
+    let candidate = &ask.question.candidate;
     let mut miss = decide_from_kernel(
         candidate,
         lookup,
         now,
-        ask.alive,
-        ask.requests_seen,
-        ask.classified_at,
+        ask.question.alive,
+        ask.question.requests_seen,
+        ask.question.classified_at,
     );
     if let Some(inner) = &inner {
         inner.apply_kernel_view(candidate, lookup);
         if miss.reason == MissReason::AllBusy
             && miss.previous.is_none()
-            && let Some(ended) =
-                inner
-                    .pools
-                    .name_known_loss(&ask.host, candidate.client.id, ask.classified_at, now)
+            && let Some(ended) = inner.pools.name_known_loss(
+                &ask.host,
+                candidate.client.id,
+                ask.question.classified_at,
+                now,
+            )
         {
             // Busy, but a connection ended by its announced close is why
             // the pool had none free (row 4's exception).
@@ -643,7 +622,7 @@ fn settle_miss(weak: &Weak<Inner>, mut ask: KernelAsk, lookup: &KernelLookup) {
         // Its idle time up to the miss, not up to the answer.
         previous.idle = previous
             .idle
-            .saturating_sub(now.saturating_duration_since(ask.classified_at));
+            .saturating_sub(now.saturating_duration_since(ask.question.classified_at));
     }
     ask.slot.set(miss);
 }

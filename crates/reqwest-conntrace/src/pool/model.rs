@@ -118,22 +118,27 @@ pub(crate) enum MissVerdict {
     /// The most recent idle connection should still be in the pool (or its
     /// body was dropped, which closed it only if hyper had not read it
     /// all): the kernel's view of its socket decides ([`decide_from_kernel`]).
-    AskKernel {
-        local: SocketAddr,
-        remote: SocketAddr,
-        candidate: Arc<ConnectionRecord>,
-        /// When the kernel shows the socket alive (HTTP/1.1), or gives no
-        /// answer.
-        alive: Miss,
-        /// The candidate's request count when the miss was classified.
-        requests_seen: u64,
-        /// When the miss was classified.
-        classified_at: Instant,
-        /// Other requests to the host were in flight without a response
-        /// yet: one of them may hold the candidate (see
-        /// [`response_may_explain_end`]).
-        others_in_flight: bool,
-    },
+    AskKernel(KernelQuestion),
+}
+
+/// What a miss asks the kernel about its candidate, and what it needs to
+/// decide from the answer ([`MissVerdict::AskKernel`]).
+#[derive(Debug, Clone)]
+pub(crate) struct KernelQuestion {
+    pub(crate) local: SocketAddr,
+    pub(crate) remote: SocketAddr,
+    pub(crate) candidate: Arc<ConnectionRecord>,
+    /// When the kernel shows the socket alive (HTTP/1.1), or gives no
+    /// answer.
+    pub(crate) alive: Miss,
+    /// The candidate's request count when the miss was classified.
+    pub(crate) requests_seen: u64,
+    /// When the miss was classified.
+    pub(crate) classified_at: Instant,
+    /// Other requests to the host were in flight without a response
+    /// yet: one of them may hold the candidate (see
+    /// [`response_may_explain_end`]).
+    pub(crate) others_in_flight: bool,
 }
 
 /// The reason for a miss whose candidate (the most recently released idle
@@ -1118,7 +1123,7 @@ impl PoolHistory {
         match (candidate.setup.local_addr, candidate.setup.peer_addr) {
             (Some(local), Some(remote)) => {
                 candidate.mark_named_by_miss(now);
-                MissVerdict::AskKernel {
+                MissVerdict::AskKernel(KernelQuestion {
                     local,
                     remote,
                     candidate: Arc::clone(candidate),
@@ -1126,7 +1131,7 @@ impl PoolHistory {
                     requests_seen,
                     classified_at: now,
                     others_in_flight: others_unattributed,
-                }
+                })
             }
             // No socket to ask about: a dropped body is believed to have
             // closed it.
@@ -1608,12 +1613,7 @@ mod tests {
 
     fn ask(verdict: MissVerdict) -> (Arc<ConnectionRecord>, Miss, u64) {
         match verdict {
-            MissVerdict::AskKernel {
-                candidate,
-                alive,
-                requests_seen,
-                ..
-            } => (candidate, alive, requests_seen),
+            MissVerdict::AskKernel(q) => (q.candidate, q.alive, q.requests_seen),
             other => panic!("expected a kernel lookup: {other:?}"),
         }
     }
