@@ -170,7 +170,7 @@ pub(crate) fn attribute_response(
     // A reason recorded later (responses to the host in flight) reaches
     // the report through `settling`.
     let settling = match miss {
-        Some(miss) if !*miss_deferred => record_miss(inner, state, span, &miss, None),
+        Some(miss) if !*miss_deferred => record_miss(inner, state, span, &miss, None, None),
         _ => None,
     };
     record_server_keep_alive(span, &record, headers);
@@ -279,13 +279,15 @@ pub(crate) fn set_attributes(span: &tracing::Span, attributes: Vec<KeyValue>) {
 /// connection, when one caused the miss. `deciding`, the report's reason
 /// when the request has ended already, is decided with the reason the span
 /// records. When that is recorded later (below), returns the report's side
-/// of it (a new one if none was given).
+/// of it (a new one if none was given). `runtime` is the request's, for a
+/// miss recorded off it (the kernel view's thread); else the current one.
 fn record_miss(
     inner: &Arc<Inner>,
     state: &RequestState,
     span: &tracing::Span,
     miss: &Miss,
     deciding: Option<DecidingMiss>,
+    runtime: Option<&tokio::runtime::Handle>,
 ) -> Option<Arc<LateMissReason>> {
     if miss.untracked {
         // The host is not in the pool history: no reason is known.
@@ -317,10 +319,16 @@ fn record_miss(
         let (inner, host) = (Arc::clone(inner), state.host.clone());
         move || inner.pools.unattributed(&host, inner.load.in_flight(&host))
     };
-    let runtime = match (&ended, tokio::runtime::Handle::try_current()) {
-        (Some(_), Ok(runtime)) if unattributed() > 0 => runtime,
+    let runtime = match &ended {
+        Some(_) if unattributed() > 0 => runtime
+            .cloned()
+            .or_else(|| tokio::runtime::Handle::try_current().ok()),
+        _ => None,
+    };
+    let runtime = match runtime {
+        Some(runtime) => runtime,
         // Nothing to wait for (or no runtime to wait on): now.
-        _ => {
+        None => {
             let reason = record_reason(inner, &state.host, span, miss, ended.as_deref());
             if let Some(deciding) = deciding {
                 deciding.decide(Some(reason));
@@ -330,20 +338,54 @@ fn record_miss(
     };
     let deciding = deciding.unwrap_or_else(|| DecidingMiss::new(Some(miss.reason)));
     let late = deciding.late();
-    let (inner, host, span, miss) = (Arc::clone(inner), state.host.clone(), span.clone(), *miss);
-    let pending = crate::export::pending::PendingEnd::new();
+    let later = RecordedWhenDropped {
+        inner: Arc::clone(inner),
+        host: state.host.clone(),
+        span: span.clone(),
+        miss: *miss,
+        ended,
+        deciding: Some(deciding),
+        _pending: crate::export::pending::PendingEnd::new(),
+    };
     let deadline = Instant::now() + crate::pool::model::RESPONSE_IN_FLIGHT_WAIT;
     runtime.spawn(async move {
         while unattributed() > 0 && Instant::now() < deadline {
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
-        let reason = record_reason(&inner, &host, &span, &miss, ended.as_deref());
-        deciding.decide(Some(reason));
-        // Ended before a flush waiting for the pending ends goes on.
-        drop(span);
-        drop(pending);
+        drop(later);
     });
     Some(late)
+}
+
+/// A miss whose reason waits for responses in flight ([`record_miss`]):
+/// recorded, and the report's reason decided, when this is dropped: after
+/// the wait, or at once when its task is dropped unfinished (its runtime
+/// shut down), so the span always gets its reason.
+struct RecordedWhenDropped {
+    inner: Arc<Inner>,
+    host: HostKey,
+    span: tracing::Span,
+    miss: Miss,
+    ended: Option<Arc<ConnectionRecord>>,
+    deciding: Option<DecidingMiss>,
+    /// Dropped after `span` (fields drop in order): a flush waiting for
+    /// the pending ends then finds the span exported.
+    _pending: crate::export::pending::PendingEnd,
+}
+
+impl Drop for RecordedWhenDropped {
+    fn drop(&mut self) {
+        let reason = record_reason(
+            &self.inner,
+            &self.host,
+            &self.span,
+            &self.miss,
+            self.ended.as_deref(),
+        );
+        if let Some(deciding) = self.deciding.take() {
+            deciding.decide(Some(reason));
+        }
+    }
 }
 
 /// The miss reason, the previous connection and the misses counter, once
@@ -788,9 +830,13 @@ impl RequestEnd {
             let fallback = served_by.map_or(slot.get(), |id| slot.get().served_by(id));
             let deciding = DecidingMiss::new((!fallback.untracked).then_some(fallback.reason));
             let late = deciding.late();
+            // The kernel's answer comes on the kernel view's thread: a wait
+            // for responses in flight then runs on the request's runtime.
+            let runtime = tokio::runtime::Handle::try_current().ok();
             slot.when_settled(move |miss| {
                 let miss = served_by.map_or(miss, |id| miss.served_by(id));
-                record_miss(&inner, &state, &span, &miss, Some(deciding));
+                let runtime = runtime.as_ref();
+                record_miss(&inner, &state, &span, &miss, Some(deciding), runtime);
                 // Forced only now that the reason is known.
                 if miss.reason == MissReason::AllBusy
                     && !miss.untracked
