@@ -831,8 +831,13 @@ impl RequestEnd {
             let deciding = DecidingMiss::new((!fallback.untracked).then_some(fallback.reason));
             let late = deciding.late();
             // The kernel's answer comes on the kernel view's thread: a wait
-            // for responses in flight then runs on the request's runtime.
-            let runtime = tokio::runtime::Handle::try_current().ok();
+            // for responses in flight then runs on the request's runtime,
+            // when that has worker threads (a current-thread runtime runs a
+            // task only while its owner awaits: the span's end would wait on
+            // the application; there the reason is recorded at once).
+            let runtime = tokio::runtime::Handle::try_current()
+                .ok()
+                .filter(|r| r.runtime_flavor() != tokio::runtime::RuntimeFlavor::CurrentThread);
             slot.when_settled(move |miss| {
                 let miss = served_by.map_or(miss, |id| miss.served_by(id));
                 let runtime = runtime.as_ref();
