@@ -100,9 +100,11 @@ pub(crate) async fn get(client: &ClientWithMiddleware, url: &Url) -> Outcome {
 
 /// Replaces each report's miss reason with the one its request span
 /// records: a miss still being decided when its request ended (the kernel
-/// asked about the previous connection) is awaited here, after the call,
+/// asked about the previous connection, or responses in flight on an HTTP/2
+/// connection the server ended) is awaited here, after the call,
 /// so the call itself never waits (see
-/// `ConnectionUse::settled_miss_reason`; within about 250 ms).
+/// `ConnectionUse::settled_miss_reason`; within about 250 ms, 1.25 s at
+/// most).
 pub(crate) async fn settle_reports(outcome: &mut Outcome) {
     for report in outcome.hops.iter_mut().chain(outcome.report.as_mut()) {
         if let Some(connection) = report.connection.as_mut() {

@@ -137,76 +137,118 @@ pub struct ConnectionUse {
     pub paid_by_this_request: bool,
     /// Why the request was not an idle hit (`http.connection.miss_reason`);
     /// `None` on an idle hit, and on a failed request. The reason known
-    /// when the request ended: a miss whose reason waits for the kernel's
-    /// view of the previous connection (a second look up to 75 ms after its
-    /// release, or 250 ms for a response in flight on a closed candidate)
-    /// may not be decided yet, and this holds the reason it falls back to;
-    /// [`settled_miss_reason`](Self::settled_miss_reason) waits for the
-    /// one the request span records.
+    /// when the request ended: a miss decided later may not be decided
+    /// yet, and this holds the reason it falls back to. Decided later are
+    /// a miss that waits for the kernel's view of the previous connection
+    /// (a second look up to 75 ms after its release, or 250 ms for a
+    /// response in flight on a closed candidate), and one naming an HTTP/2
+    /// connection the server ended while responses to the host were still
+    /// on their way (up to 250 ms: they may date its GOAWAY at the request
+    /// limit). [`settled_miss_reason`](Self::settled_miss_reason) waits for
+    /// the one the request span records.
     pub miss_reason: Option<crate::MissReason>,
     /// The serving connection's setup.
     pub setup: Arc<ConnectionSetup>,
-    /// The miss still being decided when the request ended.
-    pub(crate) settling: Option<Arc<dyn SettlingMiss>>,
+    /// The miss still being decided when the request ended: filled with
+    /// the reason its span records.
+    pub(crate) settling: Option<Arc<LateMissReason>>,
 }
 
-/// A miss decided after its request's end (implemented by the request
-/// side over the pool model's shared slot).
-pub(crate) trait SettlingMiss: Send + Sync {
-    /// The reason, if decided.
-    fn reason_now(&self) -> Option<crate::MissReason>;
-    /// Runs `then` with the reason once decided (at once if it is).
-    fn when_settled(&self, then: Box<dyn FnOnce(crate::MissReason) + Send>);
+/// A request's miss reason decided after the request ended, as its span
+/// records it (`None`: the span records none, the host untracked). Filled
+/// once, by the [`DecidingMiss`] that records the span's reason; read by
+/// [`ConnectionUse::settled_miss_reason`].
+#[derive(Debug, Default)]
+pub(crate) struct LateMissReason {
+    state: Mutex<Late>,
 }
 
-impl std::fmt::Debug for dyn SettlingMiss {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("SettlingMiss")
-            .field("reason_now", &self.reason_now())
-            .finish()
+/// What [`LateMissReason`] holds: the reason once decided, and the tasks
+/// waiting for it until then.
+#[derive(Debug, Default)]
+struct Late {
+    reason: Option<Option<crate::MissReason>>,
+    wakers: Vec<Waker>,
+}
+
+impl LateMissReason {
+    /// The reason, once decided.
+    pub(crate) fn get(&self) -> Option<Option<crate::MissReason>> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner()).reason
+    }
+
+    /// Decides the reason (the first call wins) and wakes its waiters.
+    fn set(&self, reason: Option<crate::MissReason>) {
+        let wakers = {
+            let mut late = self.state.lock().unwrap_or_else(|e| e.into_inner());
+            if late.reason.is_some() {
+                return;
+            }
+            late.reason = Some(reason);
+            std::mem::take(&mut late.wakers)
+        };
+        for waker in wakers {
+            waker.wake();
+        }
+    }
+}
+
+/// The side of a [`LateMissReason`] that decides it: held by whatever
+/// records the span's miss reason after the request ended (the kernel's
+/// answer, the wait for responses in flight), and handed on from one to
+/// the next. Dropped undecided (that answer or task lost, say with its
+/// runtime), it decides the fallback the report already holds, so a
+/// waiting [`SettledMissReason`] always ends.
+#[derive(Debug)]
+pub(crate) struct DecidingMiss {
+    late: Arc<LateMissReason>,
+    fallback: Option<crate::MissReason>,
+}
+
+impl DecidingMiss {
+    /// A reason to decide later; `fallback` is the report's reason until
+    /// then.
+    pub(crate) fn new(fallback: Option<crate::MissReason>) -> Self {
+        Self {
+            late: Arc::default(),
+            fallback,
+        }
+    }
+
+    /// The side a report reads ([`ConnectionUse`]'s `settling`).
+    pub(crate) fn late(&self) -> Arc<LateMissReason> {
+        self.late.clone()
+    }
+
+    /// The reason the span recorded.
+    pub(crate) fn decide(self, reason: Option<crate::MissReason>) {
+        self.late.set(reason);
+    }
+}
+
+impl Drop for DecidingMiss {
+    fn drop(&mut self) {
+        self.late.set(self.fallback);
     }
 }
 
 impl ConnectionUse {
     /// The miss reason the request span records (`http.connection.miss_reason`):
-    /// [`miss_reason`](Self::miss_reason) once the kernel's answer it may
-    /// wait for has come. Ready at once for an idle hit, a failed request
-    /// and a miss decided by the request's end; otherwise when the kernel
-    /// view answers (within about 250 ms; a lookup queued for more than 1 s
-    /// is given up, and the fallback is the answer). Never waits on the
-    /// request's own path: await it after the request, e.g. in a tool that
-    /// collects reports.
+    /// [`miss_reason`](Self::miss_reason) once a miss decided after the
+    /// request's end is decided. Ready at once for an idle hit, a failed
+    /// request and a miss decided by the request's end; otherwise when the
+    /// span's reason is recorded: the kernel's answer (within about 250 ms;
+    /// a lookup queued for more than 1 s is given up, and the fallback is
+    /// the answer), then, for an HTTP/2 connection the server ended, no
+    /// response to the host left unattributed (at most 250 ms more). Never
+    /// waits on the request's own path: await it after the request, e.g.
+    /// in a tool that collects reports.
     pub fn settled_miss_reason(&self) -> SettledMissReason {
-        let shared = Arc::new(Mutex::new(Settled {
-            reason: None,
-            waker: None,
-        }));
-        if let Some(settling) = &self.settling {
-            let answer = shared.clone();
-            settling.when_settled(Box::new(move |reason| {
-                let waker = {
-                    let mut settled = answer.lock().unwrap_or_else(|e| e.into_inner());
-                    settled.reason = Some(reason);
-                    settled.waker.take()
-                };
-                if let Some(waker) = waker {
-                    waker.wake();
-                }
-            }));
-        }
         SettledMissReason {
             fallback: self.miss_reason,
-            waiting: self.settling.is_some(),
-            shared,
+            late: self.settling.clone(),
         }
     }
-}
-
-/// What [`SettledMissReason`] waits on.
-#[derive(Debug)]
-struct Settled {
-    reason: Option<crate::MissReason>,
-    waker: Option<Waker>,
 }
 
 /// The future [`ConnectionUse::settled_miss_reason`] returns: the miss
@@ -216,25 +258,24 @@ struct Settled {
 #[must_use = "a future does nothing unless awaited"]
 pub struct SettledMissReason {
     fallback: Option<crate::MissReason>,
-    waiting: bool,
-    shared: Arc<Mutex<Settled>>,
+    late: Option<Arc<LateMissReason>>,
 }
 
 impl Future for SettledMissReason {
     type Output = Option<crate::MissReason>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        if !self.waiting {
+        let Some(late) = &self.late else {
             return Poll::Ready(self.fallback);
+        };
+        let mut state = late.state.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(reason) = state.reason {
+            return Poll::Ready(reason);
         }
-        let mut settled = self.shared.lock().unwrap_or_else(|e| e.into_inner());
-        match settled.reason {
-            Some(reason) => Poll::Ready(Some(reason)),
-            None => {
-                settled.waker = Some(cx.waker().clone());
-                Poll::Pending
-            }
+        if !state.wakers.iter().any(|w| w.will_wake(cx.waker())) {
+            state.wakers.push(cx.waker().clone());
         }
+        Poll::Pending
     }
 }
 
@@ -308,5 +349,80 @@ where
 {
     fn on_request_end(&self, report: &RequestReport) {
         self(report)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::task::{Context, Poll, Waker};
+
+    use super::*;
+    use crate::MissReason;
+
+    fn usage(
+        miss_reason: Option<MissReason>,
+        settling: Option<Arc<LateMissReason>>,
+    ) -> ConnectionUse {
+        ConnectionUse {
+            id: 7,
+            reused: false,
+            wait: Duration::ZERO,
+            request_count: 1,
+            age: Duration::ZERO,
+            idle: None,
+            paid_by_this_request: true,
+            miss_reason,
+            setup: Arc::new(ConnectionSetup::for_test(7, Instant::now())),
+            settling,
+        }
+    }
+
+    /// A report whose miss is still being decided: `miss_reason` holds the
+    /// fallback, `settled_miss_reason()` is pending until the reason the
+    /// span records is decided, then gives that one, also to a future
+    /// asked later; a decided miss is ready at once.
+    #[test]
+    fn a_reports_settled_miss_reason_waits_for_the_spans() {
+        let deciding = DecidingMiss::new(Some(MissReason::ClosedByPeer));
+        let report = usage(Some(MissReason::ClosedByPeer), Some(deciding.late()));
+        let mut settled = Box::pin(report.settled_miss_reason());
+        let mut cx = Context::from_waker(Waker::noop());
+        assert_eq!(settled.as_mut().poll(&mut cx), Poll::Pending);
+        deciding.decide(Some(MissReason::RequestLimit));
+        assert_eq!(
+            settled.as_mut().poll(&mut cx),
+            Poll::Ready(Some(MissReason::RequestLimit)),
+            "the span's reason, not the fallback"
+        );
+        let mut again = Box::pin(report.settled_miss_reason());
+        assert_eq!(
+            again.as_mut().poll(&mut cx),
+            Poll::Ready(Some(MissReason::RequestLimit))
+        );
+        let decided = usage(Some(MissReason::Cold), None);
+        let mut now = Box::pin(decided.settled_miss_reason());
+        assert_eq!(
+            now.as_mut().poll(&mut cx),
+            Poll::Ready(Some(MissReason::Cold))
+        );
+    }
+
+    /// A decider dropped undecided (its kernel answer or task lost) decides
+    /// the fallback: a waiting future ends; a later decision is ignored.
+    #[test]
+    fn a_lost_decider_gives_the_fallback() {
+        let deciding = DecidingMiss::new(Some(MissReason::AllBusy));
+        let late = deciding.late();
+        let report = usage(Some(MissReason::AllBusy), Some(late.clone()));
+        let mut settled = Box::pin(report.settled_miss_reason());
+        let mut cx = Context::from_waker(Waker::noop());
+        assert_eq!(settled.as_mut().poll(&mut cx), Poll::Pending);
+        drop(deciding);
+        assert_eq!(
+            settled.as_mut().poll(&mut cx),
+            Poll::Ready(Some(MissReason::AllBusy))
+        );
+        late.set(Some(MissReason::Cold));
+        assert_eq!(late.get(), Some(Some(MissReason::AllBusy)), "first wins");
     }
 }

@@ -10,13 +10,13 @@ use opentelemetry::trace::Status;
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 
 use crate::export::clock::secs;
-use crate::export::report::{ConnectionUse, RequestReport, SettlingMiss};
+use crate::export::report::{ConnectionUse, DecidingMiss, LateMissReason, RequestReport};
 use crate::handle::Inner;
 use crate::kernel::KernelLookup;
 use crate::miss::{ConnectionEnd, MissReason};
 use crate::pool::host::HostKey;
 use crate::pool::registry::ConnectionRecord;
-use crate::pool::slot::{Miss, MissSlot};
+use crate::pool::slot::Miss;
 use crate::request::state::{Fate, RequestState};
 use crate::semconv;
 
@@ -167,11 +167,12 @@ pub(crate) fn attribute_response(
         }
     }
     set_attributes(span, attributes);
-    if let Some(miss) = miss
-        && !*miss_deferred
-    {
-        record_miss(inner, state, span, &miss);
-    }
+    // A reason recorded later (responses to the host in flight) reaches
+    // the report through `settling`.
+    let settling = match miss {
+        Some(miss) if !*miss_deferred => record_miss(inner, state, span, &miss, None, None),
+        _ => None,
+    };
     record_server_keep_alive(span, &record, headers);
     if reused && record.is_dns_stale() {
         span.set_attribute(semconv::HTTP_CONNECTION_DNS_STALE, true);
@@ -217,7 +218,7 @@ pub(crate) fn attribute_response(
         paid_by_this_request: paid,
         miss_reason,
         setup: record.setup.clone(),
-        settling: None,
+        settling,
     };
     Some((usage, record))
 }
@@ -275,12 +276,26 @@ pub(crate) fn set_attributes(span: &tracing::Span, attributes: Vec<KeyValue>) {
 }
 
 /// The miss reason on the span and the misses counter; the previous
-/// connection, when one caused the miss.
-fn record_miss(inner: &Arc<Inner>, state: &RequestState, span: &tracing::Span, miss: &Miss) {
+/// connection, when one caused the miss. `deciding`, the report's reason
+/// when the request has ended already, is decided with the reason the span
+/// records. When that is recorded later (below), returns the report's side
+/// of it (a new one if none was given). `runtime` is the request's, for a
+/// miss recorded off it (the kernel view's thread); else the current one.
+fn record_miss(
+    inner: &Arc<Inner>,
+    state: &RequestState,
+    span: &tracing::Span,
+    miss: &Miss,
+    deciding: Option<DecidingMiss>,
+    runtime: Option<&tokio::runtime::Handle>,
+) -> Option<Arc<LateMissReason>> {
     if miss.untracked {
         // The host is not in the pool history: no reason is known.
         inner.note_untracked(span, &state.host, semconv::UNTRACKED_POOL_HISTORY);
-        return;
+        if let Some(deciding) = deciding {
+            deciding.decide(None);
+        }
+        return None;
     }
     if let Some(source) = miss.limits {
         span.set_attribute(semconv::HTTP_CONNECTION_POOL_LIMITS, source.as_str());
@@ -304,42 +319,91 @@ fn record_miss(inner: &Arc<Inner>, state: &RequestState, span: &tracing::Span, m
         let (inner, host) = (Arc::clone(inner), state.host.clone());
         move || inner.pools.unattributed(&host, inner.load.in_flight(&host))
     };
-    let runtime = match (&ended, tokio::runtime::Handle::try_current()) {
-        (Some(_), Ok(runtime)) if unattributed() > 0 => runtime,
-        // Nothing to wait for (or no runtime to wait on): now.
-        _ => return record_reason(inner, &state.host, span, miss, ended.as_deref()),
+    let runtime = match &ended {
+        Some(_) if unattributed() > 0 => runtime
+            .cloned()
+            .or_else(|| tokio::runtime::Handle::try_current().ok()),
+        _ => None,
     };
-    let (inner, host, span, miss) = (Arc::clone(inner), state.host.clone(), span.clone(), *miss);
-    let pending = crate::export::pending::PendingEnd::new();
+    let runtime = match runtime {
+        Some(runtime) => runtime,
+        // Nothing to wait for (or no runtime to wait on): now.
+        None => {
+            let reason = record_reason(inner, &state.host, span, miss, ended.as_deref());
+            if let Some(deciding) = deciding {
+                deciding.decide(Some(reason));
+            }
+            return None;
+        }
+    };
+    let deciding = deciding.unwrap_or_else(|| DecidingMiss::new(Some(miss.reason)));
+    let late = deciding.late();
+    let later = RecordedWhenDropped {
+        inner: Arc::clone(inner),
+        host: state.host.clone(),
+        span: span.clone(),
+        miss: *miss,
+        ended,
+        deciding: Some(deciding),
+        _pending: crate::export::pending::PendingEnd::new(),
+    };
     let deadline = Instant::now() + crate::pool::model::RESPONSE_IN_FLIGHT_WAIT;
     runtime.spawn(async move {
         while unattributed() > 0 && Instant::now() < deadline {
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
-        record_reason(&inner, &host, &span, &miss, ended.as_deref());
-        // Ended before a flush waiting for the pending ends goes on.
-        drop(span);
-        drop(pending);
+        drop(later);
     });
+    Some(late)
+}
+
+/// A miss whose reason waits for responses in flight ([`record_miss`]):
+/// recorded, and the report's reason decided, when this is dropped: after
+/// the wait, or at once when its task is dropped unfinished (its runtime
+/// shut down), so the span always gets its reason.
+struct RecordedWhenDropped {
+    inner: Arc<Inner>,
+    host: HostKey,
+    span: tracing::Span,
+    miss: Miss,
+    ended: Option<Arc<ConnectionRecord>>,
+    deciding: Option<DecidingMiss>,
+    /// Dropped after `span` (fields drop in order): a flush waiting for
+    /// the pending ends then finds the span exported.
+    _pending: crate::export::pending::PendingEnd,
+}
+
+impl Drop for RecordedWhenDropped {
+    fn drop(&mut self) {
+        let reason = record_reason(
+            &self.inner,
+            &self.host,
+            &self.span,
+            &self.miss,
+            self.ended.as_deref(),
+        );
+        if let Some(deciding) = self.deciding.take() {
+            deciding.decide(Some(reason));
+        }
+    }
 }
 
 /// The miss reason, the previous connection and the misses counter, once
 /// the responses `ended` (an HTTP/2 previous connection the server ended)
 /// carried are counted: they may date its GOAWAY at its last response
 /// (`request_limit`), and its count is as read now (at least as at the
-/// miss).
+/// miss). Returns the reason recorded.
 fn record_reason(
     inner: &Inner,
     host: &HostKey,
     span: &tracing::Span,
     miss: &Miss,
     ended: Option<&ConnectionRecord>,
-) {
-    let reason = ended
-        .map_or(miss.reason, |record| {
-            crate::pool::model::ended_http2_reason(record, miss.reason)
-        })
-        .as_str();
+) -> MissReason {
+    let decided = ended.map_or(miss.reason, |record| {
+        crate::pool::model::ended_http2_reason(record, miss.reason)
+    });
+    let reason = decided.as_str();
     span.set_attribute(semconv::HTTP_CONNECTION_MISS_REASON, reason);
     if let Some(previous) = &miss.previous {
         span.set_attribute(semconv::HTTP_CONNECTION_PREVIOUS_ID, previous.id as i64);
@@ -371,6 +435,7 @@ fn record_reason(
         ));
     }
     inner.metrics.pool_misses.add(1, &attributes);
+    decided
 }
 
 /// Whether an HTTP/1.x response says the server closes the connection after
@@ -759,9 +824,24 @@ impl RequestEnd {
                 .and_then(|(_, record)| record.client.idle_limit());
             let pending = crate::export::pending::PendingEnd::new();
             let served_by = self.connection.as_ref().map(|(usage, _)| usage.id);
+            // The report's reason is the one the span records, whenever
+            // that is (after the kernel's answer, maybe after responses in
+            // flight too); until then the fallback, as the span's would be.
+            let fallback = served_by.map_or(slot.get(), |id| slot.get().served_by(id));
+            let deciding = DecidingMiss::new((!fallback.untracked).then_some(fallback.reason));
+            let late = deciding.late();
+            // The kernel's answer comes on the kernel view's thread: a wait
+            // for responses in flight then runs on the request's runtime,
+            // when that has worker threads (a current-thread runtime runs a
+            // task only while its owner awaits: the span's end would wait on
+            // the application; there the reason is recorded at once).
+            let runtime = tokio::runtime::Handle::try_current()
+                .ok()
+                .filter(|r| r.runtime_flavor() != tokio::runtime::RuntimeFlavor::CurrentThread);
             slot.when_settled(move |miss| {
                 let miss = served_by.map_or(miss, |id| miss.served_by(id));
-                record_miss(&inner, &state, &span, &miss);
+                let runtime = runtime.as_ref();
+                record_miss(&inner, &state, &span, &miss, Some(deciding), runtime);
                 // Forced only now that the reason is known.
                 if miss.reason == MissReason::AllBusy
                     && !miss.untracked
@@ -777,15 +857,15 @@ impl RequestEnd {
                 drop(span);
                 drop(pending);
             });
-            // The report gets what is known now: the kernel's answer or,
-            // when it has not come yet, the fallback.
+            // The report gets what is known now: the span's reason or,
+            // when it is not recorded yet, the fallback.
             if let Some((usage, _)) = &mut self.connection {
-                usage.miss_reason = Some(slot.get().served_by(usage.id).reason);
-                if !slot.is_settled() {
-                    usage.settling = Some(Arc::new(MissOfReport {
-                        slot: slot.clone(),
-                        served_by: usage.id,
-                    }));
+                match late.get() {
+                    Some(reason) => usage.miss_reason = reason,
+                    None => {
+                        usage.miss_reason = (!fallback.untracked).then_some(fallback.reason);
+                        usage.settling = Some(late);
+                    }
                 }
             }
         }
@@ -882,29 +962,6 @@ impl RequestEnd {
     }
 }
 
-/// The miss of a request that ended before it was decided, as its report's
-/// [`ConnectionUse::settled_miss_reason`] reads it: the reason the span
-/// records (a miss that named the serving connection as ended was the
-/// release race, [`Miss::served_by`]).
-struct MissOfReport {
-    slot: MissSlot,
-    served_by: u64,
-}
-
-impl SettlingMiss for MissOfReport {
-    fn reason_now(&self) -> Option<MissReason> {
-        self.slot
-            .is_settled()
-            .then(|| self.slot.get().served_by(self.served_by).reason)
-    }
-
-    fn when_settled(&self, then: Box<dyn FnOnce(MissReason) + Send>) {
-        let served_by = self.served_by;
-        self.slot
-            .when_settled(move |miss| then(miss.served_by(served_by).reason));
-    }
-}
-
 impl RequestEnd {
     /// The connection carries no request any more (HTTP/1.1: its response
     /// ended; HTTP/2: its last open stream did): it goes back to the pool,
@@ -964,67 +1021,7 @@ impl Drop for RequestEnd {
 
 #[cfg(test)]
 mod tests {
-    use std::task::{Context, Poll, Waker};
-
     use super::*;
-    use crate::export::report::ConnectionSetup;
-    use crate::miss::ConnectionEnd;
-    use crate::pool::slot::{PendingMiss, Previous};
-
-    /// A report whose miss is still being decided: `miss_reason` holds the
-    /// fallback, `settled_miss_reason()` is pending until the kernel's
-    /// answer, then gives the reason the span records (a miss that named
-    /// the serving connection as ended reads as the release race, as on
-    /// the span); a decided miss is ready at once.
-    #[test]
-    fn a_reports_settled_miss_reason_waits_for_the_kernels_answer() {
-        let pending = Arc::new(PendingMiss::new(Miss::new(MissReason::AllBusy)));
-        let slot = MissSlot::Pending(pending.clone());
-        let usage = ConnectionUse {
-            id: 7,
-            reused: false,
-            wait: Duration::ZERO,
-            request_count: 1,
-            age: Duration::ZERO,
-            idle: None,
-            paid_by_this_request: true,
-            miss_reason: Some(slot.get().reason),
-            setup: Arc::new(ConnectionSetup::for_test(7, Instant::now())),
-            settling: Some(Arc::new(MissOfReport { slot, served_by: 7 })),
-        };
-        let mut settled = Box::pin(usage.settled_miss_reason());
-        let mut cx = Context::from_waker(Waker::noop());
-        assert_eq!(settled.as_mut().poll(&mut cx), Poll::Pending);
-        assert_eq!(usage.miss_reason, Some(MissReason::AllBusy), "the fallback");
-        let previous = Previous {
-            id: 7,
-            idle: Duration::from_millis(1),
-            request_count: 1,
-            end: Some(ConnectionEnd::IdleLimit),
-        };
-        pending.set(Miss::caused_by(MissReason::AllBusy, previous));
-        assert_eq!(
-            settled.as_mut().poll(&mut cx),
-            Poll::Ready(Some(MissReason::ReleaseRace)),
-            "it named its own serving connection as ended"
-        );
-        // Asked after the answer: ready at once.
-        let mut again = Box::pin(usage.settled_miss_reason());
-        assert_eq!(
-            again.as_mut().poll(&mut cx),
-            Poll::Ready(Some(MissReason::ReleaseRace))
-        );
-        let decided = ConnectionUse {
-            settling: None,
-            miss_reason: Some(MissReason::Cold),
-            ..usage
-        };
-        let mut now = Box::pin(decided.settled_miss_reason());
-        assert_eq!(
-            now.as_mut().poll(&mut cx),
-            Poll::Ready(Some(MissReason::Cold))
-        );
-    }
 
     #[test]
     fn ip_text_is_the_address_as_displayed() {
