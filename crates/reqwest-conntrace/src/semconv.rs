@@ -836,6 +836,11 @@ pub const ERROR_TYPE_CONNECTION_REFUSED: &str = "connection_refused";
 /// (including hyper's "connection closed before message completed": a
 /// pooled connection the server had just closed).
 pub const ERROR_TYPE_CONNECTION_RESET: &str = "connection_reset";
+/// `error.type`: a response body ended before all of it arrived because
+/// the server closed the connection (its FIN: hyper's "IncompleteBody",
+/// an I/O `UnexpectedEof`; over TLS also a close without
+/// `close_notify`). A reset (RST) mid-body is [`ERROR_TYPE_CONNECTION_RESET`].
+pub const ERROR_TYPE_INCOMPLETE_BODY: &str = "incomplete_body";
 /// `error.type`: the server's certificate was rejected.
 pub const ERROR_TYPE_TLS_CERTIFICATE: &str = "tls_certificate_invalid";
 /// `error.type`: any other TLS failure (alert, no common version or cipher).

@@ -8,7 +8,7 @@ use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 
-use crate::error::{classify, error_chain_text};
+use crate::error::{classify_body, error_chain_text};
 use crate::request::attribution::{EndKind, RequestEnd};
 
 pin_project! {
@@ -45,6 +45,9 @@ where
             Poll::Ready(Some(Ok(frame))) => {
                 if let Some(data) = frame.data_ref() {
                     this.end.body_size += data.len() as u64;
+                    if !data.is_empty() {
+                        this.end.body_progress_at = Some(std::time::Instant::now());
+                    }
                 }
                 if this.inner.is_end_stream() {
                     this.end.finish(EndKind::Complete);
@@ -52,7 +55,7 @@ where
             }
             Poll::Ready(Some(Err(e))) => {
                 let text = error_chain_text(&this.end.inner.redaction, e);
-                this.end.fail(classify(e), text);
+                this.end.fail(classify_body(e), text);
                 this.end.finish(EndKind::Failed);
             }
             Poll::Ready(None) => this.end.finish(EndKind::Complete),
