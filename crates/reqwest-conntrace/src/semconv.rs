@@ -749,7 +749,8 @@ pub const HTTP_CONNECTION_STREAM_RESETS: &str = "http.connection.stream_resets";
 pub const EVENT_STREAM_RESET: &str = "http.connection.stream_reset";
 /// `http.connection.stalled` (bool, request span, only ever `true`): the
 /// request timed out on a connection that received nothing from the peer
-/// during the request (kernel `tcpi_last_data_recv`, which counts jiffies:
+/// during the request, or, timing out while its body was read, since the
+/// body's last bytes (kernel `tcpi_last_data_recv`, which counts jiffies:
 /// within 10 ms).
 pub const HTTP_CONNECTION_STALLED: &str = "http.connection.stalled";
 /// `http.connection.tcp.unacked` (int, segments, request span of a failed

@@ -601,8 +601,9 @@ fn ask_kernel_evidence(
 }
 
 /// The kernel's view of the socket a request failed on, on its span; a
-/// timeout (`timed_out_after`) with nothing received from the peer since
-/// the request started marks the connection stalled.
+/// timeout with nothing received from the peer for the last
+/// `timed_out_after` (since the request started, or since its body's last
+/// bytes) marks the connection stalled.
 fn record_kernel_evidence(
     span: &tracing::Span,
     record: &ConnectionRecord,
