@@ -542,7 +542,13 @@ pub(crate) fn attribute_failure(
         inner.connection_closed(&record, now);
     }
     let elapsed = now.saturating_duration_since(state.started);
-    ask_kernel_evidence(inner, span.clone(), record, timed_out.then_some(elapsed));
+    ask_kernel_evidence(
+        inner,
+        span.clone(),
+        record,
+        timed_out.then_some(elapsed),
+        None,
+    );
     Some(usage)
 }
 
@@ -582,12 +588,15 @@ fn ended_by_server(inner: &Inner, record: &ConnectionRecord, end: ConnectionEnd,
 /// ([`record_kernel_evidence`]; `timed_out_after`: a timeout, and how long
 /// nothing had arrived for the request when it fired). The span stays open
 /// until the kernel answers (a flush waits for it like for `tcp.connect`,
-/// `wait_for_pending_spans`); the request does not wait.
+/// `wait_for_pending_spans`); the request does not wait. `held`, a
+/// response body that timed out, is dropped once the kernel has answered
+/// (see [`RequestEnd::hold_until_kernel_answers`]).
 fn ask_kernel_evidence(
     inner: &Inner,
     span: tracing::Span,
     record: Arc<ConnectionRecord>,
     timed_out_after: Option<Duration>,
+    held: Option<Box<dyn Send + Sync>>,
 ) {
     let (Some(local), Some(remote)) = (record.setup.local_addr, record.setup.peer_addr) else {
         return;
@@ -595,6 +604,7 @@ fn ask_kernel_evidence(
     let pending = crate::export::pending::PendingEnd::new();
     inner.kernel.lookup_then(local, remote, move |lookup| {
         record_kernel_evidence(&span, &record, &lookup, timed_out_after);
+        drop(held);
         drop(span);
         drop(pending);
     });
@@ -667,6 +677,9 @@ pub(crate) struct RequestEnd {
     pub(crate) body_size: u64,
     /// When the latest bytes of the response body were read.
     pub(crate) body_progress_at: Option<Instant>,
+    /// A response body that timed out, held (unread) until the kernel has
+    /// looked at its socket: see [`hold_until_kernel_answers`](Self::hold_until_kernel_answers).
+    held_body: Option<Box<dyn Send + Sync>>,
     /// Redirect hops sent before this request for the same call.
     pub(crate) resend_count: u32,
     /// `network.protocol.version` of the response.
@@ -736,6 +749,7 @@ impl RequestEnd {
             failed_on: None,
             body_size: 0,
             body_progress_at: None,
+            held_body: None,
             protocol_version: None,
             resend_count: 0,
             miss_deferred: false,
@@ -755,6 +769,17 @@ impl RequestEnd {
         self.error_type = Some(error_type.to_owned());
     }
 
+    /// Keeps `body`, the response body that timed out, until the kernel
+    /// has answered about its socket ([`finish`](Self::finish) asks): hyper
+    /// closes an HTTP/1.1 connection (h2 resets the stream) when the body
+    /// is dropped, which the caller does as soon as it has the error; a
+    /// kernel asked after that close would describe our own close
+    /// (`fin_wait*`, no `tcp_info`), not the stall. The caller does not
+    /// wait: the socket is closed at most the kernel's answer later.
+    pub(crate) fn hold_until_kernel_answers(&mut self, body: Box<dyn Send + Sync>) {
+        self.held_body = Some(body);
+    }
+
     /// Ends the request once: releases the connection to the registry's
     /// view, records the body size and hands the report to the callback.
     pub(crate) fn finish(&mut self, kind: EndKind) {
@@ -763,6 +788,7 @@ impl RequestEnd {
         }
         self.finished = true;
         let now = Instant::now();
+        let held_body = self.held_body.take();
         if self.headers_at.is_none() {
             if kind == EndKind::Dropped {
                 self.fail(
@@ -838,7 +864,7 @@ impl RequestEnd {
                     record.mark_released(now);
                     self.released_to_pool(record, now);
                 }
-                EndKind::Failed => self.body_failed(record, now),
+                EndKind::Failed => self.body_failed(record, now, held_body),
                 // An HTTP/1.1 body dropped before its end: hyper closes the
                 // connection unless it had already read the whole body, in
                 // which case the connection is back in the pool already. Not
@@ -942,7 +968,12 @@ impl RequestEnd {
     /// reqwest could not decode) drops an HTTP/1.1 body unread:
     /// `discarded`. HTTP/2 without a server end: the stream ended, the
     /// connection lives on.
-    fn body_failed(&self, record: &Arc<ConnectionRecord>, now: Instant) {
+    fn body_failed(
+        &self,
+        record: &Arc<ConnectionRecord>,
+        now: Instant,
+        held_body: Option<Box<dyn Send + Sync>>,
+    ) {
         let error_type = self.error_type.as_deref().unwrap_or_default();
         let timed_out = error_type == semconv::ERROR_TYPE_TIMEOUT;
         let http2 = record.http2();
@@ -971,7 +1002,13 @@ impl RequestEnd {
             // headers): a kernel that saw nothing either shows a stall.
             let quiet_since = self.body_progress_at.or(self.headers_at);
             let quiet = quiet_since.map(|t| now.saturating_duration_since(t));
-            ask_kernel_evidence(&self.inner, self.span.clone(), Arc::clone(record), quiet);
+            ask_kernel_evidence(
+                &self.inner,
+                self.span.clone(),
+                Arc::clone(record),
+                quiet,
+                held_body,
+            );
         }
     }
 
