@@ -1132,6 +1132,44 @@ mod tests {
         );
     }
 
+    /// A failure tells the server's end by its kind (REFERENCE row 7); a
+    /// timeout or a reset stream is none (the client gave up; the
+    /// connection serves on).
+    #[test]
+    fn a_failure_names_the_servers_end_by_its_kind() {
+        for (error_type, http1, http2) in [
+            (
+                semconv::ERROR_TYPE_INCOMPLETE_BODY,
+                Some(ConnectionEnd::PeerFin),
+                Some(ConnectionEnd::Http2Error),
+            ),
+            (
+                semconv::ERROR_TYPE_CONNECTION_RESET,
+                Some(ConnectionEnd::PeerReset),
+                Some(ConnectionEnd::Http2Error),
+            ),
+            (
+                semconv::ERROR_TYPE_HTTP2_GOAWAY,
+                Some(ConnectionEnd::GoAway),
+                Some(ConnectionEnd::GoAway),
+            ),
+            (semconv::ERROR_TYPE_TIMEOUT, None, None),
+            (semconv::ERROR_TYPE_HTTP2_STREAM_RESET, None, None),
+            (semconv::ERROR_TYPE_OTHER, None, None),
+        ] {
+            assert_eq!(
+                server_end_of_failure(error_type, false),
+                http1,
+                "{error_type}"
+            );
+            assert_eq!(
+                server_end_of_failure(error_type, true),
+                http2,
+                "{error_type}"
+            );
+        }
+    }
+
     #[test]
     fn ip_text_is_the_address_as_displayed() {
         for ip in [
