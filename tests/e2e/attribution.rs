@@ -697,6 +697,575 @@ async fn dropped_http2_body_resets_the_stream_and_counts_it() {
     }
 }
 
+/// What a [`BodyFaultServer`] does to its first response after the
+/// headers and 10 bytes of a 100 000-byte body.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum BodyFault {
+    /// Closes the connection once told to ([`BodyFaultServer::cut`]): FIN
+    /// (over TLS without `close_notify`, as a server that crashes or is
+    /// killed does).
+    Fin,
+    /// Resets the connection once told to (`SO_LINGER` 0, then close: RST).
+    Rst,
+    /// Sends nothing more and keeps the socket open (until the server is
+    /// dropped, at most 10 s).
+    Stall,
+}
+
+/// A raw HTTP/1.1 server on threads of its own (as a remote server: its
+/// faults race the client for real), plain or over TLS (ALPN `http/1.1`):
+/// the first response on its first connection is the headers of a
+/// 100 000-byte body and 10 bytes of it, then its [`BodyFault`]; every
+/// other response is a 2-byte `ok` (keep-alive). Its records: the client
+/// port of each connection it accepted, and the faults it committed.
+struct BodyFaultServer {
+    addr: SocketAddr,
+    tls: bool,
+    ports: Arc<Mutex<Vec<u16>>>,
+    faults: Arc<std::sync::atomic::AtomicU64>,
+    /// Told to cut; dropped (with the server) it ends a stall.
+    cut: Mutex<Option<std::sync::mpsc::Sender<()>>>,
+    stop: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl BodyFaultServer {
+    fn start(fault: BodyFault, pki: Option<&TestPki>) -> Self {
+        use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+        let tls = pki.map(|pki| {
+            let provider = Arc::new(rustls::crypto::ring::default_provider());
+            let mut config = rustls::ServerConfig::builder_with_provider(provider)
+                .with_safe_default_protocol_versions()
+                .expect("protocol versions")
+                .with_no_client_auth()
+                .with_single_cert(pki.leaf_chain_der(), pki.leaf_key_der())
+                .expect("server certificate");
+            config.alpn_protocols = vec![b"http/1.1".to_vec()];
+            Arc::new(config)
+        });
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        listener.set_nonblocking(true).expect("nonblocking");
+        let addr = listener.local_addr().expect("addr");
+        let (cut, cut_rx) = std::sync::mpsc::channel();
+        let server = Self {
+            addr,
+            tls: tls.is_some(),
+            ports: Arc::default(),
+            faults: Arc::new(AtomicU64::new(0)),
+            cut: Mutex::new(Some(cut)),
+            stop: Arc::new(AtomicBool::new(false)),
+        };
+        let (ports, faults, stop) = (
+            Arc::clone(&server.ports),
+            Arc::clone(&server.faults),
+            Arc::clone(&server.stop),
+        );
+        std::thread::spawn(move || {
+            let mut cut_rx = Some(cut_rx);
+            while !stop.load(Ordering::Relaxed) {
+                let (socket, peer) = match listener.accept() {
+                    Ok(accepted) => accepted,
+                    Err(_) => {
+                        std::thread::sleep(Duration::from_millis(2));
+                        continue;
+                    }
+                };
+                let _ = socket.set_nonblocking(false);
+                let _ = socket.set_nodelay(true);
+                ports.lock().expect("ports").push(peer.port());
+                // The first connection gets the fault.
+                let fault = cut_rx.take().map(|rx| (fault, rx, Arc::clone(&faults)));
+                let tls = tls.clone();
+                std::thread::spawn(move || {
+                    let raw = socket.try_clone().expect("socket");
+                    match tls {
+                        Some(config) => {
+                            let connection =
+                                rustls::ServerConnection::new(config).expect("tls connection");
+                            serve_h1(rustls::StreamOwned::new(connection, socket), &raw, fault);
+                        }
+                        None => serve_h1(socket, &raw, fault),
+                    }
+                });
+            }
+        });
+        server
+    }
+
+    fn url(&self) -> String {
+        let scheme = if self.tls { "https" } else { "http" };
+        format!("{scheme}://{}/", self.addr)
+    }
+
+    /// Commits the fault now (a [`BodyFault::Stall`] ignores it).
+    fn cut(&self) {
+        if let Some(cut) = self.cut.lock().expect("cut").as_ref() {
+            let _ = cut.send(());
+        }
+    }
+
+    /// The client port of each connection accepted, in accept order.
+    fn ports(&self) -> Vec<u16> {
+        self.ports.lock().expect("ports").clone()
+    }
+
+    fn faults(&self) -> u64 {
+        self.faults.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+impl Drop for BodyFaultServer {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        drop(self.cut.lock().map(|mut c| c.take()));
+    }
+}
+
+/// Serves HTTP/1.1 GETs on `stream` until the client closes; with `fault`,
+/// the first response is cut (see [`BodyFaultServer`]). `raw` is the
+/// stream's socket (for `SO_LINGER`).
+fn serve_h1(
+    mut stream: impl std::io::Read + std::io::Write,
+    raw: &std::net::TcpStream,
+    fault: Option<(
+        BodyFault,
+        std::sync::mpsc::Receiver<()>,
+        Arc<std::sync::atomic::AtomicU64>,
+    )>,
+) {
+    let mut fault = fault;
+    let mut buf = [0u8; 4096];
+    loop {
+        let mut got = Vec::new();
+        while !got.windows(4).any(|w| w == b"\r\n\r\n") {
+            match stream.read(&mut buf) {
+                Ok(0) | Err(_) => return,
+                Ok(k) => got.extend_from_slice(&buf[..k]),
+            }
+        }
+        let Some((fault, told, faults)) = fault.take() else {
+            if stream
+                .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
+                .and_then(|()| stream.flush())
+                .is_err()
+            {
+                return;
+            }
+            continue;
+        };
+        let _ = stream
+            .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 100000\r\n\r\n0123456789")
+            .and_then(|()| stream.flush());
+        // Told to cut, or (a stall) the server dropped: at most 10 s.
+        let cut = told.recv_timeout(Duration::from_secs(10)).is_ok();
+        if fault == BodyFault::Stall || !cut {
+            return;
+        }
+        faults.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        if fault == BodyFault::Rst {
+            let _ = socket2::SockRef::from(raw).set_linger(Some(Duration::ZERO));
+        }
+        return;
+    }
+}
+
+/// HTTP/1.1, plain and over TLS: the server sends the headers of a
+/// 100 000-byte body and 10 bytes of it, then (once the client has read
+/// them) closes the connection with FIN, or resets it. The client reads
+/// the body to its end (an error), then calls again.
+///
+/// The server's record: it cut its first connection mid-body and accepted
+/// a second one for the second call. The failed body says how the server
+/// ended it (`incomplete_body` for the FIN, `connection_reset` for the RST),
+/// and the second call's miss is the server's end, `closed_by_peer`
+/// naming the cut connection with `previous.end = peer_fin` /
+/// `peer_reset` (REFERENCE section 14, row 7); never `discarded`, whose
+/// fix ("read response bodies to the end") the client had followed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_the_server_cut_short_is_the_servers_end_not_discarded() {
+    let pki = TestPki::localhost().expect("pki");
+    for tls in [false, true] {
+        for fault in [BodyFault::Fin, BodyFault::Rst] {
+            let case = format!("tls={tls} {fault:?}");
+            let t = telemetry();
+            let server = BodyFaultServer::start(fault, tls.then_some(&pki));
+            let client = t.client(reqwest::Client::builder(), Some(&pki));
+            let url = server.url();
+            let mut response = client.get(&url).send().await.expect("headers");
+            let first = response.chunk().await.expect("the first bytes");
+            assert_eq!(first.as_deref(), Some(&b"0123456789"[..]), "{case}");
+            server.cut();
+            loop {
+                match response.chunk().await {
+                    Ok(Some(_)) => {}
+                    Ok(None) => panic!("{case}: the body ended complete"),
+                    Err(_) => break,
+                }
+            }
+            get(&client, &url).await;
+            let spans: Vec<Seen> = requests(&t, 2).iter().map(seen).collect();
+            assert_eq!(server.faults(), 1, "{case}: the server cut one body");
+            let ports: Vec<i64> = server.ports().into_iter().map(i64::from).collect();
+            assert_eq!(
+                spans.iter().map(|s| s.local_port).collect::<Vec<_>>(),
+                ports.iter().copied().map(Some).collect::<Vec<_>>(),
+                "{case}: one connection per call, as the server accepted them: {spans:#?}"
+            );
+            let (failed, next) = (&spans[0], &spans[1]);
+            let (error, end) = match fault {
+                BodyFault::Fin => (
+                    semconv::ERROR_TYPE_INCOMPLETE_BODY,
+                    semconv::CONNECTION_END_PEER_FIN,
+                ),
+                _ => (
+                    semconv::ERROR_TYPE_CONNECTION_RESET,
+                    semconv::CONNECTION_END_PEER_RESET,
+                ),
+            };
+            assert_eq!(failed.error.as_deref(), Some(error), "{case}: {spans:#?}");
+            assert_eq!(next.previous_id, failed.id, "{case}: {spans:#?}");
+            assert_eq!(
+                (next.reason.as_deref(), next.previous_end.as_deref()),
+                (Some(semconv::MISS_REASON_CLOSED_BY_PEER), Some(end)),
+                "{case}: the server ended it; the client read all it got: {spans:#?}"
+            );
+        }
+    }
+}
+
+/// HTTP/1.1, plain and over TLS: the server sends the headers of a
+/// 100 000-byte body and 10 bytes of it, then stalls (socket open,
+/// nothing more). The call's timeout (reqwest `.timeout(200 ms)`; and
+/// `read_timeout(200 ms)` on the builder in a second round) fires while
+/// the body is read. Then one more call.
+///
+/// The server's record: it stalled its first connection mid-body, and
+/// accepted a second one for the next call. The timed-out span names the
+/// connection with the kernel's evidence of the stall, as a timeout
+/// before the headers does (`tcp.state = established`, nothing received
+/// since the body's last bytes: `stalled`), and the next miss is
+/// `abandoned` (REFERENCE row 5c: the request gave up on a response
+/// still owed), never `discarded`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_timeout_on_a_stalled_server_is_abandoned_with_the_kernels_evidence() {
+    let pki = TestPki::localhost().expect("pki");
+    for tls in [false, true] {
+        for read_timeout in [false, true] {
+            let case = format!("tls={tls} read_timeout={read_timeout}");
+            let t = telemetry();
+            let server = BodyFaultServer::start(BodyFault::Stall, tls.then_some(&pki));
+            let builder = if read_timeout {
+                reqwest::Client::builder().read_timeout(Duration::from_millis(200))
+            } else {
+                reqwest::Client::builder()
+            };
+            let client = t.client(builder, Some(&pki));
+            let url = server.url();
+            let mut request = client.get(&url);
+            if !read_timeout {
+                request = request.timeout(Duration::from_millis(200));
+            }
+            let started = std::time::Instant::now();
+            let response = request.send().await.expect("headers arrive");
+            // The 10 bytes came with the headers; the timeout fires 200 ms
+            // after the request's start (`timeout`) or after the body's
+            // last read (`read_timeout`, later than the headers): nothing
+            // arrived for at least this long before the kernel's answer.
+            let headers = started.elapsed().as_secs_f64();
+            let silent = if read_timeout { 0.2 } else { 0.2 - headers };
+            let error = response.bytes().await.expect_err("the body stalls");
+            assert!(error.is_timeout(), "{case}: {error:?}");
+            get(&client, &url).await;
+            let raw = requests(&t, 2);
+            let spans: Vec<Seen> = raw.iter().map(seen).collect();
+            let ports: Vec<Option<i64>> = server
+                .ports()
+                .into_iter()
+                .map(|p| Some(i64::from(p)))
+                .collect();
+            assert_eq!(
+                spans.iter().map(|s| s.local_port).collect::<Vec<_>>(),
+                ports,
+                "{case}: one connection per call, as the server accepted them: {spans:#?}"
+            );
+            let (failed, next) = (&spans[0], &spans[1]);
+            assert_eq!(
+                failed.error.as_deref(),
+                Some(semconv::ERROR_TYPE_TIMEOUT),
+                "{case}"
+            );
+            // The body is held until the kernel answered: the socket is
+            // seen as the stall left it, not as hyper's close after it.
+            assert_eq!(
+                str_attr(&raw[0], semconv::HTTP_CONNECTION_TCP_STATE).as_deref(),
+                Some("established"),
+                "{case}: the kernel's view of the stalled socket"
+            );
+            // tcpi_last_data_recv counts jiffies (up to 10 ms).
+            let quiet = f64_attr(&raw[0], semconv::HTTP_CONNECTION_TCP_SINCE_LAST_RECEIVE)
+                .expect("since_last_receive");
+            assert!(
+                quiet >= silent - 0.01,
+                "{case}: nothing received for {silent} s: {quiet}"
+            );
+            assert_eq!(
+                bool_attr(&raw[0], semconv::HTTP_CONNECTION_STALLED),
+                Some(true),
+                "{case}"
+            );
+            assert_eq!(next.previous_id, failed.id, "{case}: {spans:#?}");
+            assert_eq!(
+                (next.reason.as_deref(), next.previous_end.as_deref()),
+                (
+                    Some(semconv::MISS_REASON_ABANDONED),
+                    Some(semconv::CONNECTION_END_ABANDONED)
+                ),
+                "{case}: the request gave up on a response still owed: {spans:#?}"
+            );
+        }
+    }
+}
+
+/// What an [`h2c_body_fault_server`] does to its first stream after the
+/// headers and 10 bytes of a 100 000-byte body.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum H2BodyFault {
+    /// Resets the stream (RST_STREAM INTERNAL_ERROR) once told to; the
+    /// connection serves on.
+    StreamReset,
+    /// Drops the connection (TCP FIN, no GOAWAY) once told to.
+    ConnectionClose,
+    /// Sends nothing more on the connection, answers no later stream.
+    Stall,
+}
+
+/// An h2c (prior knowledge) server: its first stream gets the headers and
+/// 10 bytes of a 100 000-byte body, then `fault` once the returned sender
+/// fires; other streams get `ok` (none after a stall). Its records: the
+/// connections it accepted and the streams it received.
+async fn h2c_body_fault_server(
+    fault: H2BodyFault,
+) -> (
+    SocketAddr,
+    tokio::sync::oneshot::Sender<()>,
+    Arc<std::sync::atomic::AtomicU64>,
+    Arc<std::sync::atomic::AtomicU64>,
+) {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let (cut, cut_rx) = tokio::sync::oneshot::channel::<()>();
+    let accepted = Arc::new(AtomicU64::new(0));
+    let streams = Arc::new(AtomicU64::new(0));
+    let (seen_connections, seen_streams) = (Arc::clone(&accepted), Arc::clone(&streams));
+    tokio::spawn(async move {
+        let mut cut_rx = Some(cut_rx);
+        while let Ok((socket, _)) = listener.accept().await {
+            seen_connections.fetch_add(1, Ordering::SeqCst);
+            let seen = Arc::clone(&seen_streams);
+            let mut cut_rx = cut_rx.take();
+            tokio::spawn(async move {
+                let Ok(mut conn) = h2::server::handshake(socket).await else {
+                    return;
+                };
+                let mut held = Vec::new();
+                let mut first = true;
+                let (close_tx, mut close_rx) = tokio::sync::oneshot::channel::<()>();
+                let mut close_tx = Some(close_tx);
+                let mut closable = true;
+                loop {
+                    let accepted = tokio::select! {
+                        accepted = conn.accept() => accepted,
+                        told = &mut close_rx, if closable => {
+                            if told.is_ok() {
+                                return;
+                            }
+                            closable = false;
+                            continue;
+                        }
+                    };
+                    let Some(Ok((_request, mut respond))) = accepted else {
+                        return;
+                    };
+                    seen.fetch_add(1, Ordering::SeqCst);
+                    let faulty = std::mem::take(&mut first) && cut_rx.is_some();
+                    if !faulty {
+                        if fault == H2BodyFault::Stall {
+                            held.push(respond);
+                            continue;
+                        }
+                        let response = http::Response::builder()
+                            .header("content-length", "2")
+                            .body(())
+                            .expect("response");
+                        if let Ok(mut body) = respond.send_response(response, false) {
+                            let _ = body.send_data(bytes::Bytes::from_static(b"ok"), true);
+                        }
+                        continue;
+                    }
+                    let response = http::Response::builder()
+                        .header("content-length", "100000")
+                        .body(())
+                        .expect("response");
+                    let Ok(mut body) = respond.send_response(response, false) else {
+                        return;
+                    };
+                    let _ = body.send_data(bytes::Bytes::from_static(b"0123456789"), false);
+                    let told = cut_rx.take().expect("first");
+                    let close = close_tx.take().expect("first");
+                    tokio::spawn(async move {
+                        if told.await.is_err() {
+                            return;
+                        }
+                        match fault {
+                            H2BodyFault::StreamReset => body.send_reset(h2::Reason::INTERNAL_ERROR),
+                            H2BodyFault::ConnectionClose => {
+                                let _ = close.send(());
+                                // Dropped now, the stream would send
+                                // RST_STREAM before the connection closes.
+                                tokio::time::sleep(Duration::from_secs(5)).await;
+                                drop(body);
+                            }
+                            H2BodyFault::Stall => {
+                                let _ = close;
+                                std::future::pending::<()>().await;
+                            }
+                        }
+                    });
+                }
+            });
+        }
+    });
+    (addr, cut, accepted, streams)
+}
+
+/// HTTP/2 (h2c): the server answers the first stream with the headers and
+/// 10 bytes of a 100 000-byte body, then resets the stream, or drops the
+/// connection. Then one more call.
+///
+/// The server's record: a stream reset leaves its connection serving (one
+/// connection, two streams): the failed body says `http2_stream_reset` on
+/// the connection, and the next call is an idle hit on it. A dropped
+/// connection (a second one accepted): the next call's miss is the
+/// server's end, `closed_by_peer` with `previous.end = http2_error`, never
+/// `discarded`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_http2_body_the_server_reset_or_closed_names_the_servers_end() {
+    use std::sync::atomic::Ordering;
+    for fault in [H2BodyFault::StreamReset, H2BodyFault::ConnectionClose] {
+        let t = telemetry();
+        let (addr, cut, accepted, streams) = h2c_body_fault_server(fault).await;
+        let client = t.client(reqwest::Client::builder().http2_prior_knowledge(), None);
+        let url = format!("http://{addr}/");
+        let mut response = client.get(&url).send().await.expect("headers");
+        let first = response.chunk().await.expect("the first bytes");
+        assert_eq!(first.as_deref(), Some(&b"0123456789"[..]), "{fault:?}");
+        cut.send(()).expect("server running");
+        loop {
+            match response.chunk().await {
+                Ok(Some(_)) => {}
+                Ok(None) => panic!("{fault:?}: the body ended complete"),
+                Err(_) => break,
+            }
+        }
+        get(&client, &url).await;
+        let spans: Vec<Seen> = requests(&t, 2).iter().map(seen).collect();
+        assert_eq!(streams.load(Ordering::SeqCst), 2, "{fault:?}");
+        let (failed, next) = (&spans[0], &spans[1]);
+        assert!(failed.id.is_some(), "{fault:?}: {spans:#?}");
+        if fault == H2BodyFault::StreamReset {
+            assert_eq!(
+                accepted.load(Ordering::SeqCst),
+                1,
+                "one connection: {spans:#?}"
+            );
+            assert_eq!(
+                failed.error.as_deref(),
+                Some(semconv::ERROR_TYPE_HTTP2_STREAM_RESET),
+                "{spans:#?}"
+            );
+            assert_eq!(next.id, failed.id, "{spans:#?}");
+            assert_eq!((next.reused, next.reason.as_deref()), (Some(true), None));
+        } else {
+            assert_eq!(accepted.load(Ordering::SeqCst), 2, "a second connection");
+            assert_ne!(next.id, failed.id, "{spans:#?}");
+            assert_eq!(next.previous_id, failed.id, "{spans:#?}");
+            assert_eq!(
+                (next.reason.as_deref(), next.previous_end.as_deref()),
+                (
+                    Some(semconv::MISS_REASON_CLOSED_BY_PEER),
+                    Some(semconv::CONNECTION_END_HTTP2_ERROR)
+                ),
+                "the server ended the connection: {spans:#?}"
+            );
+        }
+    }
+}
+
+/// HTTP/2 (h2c): the server answers the first stream with the headers and
+/// 10 bytes of a 100 000-byte body, then sends nothing more on the
+/// connection. The call's `.timeout(300 ms)` fires while the body is read.
+///
+/// The server's record: one stream, answered in part, then silence. The
+/// timed-out span names the connection with the kernel's evidence, as a
+/// timeout before the headers does: `tcp.state = established`, nothing
+/// received since the headers (`stalled`), and the connection is not
+/// counted idle.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_http2_body_timeout_on_a_stalled_connection_has_the_kernels_evidence() {
+    let t = telemetry();
+    let (addr, _cut, accepted, streams) = h2c_body_fault_server(H2BodyFault::Stall).await;
+    let client = t.client(reqwest::Client::builder().http2_prior_knowledge(), None);
+    let url = format!("http://{addr}/");
+    let started = std::time::Instant::now();
+    let response = client
+        .get(&url)
+        .timeout(Duration::from_millis(300))
+        .send()
+        .await
+        .expect("headers arrive");
+    // The 10 bytes came with the headers; the timeout fires 300 ms after
+    // the start: nothing arrived for at least this long before it.
+    let silent = 0.3 - started.elapsed().as_secs_f64();
+    let error = response.bytes().await.expect_err("the body stalls");
+    assert!(error.is_timeout(), "{error:?}");
+    let spans = requests(&t, 1);
+    let records = (
+        accepted.load(std::sync::atomic::Ordering::SeqCst),
+        streams.load(std::sync::atomic::Ordering::SeqCst),
+    );
+    assert_eq!(records, (1, 1), "the server got one connection, one stream");
+    let failed = &spans[0];
+    assert!(i64_attr(failed, semconv::HTTP_CONNECTION_ID).is_some());
+    assert_eq!(
+        str_attr(failed, semconv::ERROR_TYPE).as_deref(),
+        Some(semconv::ERROR_TYPE_TIMEOUT)
+    );
+    assert_eq!(
+        str_attr(failed, semconv::HTTP_CONNECTION_TCP_STATE).as_deref(),
+        Some("established")
+    );
+    let quiet =
+        f64_attr(failed, semconv::HTTP_CONNECTION_TCP_SINCE_LAST_RECEIVE).expect("evidence");
+    // tcpi_last_data_recv counts jiffies (up to 10 ms).
+    assert!(
+        quiet >= silent - 0.01,
+        "nothing received for {silent} s: {quiet}"
+    );
+    assert_eq!(
+        bool_attr(failed, semconv::HTTP_CONNECTION_STALLED),
+        Some(true)
+    );
+    let idle: f64 = t
+        .metric(semconv::HTTP_CLIENT_OPEN_CONNECTIONS)
+        .iter()
+        .filter(|p| p.get(semconv::HTTP_CONNECTION_STATE) == Some("idle"))
+        .map(|p| p.value)
+        .sum();
+    assert_eq!(idle, 0.0, "a stalled connection is not idle");
+}
+
 /// HTTP/2 connection whose peer stops answering: the requests that time
 /// out on it name it, with the kernel's evidence (nothing received since
 /// the request started), and it is not counted as an idle connection.

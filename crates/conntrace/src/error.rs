@@ -57,6 +57,7 @@ pub(crate) fn request_failure(err: &(dyn StdError + 'static), error_type: Option
         Some("dns_error") => Some("cannot resolve the host name"),
         Some("connection_refused") => Some("connection refused"),
         Some("connection_reset") => Some("connection reset by the peer"),
+        Some("incomplete_body") => Some("the server closed the connection mid-body"),
         Some("tls_certificate_invalid") => Some("the server's certificate was rejected"),
         Some("tls_error") => Some("TLS handshake failed"),
         Some("timeout") => Some("timed out"),

@@ -95,6 +95,14 @@ pub(crate) fn classify(err: &(dyn StdError + 'static)) -> &'static str {
                 _ => {}
             }
         }
+        // h2's I/O errors (its socket closed or reset under a stream: "stream
+        // closed because of a broken pipe") are not its `source()`.
+        if let Some(io) = e.downcast_ref::<h2::Error>().and_then(h2::Error::get_io) {
+            let nested = classify(io);
+            if nested != semconv::ERROR_TYPE_OTHER {
+                return nested;
+            }
+        }
         // HTTP/2 (h2, under hyper): GOAWAY, a reset stream, a connection error.
         if let Some(h) = e.downcast_ref::<h2::Error>()
             && !h.is_io()
@@ -128,6 +136,43 @@ pub(crate) fn classify(err: &(dyn StdError + 'static)) -> &'static str {
         current = e.source();
     }
     fallback
+}
+
+/// Classifies an error that ended a response body (see [`classify`]),
+/// telling the server's FIN from its RST: an I/O `UnexpectedEof` in the
+/// chain (hyper's "IncompleteBody": the connection reached its end with
+/// body bytes still owed; rustls's close without `close_notify`) is
+/// `incomplete_body`, where [`classify`] says `connection_reset` for both.
+pub(crate) fn classify_body(err: &(dyn StdError + 'static)) -> &'static str {
+    let class = classify(err);
+    if class == semconv::ERROR_TYPE_CONNECTION_RESET && ends_with_eof(err) {
+        semconv::ERROR_TYPE_INCOMPLETE_BODY
+    } else {
+        class
+    }
+}
+
+/// Whether `err`'s chain (through nested `io::Error`s) holds an I/O
+/// `UnexpectedEof` and no reset.
+fn ends_with_eof(err: &(dyn StdError + 'static)) -> bool {
+    let mut current: Option<&(dyn StdError + 'static)> = Some(err);
+    while let Some(e) = current {
+        if let Some(io) = e.downcast_ref::<io::Error>() {
+            match io.kind() {
+                io::ErrorKind::UnexpectedEof => return true,
+                io::ErrorKind::ConnectionReset
+                | io::ErrorKind::ConnectionAborted
+                | io::ErrorKind::BrokenPipe => return false,
+                _ => {}
+            }
+            if let Some(inner) = io.get_ref() {
+                let inner: &(dyn StdError + 'static) = inner;
+                return ends_with_eof(inner);
+            }
+        }
+        current = e.source();
+    }
+    false
 }
 
 /// The error our default resolver returns when a name does not resolve.
@@ -169,6 +214,17 @@ mod tests {
         assert_eq!(classify(&reason), semconv::ERROR_TYPE_HTTP2_ERROR);
         let wrapped = io::Error::other(h2::Error::from(h2::Reason::ENHANCE_YOUR_CALM));
         assert_eq!(classify(&wrapped), semconv::ERROR_TYPE_HTTP2_ERROR);
+    }
+
+    #[test]
+    fn a_body_cut_by_fin_is_incomplete_and_by_rst_a_reset() {
+        let fin = io::Error::new(io::ErrorKind::UnexpectedEof, "IncompleteBody");
+        assert_eq!(classify_body(&fin), semconv::ERROR_TYPE_INCOMPLETE_BODY);
+        assert_eq!(classify(&fin), semconv::ERROR_TYPE_CONNECTION_RESET);
+        let rst = io::Error::other(io::Error::from(io::ErrorKind::ConnectionReset));
+        assert_eq!(classify_body(&rst), semconv::ERROR_TYPE_CONNECTION_RESET);
+        let timeout = io::Error::from(io::ErrorKind::TimedOut);
+        assert_eq!(classify_body(&timeout), semconv::ERROR_TYPE_TIMEOUT);
     }
 
     #[test]

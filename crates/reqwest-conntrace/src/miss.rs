@@ -41,8 +41,11 @@ pub enum MissReason {
     /// `closed_by_peer`: the most recent idle connection was closed by the
     /// server while idle (the kernel shows the socket in CLOSE_WAIT /
     /// LAST_ACK or gone; for HTTP/2, GOAWAY and close after idling) before
-    /// this request could use it: usually the server's keep-alive timeout.
-    /// `http.connection.previous.end` says how.
+    /// this request could use it: usually the server's keep-alive timeout;
+    /// or the server cut the response it carried short (FIN or RST
+    /// mid-body: that request's span has `error.type` `incomplete_body` or
+    /// `connection_reset` after its headers). `http.connection.previous.end`
+    /// says how.
     ClosedByPeer,
     /// `request_limit`: the server ended the most recent connection on
     /// purpose with its last response (`Connection: close`, HTTP/1.0
@@ -76,8 +79,10 @@ pub enum MissReason {
     /// connection out again). The span also carries `http.connection.pool.limits = unknown`.
     PoolClosed,
     /// `discarded`: the previous response on the most recent connection was
-    /// dropped before its body was read to the end, so HTTP/1.1 could not
-    /// return the connection to the pool.
+    /// dropped before its body was read to the end (or its body failed on
+    /// the client's side, say undecodable), so HTTP/1.1 could not return
+    /// the connection to the pool. A body the server cut short is
+    /// `ClosedByPeer`; one that timed out, `Abandoned`.
     Discarded,
     /// `client_close`: the client itself asked the server to close the
     /// most recent connection: its request sent `Connection: close`, so
@@ -87,8 +92,8 @@ pub enum MissReason {
     /// middleware and not seen: that close reads `RequestLimit`.
     ClientClose,
     /// `abandoned`: a request on the most recent HTTP/1.1 connection
-    /// failed or was cancelled before its response ended (a timeout, a
-    /// dropped future); HTTP/1.1 cannot reuse a connection that still owes
+    /// failed or was cancelled before its response ended (a timeout before
+    /// the headers or while the body was read, a dropped future); HTTP/1.1 cannot reuse a connection that still owes
     /// a response, so hyper closed it. That request's span names the
     /// connection, with the kernel's evidence of a stall.
     Abandoned,
@@ -192,9 +197,11 @@ pub(crate) enum ConnectionEnd {
     ConnectionClose,
     /// `goaway`: HTTP/2; the server ended it (GOAWAY, then close).
     GoAway,
-    /// `peer_fin`: the kernel showed the server's FIN (CLOSE_WAIT / LAST_ACK).
+    /// `peer_fin`: the kernel showed the server's FIN (CLOSE_WAIT / LAST_ACK),
+    /// or a response body ended by it (`incomplete_body`).
     PeerFin,
-    /// `peer_reset`: a request on it failed with the connection reset.
+    /// `peer_reset`: a request (or its response body) on it failed with the
+    /// connection reset.
     PeerReset,
     /// `peer_closed`: gone from the kernel's table without our close: the
     /// server closed it (FIN or RST, no longer told apart once gone).

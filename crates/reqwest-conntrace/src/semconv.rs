@@ -749,7 +749,8 @@ pub const HTTP_CONNECTION_STREAM_RESETS: &str = "http.connection.stream_resets";
 pub const EVENT_STREAM_RESET: &str = "http.connection.stream_reset";
 /// `http.connection.stalled` (bool, request span, only ever `true`): the
 /// request timed out on a connection that received nothing from the peer
-/// during the request (kernel `tcpi_last_data_recv`, which counts jiffies:
+/// during the request, or, timing out while its body was read, since the
+/// body's last bytes (kernel `tcpi_last_data_recv`, which counts jiffies:
 /// within 10 ms).
 pub const HTTP_CONNECTION_STALLED: &str = "http.connection.stalled";
 /// `http.connection.tcp.unacked` (int, segments, request span of a failed
@@ -836,6 +837,11 @@ pub const ERROR_TYPE_CONNECTION_REFUSED: &str = "connection_refused";
 /// (including hyper's "connection closed before message completed": a
 /// pooled connection the server had just closed).
 pub const ERROR_TYPE_CONNECTION_RESET: &str = "connection_reset";
+/// `error.type`: a response body ended before all of it arrived because
+/// the server closed the connection (its FIN: hyper's "IncompleteBody",
+/// an I/O `UnexpectedEof`; over TLS also a close without
+/// `close_notify`). A reset (RST) mid-body is [`ERROR_TYPE_CONNECTION_RESET`].
+pub const ERROR_TYPE_INCOMPLETE_BODY: &str = "incomplete_body";
 /// `error.type`: the server's certificate was rejected.
 pub const ERROR_TYPE_TLS_CERTIFICATE: &str = "tls_certificate_invalid";
 /// `error.type`: any other TLS failure (alert, no common version or cipher).

@@ -595,21 +595,8 @@ pub(crate) fn attribute_failure(
             )],
         );
     }
-    let ended = match error_type {
-        semconv::ERROR_TYPE_CONNECTION_RESET if record.http2() => Some(ConnectionEnd::Http2Error),
-        semconv::ERROR_TYPE_CONNECTION_RESET => Some(ConnectionEnd::PeerReset),
-        semconv::ERROR_TYPE_HTTP2_GOAWAY => Some(ConnectionEnd::GoAway),
-        semconv::ERROR_TYPE_HTTP2_ERROR => Some(ConnectionEnd::Http2Error),
-        _ => None,
-    };
-    if let Some(end) = ended {
-        record.set_end(end);
-        if end == ConnectionEnd::GoAway {
-            // Dates the GOAWAY: responses on it ending after this show it
-            // came while the connection was serving (its request limit).
-            record.note_server_end_by(now);
-        }
-        inner.connection_closed(&record, now);
+    if let Some(end) = server_end_of_failure(error_type, record.http2()) {
+        ended_by_server(inner, &record, end, now);
         return Some(usage);
     }
     // An HTTP/1.1 request that gave up on its response (a timeout): the
@@ -619,25 +606,79 @@ pub(crate) fn attribute_failure(
         record.set_end(ConnectionEnd::Abandoned);
         inner.connection_closed(&record, now);
     }
-    let (Some(local), Some(remote)) = (record.setup.local_addr, record.setup.peer_addr) else {
-        return Some(usage);
-    };
     let elapsed = now.saturating_duration_since(state.started);
-    let span = span.clone();
-    // The span stays open until the kernel answers: a flush waits for it
-    // like for `tcp.connect` (`wait_for_pending_spans`).
-    let pending = crate::export::pending::PendingEnd::new();
-    inner.kernel.lookup_then(local, remote, move |lookup| {
-        record_kernel_evidence(&span, &record, &lookup, timed_out.then_some(elapsed));
-        drop(span);
-        drop(pending);
-    });
+    ask_kernel_evidence(
+        inner,
+        span.clone(),
+        record,
+        timed_out.then_some(elapsed),
+        None,
+    );
     Some(usage)
 }
 
+/// How a request failure of type `error_type` shows the server ended the
+/// connection it was on (before its response or while its body was read):
+/// a reset (`peer_reset`), a close mid-body (`incomplete_body`: the
+/// server's FIN, `peer_fin`), an HTTP/2 GOAWAY or connection error (for
+/// HTTP/2 a reset or close of the socket is a connection error). `None`
+/// for failures that do not (a timeout: the client gave up; a stream reset).
+fn server_end_of_failure(error_type: &str, http2: bool) -> Option<ConnectionEnd> {
+    match error_type {
+        semconv::ERROR_TYPE_CONNECTION_RESET | semconv::ERROR_TYPE_INCOMPLETE_BODY if http2 => {
+            Some(ConnectionEnd::Http2Error)
+        }
+        semconv::ERROR_TYPE_CONNECTION_RESET => Some(ConnectionEnd::PeerReset),
+        semconv::ERROR_TYPE_INCOMPLETE_BODY => Some(ConnectionEnd::PeerFin),
+        semconv::ERROR_TYPE_HTTP2_GOAWAY => Some(ConnectionEnd::GoAway),
+        semconv::ERROR_TYPE_HTTP2_ERROR => Some(ConnectionEnd::Http2Error),
+        _ => None,
+    }
+}
+
+/// Records that the server ended `record` (`end`, from a request's
+/// failure) and counts its close.
+fn ended_by_server(inner: &Inner, record: &ConnectionRecord, end: ConnectionEnd, now: Instant) {
+    record.set_end(end);
+    if end == ConnectionEnd::GoAway {
+        // Dates the GOAWAY: responses on it ending after this show it
+        // came while the connection was serving (its request limit).
+        record.note_server_end_by(now);
+    }
+    inner.connection_closed(record, now);
+}
+
+/// Asks the kernel for the state of `record`'s socket, on which the
+/// request of `span` failed; the answer lands on the span
+/// ([`record_kernel_evidence`]; `timed_out_after`: a timeout, and how long
+/// nothing had arrived for the request when it fired). The span stays open
+/// until the kernel answers (a flush waits for it like for `tcp.connect`,
+/// `wait_for_pending_spans`); the request does not wait. `held`, a
+/// response body that timed out, is dropped once the kernel has answered
+/// (see [`RequestEnd::hold_until_kernel_answers`]).
+fn ask_kernel_evidence(
+    inner: &Inner,
+    span: tracing::Span,
+    record: Arc<ConnectionRecord>,
+    timed_out_after: Option<Duration>,
+    held: Option<Box<dyn Send + Sync>>,
+) {
+    let (Some(local), Some(remote)) = (record.setup.local_addr, record.setup.peer_addr) else {
+        return;
+    };
+    let pending = crate::export::pending::PendingEnd::new();
+    inner.kernel.lookup_then(local, remote, move |lookup| {
+        record_kernel_evidence(&span, &record, &lookup, timed_out_after);
+        drop(held);
+        drop(span);
+        drop(pending);
+    });
+}
+
 /// The kernel's view of the socket a request failed on, on its span; a
-/// timeout (`timed_out_after`) with nothing received from the peer since
-/// the request started marks the connection stalled.
+/// timeout with nothing received from the peer for the last
+/// `timed_out_after` (since the request started, or since its body's last
+/// bytes) marks the connection stalled.
 fn record_kernel_evidence(
     span: &tracing::Span,
     record: &ConnectionRecord,
@@ -699,6 +740,11 @@ pub(crate) struct RequestEnd {
     /// it ([`attribute_failure`]); it served no response.
     pub(crate) failed_on: Option<ConnectionUse>,
     pub(crate) body_size: u64,
+    /// When the latest bytes of the response body were read.
+    pub(crate) body_progress_at: Option<Instant>,
+    /// A response body that timed out, held (unread) until the kernel has
+    /// looked at its socket: see [`hold_until_kernel_answers`](Self::hold_until_kernel_answers).
+    held_body: Option<Box<dyn Send + Sync>>,
     /// Redirect hops sent before this request for the same call.
     pub(crate) resend_count: u32,
     /// `network.protocol.version` of the response.
@@ -767,6 +813,8 @@ impl RequestEnd {
             connection: None,
             failed_on: None,
             body_size: 0,
+            body_progress_at: None,
+            held_body: None,
             protocol_version: None,
             resend_count: 0,
             miss_deferred: false,
@@ -786,6 +834,17 @@ impl RequestEnd {
         self.error_type = Some(error_type.to_owned());
     }
 
+    /// Keeps `body`, the response body that timed out, until the kernel
+    /// has answered about its socket ([`finish`](Self::finish) asks): hyper
+    /// closes an HTTP/1.1 connection (h2 resets the stream) when the body
+    /// is dropped, which the caller does as soon as it has the error; a
+    /// kernel asked after that close would describe our own close
+    /// (`fin_wait*`, no `tcp_info`), not the stall. The caller does not
+    /// wait: the socket is closed at most the kernel's answer later.
+    pub(crate) fn hold_until_kernel_answers(&mut self, body: Box<dyn Send + Sync>) {
+        self.held_body = Some(body);
+    }
+
     /// Ends the request once: releases the connection to the registry's
     /// view, records the body size and hands the report to the callback.
     pub(crate) fn finish(&mut self, kind: EndKind) {
@@ -794,6 +853,7 @@ impl RequestEnd {
         }
         self.finished = true;
         let now = Instant::now();
+        let held_body = self.held_body.take();
         if self.headers_at.is_none() {
             if kind == EndKind::Dropped {
                 self.fail(
@@ -884,11 +944,7 @@ impl RequestEnd {
                     record.mark_released(now);
                     self.released_to_pool(record, now);
                 }
-                // An HTTP/1.1 body that failed: hyper closes the connection.
-                EndKind::Failed if !record.http2() => {
-                    record.mark_discarded(now);
-                    self.inner.connection_closed(record, now);
-                }
+                EndKind::Failed => self.body_failed(record, now, held_body),
                 // An HTTP/1.1 body dropped before its end: hyper closes the
                 // connection unless it had already read the whole body, in
                 // which case the connection is back in the pool already. Not
@@ -912,11 +968,6 @@ impl RequestEnd {
                             resets as i64,
                         )],
                     );
-                    record.mark_released(now);
-                    self.released_to_pool(record, now);
-                }
-                // HTTP/2: the stream ended, the connection lives on.
-                _ => {
                     record.mark_released(now);
                     self.released_to_pool(record, now);
                 }
@@ -963,6 +1014,61 @@ impl RequestEnd {
 }
 
 impl RequestEnd {
+    /// The response body failed (`error_type` recorded): what that did to
+    /// its connection. The server ended it (HTTP/1.1: a FIN mid-body,
+    /// `incomplete_body`, or a reset; HTTP/2: GOAWAY, a connection
+    /// error): `peer_fin` / `peer_reset` / `goaway` / `http2_error`, not the
+    /// client's doing. A timeout: HTTP/1.1 gave up on a response still
+    /// owed, hyper closes the connection (`abandoned`, row 5c), and for
+    /// either version the kernel's view of the socket lands on the span, as
+    /// for a timeout before the headers. Any other failure (say, a body
+    /// reqwest could not decode) drops an HTTP/1.1 body unread:
+    /// `discarded`. HTTP/2 without a server end: the stream ended, the
+    /// connection lives on.
+    fn body_failed(
+        &self,
+        record: &Arc<ConnectionRecord>,
+        now: Instant,
+        held_body: Option<Box<dyn Send + Sync>>,
+    ) {
+        let error_type = self.error_type.as_deref().unwrap_or_default();
+        let timed_out = error_type == semconv::ERROR_TYPE_TIMEOUT;
+        let http2 = record.http2();
+        if let Some(end) = server_end_of_failure(error_type, http2) {
+            // Its response ended there, as far as the pool goes (the pool
+            // had been warm). Not for a GOAWAY: a response ending at it
+            // would date it as the server's request limit, which lets the
+            // streams it covers finish (this one it cut short).
+            if end != ConnectionEnd::GoAway {
+                record.mark_released(now);
+            }
+            ended_by_server(&self.inner, record, end, now);
+        } else if timed_out && !http2 {
+            record.mark_released(now);
+            record.set_end(ConnectionEnd::Abandoned);
+            self.inner.connection_closed(record, now);
+        } else if !http2 {
+            record.mark_discarded(now);
+            self.inner.connection_closed(record, now);
+        } else {
+            record.mark_released(now);
+            self.released_to_pool(record, now);
+        }
+        if timed_out {
+            // Nothing arrived for the body since its last bytes (or the
+            // headers): a kernel that saw nothing either shows a stall.
+            let quiet_since = self.body_progress_at.or(self.headers_at);
+            let quiet = quiet_since.map(|t| now.saturating_duration_since(t));
+            ask_kernel_evidence(
+                &self.inner,
+                self.span.clone(),
+                Arc::clone(record),
+                quiet,
+                held_body,
+            );
+        }
+    }
+
     /// The connection carries no request any more (HTTP/1.1: its response
     /// ended; HTTP/2: its last open stream did): it goes back to the pool,
     /// unless the client's idle pool for the host is full, in which case
@@ -1022,6 +1128,44 @@ impl Drop for RequestEnd {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A failure tells the server's end by its kind (REFERENCE row 7); a
+    /// timeout or a reset stream is none (the client gave up; the
+    /// connection serves on).
+    #[test]
+    fn a_failure_names_the_servers_end_by_its_kind() {
+        for (error_type, http1, http2) in [
+            (
+                semconv::ERROR_TYPE_INCOMPLETE_BODY,
+                Some(ConnectionEnd::PeerFin),
+                Some(ConnectionEnd::Http2Error),
+            ),
+            (
+                semconv::ERROR_TYPE_CONNECTION_RESET,
+                Some(ConnectionEnd::PeerReset),
+                Some(ConnectionEnd::Http2Error),
+            ),
+            (
+                semconv::ERROR_TYPE_HTTP2_GOAWAY,
+                Some(ConnectionEnd::GoAway),
+                Some(ConnectionEnd::GoAway),
+            ),
+            (semconv::ERROR_TYPE_TIMEOUT, None, None),
+            (semconv::ERROR_TYPE_HTTP2_STREAM_RESET, None, None),
+            (semconv::ERROR_TYPE_OTHER, None, None),
+        ] {
+            assert_eq!(
+                server_end_of_failure(error_type, false),
+                http1,
+                "{error_type}"
+            );
+            assert_eq!(
+                server_end_of_failure(error_type, true),
+                http2,
+                "{error_type}"
+            );
+        }
+    }
 
     #[test]
     fn ip_text_is_the_address_as_displayed() {

@@ -6,30 +6,33 @@ use std::task::{Context, Poll};
 
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
-use pin_project_lite::pin_project;
 
-use crate::error::{classify, error_chain_text};
+use crate::error::{classify_body, error_chain_text};
 use crate::request::attribution::{EndKind, RequestEnd};
+use crate::semconv;
 
-pin_project! {
-    /// A response body that reports its end. Installed by the middleware on
-    /// every response; reading it is unchanged for the caller.
-    pub(crate) struct TracedBody<B> {
-        #[pin]
-        inner: B,
-        end: RequestEnd,
-    }
+/// A response body that reports its end. Installed by the middleware on
+/// every response; reading it is unchanged for the caller.
+pub(crate) struct TracedBody<B> {
+    /// `None` once handed to the request's end: a body that timed out is
+    /// held until the kernel has looked at its socket (see
+    /// [`RequestEnd::hold_until_kernel_answers`]).
+    inner: Option<B>,
+    end: RequestEnd,
 }
 
 impl<B> TracedBody<B> {
     pub(crate) fn new(inner: B, end: RequestEnd) -> Self {
-        Self { inner, end }
+        Self {
+            inner: Some(inner),
+            end,
+        }
     }
 }
 
 impl<B> Body for TracedBody<B>
 where
-    B: Body<Data = Bytes>,
+    B: Body<Data = Bytes> + Unpin + Send + Sync + 'static,
     B::Error: std::error::Error + Send + Sync + 'static,
 {
     type Data = Bytes;
@@ -39,20 +42,32 @@ where
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
-        let mut this = self.project();
-        let polled = this.inner.as_mut().poll_frame(cx);
+        let this = self.get_mut();
+        let Some(inner) = this.inner.as_mut() else {
+            return Poll::Ready(None);
+        };
+        let polled = Pin::new(&mut *inner).poll_frame(cx);
         match &polled {
             Poll::Ready(Some(Ok(frame))) => {
                 if let Some(data) = frame.data_ref() {
                     this.end.body_size += data.len() as u64;
+                    if !data.is_empty() {
+                        this.end.body_progress_at = Some(std::time::Instant::now());
+                    }
                 }
-                if this.inner.is_end_stream() {
+                if inner.is_end_stream() {
                     this.end.finish(EndKind::Complete);
                 }
             }
             Poll::Ready(Some(Err(e))) => {
                 let text = error_chain_text(&this.end.inner.redaction, e);
-                this.end.fail(classify(e), text);
+                let error_type = classify_body(e);
+                this.end.fail(error_type, text);
+                if error_type == semconv::ERROR_TYPE_TIMEOUT
+                    && let Some(inner) = this.inner.take()
+                {
+                    this.end.hold_until_kernel_answers(Box::new(inner));
+                }
                 this.end.finish(EndKind::Failed);
             }
             Poll::Ready(None) => this.end.finish(EndKind::Complete),
@@ -62,10 +77,12 @@ where
     }
 
     fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
+        self.inner.as_ref().is_none_or(Body::is_end_stream)
     }
 
     fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
+        self.inner
+            .as_ref()
+            .map_or_else(|| SizeHint::with_exact(0), Body::size_hint)
     }
 }
