@@ -1452,10 +1452,12 @@ async fn a_resend_by_a_retry_middleware_before_ours_counts_as_a_resend() {
         reports
             .taken()
             .iter()
-            .map(|r| r.resend_count)
+            .map(|r| (r.resend_count, r.connects))
             .collect::<Vec<_>>(),
-        vec![0, 1, 0, 1]
+        vec![(0, 1), (1, 0), (0, 0), (1, 0)],
+        "(resend count, connections opened) per report: the server accepted one"
     );
+    assert_eq!(server.accepted_connections(), 1);
 }
 
 /// A retry middleware placed AFTER ours (README: put ours last) resends a
@@ -1474,7 +1476,11 @@ async fn a_retry_middleware_after_ours_is_recorded_as_unseen_requests() {
         .await
         .expect("server");
     let t = telemetry();
-    let trace = t.conntrace();
+    let reports = Reports::default();
+    let trace = t
+        .conntrace_builder()
+        .on_request_end(reports.callback())
+        .build();
     let client = reqwest_middleware::ClientBuilder::new(
         trace
             .instrument_client(reqwest::Client::builder())
@@ -1548,5 +1554,13 @@ async fn a_retry_middleware_after_ours_is_recorded_as_unseen_requests() {
         .map(|kv| kv.value.to_string())
         .expect("message");
     assert!(message.contains("opened 2 connections"), "{message}");
+    assert_eq!(
+        reports
+            .taken()
+            .iter()
+            .map(|r| r.connects)
+            .collect::<Vec<_>>(),
+        vec![2]
+    );
     assert!(message.contains("after any retry middleware"), "{message}");
 }

@@ -759,12 +759,15 @@ pub const EVENT_STREAM_RESET: &str = "http.connection.stream_reset";
 /// `http.connection.connects` (int, request span, only when 2 or more):
 /// connections opened for this one call through
 /// [`ConnTraceMiddleware`](crate::ConnTraceMiddleware). One physical
-/// request opens at most one (hyper-util checks its pool once per request,
-/// and retries a request only when its pooled connection closed before the
-/// request was written), so 2 or more mean the call sent requests this span
-/// does not show: a middleware placed after `ConnTraceMiddleware` (a retry)
-/// resent it. Requests such a middleware sent on pooled connections open
-/// none and are not counted. Comes with [`EVENT_UNSEEN_REQUESTS`].
+/// request opens at most one: hyper-util checks its pool once per request,
+/// and checks again only to resend a request whose idle pooled connection
+/// closed before the request was written (hyper-util's
+/// `retry_canceled_requests`; that request reached no server), which opens
+/// a second one only if the first checkout had also started a connect. So
+/// 2 or more mean the call sent requests this span does not show: a
+/// middleware placed after `ConnTraceMiddleware` (a retry) resent it.
+/// Requests such a middleware sent on pooled connections open none and are
+/// not counted. Comes with [`EVENT_UNSEEN_REQUESTS`].
 pub const HTTP_CONNECTION_CONNECTS: &str = "http.connection.connects";
 /// Event on a request span with [`HTTP_CONNECTION_CONNECTS`]: the call
 /// sent more physical requests than this span shows; its
