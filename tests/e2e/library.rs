@@ -1460,6 +1460,67 @@ async fn a_resend_by_a_retry_middleware_before_ours_counts_as_a_resend() {
     assert_eq!(server.accepted_connections(), 1);
 }
 
+/// The count runs across redirect hops and attempts alike (semconv: a
+/// resend "for any reason, including redirects"): a call redirected once to
+/// a 400, resent by a retry middleware before ours, is four physical
+/// requests as the server recorded them, with resend counts absent, 1, 2,
+/// 3.
+#[tokio::test]
+async fn a_retry_of_a_redirected_call_continues_the_resend_count() {
+    let server = TestServer::builder()
+        .http_versions(HttpVersions::Http1Only)
+        .start()
+        .await
+        .expect("server");
+    let a = server.addr();
+    let t = telemetry();
+    let trace = t.conntrace();
+    let client = reqwest_middleware::ClientBuilder::new(
+        trace
+            .instrument_client(reqwest::Client::builder())
+            .build()
+            .expect("client"),
+    )
+    .with(retry_once)
+    .with(trace.middleware())
+    .build();
+    let response = client
+        .get(format!("http://{a}/redirect/{a}/delay/x"))
+        .send()
+        .await
+        .expect("answered");
+    assert_eq!(response.status(), 400);
+    response.bytes().await.expect("body");
+    let paths: Vec<String> = server.requests().iter().map(|r| r.path.clone()).collect();
+    let redirect = format!("/redirect/{a}/delay/x");
+    assert_eq!(
+        paths,
+        vec![
+            redirect.clone(),
+            "/delay/x".to_owned(),
+            redirect,
+            "/delay/x".to_owned()
+        ],
+        "hop, hop; then the retry: hop, hop"
+    );
+    let spans = t.requests();
+    assert_eq!(
+        spans
+            .iter()
+            .map(|s| (
+                i64_attr(s, semconv::HTTP_REQUEST_RESEND_COUNT),
+                i64_attr(s, semconv::HTTP_RESPONSE_STATUS_CODE)
+            ))
+            .collect::<Vec<_>>(),
+        vec![
+            (None, Some(302)),
+            (Some(1), Some(400)),
+            (Some(2), Some(302)),
+            (Some(3), Some(400))
+        ]
+    );
+}
+
 /// A retry middleware placed AFTER ours (README: put ours last) resends a
 /// call the server answers 400 and ends every connection after one
 /// response: the server records two physical requests on two connections.
