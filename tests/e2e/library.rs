@@ -1350,3 +1350,278 @@ async fn a_failed_phase_as_an_event_carries_its_spans_error() {
         );
     }
 }
+
+/// A retry middleware (written here, as reqwest-retry's
+/// `RetryTransientMiddleware` works): it resends once on an error status,
+/// handing the same `Extensions` to both attempts.
+fn retry_once<'a>(
+    req: reqwest::Request,
+    extensions: &'a mut http::Extensions,
+    next: reqwest_middleware::Next<'a>,
+) -> futures::future::BoxFuture<'a, reqwest_middleware::Result<reqwest::Response>> {
+    Box::pin(async move {
+        let copy = req.try_clone().expect("a GET clones");
+        let first = next.clone().run(req, extensions).await?;
+        if !first.status().is_client_error() && !first.status().is_server_error() {
+            return Ok(first);
+        }
+        drop(first);
+        next.run(copy, extensions).await
+    })
+}
+
+/// A retry middleware placed before ours resends a call the server answers
+/// 400 (`/delay/x` is not a number): the server records two requests on
+/// one connection, and each attempt has its own span naming that
+/// connection, the second with `http.request.resend_count` 1, and its
+/// own report saying so. Then a fresh call through the same client starts
+/// again at no resend count.
+#[tokio::test]
+async fn a_resend_by_a_retry_middleware_before_ours_counts_as_a_resend() {
+    let server = TestServer::builder()
+        .http_versions(HttpVersions::Http1Only)
+        .start()
+        .await
+        .expect("server");
+    let t = telemetry();
+    let reports = Reports::default();
+    let trace = t
+        .conntrace_builder()
+        .on_request_end(reports.callback())
+        .build();
+    let client = reqwest_middleware::ClientBuilder::new(
+        trace
+            .instrument_client(reqwest::Client::builder())
+            .build()
+            .expect("client"),
+    )
+    .with(retry_once)
+    .with(trace.middleware())
+    .build();
+    for _ in 0..2 {
+        let response = client
+            .get(server.url("/delay/x"))
+            .send()
+            .await
+            .expect("answered");
+        assert_eq!(response.status(), 400);
+        response.bytes().await.expect("body");
+    }
+    let records = server.requests();
+    assert_eq!(
+        records
+            .iter()
+            .map(|r| (r.connection_id, r.request_index))
+            .collect::<Vec<_>>(),
+        vec![(1, 1), (1, 2), (1, 3), (1, 4)],
+        "two calls, each sent twice, all on one connection"
+    );
+    let spans = t.requests();
+    assert_eq!(spans.len(), 4, "one span per physical request");
+    assert_eq!(
+        spans
+            .iter()
+            .map(|s| i64_attr(s, semconv::HTTP_REQUEST_RESEND_COUNT))
+            .collect::<Vec<_>>(),
+        vec![None, Some(1), None, Some(1)],
+        "each call's second attempt is resend 1"
+    );
+    assert_eq!(
+        spans
+            .iter()
+            .map(|s| i64_attr(s, semconv::HTTP_CONNECTION_REQUEST_COUNT))
+            .collect::<Vec<_>>(),
+        records
+            .iter()
+            .map(|r| Some(r.request_index as i64))
+            .collect::<Vec<_>>(),
+        "each span names the request the server counted"
+    );
+    let id = i64_attr(&spans[0], semconv::HTTP_CONNECTION_ID).expect("connection id");
+    assert!(
+        spans
+            .iter()
+            .all(|s| i64_attr(s, semconv::HTTP_CONNECTION_ID) == Some(id))
+    );
+    assert!(
+        spans
+            .iter()
+            .all(|s| i64_attr(s, semconv::HTTP_CONNECTION_CONNECTS).is_none())
+    );
+    assert_eq!(
+        reports
+            .taken()
+            .iter()
+            .map(|r| (r.resend_count, r.connects))
+            .collect::<Vec<_>>(),
+        vec![(0, 1), (1, 0), (0, 0), (1, 0)],
+        "(resend count, connections opened) per report: the server accepted one"
+    );
+    assert_eq!(server.accepted_connections(), 1);
+}
+
+/// The count runs across redirect hops and attempts alike (semconv: a
+/// resend "for any reason, including redirects"): a call redirected once to
+/// a 400, resent by a retry middleware before ours, is four physical
+/// requests as the server recorded them, with resend counts absent, 1, 2,
+/// 3.
+#[tokio::test]
+async fn a_retry_of_a_redirected_call_continues_the_resend_count() {
+    let server = TestServer::builder()
+        .http_versions(HttpVersions::Http1Only)
+        .start()
+        .await
+        .expect("server");
+    let a = server.addr();
+    let t = telemetry();
+    let trace = t.conntrace();
+    let client = reqwest_middleware::ClientBuilder::new(
+        trace
+            .instrument_client(reqwest::Client::builder())
+            .build()
+            .expect("client"),
+    )
+    .with(retry_once)
+    .with(trace.middleware())
+    .build();
+    let response = client
+        .get(format!("http://{a}/redirect/{a}/delay/x"))
+        .send()
+        .await
+        .expect("answered");
+    assert_eq!(response.status(), 400);
+    response.bytes().await.expect("body");
+    let paths: Vec<String> = server.requests().iter().map(|r| r.path.clone()).collect();
+    let redirect = format!("/redirect/{a}/delay/x");
+    assert_eq!(
+        paths,
+        vec![
+            redirect.clone(),
+            "/delay/x".to_owned(),
+            redirect,
+            "/delay/x".to_owned()
+        ],
+        "hop, hop; then the retry: hop, hop"
+    );
+    let spans = t.requests();
+    assert_eq!(
+        spans
+            .iter()
+            .map(|s| (
+                i64_attr(s, semconv::HTTP_REQUEST_RESEND_COUNT),
+                i64_attr(s, semconv::HTTP_RESPONSE_STATUS_CODE)
+            ))
+            .collect::<Vec<_>>(),
+        vec![
+            (None, Some(302)),
+            (Some(1), Some(400)),
+            (Some(2), Some(302)),
+            (Some(3), Some(400))
+        ]
+    );
+}
+
+/// A retry middleware placed AFTER ours (README: put ours last) resends a
+/// call the server answers 400 and ends every connection after one
+/// response: the server records two physical requests on two connections.
+/// Our middleware sees one call (the first attempt happens inside it), so
+/// its one span cannot show the first request; it says so: the count of
+/// connections the call opened (2, as the server accepted) and the
+/// `unseen_requests` event; two setup spans.
+#[tokio::test]
+async fn a_retry_middleware_after_ours_is_recorded_as_unseen_requests() {
+    let server = TestServer::builder()
+        .http_versions(HttpVersions::Http1Only)
+        .max_requests_per_connection(Some(1))
+        .start()
+        .await
+        .expect("server");
+    let t = telemetry();
+    let reports = Reports::default();
+    let trace = t
+        .conntrace_builder()
+        .on_request_end(reports.callback())
+        .build();
+    let client = reqwest_middleware::ClientBuilder::new(
+        trace
+            .instrument_client(reqwest::Client::builder())
+            .build()
+            .expect("client"),
+    )
+    .with(trace.middleware())
+    .with(retry_once)
+    .build();
+    let response = client
+        .get(server.url("/delay/x"))
+        .send()
+        .await
+        .expect("answered");
+    assert_eq!(response.status(), 400);
+    response.bytes().await.expect("body");
+    let records = server.requests();
+    assert_eq!(
+        records
+            .iter()
+            .map(|r| (r.connection_id, r.request_index))
+            .collect::<Vec<_>>(),
+        vec![(1, 1), (2, 1)],
+        "two physical requests on two connections"
+    );
+    let setups = t.setups();
+    assert_eq!(setups.len(), 2, "two connections set up");
+    let spans = t.requests();
+    assert_eq!(spans.len(), 1, "our middleware saw one call");
+    let span = &spans[0];
+    // The span names the connection that answered; the other one carried
+    // the first attempt (the server's connection 1), which no span shows:
+    // its setup does not claim it went to the pool unused.
+    let answered = i64_attr(span, semconv::HTTP_CONNECTION_ID).expect("connection id");
+    let outcomes: Vec<(Option<i64>, Option<String>)> = setups
+        .iter()
+        .map(|s| {
+            (
+                i64_attr(s, semconv::HTTP_CONNECTION_ID),
+                str_attr(s, semconv::HTTP_CONNECTION_SETUP_OUTCOME),
+            )
+        })
+        .collect();
+    let other = setups
+        .iter()
+        .filter_map(|s| i64_attr(s, semconv::HTTP_CONNECTION_ID))
+        .find(|id| *id != answered)
+        .expect("the other connection");
+    let mut expected = vec![
+        (Some(other), Some(semconv::SETUP_OUTCOME_UNSEEN.to_owned())),
+        (Some(answered), Some(semconv::SETUP_OUTCOME_USED.to_owned())),
+    ];
+    expected.sort();
+    let mut outcomes = outcomes;
+    outcomes.sort();
+    assert_eq!(outcomes, expected);
+    assert_eq!(
+        i64_attr(span, semconv::HTTP_CONNECTION_CONNECTS),
+        Some(server.accepted_connections() as i64),
+        "the connections the call opened, as the server accepted them"
+    );
+    let event = span
+        .events
+        .iter()
+        .find(|e| e.name == semconv::EVENT_UNSEEN_REQUESTS)
+        .expect("the unseen requests are named");
+    let message = event
+        .attributes
+        .iter()
+        .find(|kv| kv.key.as_str() == semconv::EXCEPTION_MESSAGE)
+        .map(|kv| kv.value.to_string())
+        .expect("message");
+    assert!(message.contains("opened 2 connections"), "{message}");
+    assert_eq!(
+        reports
+            .taken()
+            .iter()
+            .map(|r| r.connects)
+            .collect::<Vec<_>>(),
+        vec![2]
+    );
+    assert!(message.contains("after any retry middleware"), "{message}");
+}

@@ -66,9 +66,11 @@ pub const HTTP_REQUEST_METHOD: &str = sc::HTTP_REQUEST_METHOD;
 /// `http.request.method_original` (string), HTTP semconv: the method sent
 /// when it is not a known one (`http.request.method` is then `_OTHER`).
 pub const HTTP_REQUEST_METHOD_ORIGINAL: &str = sc::HTTP_REQUEST_METHOD_ORIGINAL;
-/// `http.request.resend_count` (int), HTTP semconv: on the span of a
-/// redirect hop, the number of hops sent before it for the same call (the
-/// first request has none).
+/// `http.request.resend_count` (int), HTTP semconv: the number of
+/// physical requests sent before this one for the same call: redirect hops
+/// followed, and attempts of a retry middleware placed before
+/// [`ConnTraceMiddleware`](crate::ConnTraceMiddleware) (it hands the same
+/// `Extensions` to each attempt); the first request has none.
 pub const HTTP_REQUEST_RESEND_COUNT: &str = sc::HTTP_REQUEST_RESEND_COUNT;
 /// `http.response.status_code` (int), HTTP semconv.
 pub const HTTP_RESPONSE_STATUS_CODE: &str = sc::HTTP_RESPONSE_STATUS_CODE;
@@ -597,6 +599,13 @@ pub const SETUP_OUTCOME_POOLED: &str = "pooled";
 /// [`HTTP_CONNECTION_SETUP_OUTCOME`]: HTTP/2 connect that lost the ALPN race
 /// and was closed unused by hyper-util.
 pub const SETUP_OUTCOME_COALESCED: &str = "coalesced";
+/// [`HTTP_CONNECTION_SETUP_OUTCOME`]: its trigger opened more than one
+/// connection ([`HTTP_CONNECTION_CONNECTS`] on the request span) and was
+/// answered on another one: a middleware placed after
+/// [`ConnTraceMiddleware`](crate::ConnTraceMiddleware) (a retry) most
+/// likely sent a request on this one that no request span shows, or it
+/// went to the pool unused; which of the two cannot be told.
+pub const SETUP_OUTCOME_UNSEEN: &str = "unseen";
 /// [`HTTP_CONNECTION_SETUP_OUTCOME`]: the connect failed (`error.type` says why).
 pub const SETUP_OUTCOME_FAILED: &str = "failed";
 /// [`HTTP_CONNECTION_SETUP_OUTCOME`]: the connect was abandoned before it
@@ -747,6 +756,24 @@ pub const HTTP_CONNECTION_STREAM_RESETS: &str = "http.connection.stream_resets";
 /// unless the whole body had already arrived, which cannot be seen (see
 /// [`HTTP_CONNECTION_STREAM_RESETS`], its attribute).
 pub const EVENT_STREAM_RESET: &str = "http.connection.stream_reset";
+/// `http.connection.connects` (int, request span, only when 2 or more):
+/// connections opened for this one call through
+/// [`ConnTraceMiddleware`](crate::ConnTraceMiddleware). One physical
+/// request opens at most one: hyper-util checks its pool once per request,
+/// and checks again only to resend a request whose idle pooled connection
+/// closed before the request was written (hyper-util's
+/// `retry_canceled_requests`; that request reached no server), which opens
+/// a second one only if the first checkout had also started a connect. So
+/// 2 or more mean the call sent requests this span does not show: a
+/// middleware placed after `ConnTraceMiddleware` (a retry) resent it.
+/// Requests such a middleware sent on pooled connections open none and are
+/// not counted. Comes with [`EVENT_UNSEEN_REQUESTS`].
+pub const HTTP_CONNECTION_CONNECTS: &str = "http.connection.connects";
+/// Event on a request span with [`HTTP_CONNECTION_CONNECTS`]: the call
+/// sent more physical requests than this span shows; its
+/// `exception.message` says how many connections were opened and that
+/// `ConnTraceMiddleware` belongs after (inside) any retry middleware.
+pub const EVENT_UNSEEN_REQUESTS: &str = "http.connection.unseen_requests";
 /// `http.connection.stalled` (bool, request span, only ever `true`): the
 /// request timed out on a connection that received nothing from the peer
 /// during the request, or, timing out while its body was read, since the

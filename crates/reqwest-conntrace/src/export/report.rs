@@ -317,10 +317,18 @@ pub struct RequestReport {
     /// the connection had carried before (not this request), and
     /// [`ConnectionUse::miss_reason`] is `None`.
     pub connection: Option<ConnectionUse>,
-    /// `http.request.resend_count`: redirect hops sent before this one for
-    /// the same call (0 for the first request). Each hop is a request with
-    /// its own report.
+    /// `http.request.resend_count`: physical requests sent before this one
+    /// for the same call (0 for the first request): redirect hops, and
+    /// attempts of a retry middleware placed before the
+    /// [`ConnTraceMiddleware`](crate::ConnTraceMiddleware). Each hop and
+    /// each attempt is a request with its own report.
     pub resend_count: u32,
+    /// Connections this request's pool checkouts opened: 0 when a pooled
+    /// connection served it, 1 when it paid for a new one; 2 or more mean a
+    /// middleware placed after the
+    /// [`ConnTraceMiddleware`](crate::ConnTraceMiddleware) (a retry) sent
+    /// requests no report shows (`http.connection.connects` on the span).
+    pub connects: u32,
     /// `network.protocol.version` of the response (`"1.1"`, `"2"`); `None`
     /// when the request failed before a response.
     pub protocol_version: Option<&'static str>,

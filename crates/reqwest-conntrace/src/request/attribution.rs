@@ -1008,6 +1008,7 @@ impl RequestEnd {
                 .map(|(u, _)| u.clone())
                 .or_else(|| self.failed_on.clone()),
             resend_count: self.resend_count,
+            connects: self.state.connects(),
             protocol_version: self.protocol_version,
         }
     }

@@ -210,12 +210,34 @@ fn default_port(scheme: &str) -> u16 {
     }
 }
 
+/// Physical requests this middleware has sent for one call, kept in the
+/// call's `Extensions`: a middleware placed before this one that sends the
+/// request again (a retry, e.g. reqwest-retry's
+/// `RetryTransientMiddleware`) hands the same `Extensions` to each attempt,
+/// so each attempt's first request continues the count
+/// (`http.request.resend_count`: "the ordinal number of request resending
+/// attempt (for any reason, including redirects)", semconv v1.42.0).
+#[derive(Debug, Clone, Copy)]
+struct Sent(usize);
+
+impl Sent {
+    /// The requests sent before this one for the call; counts this one.
+    fn count_one(extensions: &mut Extensions) -> usize {
+        let before = extensions.get::<Sent>().map_or(0, |s| s.0);
+        extensions.insert(Sent(before.saturating_add(1)));
+        before
+    }
+}
+
 #[async_trait::async_trait]
 impl<M: MakeRequestSpan> Middleware for ConnTraceMiddleware<M> {
     /// Sends the request; when the instrumented builder took over redirect
     /// following (see `redirect`), sends each hop as its own physical
     /// request with its own span, `http.request.resend_count` from the
-    /// second on.
+    /// second on. A call resent by a middleware placed before this one
+    /// (with the same `Extensions`, as retry middlewares do) continues the
+    /// count: its second attempt's span has `http.request.resend_count`
+    /// one more than the first attempt's last hop.
     async fn handle(
         &self,
         req: Request,
@@ -226,8 +248,9 @@ impl<M: MakeRequestSpan> Middleware for ConnTraceMiddleware<M> {
         let mut followed = 0;
         loop {
             let hop = Arc::new(HopSlot::new(&req, followed));
+            let resend_count = Sent::count_one(extensions);
             let response = self
-                .send_one(req, extensions, next.clone(), hop.clone())
+                .send_one(req, extensions, next.clone(), hop.clone(), resend_count)
                 .await?;
             let Some(next_request) = hop.next_request(response.status()) else {
                 return Ok(response);
@@ -248,9 +271,9 @@ impl<M: MakeRequestSpan> ConnTraceMiddleware<M> {
         extensions: &mut Extensions,
         next: Next<'_>,
         hop: Arc<HopSlot>,
+        resend_count: usize,
     ) -> Result<Response> {
         let inner = self.trace.inner().clone();
-        let resend_count = hop.followed();
         // A resend gets a span of its own even when the first request's span
         // belongs to an outer middleware (`UseCurrentSpan`): a child of it.
         let (span, records_http) = if resend_count == 0 {
@@ -341,6 +364,27 @@ impl<M: MakeRequestSpan> ConnTraceMiddleware<M> {
         }
         .instrument(span.clone())
         .await;
+        // More connects than one physical request makes: a middleware after
+        // this one sent the request again, unseen (see
+        // `HTTP_CONNECTION_CONNECTS`).
+        let connects = state.connects();
+        if connects > 1
+            && let Some(cx) = &cx
+        {
+            cx.span().set_attribute(KeyValue::new(
+                semconv::HTTP_CONNECTION_CONNECTS,
+                i64::from(connects),
+            ));
+            cx.span().add_event(
+                semconv::EVENT_UNSEEN_REQUESTS,
+                vec![KeyValue::new(
+                    semconv::EXCEPTION_MESSAGE,
+                    format!(
+                        "this call opened {connects} connections; one physical request opens at most one: a middleware placed after ConnTraceMiddleware sent more requests than this span shows (add ConnTraceMiddleware after any retry middleware)"
+                    ),
+                )],
+            );
+        }
 
         match result {
             Ok(response) => {

@@ -139,11 +139,6 @@ impl HopSlot {
         }
     }
 
-    /// Redirects followed before this hop: its `http.request.resend_count`.
-    pub(crate) fn followed(&self) -> usize {
-        self.followed
-    }
-
     fn set(&self, follow: Follow) {
         *self.next.lock().unwrap_or_else(|e| e.into_inner()) = Some(follow);
     }

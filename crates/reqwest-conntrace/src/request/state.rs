@@ -4,6 +4,7 @@
 
 use std::cell::RefCell;
 use std::mem;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Instant, SystemTime};
 
@@ -26,6 +27,9 @@ pub(crate) struct RequestState {
     trigger: Mutex<TriggerState>,
     /// Why the first connect this request triggered was needed.
     miss: Mutex<Option<MissSlot>>,
+    /// Connects this request triggered (pool checkouts that found no
+    /// usable connection).
+    connects: AtomicU32,
     /// The fan-out batch the request was started in, if any.
     pub(crate) batch: Option<Arc<crate::request::fanout::BatchStats>>,
     /// The request sent `Connection: close`: it asked for its connection
@@ -70,6 +74,7 @@ impl RequestState {
             host,
             trigger: Mutex::new(TriggerState::default()),
             miss: Mutex::new(None),
+            connects: AtomicU32::new(0),
             batch: crate::request::fanout::current(),
             asked_close,
         }
@@ -77,10 +82,17 @@ impl RequestState {
 
     /// Records why a connect this request triggered was needed (first one wins).
     pub(crate) fn note_miss(&self, slot: MissSlot) {
+        self.connects.fetch_add(1, Ordering::Relaxed);
         let mut m = self.miss.lock().unwrap_or_else(|e| e.into_inner());
         if m.is_none() {
             *m = Some(slot);
         }
+    }
+
+    /// Connects this request triggered so far: one per pool checkout that
+    /// found no usable connection.
+    pub(crate) fn connects(&self) -> u32 {
+        self.connects.load(Ordering::Relaxed)
     }
 
     /// Why this request's pool checkout failed, if it triggered a connect.
@@ -100,7 +112,7 @@ impl RequestState {
         match t.finished {
             Some(fate) => {
                 drop(t);
-                finish_setup(pending, fate)
+                finish_setup(pending, fate, self.connects() > 1)
             }
             None => {
                 t.pending.push(pending);
@@ -124,9 +136,12 @@ impl RequestState {
             t.finished = Some(fate);
             mem::take(&mut t.pending)
         };
+        // More than one connect: a middleware after ours sent requests we
+        // did not see, on connections other than the one that answered.
+        let unseen = self.connects() > 1;
         pending
             .into_iter()
-            .filter_map(|p| finish_setup(p, fate))
+            .filter_map(|p| finish_setup(p, fate, unseen))
             .collect()
     }
 }
@@ -137,18 +152,26 @@ impl Drop for RequestState {
         // (not expected: the middleware's guard finishes it) ends them here.
         let pending = mem::take(&mut self.trigger().pending);
         for p in pending {
-            finish_setup(p, Fate::NoResponse);
+            finish_setup(p, Fate::NoResponse, false);
         }
     }
 }
 
 /// Sets the trigger-related attributes on a successful setup span and ends
 /// it. Returns the connection when it is HTTP/1.1 and its trigger was
-/// served by another one: it went into the pool unused.
-fn finish_setup(p: PendingSetup, fate: Fate) -> Option<Arc<ConnectionRecord>> {
+/// served by another one: it went into the pool unused. `unseen`: the
+/// trigger opened more than one connection, so one it was not answered on
+/// may have carried a request sent by a middleware after ours.
+fn finish_setup(p: PendingSetup, fate: Fate, unseen: bool) -> Option<Arc<ConnectionRecord>> {
     let span = p.cx.span();
     let mut pooled_unused = None;
     match fate {
+        Fate::ServedBy { connection_id, .. } if unseen && connection_id != p.record.id() => {
+            span.set_attribute(KeyValue::new(
+                semconv::HTTP_CONNECTION_SETUP_OUTCOME,
+                semconv::SETUP_OUTCOME_UNSEEN,
+            ));
+        }
         Fate::ServedBy { connection_id, .. } if connection_id == p.record.id() => {
             span.set_attribute(KeyValue::new(
                 semconv::HTTP_CONNECTION_USED_BY_TRIGGER,
