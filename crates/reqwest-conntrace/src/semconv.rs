@@ -136,7 +136,13 @@ pub const HTTP_CONNECTION_ID: &str = "http.connection.id";
 /// previous response on it (HTTP/1.1). 0 on an idle hit.
 pub const HTTP_CONNECTION_WAIT_TIME: &str = "http.connection.wait_time";
 /// `http.connection.request_count` (int, request span): requests the serving
-/// connection has carried, this one included.
+/// connection has carried, this one included, as the server counts them
+/// (nginx `$connection_requests`): requests that got a response (counted
+/// when its headers arrive) and requests sent on it that gave up on their
+/// response (a reqwest timeout, or the request's future dropped:
+/// `error.type` `timeout` / `cancelled`, whose span carries it too).
+/// Requests that failed otherwise (reset, HTTP/2 GOAWAY or error) are not
+/// counted: the server may never have seen them.
 pub const HTTP_CONNECTION_REQUEST_COUNT: &str = "http.connection.request_count";
 /// `http.connection.age` (double, seconds, request span): time from the
 /// serving connection becoming ready to this request's start (0 when the
@@ -677,7 +683,8 @@ pub const HTTP_CONNECTION_PREVIOUS_ID: &str = "http.connection.previous.id";
 /// request's start.
 pub const HTTP_CONNECTION_PREVIOUS_IDLE_TIME: &str = "http.connection.previous.idle_time";
 /// `http.connection.previous.request_count` (int, as
-/// [`HTTP_CONNECTION_PREVIOUS_ID`]): responses it carried.
+/// [`HTTP_CONNECTION_PREVIOUS_ID`]): requests it carried, counted as
+/// [`HTTP_CONNECTION_REQUEST_COUNT`].
 pub const HTTP_CONNECTION_PREVIOUS_REQUEST_COUNT: &str = "http.connection.previous.request_count";
 /// `http.connection.previous.end` (string, as [`HTTP_CONNECTION_PREVIOUS_ID`]):
 /// how it ended; one of the `CONNECTION_END_*` values.
@@ -748,9 +755,10 @@ pub const HTTP_CONNECTION_STREAM_RESETS: &str = "http.connection.stream_resets";
 /// [`HTTP_CONNECTION_STREAM_RESETS`], its attribute).
 pub const EVENT_STREAM_RESET: &str = "http.connection.stream_reset";
 /// `http.connection.stalled` (bool, request span, only ever `true`): the
-/// request timed out on a connection that received nothing from the peer
-/// during the request (kernel `tcpi_last_data_recv`, which counts jiffies:
-/// within 10 ms).
+/// request gave up on its response (timed out, or its future was dropped)
+/// on a connection that received nothing from the peer during the request
+/// (kernel `tcpi_last_data_recv`, which counts jiffies: within 10 ms),
+/// after waiting longer than a round trip (`tcpi_rtt`) plus those 10 ms.
 pub const HTTP_CONNECTION_STALLED: &str = "http.connection.stalled";
 /// `http.connection.tcp.unacked` (int, segments, request span of a failed
 /// request): segments sent and not yet acknowledged (`tcpi_unacked`).
