@@ -2119,8 +2119,10 @@ async fn calls_cut_by_a_tokio_timeout_on_a_stalled_http2_connection_name_it() {
 /// connection (nginx's `$connection_requests` counts the same way), the
 /// given-up one included; over HTTP/1.1 the next miss's
 /// `previous.request_count` is what the server counted on the abandoned
-/// connection. Over HTTP/2 the later calls said 2 and 3 (one behind the
-/// server for ever after each timeout), and the given-up call no count.
+/// connection. Over HTTP/2 giving up resets the stream (event on the
+/// request, `http.connection.stream_resets` 1 on the later ones). Over
+/// HTTP/2 the later calls said 2 and 3 (one behind the server for ever
+/// after each timeout), and the given-up call no count.
 #[tokio::test]
 async fn request_count_counts_requests_that_gave_up_on_their_response() {
     let pki = TestPki::localhost().expect("pki");
@@ -2167,6 +2169,24 @@ async fn request_count_counts_requests_that_gave_up_on_their_response() {
             assert_eq!(
                 spans.iter().map(|s| s.count).collect::<Vec<_>>(),
                 vec![Some(1), Some(2), Some(3), Some(4)],
+                "{context}"
+            );
+            // Giving up reset its stream (h2 RST_STREAM CANCEL), counted on
+            // the connection that lives on.
+            let raw = t.requests();
+            assert!(
+                raw[1]
+                    .events
+                    .iter()
+                    .any(|e| e.name == semconv::EVENT_STREAM_RESET),
+                "{context}"
+            );
+            assert_eq!(
+                raw[2..]
+                    .iter()
+                    .map(|s| i64_attr(s, semconv::HTTP_CONNECTION_STREAM_RESETS))
+                    .collect::<Vec<_>>(),
+                vec![Some(1), Some(1)],
                 "{context}"
             );
         } else {

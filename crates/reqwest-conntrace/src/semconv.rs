@@ -748,11 +748,15 @@ pub const HTTP_CONNECTION_DNS_STALE: &str = "http.connection.dns_stale";
 /// from outside: hyper's `Incoming::is_end_stream` (h2's
 /// `RecvStream::is_end_stream`) turns true only once the received data has
 /// also been read. So this is an upper bound on the resets h2 sent.
+/// Requests on it that gave up on their response (a reqwest timeout, a
+/// dropped future: h2 resets their open stream) count too.
 pub const HTTP_CONNECTION_STREAM_RESETS: &str = "http.connection.stream_resets";
 /// Event on a request span whose HTTP/2 response was dropped before its
 /// body was read to the end: h2 resets the stream (RST_STREAM CANCEL)
 /// unless the whole body had already arrived, which cannot be seen (see
-/// [`HTTP_CONNECTION_STREAM_RESETS`], its attribute).
+/// [`HTTP_CONNECTION_STREAM_RESETS`], its attribute); also on an HTTP/2
+/// request that gave up on its response (timeout, dropped future) on a
+/// connection it names, whose stream h2 resets.
 pub const EVENT_STREAM_RESET: &str = "http.connection.stream_reset";
 /// `http.connection.stalled` (bool, request span, only ever `true`): the
 /// request gave up on its response (timed out, or its future was dropped)

@@ -532,6 +532,19 @@ pub(crate) fn attribute_failure(
     } else {
         record.requests.load(std::sync::atomic::Ordering::Relaxed)
     };
+    // HTTP/2: giving up drops h2's response future, which resets the open
+    // stream (RST_STREAM CANCEL; hyper 1.x `proto/h2/client.rs` drops it
+    // when the request's callback is cancelled), as a dropped body does.
+    if gave_up && record.http2() {
+        let resets = record.count_stream_reset();
+        span.add_event(
+            semconv::EVENT_STREAM_RESET,
+            vec![KeyValue::new(
+                semconv::HTTP_CONNECTION_STREAM_RESETS,
+                resets as i64,
+            )],
+        );
+    }
     let usage = ConnectionUse {
         id: record.id(),
         reused,
