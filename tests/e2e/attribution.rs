@@ -2749,3 +2749,247 @@ async fn a_report_waits_for_its_http2_request_limit_miss_decided_after_the_respo
         "no report was still being decided when its request ended: the case is not tested"
     );
 }
+
+/// How a test gives up on a call before its response: reqwest's own
+/// `.timeout()`, or the caller dropping the future
+/// (`tokio::time::timeout` around `send()`, the usual way to bound a call
+/// from outside). Returns `true` when the call was cut.
+async fn give_up(
+    client: &reqwest_middleware::ClientWithMiddleware,
+    url: &str,
+    after: Duration,
+    dropped: bool,
+) -> bool {
+    if dropped {
+        tokio::time::timeout(after, client.get(url).send())
+            .await
+            .is_err()
+    } else {
+        client
+            .get(url)
+            .timeout(after)
+            .send()
+            .await
+            .is_err_and(|e| e.is_timeout())
+    }
+}
+
+/// Regression (a tester's finding; the text says what was seen before the
+/// fix). HTTP/1.1: a warm connection, then a call wrapped in
+/// `tokio::time::timeout` (100 ms) against a 600 ms response: the future
+/// is dropped while the response is owed, so hyper closes the connection.
+/// Then one more call. The server saw connection 1 carry 2 requests and
+/// the third arrive on a new connection. The third call's miss is
+/// `abandoned` naming connection 1 with the server's 2 requests (REFERENCE
+/// row 5c, as for reqwest's `.timeout()`), and the dropped call's span
+/// (`error.type = cancelled`) names connection 1 as its 2nd request. It
+/// was `release_race` or `idle_expired`, and the dropped call named no
+/// connection.
+#[tokio::test]
+async fn a_call_dropped_by_a_tokio_timeout_is_abandoned_and_names_its_connection() {
+    let t = telemetry();
+    let server = RemoteServer::start(plain_h1()).await;
+    let client = t.client(reqwest::Client::builder(), None);
+    get(&client, &server.get().url("/")).await;
+    let url = server.get().url("/delay/600");
+    assert!(
+        give_up(&client, &url, Duration::from_millis(100), true).await,
+        "the call was cut by the timeout"
+    );
+    get(&client, &server.get().url("/")).await;
+    let spans: Vec<Seen> = requests(&t, 3).iter().map(seen).collect();
+    let records = server.get().requests();
+    assert_eq!(records.len(), 3);
+    assert_eq!(records[1].connection_id, records[0].connection_id);
+    assert_ne!(records[2].connection_id, records[0].connection_id);
+    let first = spans[0].id.expect("first id");
+    let (cut, last) = (&spans[1], &spans[2]);
+    assert_eq!(
+        cut.error.as_deref(),
+        Some(semconv::ERROR_TYPE_CANCELLED),
+        "{spans:#?}"
+    );
+    assert_eq!(
+        (cut.id, cut.count),
+        (Some(first), Some(records[1].request_index as i64)),
+        "the dropped call names the connection it was sent on, counted as the server did: {spans:#?}"
+    );
+    let carried = records
+        .iter()
+        .filter(|r| r.connection_id == records[0].connection_id)
+        .count() as i64;
+    assert_eq!(
+        (
+            last.reason.as_deref(),
+            last.previous_id,
+            last.previous_count,
+            last.previous_end.as_deref()
+        ),
+        (
+            Some(semconv::MISS_REASON_ABANDONED),
+            Some(first),
+            Some(carried),
+            Some(semconv::CONNECTION_END_ABANDONED)
+        ),
+        "{spans:#?}"
+    );
+}
+
+/// Regression (a tester's finding; the text says what was seen before the
+/// fix). HTTP/2: the peer stops answering after the first response (lab
+/// server `stall_after(1)`); two calls are each wrapped in
+/// `tokio::time::timeout(300 ms)` and cut. The server recorded both as
+/// streams 2 and 3 of connection 1 and answered neither. Each cut call
+/// names connection 1, with the server's count, `http.connection.stalled`
+/// and the kernel's evidence (nothing received for the 300 ms), and
+/// `http.client.open_connections` does not count the stalled connection
+/// as idle; as with reqwest's `.timeout()`
+/// (`requests_timing_out_on_a_stalled_connection_name_it`). They named no
+/// connection, and the connection was counted idle.
+#[tokio::test]
+async fn calls_cut_by_a_tokio_timeout_on_a_stalled_http2_connection_name_it() {
+    let t = telemetry();
+    let pki = TestPki::localhost().expect("pki");
+    let server = RemoteServer::start(tls_h2(&pki).stall_after(Some(1))).await;
+    let client = t.client(reqwest::Client::builder(), Some(&pki));
+    let url = server.get().url("/");
+    get(&client, &url).await;
+    for _ in 0..2 {
+        assert!(
+            give_up(&client, &url, Duration::from_millis(300), true).await,
+            "the stalled call was cut"
+        );
+    }
+    let spans = requests(&t, 3);
+    let records = server.get().requests();
+    assert_eq!(
+        records
+            .iter()
+            .map(|r| (r.connection_id, r.request_index))
+            .collect::<Vec<_>>(),
+        vec![(1, 1), (1, 2), (1, 3)],
+        "the server saw both cut calls on connection 1"
+    );
+    let all: Vec<Seen> = spans.iter().map(seen).collect();
+    let first = all[0].id.expect("first id");
+    for (cut, record) in spans[1..].iter().zip(&records[1..]) {
+        let s = seen(cut);
+        assert_eq!(
+            (s.error.as_deref(), s.id, s.count),
+            (
+                Some(semconv::ERROR_TYPE_CANCELLED),
+                Some(first),
+                Some(record.request_index as i64)
+            ),
+            "{all:#?}"
+        );
+        assert_eq!(
+            bool_attr(cut, semconv::HTTP_CONNECTION_STALLED),
+            Some(true),
+            "{all:#?}"
+        );
+        let quiet =
+            f64_attr(cut, semconv::HTTP_CONNECTION_TCP_SINCE_LAST_RECEIVE).expect("evidence");
+        assert!(quiet >= 0.29, "nothing received for the 300 ms: {quiet}");
+    }
+    let idle: f64 = t
+        .metric(semconv::HTTP_CLIENT_OPEN_CONNECTIONS)
+        .iter()
+        .filter(|p| p.get(semconv::HTTP_CONNECTION_STATE) == Some("idle"))
+        .map(|p| p.value)
+        .sum();
+    assert_eq!(idle, 0.0, "a stalled connection is not idle: {all:#?}");
+}
+
+/// Regression (a tester's finding; the text says what was seen before the
+/// fix). One answered call, one that gives up on its 600 ms response
+/// (reqwest `.timeout(200 ms)`, or the future dropped by
+/// `tokio::time::timeout`), then two more calls, over HTTP/2 (the
+/// connection survives) and HTTP/1.1 (hyper closes it). Every request's
+/// `http.connection.request_count` is the server's index of it on its
+/// connection (nginx's `$connection_requests` counts the same way), the
+/// given-up one included; over HTTP/1.1 the next miss's
+/// `previous.request_count` is what the server counted on the abandoned
+/// connection. Over HTTP/2 giving up resets the stream (event on the
+/// request, `http.connection.stream_resets` 1 on the later ones). Over
+/// HTTP/2 the later calls said 2 and 3 (one behind the server for ever
+/// after each timeout), and the given-up call no count.
+#[tokio::test]
+async fn request_count_counts_requests_that_gave_up_on_their_response() {
+    let pki = TestPki::localhost().expect("pki");
+    for (http2, dropped) in [(true, false), (true, true), (false, false), (false, true)] {
+        let t = telemetry();
+        let builder = if http2 { tls_h2(&pki) } else { plain_h1() };
+        let server = RemoteServer::start(builder).await;
+        let client = t.client(reqwest::Client::builder(), Some(&pki));
+        let ok = server.get().url("/");
+        get(&client, &ok).await;
+        // The connection back in hyper-util's pool first: the slow call
+        // goes out on it (not on a connect of its own that the pool-return
+        // race would start, which this test is not about).
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let slow = server.get().url("/delay/600");
+        assert!(
+            give_up(&client, &slow, Duration::from_millis(200), dropped).await,
+            "http2={http2} dropped={dropped}: the slow call was cut"
+        );
+        get(&client, &ok).await;
+        get(&client, &ok).await;
+        let spans: Vec<Seen> = requests(&t, 4).iter().map(seen).collect();
+        let records = server.get().requests();
+        let context = format!("http2={http2} dropped={dropped}:\n{}", compact(&spans));
+        assert_eq!(records.len(), 4, "{context}");
+        assert_eq!(
+            records[1].connection_id, records[0].connection_id,
+            "{context}"
+        );
+        // Every answered request as the server saw it (port and index).
+        let answered: Vec<RequestRecord> = records
+            .iter()
+            .filter(|r| r.path != "/delay/600")
+            .cloned()
+            .collect();
+        compare_with_server(&spans, &answered);
+        let given_up = &spans[1];
+        assert_eq!(
+            (given_up.id, given_up.count),
+            (spans[0].id, Some(records[1].request_index as i64)),
+            "{context}"
+        );
+        if http2 {
+            assert_eq!(
+                spans.iter().map(|s| s.count).collect::<Vec<_>>(),
+                vec![Some(1), Some(2), Some(3), Some(4)],
+                "{context}"
+            );
+            // Giving up reset its stream (h2 RST_STREAM CANCEL), counted on
+            // the connection that lives on.
+            let raw = t.requests();
+            assert!(
+                raw[1]
+                    .events
+                    .iter()
+                    .any(|e| e.name == semconv::EVENT_STREAM_RESET),
+                "{context}"
+            );
+            assert_eq!(
+                raw[2..]
+                    .iter()
+                    .map(|s| i64_attr(s, semconv::HTTP_CONNECTION_STREAM_RESETS))
+                    .collect::<Vec<_>>(),
+                vec![Some(1), Some(1)],
+                "{context}"
+            );
+        } else {
+            let carried = records
+                .iter()
+                .filter(|r| r.connection_id == records[0].connection_id)
+                .count() as i64;
+            assert_eq!(
+                (spans[2].previous_id, spans[2].previous_count),
+                (spans[0].id, Some(carried)),
+                "{context}"
+            );
+        }
+    }
+}

@@ -138,7 +138,13 @@ pub const HTTP_CONNECTION_ID: &str = "http.connection.id";
 /// previous response on it (HTTP/1.1). 0 on an idle hit.
 pub const HTTP_CONNECTION_WAIT_TIME: &str = "http.connection.wait_time";
 /// `http.connection.request_count` (int, request span): requests the serving
-/// connection has carried, this one included.
+/// connection has carried, this one included, as the server counts them
+/// (nginx `$connection_requests`): requests that got a response (counted
+/// when its headers arrive) and requests sent on it that gave up on their
+/// response (a reqwest timeout, or the request's future dropped:
+/// `error.type` `timeout` / `cancelled`, whose span carries it too).
+/// Requests that failed otherwise (reset, HTTP/2 GOAWAY or error) are not
+/// counted: the server may never have seen them.
 pub const HTTP_CONNECTION_REQUEST_COUNT: &str = "http.connection.request_count";
 /// `http.connection.age` (double, seconds, request span): time from the
 /// serving connection becoming ready to this request's start (0 when the
@@ -686,7 +692,8 @@ pub const HTTP_CONNECTION_PREVIOUS_ID: &str = "http.connection.previous.id";
 /// request's start.
 pub const HTTP_CONNECTION_PREVIOUS_IDLE_TIME: &str = "http.connection.previous.idle_time";
 /// `http.connection.previous.request_count` (int, as
-/// [`HTTP_CONNECTION_PREVIOUS_ID`]): responses it carried.
+/// [`HTTP_CONNECTION_PREVIOUS_ID`]): requests it carried, counted as
+/// [`HTTP_CONNECTION_REQUEST_COUNT`].
 pub const HTTP_CONNECTION_PREVIOUS_REQUEST_COUNT: &str = "http.connection.previous.request_count";
 /// `http.connection.previous.end` (string, as [`HTTP_CONNECTION_PREVIOUS_ID`]):
 /// how it ended; one of the `CONNECTION_END_*` values.
@@ -750,11 +757,15 @@ pub const HTTP_CONNECTION_DNS_STALE: &str = "http.connection.dns_stale";
 /// from outside: hyper's `Incoming::is_end_stream` (h2's
 /// `RecvStream::is_end_stream`) turns true only once the received data has
 /// also been read. So this is an upper bound on the resets h2 sent.
+/// Requests on it that gave up on their response (a reqwest timeout, a
+/// dropped future: h2 resets their open stream) count too.
 pub const HTTP_CONNECTION_STREAM_RESETS: &str = "http.connection.stream_resets";
 /// Event on a request span whose HTTP/2 response was dropped before its
 /// body was read to the end: h2 resets the stream (RST_STREAM CANCEL)
 /// unless the whole body had already arrived, which cannot be seen (see
-/// [`HTTP_CONNECTION_STREAM_RESETS`], its attribute).
+/// [`HTTP_CONNECTION_STREAM_RESETS`], its attribute); also on an HTTP/2
+/// request that gave up on its response (timeout, dropped future) on a
+/// connection it names, whose stream h2 resets.
 pub const EVENT_STREAM_RESET: &str = "http.connection.stream_reset";
 /// `http.connection.connects` (int, request span, only when 2 or more):
 /// connections opened for this one call through
@@ -775,10 +786,11 @@ pub const HTTP_CONNECTION_CONNECTS: &str = "http.connection.connects";
 /// `ConnTraceMiddleware` belongs after (inside) any retry middleware.
 pub const EVENT_UNSEEN_REQUESTS: &str = "http.connection.unseen_requests";
 /// `http.connection.stalled` (bool, request span, only ever `true`): the
-/// request timed out on a connection that received nothing from the peer
-/// during the request, or, timing out while its body was read, since the
-/// body's last bytes (kernel `tcpi_last_data_recv`, which counts jiffies:
-/// within 10 ms).
+/// request gave up on its response (timed out, or its future was dropped)
+/// on a connection that received nothing from the peer during the request,
+/// or, timing out while its body was read, since the body's last bytes
+/// (kernel `tcpi_last_data_recv`, which counts jiffies: within 10 ms),
+/// after waiting longer than a round trip (`tcpi_rtt`) plus those 10 ms.
 pub const HTTP_CONNECTION_STALLED: &str = "http.connection.stalled";
 /// `http.connection.tcp.unacked` (int, segments, request span of a failed
 /// request): segments sent and not yet acknowledged (`tcpi_unacked`).

@@ -126,8 +126,11 @@ pub struct ConnectionUse {
     /// Time the request waited for a connection (0 on an idle hit; 0, not
     /// measured, on a failed request).
     pub wait: Duration,
-    /// Requests this connection has carried, this one included (a failed
-    /// request: the responses it carried before, this one not included).
+    /// Requests this connection has carried, this one included (as
+    /// `http.connection.request_count`). A request that gave up on its
+    /// response (timeout, dropped future) counts; one that failed
+    /// otherwise (reset, HTTP/2 GOAWAY or error) does not: there, the
+    /// requests the connection carried before.
     pub request_count: u64,
     /// Connection ready to request start (0 if it became ready later).
     pub age: Duration,
@@ -308,13 +311,13 @@ pub struct RequestReport {
     /// (refused connect, failed TLS handshake, ...).
     ///
     /// A request that failed on a connection (reset, HTTP/2 GOAWAY or
-    /// error, timeout: `status` is `None`) carries the connection its span
+    /// error, timeout, future dropped: `status` is `None`) carries the connection its span
     /// names (`http.connection.id`, `reused`, `idle_time`): the one its own
     /// connect made, else the HTTP/2 connection it was multiplexed onto,
     /// else the host's most recently released idle HTTP/1.1 connection. It
     /// served no response, so there [`ConnectionUse::wait`] is zero (not
-    /// measured), [`ConnectionUse::request_count`] counts the responses
-    /// the connection had carried before (not this request), and
+    /// measured), [`ConnectionUse::request_count`] counts this request
+    /// only when it gave up on its response (see there), and
     /// [`ConnectionUse::miss_reason`] is `None`.
     pub connection: Option<ConnectionUse>,
     /// `http.request.resend_count`: physical requests sent before this one

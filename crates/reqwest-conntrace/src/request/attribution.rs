@@ -523,10 +523,15 @@ fn record_server_keep_alive(
 /// HTTP/2 connection. Sets `http.connection.reused`, `.id`, `.idle_time` and a link to
 /// its setup span; records how the failure ended the connection
 /// (`connection_reset`, HTTP/2 GOAWAY or connection error; an HTTP/1.1
-/// timeout abandons it, `abandoned`); and asks the
+/// request that gave up on its response abandons it, `abandoned`); and asks the
 /// kernel for the socket's state (unacknowledged data, time since the last
 /// receive, retransmits), which lands on the span when the answer arrives
 /// (the span ends then, within milliseconds; the request does not wait).
+/// A request that gave up on its response (`timeout`: reqwest's own
+/// deadline; `cancelled`: its future was dropped, e.g. by
+/// `tokio::time::timeout`) had been sent on the connection: it counts in
+/// the connection's request count (`http.connection.request_count`, set
+/// on the span), as the server counted it.
 /// Returns the connection it names, for the request's report (see
 /// [`RequestReport::connection`]): what the span says, no more.
 pub(crate) fn attribute_failure(
@@ -542,9 +547,18 @@ pub(crate) fn attribute_failure(
         semconv::ERROR_TYPE_HTTP2_GOAWAY
         | semconv::ERROR_TYPE_HTTP2_STREAM_RESET
         | semconv::ERROR_TYPE_HTTP2_ERROR => true,
-        semconv::ERROR_TYPE_CONNECTION_RESET | semconv::ERROR_TYPE_TIMEOUT => false,
+        semconv::ERROR_TYPE_CONNECTION_RESET
+        | semconv::ERROR_TYPE_TIMEOUT
+        | semconv::ERROR_TYPE_CANCELLED => false,
         _ => return None,
     };
+    // The request gave up waiting for its response: reqwest's deadline, or
+    // its future dropped (the same thing from outside: reqwest's timeout
+    // drops hyper's future too).
+    let gave_up = matches!(
+        error_type,
+        semconv::ERROR_TYPE_TIMEOUT | semconv::ERROR_TYPE_CANCELLED
+    );
     let record = if state.miss().is_some() {
         inner.pools.made_for(&state.host, state.id)
     } else {
@@ -574,11 +588,33 @@ pub(crate) fn attribute_failure(
     if let Some(idle) = idle {
         span.set_attribute(semconv::HTTP_CONNECTION_IDLE_TIME, secs(idle));
     }
+    // Sent and then given up on: the server counted it (a reset or GOAWAY
+    // may mean it never saw it, so those count nothing).
+    let request_count = if gave_up {
+        let count = record.count_request();
+        span.set_attribute(semconv::HTTP_CONNECTION_REQUEST_COUNT, count as i64);
+        count
+    } else {
+        record.requests.load(std::sync::atomic::Ordering::Relaxed)
+    };
+    // HTTP/2: giving up drops h2's response future, which resets the open
+    // stream (RST_STREAM CANCEL; hyper 1.x `proto/h2/client.rs` drops it
+    // when the request's callback is cancelled), as a dropped body does.
+    if gave_up && record.http2() {
+        let resets = record.count_stream_reset();
+        span.add_event(
+            semconv::EVENT_STREAM_RESET,
+            vec![KeyValue::new(
+                semconv::HTTP_CONNECTION_STREAM_RESETS,
+                resets as i64,
+            )],
+        );
+    }
     let usage = ConnectionUse {
         id: record.id(),
         reused,
         wait: Duration::ZERO,
-        request_count: record.requests.load(std::sync::atomic::Ordering::Relaxed),
+        request_count,
         age: state.started.saturating_duration_since(record.ready_at()),
         idle,
         paid_by_this_request: record.trigger_id == Some(state.id),
@@ -599,10 +635,10 @@ pub(crate) fn attribute_failure(
         ended_by_server(inner, &record, end, now);
         return Some(usage);
     }
-    // An HTTP/1.1 request that gave up on its response (a timeout): the
-    // connection still owes that response, so hyper closes it.
-    let timed_out = error_type == semconv::ERROR_TYPE_TIMEOUT;
-    if timed_out && !record.http2() {
+    // An HTTP/1.1 request that gave up on its response (a timeout, a
+    // dropped future): the connection still owes that response, so hyper
+    // closes it.
+    if gave_up && !record.http2() {
         record.set_end(ConnectionEnd::Abandoned);
         inner.connection_closed(&record, now);
     }
@@ -611,7 +647,7 @@ pub(crate) fn attribute_failure(
         inner,
         span.clone(),
         record,
-        timed_out.then_some(elapsed),
+        gave_up.then_some(elapsed),
         None,
     );
     Some(usage)
@@ -650,8 +686,9 @@ fn ended_by_server(inner: &Inner, record: &ConnectionRecord, end: ConnectionEnd,
 
 /// Asks the kernel for the state of `record`'s socket, on which the
 /// request of `span` failed; the answer lands on the span
-/// ([`record_kernel_evidence`]; `timed_out_after`: a timeout, and how long
-/// nothing had arrived for the request when it fired). The span stays open
+/// ([`record_kernel_evidence`]; `timed_out_after`: a give-up, a timeout
+/// or a dropped future, and how long nothing had arrived for the request
+/// when it came). The span stays open
 /// until the kernel answers (a flush waits for it like for `tcp.connect`,
 /// `wait_for_pending_spans`); the request does not wait. `held`, a
 /// response body that timed out, is dropped once the kernel has answered
@@ -676,9 +713,11 @@ fn ask_kernel_evidence(
 }
 
 /// The kernel's view of the socket a request failed on, on its span; a
-/// timeout with nothing received from the peer for the last
-/// `timed_out_after` (since the request started, or since its body's last
-/// bytes) marks the connection stalled.
+/// request that gave up on its response (timeout or dropped future) after
+/// `timed_out_after`, with nothing received from the peer for that long
+/// (since the request started, or since its body's last bytes), marks the
+/// connection stalled. A wait no longer than a round trip (plus the
+/// counter's resolution) shows nothing: no answer could have come yet.
 fn record_kernel_evidence(
     span: &tracing::Span,
     record: &ConnectionRecord,
@@ -704,8 +743,9 @@ fn record_kernel_evidence(
                 i64::from(info.total_retransmits),
             );
             // tcpi_last_data_recv counts jiffies (1 to 10 ms, CONFIG_HZ).
+            let jiffy = Duration::from_millis(10);
             if timed_out_after
-                .is_some_and(|t| info.since_last_receive + Duration::from_millis(10) >= t)
+                .is_some_and(|t| t > info.rtt + jiffy && info.since_last_receive + jiffy >= t)
             {
                 record.mark_stalled();
                 span.set_attribute(semconv::HTTP_CONNECTION_STALLED, true);
@@ -856,6 +896,17 @@ impl RequestEnd {
         let held_body = self.held_body.take();
         if self.headers_at.is_none() {
             if kind == EndKind::Dropped {
+                // Its future was dropped while the response was owed (e.g.
+                // `tokio::time::timeout`): it gave up on its response as a
+                // reqwest timeout does, and names the connection it was
+                // sent on the same way.
+                let none = tracing::Span::none();
+                self.failed_on = attribute_failure(
+                    &self.inner,
+                    &self.state,
+                    if self.recording { &self.span } else { &none },
+                    semconv::ERROR_TYPE_CANCELLED,
+                );
                 self.fail(
                     semconv::ERROR_TYPE_CANCELLED,
                     "request dropped before its response arrived".to_owned(),
