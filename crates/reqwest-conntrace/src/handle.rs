@@ -21,10 +21,10 @@ use crate::miss::{ConnectionEnd, MissReason};
 use crate::pool::advice::PoolLoad;
 use crate::pool::client::ClientState;
 use crate::pool::host::HostKey;
-use crate::pool::inferred::{LimitSource, pool_close};
+use crate::pool::inferred::{LimitSource, PoolClose, pool_close};
 use crate::pool::model::{
     KernelQuestion, MissVerdict, PoolHistory, RESPONSE_IN_FLIGHT_WAIT, decide_from_kernel,
-    look_again_at, response_may_explain_end,
+    PoolOff, gone_at_release, look_again_at, may_wait_for_pool_off, response_may_explain_end,
 };
 use crate::pool::registry::{ConnectionRecord, Registry};
 use crate::pool::slot::{MissSlot, PendingMiss};
@@ -211,6 +211,7 @@ impl Inner {
     /// server closed first); a socket still established after a release
     /// over the idle limit leaves that release in doubt.
     pub(crate) fn apply_kernel_view(&self, record: &ConnectionRecord, lookup: &KernelLookup) {
+        self.note_close_at_release(record, lookup, Instant::now());
         match lookup {
             KernelLookup::Found(facts) if facts.state == crate::TcpState::Established => {
                 // Over the idle limit yet established: the pool kept it, or
@@ -256,6 +257,44 @@ impl Inner {
                 self.connection_closed(record, Instant::now());
             }
             KernelLookup::Unavailable | KernelLookup::TimedOut => {}
+        }
+    }
+
+    /// Notes the kernel's `lookup` (at `now`) of `record`, a connection of
+    /// a client whose idle limit this crate could not read, when it shows
+    /// that client's pool closed it at its release: dated by a timer within
+    /// [`CLOSED_AT_RELEASE`](crate::pool::inferred::CLOSED_AT_RELEASE) of
+    /// the release (not a TLS `TIME_WAIT`: the server's close), or found
+    /// gone that soon ([`gone_at_release`]). Once the client's connections
+    /// to the host show its pool keeps none
+    /// ([`PoolHistory::shows_pool_off`]), its idle limit is inferred as 0
+    /// (row 3b).
+    fn note_close_at_release(&self, record: &ConnectionRecord, lookup: &KernelLookup, now: Instant) {
+        let client = &record.client;
+        if client.max_idle_known || client.inferred.keeps_idle() || record.is_closed_at_release() {
+            return;
+        }
+        let at_release = match lookup {
+            KernelLookup::Found(facts) => {
+                !(record.setup.tls.is_some() && facts.state == crate::TcpState::TimeWait)
+                    && matches!(
+                        pool_close(record, facts, now, false),
+                        Some(PoolClose::AtRelease { .. } | PoolClose::Unsure)
+                    )
+            }
+            KernelLookup::NotFound => gone_at_release(record, now),
+            KernelLookup::Unavailable | KernelLookup::TimedOut => false,
+        };
+        if !at_release {
+            return;
+        }
+        record.mark_closed_at_release();
+        if let Some(host) = &record.host
+            && self.pools.shows_pool_off(host, client)
+        {
+            client.inferred.observe(PoolClose::AtRelease {
+                idle_others: Some(0),
+            });
         }
     }
 
@@ -396,6 +435,7 @@ impl Inner {
                     host: host.clone(),
                     question,
                     waited_for_response: false,
+                    waited_for_pool_off: false,
                     slot: slot.clone(),
                 };
                 self.kernel.lookup_then(local, remote, {
@@ -495,12 +535,21 @@ const MAX_OPEN_SETS: usize = 4096;
 /// close at release was inferred (their closes tighten the idle limit).
 const INFER_FOLLOW_UPS: usize = 8;
 
+/// How often a miss whose candidate its pool closed at release asks again
+/// while the client's other connections released just before are not
+/// seen closed yet (see [`PoolHistory::pool_off_evidence`]).
+const POOL_OFF_LOOK_EVERY: std::time::Duration = std::time::Duration::from_millis(5);
+
 /// A miss whose reason waits for the kernel's view of its candidate.
 struct KernelAsk {
     host: HostKey,
     question: KernelQuestion,
     /// The second look after [`RESPONSE_IN_FLIGHT_WAIT`] was taken.
     waited_for_response: bool,
+    /// It looked again at a candidate the kernel showed established, with
+    /// other requests in flight ([`may_wait_for_pool_off`]): unless the
+    /// pool is shown to keep none by the end, the miss is `alive`.
+    waited_for_pool_off: bool,
     slot: Arc<PendingMiss>,
 }
 
@@ -523,7 +572,37 @@ impl Drop for KernelAsk {
 fn settle_miss(weak: &Weak<Inner>, mut ask: KernelAsk, lookup: &KernelLookup) {
     let now = Instant::now();
     let inner = weak.upgrade();
-    if let Some(inner) = &inner {
+    let candidate = &ask.question.candidate;
+    // Its own close at release, before the rest: once the pool's closes
+    // show it keeps none, the miss is decided at once (row 3b).
+    let pool_off = inner.as_ref().is_some_and(|inner| {
+        inner.note_close_at_release(candidate, lookup, now);
+        !candidate.http2()
+            && !candidate.client.max_idle_known
+            && candidate.client.inferred.keeps_none()
+    });
+    if let Some(inner) = inner.as_ref().filter(|_| !pool_off) {
+        if candidate.is_closed_at_release()
+            && let PoolOff::Pending(until) =
+                inner
+                    .pools
+                    .pool_off_evidence(&ask.host, &candidate.client, Some(now))
+            && now < until
+        {
+            // Closed at its release, and the client's other connections
+            // released just before are on their way to the same close (a
+            // pool that keeps none closes each on hyper-util's own task):
+            // asked again, with them, until they are (row 3b) or their time
+            // is up.
+            inner.recheck_believed_idle(candidate);
+            let (local, remote) = (ask.question.local, ask.question.remote);
+            let due = (now + POOL_OFF_LOOK_EVERY).min(until);
+            let weak = weak.clone();
+            inner.kernel.lookup_at(local, remote, due, move |lookup| {
+                settle_miss(&weak, ask, &lookup);
+            });
+            return;
+        }
         if let Some(due) = look_again_at(
             &ask.question.candidate,
             lookup,
@@ -536,6 +615,11 @@ fn settle_miss(weak: &Weak<Inner>, mut ask: KernelAsk, lookup: &KernelLookup) {
                 // Their closes, answered first, may lower the idle count at
                 // the candidate's release.
                 inner.recheck_believed_idle(&ask.question.candidate);
+            }
+            if matches!(lookup, KernelLookup::Found(facts) if facts.state == crate::TcpState::Established)
+                && may_wait_for_pool_off(&ask.question.candidate, &ask.question.alive)
+            {
+                ask.waited_for_pool_off = true;
             }
             let (local, remote) = (ask.question.local, ask.question.remote);
             let weak = weak.clone();
@@ -577,15 +661,18 @@ fn settle_miss(weak: &Weak<Inner>, mut ask: KernelAsk, lookup: &KernelLookup) {
             return;
         }
     }
-    let candidate = &ask.question.candidate;
-    let mut miss = decide_from_kernel(
-        candidate,
-        lookup,
-        now,
-        ask.question.alive,
-        ask.question.requests_seen,
-        ask.question.classified_at,
-    );
+    let mut miss = if ask.waited_for_pool_off && !pool_off {
+        ask.question.alive
+    } else {
+        decide_from_kernel(
+            candidate,
+            lookup,
+            now,
+            ask.question.alive,
+            ask.question.requests_seen,
+            ask.question.classified_at,
+        )
+    };
     if let Some(inner) = &inner {
         inner.apply_kernel_view(candidate, lookup);
         if miss.reason == MissReason::AllBusy

@@ -165,6 +165,25 @@ pub(crate) fn decide_from_kernel(
     requests_seen: u64,
     classified_at: Instant,
 ) -> Miss {
+    // Row 3b, inferred between the miss and this answer (the kernel's
+    // answers about the client's other connections came first): a pool
+    // that keeps no idle connection closed the candidate at its release.
+    if !candidate.http2()
+        && !candidate.client.max_idle_known
+        && candidate.client.inferred.keeps_none()
+    {
+        // Named when it was released (closed there); one still carrying
+        // the request its connect was made for is not.
+        if candidate.last_released().is_none() {
+            return Miss::new(MissReason::PoolDisabled).limits_inferred();
+        }
+        candidate.infer_end(ConnectionEnd::IdleLimit);
+        return Miss::caused_by(
+            MissReason::PoolDisabled,
+            Previous::of(candidate, now, Some(ConnectionEnd::IdleLimit)),
+        )
+        .limits_inferred();
+    }
     if !candidate.http2()
         && (candidate.requests.load(Ordering::Relaxed) != requests_seen
             || candidate.said_connection_close())
@@ -680,7 +699,7 @@ pub(crate) fn look_again_at(
     }
     if facts.state != crate::TcpState::Established
         || candidate.http2()
-        || alive.reason != MissReason::ReleaseRace
+        || !(alive.reason == MissReason::ReleaseRace || may_wait_for_pool_off(candidate, alive))
         || client.max_idle_known
         || client.inferred.keeps_idle()
         || candidate.is_dropped_early()
@@ -690,6 +709,27 @@ pub(crate) fn look_again_at(
     }
     let until = candidate.last_released()? + CLOSED_AT_RELEASE;
     (now < until).then(|| (now + LOOK_AGAIN_EVERY).min(until))
+}
+
+/// Whether a miss with other requests to the host in flight (`alive` is
+/// `all_busy`, naming nothing), whose HTTP/1.1 candidate the kernel shows
+/// still established just after its release, waits for the candidate's
+/// fate ([`look_again_at`]): its client's pool may keep no idle connection
+/// (reqwest's `pool_max_idle_per_host(0)`, which this crate cannot read)
+/// and close it on hyper-util's own task, which the client's other
+/// connections may show meanwhile ([`PoolHistory::shows_pool_off`]). The
+/// idle limit is not ours to count, the pool has never handed a
+/// connection out again, nor closed one for its idle timeout. Unless that
+/// is shown by the end of the wait, the miss is `alive`, as at the first
+/// answer.
+pub(crate) fn may_wait_for_pool_off(candidate: &ConnectionRecord, alive: &Miss) -> bool {
+    let client = &candidate.client;
+    alive.reason == MissReason::AllBusy
+        && alive.previous.is_none()
+        && !candidate.http2()
+        && !client.max_idle_known
+        && !client.inferred.keeps_idle()
+        && client.inferred.idle_timeout().is_none()
 }
 
 /// How often [`look_again_at`] asks again.
@@ -712,6 +752,66 @@ fn gone_with_no_end_shown(record: &ConnectionRecord) -> bool {
         && record
             .end()
             .is_none_or(|end| end == ConnectionEnd::PeerClosed)
+}
+
+/// What a client's connections show of a pool that keeps no idle
+/// connection ([`PoolHistory::pool_off_evidence`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum PoolOff {
+    /// Shown: its idle limit is 0.
+    Shown,
+    /// Shown once the connections released just before close, as they
+    /// would at release, by this instant.
+    Pending(Instant),
+    /// Not shown.
+    No,
+}
+
+/// Closes at release [`PoolHistory::shows_pool_off`] needs before it
+/// infers a pool that keeps no idle connection.
+pub(crate) const POOL_OFF_EVIDENCE: usize = 2;
+
+/// Whether `record` (HTTP/1.1, released) was closed for a reason that says
+/// nothing of its client's idle pool ([`PoolHistory::shows_pool_off`]): a
+/// close of hyper's own its traffic showed (an announced close, a dropped
+/// or failed body, a request that gave up on it); a close of ours no timer
+/// dated; or, over TLS, a socket found gone with no end shown, which a
+/// close of ours at release (reset by the server's close_notify) leaves
+/// when looked at too late to date it, as a server's reset does.
+fn closed_on_its_own(record: &ConnectionRecord) -> bool {
+    if record.http2() {
+        return false;
+    }
+    if known_loss(record).is_some() || record.is_dropped_early() {
+        return true;
+    }
+    record.is_closed()
+        && record.seen_end().is_none()
+        && match record.end() {
+            None => true,
+            Some(ConnectionEnd::PeerClosed) => record.setup.tls.is_some(),
+            Some(_) => false,
+        }
+}
+
+/// Whether `record`, found gone at `now`, was closed by its client's pool
+/// at its release: HTTP/1.1, idle in the pool, no end shown or inferred
+/// (its traffic showed no close of hyper's own nor the server's), found
+/// gone no more than [`CLOSED_AT_RELEASE`] after its release. A close of
+/// ours that the server answers with data (a TLS server's close_notify)
+/// makes the kernel reset the socket (see [`gone_after_own_close`]); a
+/// server's idle close comes after its keep-alive timeout.
+pub(crate) fn gone_at_release(record: &ConnectionRecord, now: Instant) -> bool {
+    !record.http2()
+        && record.in_use() == 0
+        && record.end().is_none()
+        && !record.is_closed()
+        && !record.is_dropped_early()
+        && !record.is_discarded()
+        && !record.said_connection_close()
+        && record
+            .last_released()
+            .is_some_and(|t| now.saturating_duration_since(t) <= CLOSED_AT_RELEASE)
 }
 
 /// Whether `record`, an HTTP/1.1 connection over TLS idle in the pool,
@@ -968,13 +1068,41 @@ impl PoolHistory {
         // announced close an earlier miss named is gone, its loss told.
         // HTTP/2: a spare connection (see `http2_spare`) was never the
         // pool's, and one that never carried a request is none either.
-        let Some(candidate) = mine()
+        let candidate = mine()
             .filter(|r| r.http2() || r.in_use() == 0)
             .filter(|r| !r.http2() || r.in_use() > 0 || r.last_released().is_some())
             .filter(|r| !http2_spare(r, mine))
             .filter(|r| !loss_told(r))
-            .max_by_key(|r| r.last_activity())
-        else {
+            .max_by_key(|r| r.last_activity());
+        // 3b. An idle pool inferred off (an idle limit of 0 from the pool's
+        //     closes at release, never a connection handed out again): no
+        //     connection is ever idle in it, so neither busy connections
+        //     (row 4) nor a candidate's end (rows 5 on) is the cause; it
+        //     closed the candidate at its release, as every one.
+        if !client.max_idle_known
+            && client.inferred.keeps_none()
+            && candidate.is_none_or(|c| !c.http2())
+        {
+            // The connection it closed last, not one still carrying the
+            // request its connect was made for.
+            let closed = mine()
+                .filter(|r| !r.http2() && r.in_use() == 0)
+                .filter_map(|r| Some((r.last_released()?, r)))
+                .max_by_key(|(released, _)| *released)
+                .map(|(_, r)| r);
+            let miss = match closed {
+                Some(candidate) => {
+                    candidate.infer_end(ConnectionEnd::IdleLimit);
+                    Miss::caused_by(
+                        MissReason::PoolDisabled,
+                        Previous::of(candidate, now, Some(ConnectionEnd::IdleLimit)),
+                    )
+                }
+                None => Miss::new(MissReason::PoolDisabled),
+            };
+            return MissVerdict::Decided(miss.limits_inferred());
+        }
+        let Some(candidate) = candidate else {
             // 4. Every established connection is in use; unless one was
             //    lost in a way known without the kernel (an announced
             //    close, a request that gave up on it, a failed body) and no
@@ -987,16 +1115,6 @@ impl PoolHistory {
         // Read before the rest: a response on it from now on shows it alive.
         let requests_seen = candidate.requests.load(Ordering::Relaxed);
         let previous = |end| Previous::of(candidate, now, Some(end));
-        // 4b. An idle pool inferred off (an idle limit of 0 from the pool's
-        //     closes at release, never a connection handed out again): it
-        //     closed the candidate at its release, as every one.
-        if !client.max_idle_known && client.inferred.keeps_none() {
-            candidate.infer_end(ConnectionEnd::IdleLimit);
-            return MissVerdict::Decided(
-                Miss::caused_by(MissReason::PoolDisabled, previous(ConnectionEnd::IdleLimit))
-                    .limits_inferred(),
-            );
-        }
         // 5. Its body failed: hyper closed it. 5c. A request on it gave up
         //    on its response (HTTP/1.1): hyper closed it (checked before
         //    5b: a body dropped earlier did not end it then). 6. The server
@@ -1447,6 +1565,79 @@ impl PoolHistory {
             {
                 r.uncount_idle_other();
             }
+        }
+    }
+
+    /// Whether `client`'s pool for `host` has shown that it keeps no idle
+    /// connection (an idle limit of 0 set on reqwest's builder, which this
+    /// crate cannot read), under any concurrency: at least
+    /// [`POOL_OFF_EVIDENCE`] of its HTTP/1.1 connections were seen closed
+    /// by it within [`CLOSED_AT_RELEASE`] of their release
+    /// ([`ConnectionRecord::is_closed_at_release`]), and each other one it
+    /// released was closed for a reason of its own ([`closed_on_its_own`]).
+    /// A pool with an idle limit of 1 or more keeps the first connection
+    /// released into its empty idle list, until its idle timeout or until
+    /// it hands it out again: that one, still open, closed by the server
+    /// while it idled, or closed by the idle timeout, rules the inference
+    /// out, as does a connection handed out again
+    /// ([`InferredLimits::keeps_idle`](crate::pool::inferred::InferredLimits::keeps_idle))
+    /// or an idle timeout's close seen. Two closes, not one: a pool that
+    /// keeps connections closes one at release in hyper-util's release race
+    /// (a checkout whose connect won), which does not happen twice in a
+    /// row before the pool hands a connection out again.
+    pub(crate) fn shows_pool_off(&self, host: &HostKey, client: &ClientState) -> bool {
+        self.pool_off_evidence(host, client, None) == PoolOff::Shown
+    }
+
+    /// What `client`'s connections to `host` show of a pool that keeps
+    /// no idle connection (see [`shows_pool_off`](Self::shows_pool_off)),
+    /// counting, with `pending_at: Some(now)`, the ones released no more
+    /// than [`CLOSED_AT_RELEASE`] before `now` and not seen closed yet as
+    /// closes to come ([`PoolOff::Pending`]: hyper-util closes them on its
+    /// own task).
+    pub(crate) fn pool_off_evidence(
+        &self,
+        host: &HostKey,
+        client: &ClientState,
+        pending_at: Option<Instant>,
+    ) -> PoolOff {
+        if client.max_idle_known
+            || client.inferred.keeps_idle()
+            || client.inferred.idle_timeout().is_some()
+        {
+            return PoolOff::No;
+        }
+        let hosts = self.hosts();
+        let Some(history) = hosts.get(host) else {
+            return PoolOff::No;
+        };
+        let (mut closed_at_release, mut pending) = (0, None);
+        for r in history
+            .connections
+            .iter()
+            .filter(|r| r.client.id == client.id)
+        {
+            let Some(released) = r.last_released() else {
+                continue;
+            };
+            if r.is_closed_at_release() && !r.http2() {
+                closed_at_release += 1;
+            } else if let Some(now) = pending_at
+                && !r.http2()
+                && !r.is_closed()
+                && r.end().is_none()
+                && now.saturating_duration_since(released) <= CLOSED_AT_RELEASE
+            {
+                closed_at_release += 1;
+                pending = pending.max(Some(released + CLOSED_AT_RELEASE));
+            } else if !closed_on_its_own(r) {
+                return PoolOff::No;
+            }
+        }
+        match pending {
+            _ if closed_at_release < POOL_OFF_EVIDENCE => PoolOff::No,
+            Some(until) => PoolOff::Pending(until),
+            None => PoolOff::Shown,
         }
     }
 
