@@ -21,10 +21,11 @@ use crate::miss::{ConnectionEnd, MissReason};
 use crate::pool::advice::PoolLoad;
 use crate::pool::client::ClientState;
 use crate::pool::host::HostKey;
-use crate::pool::inferred::{LimitSource, PoolClose, pool_close};
+use crate::pool::inferred::{CLOSED_AT_RELEASE, LimitSource, PoolClose, pool_close};
 use crate::pool::model::{
-    KernelQuestion, MissVerdict, PoolHistory, RESPONSE_IN_FLIGHT_WAIT, decide_from_kernel,
-    PoolOff, gone_at_release, look_again_at, may_wait_for_pool_off, response_may_explain_end,
+    KernelQuestion, MissVerdict, PoolHistory, PoolOff, RESPONSE_IN_FLIGHT_WAIT, decide_from_kernel,
+    gone_at_release, look_again_at, may_wait_for_pool_off, response_may_explain_end,
+    tls_closed_at_release,
 };
 use crate::pool::registry::{ConnectionRecord, Registry};
 use crate::pool::slot::{MissSlot, PendingMiss};
@@ -264,27 +265,31 @@ impl Inner {
     /// a client whose idle limit this crate could not read, when it shows
     /// that client's pool closed it at its release: dated by a timer within
     /// [`CLOSED_AT_RELEASE`](crate::pool::inferred::CLOSED_AT_RELEASE) of
-    /// the release (not a TLS `TIME_WAIT`: the server's close), or found
-    /// gone that soon ([`gone_at_release`]). Once the client's connections
+    /// the release (over TLS too: a `TIME_WAIT` that soon is no server's
+    /// idle close, which comes after its keep-alive timeout), or found gone
+    /// that soon ([`gone_at_release`]), or over TLS found closed in any way
+    /// that soon ([`tls_closed_at_release`]). Once the client's connections
     /// to the host show its pool keeps none
     /// ([`PoolHistory::shows_pool_off`]), its idle limit is inferred as 0
     /// (row 3b).
-    fn note_close_at_release(&self, record: &ConnectionRecord, lookup: &KernelLookup, now: Instant) {
+    fn note_close_at_release(
+        &self,
+        record: &ConnectionRecord,
+        lookup: &KernelLookup,
+        now: Instant,
+    ) {
         let client = &record.client;
         if client.max_idle_known || client.inferred.keeps_idle() || record.is_closed_at_release() {
             return;
         }
         let at_release = match lookup {
-            KernelLookup::Found(facts) => {
-                !(record.setup.tls.is_some() && facts.state == crate::TcpState::TimeWait)
-                    && matches!(
-                        pool_close(record, facts, now, false),
-                        Some(PoolClose::AtRelease { .. } | PoolClose::Unsure)
-                    )
-            }
+            KernelLookup::Found(facts) => matches!(
+                pool_close(record, facts, now, false),
+                Some(PoolClose::AtRelease { .. } | PoolClose::Unsure)
+            ),
             KernelLookup::NotFound => gone_at_release(record, now),
             KernelLookup::Unavailable | KernelLookup::TimedOut => false,
-        };
+        } || tls_closed_at_release(record, lookup, now);
         if !at_release {
             return;
         }
@@ -436,6 +441,8 @@ impl Inner {
                     question,
                     waited_for_response: false,
                     waited_for_pool_off: false,
+                    first_answer: None,
+                    pool_off_wait_over: false,
                     slot: slot.clone(),
                 };
                 self.kernel.lookup_then(local, remote, {
@@ -550,6 +557,12 @@ struct KernelAsk {
     /// other requests in flight ([`may_wait_for_pool_off`]): unless the
     /// pool is shown to keep none by the end, the miss is `alive`.
     waited_for_pool_off: bool,
+    /// The kernel's first answer, kept while the miss waits for the
+    /// client's pool to show it keeps none ([`PoolOff::Pending`]).
+    first_answer: Option<KernelLookup>,
+    /// That wait is over (it is taken once, for at most
+    /// [`CLOSED_AT_RELEASE`] after the miss).
+    pool_off_wait_over: bool,
     slot: Arc<PendingMiss>,
 }
 
@@ -582,25 +595,42 @@ fn settle_miss(weak: &Weak<Inner>, mut ask: KernelAsk, lookup: &KernelLookup) {
             && candidate.client.inferred.keeps_none()
     });
     if let Some(inner) = inner.as_ref().filter(|_| !pool_off) {
-        if candidate.is_closed_at_release()
-            && let PoolOff::Pending(until) =
+        if !ask.pool_off_wait_over
+            && (candidate.is_closed_at_release()
+                || may_wait_for_pool_off(candidate, &ask.question.alive))
+            && let (PoolOff::Pending(until), pending) =
                 inner
                     .pools
                     .pool_off_evidence(&ask.host, &candidate.client, Some(now))
-            && now < until
+            && now < until.min(ask.question.classified_at + CLOSED_AT_RELEASE)
         {
-            // Closed at its release, and the client's other connections
-            // released just before are on their way to the same close (a
-            // pool that keeps none closes each on hyper-util's own task):
-            // asked again, with them, until they are (row 3b) or their time
-            // is up.
-            inner.recheck_believed_idle(candidate);
+            // Closed at its release (or all busy, its pool's limits
+            // unknown), and the client's other connections released just
+            // before are on their way to the same close (a pool that keeps
+            // none closes each on hyper-util's own task): asked again, with
+            // them, until they are (row 3b) or their time is up. If they
+            // are not, the miss is decided from this answer, as it would
+            // have been.
+            for other in pending {
+                if other.id() != candidate.id() {
+                    inner.check_with_kernel(other);
+                }
+            }
+            ask.first_answer.get_or_insert_with(|| lookup.clone());
             let (local, remote) = (ask.question.local, ask.question.remote);
+            let until = until.min(ask.question.classified_at + CLOSED_AT_RELEASE);
             let due = (now + POOL_OFF_LOOK_EVERY).min(until);
             let weak = weak.clone();
             inner.kernel.lookup_at(local, remote, due, move |lookup| {
                 settle_miss(&weak, ask, &lookup);
             });
+            return;
+        }
+        if let Some(first) = ask.first_answer.take() {
+            ask.pool_off_wait_over = true;
+            // Waited for a pool that keeps none, which did not show: the
+            // answer the miss first had decides.
+            settle_miss(weak, ask, &first);
             return;
         }
         if let Some(due) = look_again_at(

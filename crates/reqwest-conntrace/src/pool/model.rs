@@ -297,7 +297,8 @@ pub(crate) fn decide_from_kernel(
         KernelLookup::Found(facts)
             if facts.state == crate::TcpState::TimeWait
                 && closed_first_by_tls_server(candidate)
-                && !closed_after(facts, now, classified_at) =>
+                && !closed_after(facts, now, classified_at)
+                && !closed_at_release(candidate, facts, now) =>
         {
             let end = candidate.closed_by_server(false);
             ended_by_server(candidate, now, Some(end), classified_at)
@@ -774,10 +775,10 @@ pub(crate) const POOL_OFF_EVIDENCE: usize = 2;
 /// Whether `record` (HTTP/1.1, released) was closed for a reason that says
 /// nothing of its client's idle pool ([`PoolHistory::shows_pool_off`]): a
 /// close of hyper's own its traffic showed (an announced close, a dropped
-/// or failed body, a request that gave up on it); a close of ours no timer
-/// dated; or, over TLS, a socket found gone with no end shown, which a
-/// close of ours at release (reset by the server's close_notify) leaves
-/// when looked at too late to date it, as a server's reset does.
+/// or failed body, a request that gave up on it), or a close of ours no
+/// timer dated. A close the kernel showed as the server's, looked at too
+/// late to date it, is not: the pool may have kept the connection idle
+/// until the server's idle close.
 fn closed_on_its_own(record: &ConnectionRecord) -> bool {
     if record.http2() {
         return false;
@@ -785,19 +786,39 @@ fn closed_on_its_own(record: &ConnectionRecord) -> bool {
     if known_loss(record).is_some() || record.is_dropped_early() {
         return true;
     }
-    record.is_closed()
-        && record.seen_end().is_none()
-        && match record.end() {
-            None => true,
-            Some(ConnectionEnd::PeerClosed) => record.setup.tls.is_some(),
-            Some(_) => false,
-        }
+    record.is_closed() && record.end().is_none()
+}
+
+/// Whether `record`, an HTTP/1.1 connection over TLS idle in the pool,
+/// found closed (by either side, or gone) at `now` no more than
+/// [`CLOSED_AT_RELEASE`] after its release, was closed then: a server's
+/// idle close comes after its keep-alive timeout, so this is its client's
+/// pool closing it at release. Over TLS the TCP states do not tell who
+/// closed first: our close_notify draws the server's close_notify and FIN
+/// before our own FIN (`CLOSE_WAIT` / `LAST_ACK`), or resets our closed
+/// socket (gone).
+pub(crate) fn tls_closed_at_release(
+    record: &ConnectionRecord,
+    lookup: &KernelLookup,
+    now: Instant,
+) -> bool {
+    let closed = match lookup {
+        KernelLookup::Found(facts) => facts.state != crate::TcpState::Established,
+        KernelLookup::NotFound => true,
+        KernelLookup::Unavailable | KernelLookup::TimedOut => false,
+    };
+    closed
+        && closed_first_by_tls_server(record)
+        && record
+            .last_released()
+            .is_some_and(|t| now.saturating_duration_since(t) <= CLOSED_AT_RELEASE)
 }
 
 /// Whether `record`, found gone at `now`, was closed by its client's pool
 /// at its release: HTTP/1.1, idle in the pool, no end shown or inferred
-/// (its traffic showed no close of hyper's own nor the server's), found
-/// gone no more than [`CLOSED_AT_RELEASE`] after its release. A close of
+/// (its traffic showed no close of hyper's own nor the server's; a close
+/// of ours seen before, undated, is none), found gone no more than
+/// [`CLOSED_AT_RELEASE`] after its release. A close of
 /// ours that the server answers with data (a TLS server's close_notify)
 /// makes the kernel reset the socket (see [`gone_after_own_close`]); a
 /// server's idle close comes after its keep-alive timeout.
@@ -805,7 +826,6 @@ pub(crate) fn gone_at_release(record: &ConnectionRecord, now: Instant) -> bool {
     !record.http2()
         && record.in_use() == 0
         && record.end().is_none()
-        && !record.is_closed()
         && !record.is_dropped_early()
         && !record.is_discarded()
         && !record.said_connection_close()
@@ -836,6 +856,19 @@ fn released_just_before(candidate: &ConnectionRecord, miss: Instant) -> bool {
         && candidate
             .last_released()
             .is_some_and(|t| miss.saturating_duration_since(t) <= CLOSED_AT_RELEASE)
+}
+
+/// Whether the kernel dates the close of `record`'s socket (asked at
+/// `now`) no more than [`CLOSED_AT_RELEASE`] after its release: its
+/// client's pool closed it there, not a server's idle close (which comes
+/// after its keep-alive timeout), even over TLS in `TIME_WAIT` (the server
+/// answered our close with its FIN alone).
+fn closed_at_release(record: &ConnectionRecord, facts: &TcpFacts, now: Instant) -> bool {
+    facts
+        .closed_ago()
+        .and_then(|ago| now.checked_sub(ago))
+        .zip(record.last_released())
+        .is_some_and(|(closed, released)| closed <= released + CLOSED_AT_RELEASE)
 }
 
 /// Whether the kernel dates our close of a socket (asked at `now`) after
@@ -1041,8 +1074,9 @@ impl PoolHistory {
                 MissReason::Cold
             }));
         }
-        // 2. No idle pool on purpose: hyper-util never checks one out.
-        if client.max_idle_per_host == Some(0) {
+        // 2. No idle pool on purpose: hyper-util never checks one out. Once
+        //    warm: a concurrent first burst is cold (row 3), as with a pool.
+        if client.max_idle_per_host == Some(0) && mine().any(|r| r.last_released().is_some()) {
             return MissVerdict::Decided(Miss::new(MissReason::PoolDisabled));
         }
 
@@ -1586,32 +1620,34 @@ impl PoolHistory {
     /// (a checkout whose connect won), which does not happen twice in a
     /// row before the pool hands a connection out again.
     pub(crate) fn shows_pool_off(&self, host: &HostKey, client: &ClientState) -> bool {
-        self.pool_off_evidence(host, client, None) == PoolOff::Shown
+        self.pool_off_evidence(host, client, None).0 == PoolOff::Shown
     }
 
     /// What `client`'s connections to `host` show of a pool that keeps
     /// no idle connection (see [`shows_pool_off`](Self::shows_pool_off)),
     /// counting, with `pending_at: Some(now)`, the ones released no more
-    /// than [`CLOSED_AT_RELEASE`] before `now` and not seen closed yet as
-    /// closes to come ([`PoolOff::Pending`]: hyper-util closes them on its
-    /// own task).
+    /// than [`CLOSED_AT_RELEASE`] before `now` whose close at release is
+    /// not seen yet (still open: hyper-util closes them on its own task; or
+    /// closed by us with no timer to date it yet) as closes to come
+    /// ([`PoolOff::Pending`]); those are returned, to be looked at again.
     pub(crate) fn pool_off_evidence(
         &self,
         host: &HostKey,
         client: &ClientState,
         pending_at: Option<Instant>,
-    ) -> PoolOff {
+    ) -> (PoolOff, Vec<Arc<ConnectionRecord>>) {
+        let mut pending = Vec::new();
         if client.max_idle_known
             || client.inferred.keeps_idle()
             || client.inferred.idle_timeout().is_some()
         {
-            return PoolOff::No;
+            return (PoolOff::No, pending);
         }
         let hosts = self.hosts();
         let Some(history) = hosts.get(host) else {
-            return PoolOff::No;
+            return (PoolOff::No, pending);
         };
-        let (mut closed_at_release, mut pending) = (0, None);
+        let (mut closed_at_release, mut until) = (0, None);
         for r in history
             .connections
             .iter()
@@ -1624,21 +1660,23 @@ impl PoolHistory {
                 closed_at_release += 1;
             } else if let Some(now) = pending_at
                 && !r.http2()
-                && !r.is_closed()
                 && r.end().is_none()
+                && known_loss(r).is_none()
                 && now.saturating_duration_since(released) <= CLOSED_AT_RELEASE
             {
                 closed_at_release += 1;
-                pending = pending.max(Some(released + CLOSED_AT_RELEASE));
+                until = until.max(Some(released + CLOSED_AT_RELEASE));
+                pending.push(Arc::clone(r));
             } else if !closed_on_its_own(r) {
-                return PoolOff::No;
+                return (PoolOff::No, Vec::new());
             }
         }
-        match pending {
+        let evidence = match until {
             _ if closed_at_release < POOL_OFF_EVIDENCE => PoolOff::No,
             Some(until) => PoolOff::Pending(until),
             None => PoolOff::Shown,
-        }
+        };
+        (evidence, pending)
     }
 
     /// The one open connection to `host` over a local transport (no socket
