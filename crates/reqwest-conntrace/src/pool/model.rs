@@ -226,6 +226,25 @@ pub(crate) fn decide_from_kernel(
         }
     }
     match lookup {
+        // HTTP/1.1 over TLS, the server's FIN first but found no more than
+        // 75 ms after the release, nothing else in flight, under an idle
+        // limit not ours to count that the pool never showed above 0: a
+        // pool that keeps none closed it at release (its close_notify drew
+        // the server's close_notify and FIN before our own FIN), or the
+        // server closed it unannounced: not known which (`pool_closed`).
+        KernelLookup::Found(facts)
+            if facts.state.closed_by_peer()
+                && alone
+                && !candidate.client.max_idle_known
+                && !candidate.client.inferred.keeps_idle()
+                && tls_closed_at_release(candidate, lookup, now) =>
+        {
+            Miss::caused_by(
+                MissReason::PoolClosed,
+                Previous::of(candidate, now, Some(ConnectionEnd::PoolClosed)),
+            )
+            .limits_unknown()
+        }
         // HTTP/2: hyper-util hands a live connection to every request, so
         // the miss shows the server's end had reached us by `classified_at`.
         KernelLookup::Found(facts) if facts.state.closed_by_peer() => {
