@@ -1878,7 +1878,7 @@ mod tests {
         Arc::new(ClientState::new(Some(None), None))
     }
 
-    /// Row 4b: once the pool's closes inferred an idle limit of 0 (and it
+    /// Row 3b: once the pool's closes inferred an idle limit of 0 (and it
     /// never handed a connection out again), every later miss is `pool_disabled`,
     /// inferred, naming the connection closed at release, whatever the
     /// kernel would show; a connection handed out again (an idle hit)
@@ -1913,6 +1913,134 @@ mod tests {
                 ..
             })
         ));
+    }
+
+    /// Row 3b comes before row 4: with the pool inferred off, a miss while
+    /// every connection is in use (a concurrent wave) is `pool_disabled`,
+    /// naming the connection released last, not one still carrying the
+    /// request its connect was made for; never `all_busy`.
+    #[test]
+    fn a_pool_inferred_off_is_pool_disabled_even_with_every_connection_busy() {
+        let t0 = Instant::now();
+        let pools = PoolHistory::default();
+        let client = Arc::new(ClientState::unknown_settings());
+        let a = connection(&pools, &client, 1, t0, false);
+        let b = connection(&pools, &client, 2, t0, false);
+        response(&a, false, t0 + Duration::from_millis(1));
+        response(&b, false, t0 + Duration::from_millis(2));
+        let c = connection(&pools, &client, 3, t0 + Duration::from_millis(3), false);
+        c.take();
+        let at = t0 + Duration::from_millis(4);
+        client.inferred.observe(PoolClose::AtRelease {
+            idle_others: Some(0),
+        });
+        let miss = decided(pools.classify_miss(&host(), &client, at, 2));
+        assert_eq!(miss.reason, MissReason::PoolDisabled);
+        assert_eq!(
+            miss.previous.map(|p| (p.id, p.end)),
+            Some((b.id(), Some(ConnectionEnd::IdleLimit)))
+        );
+        // No released connection to name: still the pool's reason.
+        let pools = PoolHistory::default();
+        let client = Arc::new(ClientState::unknown_settings());
+        let a = connection(&pools, &client, 1, t0, false);
+        response(&a, false, t0 + Duration::from_millis(1));
+        a.take();
+        client.inferred.observe(PoolClose::AtRelease {
+            idle_others: Some(0),
+        });
+        let miss = decided(pools.classify_miss(&host(), &client, at, 2));
+        assert_eq!(miss.reason, MissReason::PoolDisabled);
+        assert_eq!(miss.previous, None);
+    }
+
+    /// Our builder's `pool_max_idle_per_host(0)` (row 2) once the pool was
+    /// warm; a concurrent first burst before that is `cold` (row 3).
+    #[test]
+    fn a_cold_burst_with_the_pool_disabled_is_cold() {
+        let t0 = Instant::now();
+        let pools = PoolHistory::default();
+        let client = Arc::new(ClientState::new(Some(None), Some(0)));
+        let a = connection(&pools, &client, 1, t0, false);
+        a.take();
+        let at = t0 + Duration::from_millis(1);
+        assert_eq!(
+            decided(pools.classify_miss(&host(), &client, at, 2)).reason,
+            MissReason::Cold
+        );
+        a.count_request();
+        a.give_back();
+        a.mark_released(at);
+        assert_eq!(
+            decided(pools.classify_miss(&host(), &client, at, 1)).reason,
+            MissReason::PoolDisabled
+        );
+    }
+
+    /// A pool that keeps none, shown by its connections as a whole: two or
+    /// more closed at release and none kept. A connection still open after
+    /// its release rules it out (a pool with an idle limit keeps the first
+    /// one released), unless released so recently that its close may still
+    /// come (pending, to be looked at again); so do a connection handed out
+    /// again and an idle timeout's close. A close of hyper's own (an
+    /// announced close) says nothing either way.
+    #[test]
+    fn a_pool_is_shown_off_by_every_released_connection_closed_at_release() {
+        let t0 = Instant::now();
+        let released = |pools: &PoolHistory, client: &Arc<ClientState>, id: u64, at: u64| {
+            let r = connection(pools, client, id, t0, false);
+            response(&r, false, t0 + Duration::from_millis(at));
+            r
+        };
+        let pools = PoolHistory::default();
+        let client = Arc::new(ClientState::unknown_settings());
+        let a = released(&pools, &client, 1, 1);
+        a.mark_closed_at_release();
+        assert!(!pools.shows_pool_off(&host(), &client), "one close only");
+        let b = released(&pools, &client, 2, 2);
+        b.mark_closed_at_release();
+        assert!(pools.shows_pool_off(&host(), &client));
+        // A connection the server announced it would close: neutral.
+        let c = released(&pools, &client, 3, 3);
+        c.set_connection_close(true);
+        assert!(pools.shows_pool_off(&host(), &client));
+        // One released and still open: kept by the pool, unless its close
+        // may still come.
+        let d = released(&pools, &client, 4, 4);
+        assert!(!pools.shows_pool_off(&host(), &client));
+        let soon = t0 + Duration::from_millis(30);
+        let (evidence, pending) = pools.pool_off_evidence(&host(), &client, Some(soon));
+        assert_eq!(
+            evidence,
+            PoolOff::Pending(t0 + Duration::from_millis(4) + CLOSED_AT_RELEASE)
+        );
+        assert_eq!(pending.iter().map(|r| r.id()).collect::<Vec<_>>(), [d.id()]);
+        let late = t0 + Duration::from_millis(200);
+        assert_eq!(
+            pools.pool_off_evidence(&host(), &client, Some(late)).0,
+            PoolOff::No
+        );
+        d.mark_closed_at_release();
+        assert!(pools.shows_pool_off(&host(), &client));
+        // Closed by the server while it idled (the kernel's view): kept.
+        let e = released(&pools, &client, 5, 5);
+        e.closed_by_server(true);
+        assert!(!pools.shows_pool_off(&host(), &client));
+        e.mark_closed_at_release();
+        assert!(pools.shows_pool_off(&host(), &client));
+        // Handed out again, or an idle timeout's close: the pool keeps.
+        client.inferred.observe(PoolClose::Expired {
+            idle: Duration::from_millis(500),
+        });
+        assert!(!pools.shows_pool_off(&host(), &client));
+        let other = Arc::new(ClientState::unknown_settings());
+        let f = released(&pools, &other, 6, 1);
+        let g = released(&pools, &other, 7, 2);
+        f.mark_closed_at_release();
+        g.mark_closed_at_release();
+        assert!(pools.shows_pool_off(&host(), &other));
+        other.inferred.note_reuse();
+        assert!(!pools.shows_pool_off(&host(), &other));
     }
 
     /// Rows 5c and 6 name whose doing the end was: a request that gave up
@@ -2754,8 +2882,11 @@ mod tests {
     /// (or `FIN_WAIT2` with no timer yet), until `UNDATED_CLOSE_WAIT` after
     /// the miss; closed while counting other
     /// connections idle at its release (their closes may lower the count),
-    /// until `CLOSED_AT_RELEASE` after it. Never once the pool has handed a
-    /// connection out again, nor with another request in flight.
+    /// until `CLOSED_AT_RELEASE` after it; alive with another request in
+    /// flight, until `CLOSED_AT_RELEASE` after its release too (for a pool
+    /// that keeps none to show), unless the pool closed a connection for
+    /// its idle timeout. Never once the pool has handed a connection out
+    /// again.
     #[test]
     fn a_candidate_whose_fate_is_pending_is_looked_at_again() {
         let t0 = Instant::now();
@@ -2779,11 +2910,13 @@ mod tests {
             Some(t0 + ms(2) + CLOSED_AT_RELEASE)
         );
         assert_eq!(again(&established, t0 + ms(80), &alive), None);
-        assert_eq!(
-            again(&established, at, &Miss::new(MissReason::AllBusy)),
-            None,
-            "another request in flight holds it"
-        );
+        // Another request in flight: alive at the first answer
+        // (`all_busy`), looked at again all the same, for a pool that may
+        // keep none to show (`may_wait_for_pool_off`); not once the pool
+        // has closed a connection for its idle timeout.
+        let busy = Miss::new(MissReason::AllBusy);
+        assert_eq!(again(&established, at, &busy), Some(at + LOOK_AGAIN_EVERY));
+        assert_eq!(again(&established, t0 + ms(80), &busy), None);
         let fin_wait1 = state(TcpState::FinWait1);
         assert_eq!(again(&fin_wait1, at + ms(10), &alive), Some(at + ms(15)));
         assert_eq!(again(&fin_wait1, at + UNDATED_CLOSE_WAIT, &alive), None);
@@ -2798,8 +2931,16 @@ mod tests {
         );
         a.set_idle_others_at_release(0);
         assert_eq!(again(&closed_ago(ms(1)), at, &alive), None);
+        let timed_out = Arc::new(ClientState::unknown_settings());
+        let b = connection(&pools, &timed_out, 3, t0, false);
+        response(&b, false, t0 + ms(2));
+        timed_out
+            .inferred
+            .observe(PoolClose::Expired { idle: ms(500) });
+        assert_eq!(look_again_at(&b, &established, at, &busy, 1, at), None);
         client.inferred.note_reuse();
         assert_eq!(again(&established, at, &alive), None);
+        assert_eq!(again(&established, at, &busy), None);
         a.set_idle_others_at_release(1);
         assert_eq!(again(&closed_ago(ms(1)), at, &alive), None);
         // FIN_WAIT1 is dated whatever the pool did before.
