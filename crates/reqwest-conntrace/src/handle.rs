@@ -557,9 +557,10 @@ struct KernelAsk {
     /// other requests in flight ([`may_wait_for_pool_off`]): unless the
     /// pool is shown to keep none by the end, the miss is `alive`.
     waited_for_pool_off: bool,
-    /// The kernel's first answer, kept while the miss waits for the
-    /// client's pool to show it keeps none ([`PoolOff::Pending`]).
-    first_answer: Option<KernelLookup>,
+    /// The kernel's first answer and when it came, kept while the miss
+    /// waits for the client's pool to show it keeps none
+    /// ([`PoolOff::Pending`]).
+    first_answer: Option<(KernelLookup, Instant)>,
     /// That wait is over (it is taken once, for at most
     /// [`CLOSED_AT_RELEASE`] after the miss).
     pool_off_wait_over: bool,
@@ -582,8 +583,12 @@ impl Drop for KernelAsk {
 /// response in flight on it may explain the close the kernel shows (see
 /// [`response_may_explain_end`]; asked once, after
 /// [`RESPONSE_IN_FLIGHT_WAIT`]).
-fn settle_miss(weak: &Weak<Inner>, mut ask: KernelAsk, lookup: &KernelLookup) {
-    let now = Instant::now();
+fn settle_miss(weak: &Weak<Inner>, ask: KernelAsk, lookup: &KernelLookup) {
+    settle_miss_at(weak, ask, lookup, Instant::now());
+}
+
+/// [`settle_miss`] with the kernel's answer `lookup` as of `now`.
+fn settle_miss_at(weak: &Weak<Inner>, mut ask: KernelAsk, lookup: &KernelLookup, now: Instant) {
     let inner = weak.upgrade();
     let candidate = &ask.question.candidate;
     // Its own close at release, before the rest: once the pool's closes
@@ -598,10 +603,11 @@ fn settle_miss(weak: &Weak<Inner>, mut ask: KernelAsk, lookup: &KernelLookup) {
         if !ask.pool_off_wait_over
             && (candidate.is_closed_at_release()
                 || may_wait_for_pool_off(candidate, &ask.question.alive))
-            && let (PoolOff::Pending(until), pending) =
-                inner
-                    .pools
-                    .pool_off_evidence(&ask.host, &candidate.client, Some(now))
+            && let (PoolOff::Pending(until), pending) = inner.pools.pool_off_evidence(
+                &ask.host,
+                &candidate.client,
+                Some((now, ask.question.classified_at)),
+            )
             && now < until.min(ask.question.classified_at + CLOSED_AT_RELEASE)
         {
             // Closed at its release (or all busy, its pool's limits
@@ -616,7 +622,8 @@ fn settle_miss(weak: &Weak<Inner>, mut ask: KernelAsk, lookup: &KernelLookup) {
                     inner.check_with_kernel(other);
                 }
             }
-            ask.first_answer.get_or_insert_with(|| lookup.clone());
+            ask.first_answer
+                .get_or_insert_with(|| (lookup.clone(), now));
             let (local, remote) = (ask.question.local, ask.question.remote);
             let until = until.min(ask.question.classified_at + CLOSED_AT_RELEASE);
             let due = (now + POOL_OFF_LOOK_EVERY).min(until);
@@ -626,11 +633,11 @@ fn settle_miss(weak: &Weak<Inner>, mut ask: KernelAsk, lookup: &KernelLookup) {
             });
             return;
         }
-        if let Some(first) = ask.first_answer.take() {
+        if let Some((first, answered)) = ask.first_answer.take() {
             ask.pool_off_wait_over = true;
             // Waited for a pool that keeps none, which did not show: the
             // answer the miss first had decides.
-            settle_miss(weak, ask, &first);
+            settle_miss_at(weak, ask, &first, answered);
             return;
         }
         if let Some(due) = look_again_at(

@@ -1643,17 +1643,19 @@ impl PoolHistory {
     }
 
     /// What `client`'s connections to `host` show of a pool that keeps
-    /// no idle connection (see [`shows_pool_off`](Self::shows_pool_off)),
-    /// counting, with `pending_at: Some(now)`, the ones released no more
-    /// than [`CLOSED_AT_RELEASE`] before `now` whose close at release is
-    /// not seen yet (still open: hyper-util closes them on its own task; or
-    /// closed by us with no timer to date it yet) as closes to come
-    /// ([`PoolOff::Pending`]); those are returned, to be looked at again.
+    /// no idle connection (see [`shows_pool_off`](Self::shows_pool_off)).
+    /// With `pending_at: Some((now, miss))`, for a miss classified at
+    /// `miss`: connections released after the miss are left out, and the
+    /// ones released no more than [`CLOSED_AT_RELEASE`] before `now` whose
+    /// close at release is not seen yet (still open: hyper-util closes
+    /// them on its own task; or closed by us with no timer to date it yet)
+    /// count as closes to come ([`PoolOff::Pending`]); those are returned,
+    /// to be looked at again.
     pub(crate) fn pool_off_evidence(
         &self,
         host: &HostKey,
         client: &ClientState,
-        pending_at: Option<Instant>,
+        pending_at: Option<(Instant, Instant)>,
     ) -> (PoolOff, Vec<Arc<ConnectionRecord>>) {
         let mut pending = Vec::new();
         if client.max_idle_known
@@ -1675,9 +1677,12 @@ impl PoolHistory {
             let Some(released) = r.last_released() else {
                 continue;
             };
+            if pending_at.is_some_and(|(_, miss)| released > miss) {
+                continue;
+            }
             if r.is_closed_at_release() && !r.http2() {
                 closed_at_release += 1;
-            } else if let Some(now) = pending_at
+            } else if let Some((now, _)) = pending_at
                 && !r.http2()
                 && r.end().is_none()
                 && known_loss(r).is_none()
@@ -2009,7 +2014,7 @@ mod tests {
         let d = released(&pools, &client, 4, 4);
         assert!(!pools.shows_pool_off(&host(), &client));
         let soon = t0 + Duration::from_millis(30);
-        let (evidence, pending) = pools.pool_off_evidence(&host(), &client, Some(soon));
+        let (evidence, pending) = pools.pool_off_evidence(&host(), &client, Some((soon, soon)));
         assert_eq!(
             evidence,
             PoolOff::Pending(t0 + Duration::from_millis(4) + CLOSED_AT_RELEASE)
@@ -2017,8 +2022,18 @@ mod tests {
         assert_eq!(pending.iter().map(|r| r.id()).collect::<Vec<_>>(), [d.id()]);
         let late = t0 + Duration::from_millis(200);
         assert_eq!(
-            pools.pool_off_evidence(&host(), &client, Some(late)).0,
+            pools
+                .pool_off_evidence(&host(), &client, Some((late, late)))
+                .0,
             PoolOff::No
+        );
+        // Released after the miss: not this miss's evidence.
+        let before = t0 + Duration::from_millis(3);
+        assert_eq!(
+            pools
+                .pool_off_evidence(&host(), &client, Some((soon, before)))
+                .0,
+            PoolOff::Shown
         );
         d.mark_closed_at_release();
         assert!(pools.shows_pool_off(&host(), &client));
