@@ -1395,7 +1395,7 @@ async fn a_timeout_on_the_first_connection_is_abandoned_not_cold() {
 /// The server accepted a connection per request. 6 rounds over plain
 /// HTTP, then 4 over TLS (our closed socket is reset by the server's
 /// close_notify: gone, no timer dates it; read as a close at release when
-/// found gone that soon).
+/// found gone that soon; there misses 1 to 3 may still be `pool_closed`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_idle_pool_disabled_on_reqwests_builder_is_inferred_pool_disabled() {
     let pki = TestPki::localhost().expect("pki");
@@ -1424,7 +1424,13 @@ async fn an_idle_pool_disabled_on_reqwests_builder_is_inferred_pool_disabled() {
         assert_eq!(spans[0].reason.as_deref(), Some(semconv::MISS_REASON_COLD));
         for (i, (s, before)) in spans[1..].iter().zip(&spans).enumerate() {
             assert_eq!(s.previous_id, before.id, "round {round}, {i}: {spans:#?}");
-            let allowed: &[&str] = if i == 0 {
+            // Over TLS no timer dates our close (the server's close_notify
+            // resets the socket): found closed within 75 ms of the release
+            // it is, and a starved kernel thread answers later, so the
+            // first closes may go undated (measured at a load average of
+            // 17: up to miss 3).
+            let unsure = if tls { 3 } else { 1 };
+            let allowed: &[&str] = if i < unsure {
                 &[
                     semconv::MISS_REASON_POOL_DISABLED,
                     semconv::MISS_REASON_POOL_CLOSED,

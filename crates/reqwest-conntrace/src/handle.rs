@@ -212,7 +212,8 @@ impl Inner {
     /// server closed first); a socket still established after a release
     /// over the idle limit leaves that release in doubt.
     pub(crate) fn apply_kernel_view(&self, record: &ConnectionRecord, lookup: &KernelLookup) {
-        self.note_close_at_release(record, lookup, Instant::now());
+        let now = Instant::now();
+        self.note_close_at_release(record, lookup, now, now);
         match lookup {
             KernelLookup::Found(facts) if facts.state == crate::TcpState::Established => {
                 // Over the idle limit yet established: the pool kept it, or
@@ -268,7 +269,11 @@ impl Inner {
     /// the release (over TLS too: a `TIME_WAIT` that soon is no server's
     /// idle close, which comes after its keep-alive timeout), or found gone
     /// that soon ([`gone_at_release`]), or over TLS found closed in any way
-    /// that soon ([`tls_closed_at_release`]). Once the client's connections
+    /// that soon ([`tls_closed_at_release`]): "that soon" reckoned from
+    /// `asked_at`, when the lookup was asked for (a late answer, from a
+    /// starved kernel thread, still dates the close no later than that but
+    /// for what came between: a server's idle close comes seconds after
+    /// the release). Once the client's connections
     /// to the host show its pool keeps none
     /// ([`PoolHistory::shows_pool_off`]), its idle limit is inferred as 0
     /// (row 3b).
@@ -277,6 +282,7 @@ impl Inner {
         record: &ConnectionRecord,
         lookup: &KernelLookup,
         now: Instant,
+        asked_at: Instant,
     ) {
         let client = &record.client;
         if client.max_idle_known || client.inferred.keeps_idle() || record.is_closed_at_release() {
@@ -287,9 +293,9 @@ impl Inner {
                 pool_close(record, facts, now, false),
                 Some(PoolClose::AtRelease { .. } | PoolClose::Unsure)
             ),
-            KernelLookup::NotFound => gone_at_release(record, now),
+            KernelLookup::NotFound => gone_at_release(record, asked_at),
             KernelLookup::Unavailable | KernelLookup::TimedOut => false,
-        } || tls_closed_at_release(record, lookup, now);
+        } || tls_closed_at_release(record, lookup, asked_at);
         if !at_release {
             return;
         }
@@ -436,12 +442,14 @@ impl Inner {
                     self.recheck_believed_idle(&question.candidate);
                 }
                 let (local, remote) = (question.local, question.remote);
+                let asked_at = question.classified_at;
                 let ask = KernelAsk {
                     host: host.clone(),
                     question,
                     waited_for_response: false,
                     waited_for_pool_off: false,
                     first_answer: None,
+                    asked_at,
                     pool_off_wait_over: false,
                     slot: slot.clone(),
                 };
@@ -561,6 +569,11 @@ struct KernelAsk {
     /// waits for the client's pool to show it keeps none
     /// ([`PoolOff::Pending`]).
     first_answer: Option<(KernelLookup, Instant)>,
+    /// When the lookup being answered was asked for (the miss, or when a
+    /// look again was due): a close the answer shows came no later than
+    /// that, as far as a late answer (a starved kernel thread) can date it
+    /// ([`Inner::note_close_at_release`]).
+    asked_at: Instant,
     /// That wait is over (it is taken once, for at most
     /// [`CLOSED_AT_RELEASE`] after the miss).
     pool_off_wait_over: bool,
@@ -594,7 +607,7 @@ fn settle_miss_at(weak: &Weak<Inner>, mut ask: KernelAsk, lookup: &KernelLookup,
     // Its own close at release, before the rest: once the pool's closes
     // show it keeps none, the miss is decided at once (row 3b).
     let pool_off = inner.as_ref().is_some_and(|inner| {
-        inner.note_close_at_release(candidate, lookup, now);
+        inner.note_close_at_release(candidate, lookup, now, ask.asked_at.min(now));
         !candidate.http2()
             && !candidate.client.max_idle_known
             && candidate.client.inferred.keeps_none()
@@ -628,6 +641,7 @@ fn settle_miss_at(weak: &Weak<Inner>, mut ask: KernelAsk, lookup: &KernelLookup,
             let until = until.min(ask.question.classified_at + CLOSED_AT_RELEASE);
             let due = (now + POOL_OFF_LOOK_EVERY).min(until);
             let weak = weak.clone();
+            ask.asked_at = due;
             inner.kernel.lookup_at(local, remote, due, move |lookup| {
                 settle_miss(&weak, ask, &lookup);
             });
@@ -660,6 +674,7 @@ fn settle_miss_at(weak: &Weak<Inner>, mut ask: KernelAsk, lookup: &KernelLookup,
             }
             let (local, remote) = (ask.question.local, ask.question.remote);
             let weak = weak.clone();
+            ask.asked_at = due;
             inner.kernel.lookup_at(local, remote, due, move |lookup| {
                 settle_miss(&weak, ask, &lookup);
             });
@@ -688,6 +703,7 @@ fn settle_miss_at(weak: &Weak<Inner>, mut ask: KernelAsk, lookup: &KernelLookup,
                 inner.apply_kernel_view(&ask.question.candidate, lookup);
             }
             ask.waited_for_response = true;
+            ask.asked_at = now + RESPONSE_IN_FLIGHT_WAIT;
             let (local, remote) = (ask.question.local, ask.question.remote);
             let weak = weak.clone();
             inner
