@@ -269,11 +269,11 @@ impl Inner {
     /// the release (over TLS too: a `TIME_WAIT` that soon is no server's
     /// idle close, which comes after its keep-alive timeout), or found gone
     /// that soon ([`gone_at_release`]), or over TLS found closed in any way
-    /// that soon ([`tls_closed_at_release`]): "that soon" reckoned from
-    /// `asked_at`, when the lookup was asked for (a late answer, from a
-    /// starved kernel thread, still dates the close no later than that but
-    /// for what came between: a server's idle close comes seconds after
-    /// the release). Once the client's connections
+    /// that soon ([`tls_closed_at_release`]). "That soon" is reckoned from
+    /// `asked_at`, when the lookup was asked for, not from when a starved
+    /// kernel thread answered it: what could close the connection between
+    /// the two is no server's idle close (it comes seconds after the
+    /// release). Once the client's connections
     /// to the host show its pool keeps none
     /// ([`PoolHistory::shows_pool_off`]), its idle limit is inferred as 0
     /// (row 3b).
