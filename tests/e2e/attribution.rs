@@ -1961,13 +1961,26 @@ async fn a_timeout_on_the_first_connection_is_abandoned_not_cold() {
 /// the first close dated at its miss may be `pool_closed`), and from then
 /// on every miss is `pool_disabled`, inferred, naming the connection
 /// before; never `release_race` (this pool keeps no connection alive).
-/// The server accepted a connection per request.
+/// The server accepted a connection per request. 6 rounds over plain
+/// HTTP, then 4 over TLS (our closed socket is reset by the server's
+/// close_notify: gone, no timer dates it; read as a close at release when
+/// found gone that soon; there misses 1 to 3 may still be `pool_closed`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_idle_pool_disabled_on_reqwests_builder_is_inferred_pool_disabled() {
-    for round in 0..6 {
+    let pki = TestPki::localhost().expect("pki");
+    for round in 0..10 {
+        let tls = round >= 6;
         let t = telemetry();
-        let server = RemoteServer::start(plain_h1()).await;
-        let client = t.client(reqwest::Client::builder().pool_max_idle_per_host(0), None);
+        let builder = if tls {
+            plain_h1().tls(&pki)
+        } else {
+            plain_h1()
+        };
+        let server = RemoteServer::start(builder).await;
+        let client = t.client(
+            reqwest::Client::builder().pool_max_idle_per_host(0),
+            tls.then_some(&pki),
+        );
         let url = server.get().url("/");
         for _ in 0..10 {
             get(&client, &url).await;
@@ -1980,7 +1993,13 @@ async fn an_idle_pool_disabled_on_reqwests_builder_is_inferred_pool_disabled() {
         assert_eq!(spans[0].reason.as_deref(), Some(semconv::MISS_REASON_COLD));
         for (i, (s, before)) in spans[1..].iter().zip(&spans).enumerate() {
             assert_eq!(s.previous_id, before.id, "round {round}, {i}: {spans:#?}");
-            let allowed: &[&str] = if i == 0 {
+            // Over TLS no timer dates our close (the server's close_notify
+            // resets the socket): found closed within 75 ms of the release
+            // it is, and a starved kernel thread answers later, so the
+            // first closes may go undated (measured at a load average of
+            // 17: up to miss 3).
+            let unsure = if tls { 3 } else { 1 };
+            let allowed: &[&str] = if i < unsure {
                 &[
                     semconv::MISS_REASON_POOL_DISABLED,
                     semconv::MISS_REASON_POOL_CLOSED,
@@ -1990,7 +2009,7 @@ async fn an_idle_pool_disabled_on_reqwests_builder_is_inferred_pool_disabled() {
             };
             assert!(
                 s.reason.as_deref().is_some_and(|r| allowed.contains(&r)),
-                "round {round}, miss {}: {reasons:?}\n{}",
+                "round {round} (TLS {tls}), miss {}: {reasons:?}\n{}",
                 i + 1,
                 compact(&spans)
             );
@@ -2990,6 +3009,182 @@ async fn request_count_counts_requests_that_gave_up_on_their_response() {
                 (spans[0].id, Some(carried)),
                 "{context}"
             );
+        }
+    }
+}
+
+/// The lab server's record of every connection once each has ended
+/// (waits at most 5 s: the server sees the client's close moments after
+/// it).
+fn ended_connections(
+    server: &TestServer,
+    n: usize,
+) -> Vec<conntrace_lab::server::ConnectionRecord> {
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let records = server.connections();
+        let ended = records.len() == n && records.iter().all(|r| r.end.is_some());
+        if ended || std::time::Instant::now() >= deadline {
+            assert_eq!(records.len(), n, "server connections: {records:?}");
+            return records;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// Waves of `CONCURRENT` concurrent GETs (the server answers each after
+/// 20 ms, so a wave's requests overlap), `WAVES` of them, each wave once
+/// the previous one is done; the spans in start order, checked against
+/// the server's records.
+async fn waves(
+    t: &Telemetry,
+    client: &reqwest_middleware::ClientWithMiddleware,
+    server: &TestServer,
+) -> (Vec<SpanData>, HashMap<i64, u64>) {
+    let url = server.url("/");
+    for _ in 0..WAVES {
+        futures::future::join_all((0..CONCURRENT).map(|_| get(client, &url))).await;
+    }
+    let raw = requests(t, WAVES * CONCURRENT);
+    let spans: Vec<Seen> = raw.iter().map(seen).collect();
+    let map = compare_with_server(&spans, &server.requests());
+    (raw, map)
+}
+
+const WAVES: usize = 6;
+const CONCURRENT: usize = 4;
+
+/// An idle pool disabled on purpose under concurrency: waves of 4
+/// concurrent GETs, 6 waves, 4 rounds each over plain HTTP and over TLS,
+/// with `pool_max_idle_per_host(0)` set on reqwest's own builder (this
+/// crate cannot read it: inferred from the pool's closes, REFERENCE
+/// section 14 row 3b) and on ours (known, row 2). The server's records are
+/// the truth: every connection carried exactly one request and the client
+/// closed it. The first wave is `cold`; every request of the later waves
+/// is `pool_disabled` (inferred for reqwest's builder), never `all_busy`
+/// (raise the pool: no help here), `pool_closed` or the server's close;
+/// one it names ended at the idle limit is one the server saw carry its
+/// one request in an earlier wave.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_pool_disabled_on_purpose_is_pool_disabled_under_concurrency() {
+    let pki = TestPki::localhost().expect("pki");
+    for tls in [false, true] {
+        for ours in [false, true] {
+            for round in 0..4 {
+                let t = telemetry();
+                let builder = plain_h1().delay(Duration::from_millis(20));
+                let builder = if tls { builder.tls(&pki) } else { builder };
+                let server = RemoteServer::start(builder).await;
+                let client = if ours {
+                    let instrumented = t
+                        .conntrace()
+                        .instrument_client(reqwest::Client::builder())
+                        .pool_max_idle_per_host(0);
+                    let instrumented = if tls {
+                        instrumented.tls(trust(&pki))
+                    } else {
+                        instrumented
+                    };
+                    instrumented.build_with_middleware().expect("client")
+                } else {
+                    t.client(
+                        reqwest::Client::builder().pool_max_idle_per_host(0),
+                        tls.then_some(&pki),
+                    )
+                };
+                let (raw, map) = waves(&t, &client, server.get()).await;
+                let spans: Vec<Seen> = raw.iter().map(seen).collect();
+                let n = WAVES * CONCURRENT;
+                let context = format!("TLS {tls}, our builder {ours}, round {round}");
+                assert_eq!(map.len(), n, "{context}: a connection per request");
+                for record in ended_connections(server.get(), n) {
+                    assert_eq!(record.requests, 1, "{context}: {record:?}");
+                    assert_eq!(
+                        record.end,
+                        Some(ConnectionEnd::Closed),
+                        "{context}: the client closed it: {record:?}"
+                    );
+                }
+                for (i, (s, span)) in spans.iter().zip(&raw).enumerate() {
+                    let wave = i / CONCURRENT;
+                    let why = || format!("{context}, request {i}:\n{}", compact(&spans));
+                    if wave == 0 {
+                        assert_eq!(
+                            s.reason.as_deref(),
+                            Some(semconv::MISS_REASON_COLD),
+                            "{}",
+                            why()
+                        );
+                        continue;
+                    }
+                    assert_eq!(
+                        s.reason.as_deref(),
+                        Some(semconv::MISS_REASON_POOL_DISABLED),
+                        "{}",
+                        why()
+                    );
+                    let limits = str_attr(span, semconv::HTTP_CONNECTION_POOL_LIMITS);
+                    let expected = (!ours).then_some(semconv::POOL_LIMITS_INFERRED);
+                    assert_eq!(limits.as_deref(), expected, "{}", why());
+                    if let Some(previous) = s.previous_id {
+                        let earlier = &spans[..wave * CONCURRENT];
+                        assert!(
+                            earlier.iter().any(|e| e.id == Some(previous)),
+                            "names a connection of an earlier wave: {}",
+                            why()
+                        );
+                        assert_eq!(s.previous_count, Some(1), "{}", why());
+                        assert_eq!(
+                            s.previous_end.as_deref(),
+                            Some(semconv::CONNECTION_END_IDLE_LIMIT),
+                            "{}",
+                            why()
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The opposite cases of the test above, which must never read as a
+/// disabled pool: reqwest's own `pool_max_idle_per_host(1)` and `(2)` and
+/// its default pool (unlimited), waves of 4 concurrent GETs, plain and
+/// TLS, 2 rounds each. The pool keeps connections (the server saw
+/// requests reuse them), so no request is `pool_disabled`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_pool_that_keeps_connections_is_never_read_as_disabled() {
+    let pki = TestPki::localhost().expect("pki");
+    for limit in [Some(1), Some(2), None] {
+        for tls in [false, true] {
+            for round in 0..2 {
+                let t = telemetry();
+                let builder = plain_h1().delay(Duration::from_millis(20));
+                let builder = if tls { builder.tls(&pki) } else { builder };
+                let server = RemoteServer::start(builder).await;
+                let builder = match limit {
+                    Some(n) => reqwest::Client::builder().pool_max_idle_per_host(n),
+                    None => reqwest::Client::builder(),
+                };
+                let client = t.client(builder, tls.then_some(&pki));
+                let (raw, _) = waves(&t, &client, server.get()).await;
+                let spans: Vec<Seen> = raw.iter().map(seen).collect();
+                let context = format!("limit {limit:?}, TLS {tls}, round {round}");
+                let reused = spans.iter().filter(|s| s.count > Some(1)).count();
+                assert!(
+                    reused >= WAVES - 1,
+                    "{context}: the pool kept connections:\n{}",
+                    compact(&spans)
+                );
+                for (i, s) in spans.iter().enumerate() {
+                    assert_ne!(
+                        s.reason.as_deref(),
+                        Some(semconv::MISS_REASON_POOL_DISABLED),
+                        "{context}, request {i}:\n{}",
+                        compact(&spans)
+                    );
+                }
+            }
         }
     }
 }

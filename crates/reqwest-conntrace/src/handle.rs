@@ -21,10 +21,11 @@ use crate::miss::{ConnectionEnd, MissReason};
 use crate::pool::advice::PoolLoad;
 use crate::pool::client::ClientState;
 use crate::pool::host::HostKey;
-use crate::pool::inferred::{LimitSource, pool_close};
+use crate::pool::inferred::{CLOSED_AT_RELEASE, LimitSource, PoolClose, pool_close};
 use crate::pool::model::{
-    KernelQuestion, MissVerdict, PoolHistory, RESPONSE_IN_FLIGHT_WAIT, decide_from_kernel,
-    look_again_at, response_may_explain_end,
+    KernelQuestion, MissVerdict, PoolHistory, PoolOff, RESPONSE_IN_FLIGHT_WAIT, decide_from_kernel,
+    gone_at_release, look_again_at, may_wait_for_pool_off, response_may_explain_end,
+    tls_closed_at_release,
 };
 use crate::pool::registry::{ConnectionRecord, Registry};
 use crate::pool::slot::{MissSlot, PendingMiss};
@@ -211,6 +212,8 @@ impl Inner {
     /// server closed first); a socket still established after a release
     /// over the idle limit leaves that release in doubt.
     pub(crate) fn apply_kernel_view(&self, record: &ConnectionRecord, lookup: &KernelLookup) {
+        let now = Instant::now();
+        self.note_close_at_release(record, lookup, now, now);
         match lookup {
             KernelLookup::Found(facts) if facts.state == crate::TcpState::Established => {
                 // Over the idle limit yet established: the pool kept it, or
@@ -256,6 +259,53 @@ impl Inner {
                 self.connection_closed(record, Instant::now());
             }
             KernelLookup::Unavailable | KernelLookup::TimedOut => {}
+        }
+    }
+
+    /// Notes the kernel's `lookup` (at `now`) of `record`, a connection of
+    /// a client whose idle limit this crate could not read, when it shows
+    /// that client's pool closed it at its release: dated by a timer within
+    /// [`CLOSED_AT_RELEASE`](crate::pool::inferred::CLOSED_AT_RELEASE) of
+    /// the release (over TLS too: a `TIME_WAIT` that soon is no server's
+    /// idle close, which comes after its keep-alive timeout), or found gone
+    /// that soon ([`gone_at_release`]), or over TLS found closed in any way
+    /// that soon ([`tls_closed_at_release`]). "That soon" is reckoned from
+    /// `asked_at`, when the lookup was asked for, not from when a starved
+    /// kernel thread answered it: what could close the connection between
+    /// the two is no server's idle close (it comes seconds after the
+    /// release). Once the client's connections
+    /// to the host show its pool keeps none
+    /// ([`PoolHistory::shows_pool_off`]), its idle limit is inferred as 0
+    /// (row 3b).
+    fn note_close_at_release(
+        &self,
+        record: &ConnectionRecord,
+        lookup: &KernelLookup,
+        now: Instant,
+        asked_at: Instant,
+    ) {
+        let client = &record.client;
+        if client.max_idle_known || client.inferred.keeps_idle() || record.is_closed_at_release() {
+            return;
+        }
+        let at_release = match lookup {
+            KernelLookup::Found(facts) => matches!(
+                pool_close(record, facts, now, false),
+                Some(PoolClose::AtRelease { .. } | PoolClose::Unsure)
+            ),
+            KernelLookup::NotFound => gone_at_release(record, asked_at),
+            KernelLookup::Unavailable | KernelLookup::TimedOut => false,
+        } || tls_closed_at_release(record, lookup, asked_at);
+        if !at_release {
+            return;
+        }
+        record.mark_closed_at_release();
+        if let Some(host) = &record.host
+            && self.pools.shows_pool_off(host, client)
+        {
+            client.inferred.observe(PoolClose::AtRelease {
+                idle_others: Some(0),
+            });
         }
     }
 
@@ -392,10 +442,15 @@ impl Inner {
                     self.recheck_believed_idle(&question.candidate);
                 }
                 let (local, remote) = (question.local, question.remote);
+                let asked_at = question.classified_at;
                 let ask = KernelAsk {
                     host: host.clone(),
                     question,
                     waited_for_response: false,
+                    waited_for_pool_off: false,
+                    first_answer: None,
+                    asked_at,
+                    pool_off_wait_over: false,
                     slot: slot.clone(),
                 };
                 self.kernel.lookup_then(local, remote, {
@@ -495,12 +550,33 @@ const MAX_OPEN_SETS: usize = 4096;
 /// close at release was inferred (their closes tighten the idle limit).
 const INFER_FOLLOW_UPS: usize = 8;
 
+/// How often a miss whose candidate its pool closed at release asks again
+/// while the client's other connections released just before are not
+/// seen closed yet (see [`PoolHistory::pool_off_evidence`]).
+const POOL_OFF_LOOK_EVERY: std::time::Duration = std::time::Duration::from_millis(5);
+
 /// A miss whose reason waits for the kernel's view of its candidate.
 struct KernelAsk {
     host: HostKey,
     question: KernelQuestion,
     /// The second look after [`RESPONSE_IN_FLIGHT_WAIT`] was taken.
     waited_for_response: bool,
+    /// It looked again at a candidate the kernel showed established, with
+    /// other requests in flight ([`may_wait_for_pool_off`]): unless the
+    /// pool is shown to keep none by the end, the miss is `alive`.
+    waited_for_pool_off: bool,
+    /// The kernel's first answer and when it came, kept while the miss
+    /// waits for the client's pool to show it keeps none
+    /// ([`PoolOff::Pending`]).
+    first_answer: Option<(KernelLookup, Instant)>,
+    /// When the lookup being answered was asked for (the miss, or when a
+    /// look again was due): a close the answer shows came no later than
+    /// that, as far as a late answer (a starved kernel thread) can date it
+    /// ([`Inner::note_close_at_release`]).
+    asked_at: Instant,
+    /// That wait is over (it is taken once, for at most
+    /// [`CLOSED_AT_RELEASE`] after the miss).
+    pool_off_wait_over: bool,
     slot: Arc<PendingMiss>,
 }
 
@@ -520,10 +596,64 @@ impl Drop for KernelAsk {
 /// response in flight on it may explain the close the kernel shows (see
 /// [`response_may_explain_end`]; asked once, after
 /// [`RESPONSE_IN_FLIGHT_WAIT`]).
-fn settle_miss(weak: &Weak<Inner>, mut ask: KernelAsk, lookup: &KernelLookup) {
-    let now = Instant::now();
+fn settle_miss(weak: &Weak<Inner>, ask: KernelAsk, lookup: &KernelLookup) {
+    settle_miss_at(weak, ask, lookup, Instant::now());
+}
+
+/// [`settle_miss`] with the kernel's answer `lookup` as of `now`.
+fn settle_miss_at(weak: &Weak<Inner>, mut ask: KernelAsk, lookup: &KernelLookup, now: Instant) {
     let inner = weak.upgrade();
-    if let Some(inner) = &inner {
+    let candidate = &ask.question.candidate;
+    // Its own close at release, before the rest: once the pool's closes
+    // show it keeps none, the miss is decided at once (row 3b).
+    let pool_off = inner.as_ref().is_some_and(|inner| {
+        inner.note_close_at_release(candidate, lookup, now, ask.asked_at.min(now));
+        !candidate.http2()
+            && !candidate.client.max_idle_known
+            && candidate.client.inferred.keeps_none()
+    });
+    if let Some(inner) = inner.as_ref().filter(|_| !pool_off) {
+        if !ask.pool_off_wait_over
+            && (candidate.is_closed_at_release()
+                || may_wait_for_pool_off(candidate, &ask.question.alive))
+            && let (PoolOff::Pending(until), pending) = inner.pools.pool_off_evidence(
+                &ask.host,
+                &candidate.client,
+                Some((now, ask.question.classified_at)),
+            )
+            && now < until.min(ask.question.classified_at + CLOSED_AT_RELEASE)
+        {
+            // Closed at its release (or all busy, its pool's limits
+            // unknown), and the client's other connections released just
+            // before are on their way to the same close (a pool that keeps
+            // none closes each on hyper-util's own task): asked again, with
+            // them, until they are (row 3b) or their time is up. If they
+            // are not, the miss is decided from this answer, as it would
+            // have been.
+            for other in pending {
+                if other.id() != candidate.id() {
+                    inner.check_with_kernel(other);
+                }
+            }
+            ask.first_answer
+                .get_or_insert_with(|| (lookup.clone(), now));
+            let (local, remote) = (ask.question.local, ask.question.remote);
+            let until = until.min(ask.question.classified_at + CLOSED_AT_RELEASE);
+            let due = (now + POOL_OFF_LOOK_EVERY).min(until);
+            let weak = weak.clone();
+            ask.asked_at = due;
+            inner.kernel.lookup_at(local, remote, due, move |lookup| {
+                settle_miss(&weak, ask, &lookup);
+            });
+            return;
+        }
+        if let Some((first, answered)) = ask.first_answer.take() {
+            ask.pool_off_wait_over = true;
+            // Waited for a pool that keeps none, which did not show: the
+            // answer the miss first had decides.
+            settle_miss_at(weak, ask, &first, answered);
+            return;
+        }
         if let Some(due) = look_again_at(
             &ask.question.candidate,
             lookup,
@@ -537,8 +667,14 @@ fn settle_miss(weak: &Weak<Inner>, mut ask: KernelAsk, lookup: &KernelLookup) {
                 // the candidate's release.
                 inner.recheck_believed_idle(&ask.question.candidate);
             }
+            if matches!(lookup, KernelLookup::Found(facts) if facts.state == crate::TcpState::Established)
+                && may_wait_for_pool_off(&ask.question.candidate, &ask.question.alive)
+            {
+                ask.waited_for_pool_off = true;
+            }
             let (local, remote) = (ask.question.local, ask.question.remote);
             let weak = weak.clone();
+            ask.asked_at = due;
             inner.kernel.lookup_at(local, remote, due, move |lookup| {
                 settle_miss(&weak, ask, &lookup);
             });
@@ -567,6 +703,7 @@ fn settle_miss(weak: &Weak<Inner>, mut ask: KernelAsk, lookup: &KernelLookup) {
                 inner.apply_kernel_view(&ask.question.candidate, lookup);
             }
             ask.waited_for_response = true;
+            ask.asked_at = now + RESPONSE_IN_FLIGHT_WAIT;
             let (local, remote) = (ask.question.local, ask.question.remote);
             let weak = weak.clone();
             inner
@@ -577,15 +714,18 @@ fn settle_miss(weak: &Weak<Inner>, mut ask: KernelAsk, lookup: &KernelLookup) {
             return;
         }
     }
-    let candidate = &ask.question.candidate;
-    let mut miss = decide_from_kernel(
-        candidate,
-        lookup,
-        now,
-        ask.question.alive,
-        ask.question.requests_seen,
-        ask.question.classified_at,
-    );
+    let mut miss = if ask.waited_for_pool_off && !pool_off {
+        ask.question.alive
+    } else {
+        decide_from_kernel(
+            candidate,
+            lookup,
+            now,
+            ask.question.alive,
+            ask.question.requests_seen,
+            ask.question.classified_at,
+        )
+    };
     if let Some(inner) = &inner {
         inner.apply_kernel_view(candidate, lookup);
         if miss.reason == MissReason::AllBusy

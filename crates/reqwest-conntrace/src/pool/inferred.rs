@@ -45,6 +45,12 @@
 //! ([`PoolHistory::uncount_closed`](crate::pool::model::PoolHistory::uncount_closed)).
 //! The pool is known on (its idle limit above 0) once it hands an HTTP/1.1
 //! connection out again ([`InferredLimits::note_reuse`]).
+//!
+//! Under concurrency the idle counts at release have no order to rest on
+//! (releases moments apart reach hyper-util in any order), so an idle
+//! limit of 0 is also inferred from the client's connections as a whole:
+//! every one it released was closed at its release, none kept
+//! ([`PoolHistory::pool_off_evidence`](crate::pool::model::PoolHistory::pool_off_evidence)).
 
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};

@@ -165,6 +165,25 @@ pub(crate) fn decide_from_kernel(
     requests_seen: u64,
     classified_at: Instant,
 ) -> Miss {
+    // Row 3b, inferred between the miss and this answer (the kernel's
+    // answers about the client's other connections came first): a pool
+    // that keeps no idle connection closed the candidate at its release.
+    if !candidate.http2()
+        && !candidate.client.max_idle_known
+        && candidate.client.inferred.keeps_none()
+    {
+        // Named when it was released (closed there); one still carrying
+        // the request its connect was made for is not.
+        if candidate.last_released().is_none() {
+            return Miss::new(MissReason::PoolDisabled).limits_inferred();
+        }
+        candidate.infer_end(ConnectionEnd::IdleLimit);
+        return Miss::caused_by(
+            MissReason::PoolDisabled,
+            Previous::of(candidate, now, Some(ConnectionEnd::IdleLimit)),
+        )
+        .limits_inferred();
+    }
     if !candidate.http2()
         && (candidate.requests.load(Ordering::Relaxed) != requests_seen
             || candidate.said_connection_close())
@@ -207,6 +226,25 @@ pub(crate) fn decide_from_kernel(
         }
     }
     match lookup {
+        // HTTP/1.1 over TLS, the server's FIN first but found no more than
+        // 75 ms after the release, nothing else in flight, under an idle
+        // limit not ours to count that the pool never showed above 0: a
+        // pool that keeps none closed it at release (its close_notify drew
+        // the server's close_notify and FIN before our own FIN), or the
+        // server closed it unannounced: not known which (`pool_closed`).
+        KernelLookup::Found(facts)
+            if facts.state.closed_by_peer()
+                && alone
+                && !candidate.client.max_idle_known
+                && !candidate.client.inferred.keeps_idle()
+                && tls_closed_at_release(candidate, lookup, now) =>
+        {
+            Miss::caused_by(
+                MissReason::PoolClosed,
+                Previous::of(candidate, now, Some(ConnectionEnd::PoolClosed)),
+            )
+            .limits_unknown()
+        }
         // HTTP/2: hyper-util hands a live connection to every request, so
         // the miss shows the server's end had reached us by `classified_at`.
         KernelLookup::Found(facts) if facts.state.closed_by_peer() => {
@@ -278,7 +316,8 @@ pub(crate) fn decide_from_kernel(
         KernelLookup::Found(facts)
             if facts.state == crate::TcpState::TimeWait
                 && closed_first_by_tls_server(candidate)
-                && !closed_after(facts, now, classified_at) =>
+                && !closed_after(facts, now, classified_at)
+                && !closed_at_release(candidate, facts, now) =>
         {
             let end = candidate.closed_by_server(false);
             ended_by_server(candidate, now, Some(end), classified_at)
@@ -680,7 +719,7 @@ pub(crate) fn look_again_at(
     }
     if facts.state != crate::TcpState::Established
         || candidate.http2()
-        || alive.reason != MissReason::ReleaseRace
+        || !(alive.reason == MissReason::ReleaseRace || may_wait_for_pool_off(candidate, alive))
         || client.max_idle_known
         || client.inferred.keeps_idle()
         || candidate.is_dropped_early()
@@ -690,6 +729,27 @@ pub(crate) fn look_again_at(
     }
     let until = candidate.last_released()? + CLOSED_AT_RELEASE;
     (now < until).then(|| (now + LOOK_AGAIN_EVERY).min(until))
+}
+
+/// Whether a miss with other requests to the host in flight (`alive` is
+/// `all_busy`, naming nothing), whose HTTP/1.1 candidate the kernel shows
+/// still established just after its release, waits for the candidate's
+/// fate ([`look_again_at`]): its client's pool may keep no idle connection
+/// (reqwest's `pool_max_idle_per_host(0)`, which this crate cannot read)
+/// and close it on hyper-util's own task, which the client's other
+/// connections may show meanwhile ([`PoolHistory::shows_pool_off`]). The
+/// idle limit is not ours to count, the pool has never handed a
+/// connection out again, nor closed one for its idle timeout. Unless that
+/// is shown by the end of the wait, the miss is `alive`, as at the first
+/// answer.
+pub(crate) fn may_wait_for_pool_off(candidate: &ConnectionRecord, alive: &Miss) -> bool {
+    let client = &candidate.client;
+    alive.reason == MissReason::AllBusy
+        && alive.previous.is_none()
+        && !candidate.http2()
+        && !client.max_idle_known
+        && !client.inferred.keeps_idle()
+        && client.inferred.idle_timeout().is_none()
 }
 
 /// How often [`look_again_at`] asks again.
@@ -714,6 +774,85 @@ fn gone_with_no_end_shown(record: &ConnectionRecord) -> bool {
             .is_none_or(|end| end == ConnectionEnd::PeerClosed)
 }
 
+/// What a client's connections show of a pool that keeps no idle
+/// connection ([`PoolHistory::pool_off_evidence`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum PoolOff {
+    /// Shown: its idle limit is 0.
+    Shown,
+    /// Shown once the connections released just before close, as they
+    /// would at release, by this instant.
+    Pending(Instant),
+    /// Not shown.
+    No,
+}
+
+/// Closes at release [`PoolHistory::shows_pool_off`] needs before it
+/// infers a pool that keeps no idle connection.
+pub(crate) const POOL_OFF_EVIDENCE: usize = 2;
+
+/// Whether `record` (HTTP/1.1, released) was closed for a reason that says
+/// nothing of its client's idle pool ([`PoolHistory::shows_pool_off`]): a
+/// close of hyper's own its traffic showed (an announced close, a dropped
+/// or failed body, a request that gave up on it), or a close of ours no
+/// timer dated. A close the kernel showed as the server's, looked at too
+/// late to date it, is not: the pool may have kept the connection idle
+/// until the server's idle close.
+fn closed_on_its_own(record: &ConnectionRecord) -> bool {
+    if record.http2() {
+        return false;
+    }
+    if known_loss(record).is_some() || record.is_dropped_early() {
+        return true;
+    }
+    record.is_closed() && record.end().is_none()
+}
+
+/// Whether `record`, an HTTP/1.1 connection over TLS idle in the pool,
+/// found closed (by either side, or gone) at `now` no more than
+/// [`CLOSED_AT_RELEASE`] after its release, was closed then: a server's
+/// idle close comes after its keep-alive timeout, so this is its client's
+/// pool closing it at release. Over TLS the TCP states do not tell who
+/// closed first: our close_notify draws the server's close_notify and FIN
+/// before our own FIN (`CLOSE_WAIT` / `LAST_ACK`), or resets our closed
+/// socket (gone).
+pub(crate) fn tls_closed_at_release(
+    record: &ConnectionRecord,
+    lookup: &KernelLookup,
+    now: Instant,
+) -> bool {
+    let closed = match lookup {
+        KernelLookup::Found(facts) => facts.state != crate::TcpState::Established,
+        KernelLookup::NotFound => true,
+        KernelLookup::Unavailable | KernelLookup::TimedOut => false,
+    };
+    closed
+        && closed_first_by_tls_server(record)
+        && record
+            .last_released()
+            .is_some_and(|t| now.saturating_duration_since(t) <= CLOSED_AT_RELEASE)
+}
+
+/// Whether `record`, found gone at `now`, was closed by its client's pool
+/// at its release: HTTP/1.1, idle in the pool, no end shown or inferred
+/// (its traffic showed no close of hyper's own nor the server's; a close
+/// of ours seen before, undated, is none), found gone no more than
+/// [`CLOSED_AT_RELEASE`] after its release. A close of
+/// ours that the server answers with data (a TLS server's close_notify)
+/// makes the kernel reset the socket (see [`gone_after_own_close`]); a
+/// server's idle close comes after its keep-alive timeout.
+pub(crate) fn gone_at_release(record: &ConnectionRecord, now: Instant) -> bool {
+    !record.http2()
+        && record.in_use() == 0
+        && record.end().is_none()
+        && !record.is_dropped_early()
+        && !record.is_discarded()
+        && !record.said_connection_close()
+        && record
+            .last_released()
+            .is_some_and(|t| now.saturating_duration_since(t) <= CLOSED_AT_RELEASE)
+}
+
 /// Whether `record`, an HTTP/1.1 connection over TLS idle in the pool,
 /// has nothing but its server's close to explain a close of ours: no
 /// request on it, and no close of hyper's own its traffic showed (a dropped
@@ -736,6 +875,19 @@ fn released_just_before(candidate: &ConnectionRecord, miss: Instant) -> bool {
         && candidate
             .last_released()
             .is_some_and(|t| miss.saturating_duration_since(t) <= CLOSED_AT_RELEASE)
+}
+
+/// Whether the kernel dates the close of `record`'s socket (asked at
+/// `now`) no more than [`CLOSED_AT_RELEASE`] after its release: its
+/// client's pool closed it there, not a server's idle close (which comes
+/// after its keep-alive timeout), even over TLS in `TIME_WAIT` (the server
+/// answered our close with its FIN alone).
+fn closed_at_release(record: &ConnectionRecord, facts: &TcpFacts, now: Instant) -> bool {
+    facts
+        .closed_ago()
+        .and_then(|ago| now.checked_sub(ago))
+        .zip(record.last_released())
+        .is_some_and(|(closed, released)| closed <= released + CLOSED_AT_RELEASE)
 }
 
 /// Whether the kernel dates our close of a socket (asked at `now`) after
@@ -941,8 +1093,9 @@ impl PoolHistory {
                 MissReason::Cold
             }));
         }
-        // 2. No idle pool on purpose: hyper-util never checks one out.
-        if client.max_idle_per_host == Some(0) {
+        // 2. No idle pool on purpose: hyper-util never checks one out. Once
+        //    warm: a concurrent first burst is cold (row 3), as with a pool.
+        if client.max_idle_per_host == Some(0) && mine().any(|r| r.last_released().is_some()) {
             return MissVerdict::Decided(Miss::new(MissReason::PoolDisabled));
         }
 
@@ -968,13 +1121,41 @@ impl PoolHistory {
         // announced close an earlier miss named is gone, its loss told.
         // HTTP/2: a spare connection (see `http2_spare`) was never the
         // pool's, and one that never carried a request is none either.
-        let Some(candidate) = mine()
+        let candidate = mine()
             .filter(|r| r.http2() || r.in_use() == 0)
             .filter(|r| !r.http2() || r.in_use() > 0 || r.last_released().is_some())
             .filter(|r| !http2_spare(r, mine))
             .filter(|r| !loss_told(r))
-            .max_by_key(|r| r.last_activity())
-        else {
+            .max_by_key(|r| r.last_activity());
+        // 3b. An idle pool inferred off (an idle limit of 0 from the pool's
+        //     closes at release, never a connection handed out again): no
+        //     connection is ever idle in it, so neither busy connections
+        //     (row 4) nor a candidate's end (rows 5 on) is the cause; it
+        //     closed the candidate at its release, as every one.
+        if !client.max_idle_known
+            && client.inferred.keeps_none()
+            && candidate.is_none_or(|c| !c.http2())
+        {
+            // The connection it closed last, not one still carrying the
+            // request its connect was made for.
+            let closed = mine()
+                .filter(|r| !r.http2() && r.in_use() == 0)
+                .filter_map(|r| Some((r.last_released()?, r)))
+                .max_by_key(|(released, _)| *released)
+                .map(|(_, r)| r);
+            let miss = match closed {
+                Some(candidate) => {
+                    candidate.infer_end(ConnectionEnd::IdleLimit);
+                    Miss::caused_by(
+                        MissReason::PoolDisabled,
+                        Previous::of(candidate, now, Some(ConnectionEnd::IdleLimit)),
+                    )
+                }
+                None => Miss::new(MissReason::PoolDisabled),
+            };
+            return MissVerdict::Decided(miss.limits_inferred());
+        }
+        let Some(candidate) = candidate else {
             // 4. Every established connection is in use; unless one was
             //    lost in a way known without the kernel (an announced
             //    close, a request that gave up on it, a failed body) and no
@@ -987,16 +1168,6 @@ impl PoolHistory {
         // Read before the rest: a response on it from now on shows it alive.
         let requests_seen = candidate.requests.load(Ordering::Relaxed);
         let previous = |end| Previous::of(candidate, now, Some(end));
-        // 4b. An idle pool inferred off (an idle limit of 0 from the pool's
-        //     closes at release, never a connection handed out again): it
-        //     closed the candidate at its release, as every one.
-        if !client.max_idle_known && client.inferred.keeps_none() {
-            candidate.infer_end(ConnectionEnd::IdleLimit);
-            return MissVerdict::Decided(
-                Miss::caused_by(MissReason::PoolDisabled, previous(ConnectionEnd::IdleLimit))
-                    .limits_inferred(),
-            );
-        }
         // 5. Its body failed: hyper closed it. 5c. A request on it gave up
         //    on its response (HTTP/1.1): hyper closed it (checked before
         //    5b: a body dropped earlier did not end it then). 6. The server
@@ -1450,6 +1621,88 @@ impl PoolHistory {
         }
     }
 
+    /// Whether `client`'s pool for `host` has shown that it keeps no idle
+    /// connection (an idle limit of 0 set on reqwest's builder, which this
+    /// crate cannot read), under any concurrency: at least
+    /// [`POOL_OFF_EVIDENCE`] of its HTTP/1.1 connections were seen closed
+    /// by it within [`CLOSED_AT_RELEASE`] of their release
+    /// ([`ConnectionRecord::is_closed_at_release`]), and each other one it
+    /// released was closed for a reason of its own ([`closed_on_its_own`]).
+    /// A pool with an idle limit of 1 or more keeps the first connection
+    /// released into its empty idle list, until its idle timeout or until
+    /// it hands it out again: that one, still open, closed by the server
+    /// while it idled, or closed by the idle timeout, rules the inference
+    /// out, as does a connection handed out again
+    /// ([`InferredLimits::keeps_idle`](crate::pool::inferred::InferredLimits::keeps_idle))
+    /// or an idle timeout's close seen. Two closes, not one: a pool that
+    /// keeps connections closes one at release in hyper-util's release race
+    /// (a checkout whose connect won), which does not happen twice in a
+    /// row before the pool hands a connection out again.
+    pub(crate) fn shows_pool_off(&self, host: &HostKey, client: &ClientState) -> bool {
+        self.pool_off_evidence(host, client, None).0 == PoolOff::Shown
+    }
+
+    /// What `client`'s connections to `host` show of a pool that keeps
+    /// no idle connection (see [`shows_pool_off`](Self::shows_pool_off)).
+    /// With `pending_at: Some((now, miss))`, for a miss classified at
+    /// `miss`: connections released after the miss are left out, and the
+    /// ones released no more than [`CLOSED_AT_RELEASE`] before `now` whose
+    /// close at release is not seen yet (still open: hyper-util closes
+    /// them on its own task; or closed by us with no timer to date it yet)
+    /// count as closes to come ([`PoolOff::Pending`]); those are returned,
+    /// to be looked at again.
+    pub(crate) fn pool_off_evidence(
+        &self,
+        host: &HostKey,
+        client: &ClientState,
+        pending_at: Option<(Instant, Instant)>,
+    ) -> (PoolOff, Vec<Arc<ConnectionRecord>>) {
+        let mut pending = Vec::new();
+        if client.max_idle_known
+            || client.inferred.keeps_idle()
+            || client.inferred.idle_timeout().is_some()
+        {
+            return (PoolOff::No, pending);
+        }
+        let hosts = self.hosts();
+        let Some(history) = hosts.get(host) else {
+            return (PoolOff::No, pending);
+        };
+        let (mut closed_at_release, mut until) = (0, None);
+        for r in history
+            .connections
+            .iter()
+            .filter(|r| r.client.id == client.id)
+        {
+            let Some(released) = r.last_released() else {
+                continue;
+            };
+            if pending_at.is_some_and(|(_, miss)| released > miss) {
+                continue;
+            }
+            if r.is_closed_at_release() && !r.http2() {
+                closed_at_release += 1;
+            } else if let Some((now, _)) = pending_at
+                && !r.http2()
+                && r.end().is_none()
+                && known_loss(r).is_none()
+                && now.saturating_duration_since(released) <= CLOSED_AT_RELEASE
+            {
+                closed_at_release += 1;
+                until = until.max(Some(released + CLOSED_AT_RELEASE));
+                pending.push(Arc::clone(r));
+            } else if !closed_on_its_own(r) {
+                return (PoolOff::No, Vec::new());
+            }
+        }
+        let evidence = match until {
+            _ if closed_at_release < POOL_OFF_EVIDENCE => PoolOff::No,
+            Some(until) => PoolOff::Pending(until),
+            None => PoolOff::Shown,
+        };
+        (evidence, pending)
+    }
+
     /// The one open connection to `host` over a local transport (no socket
     /// addresses: reqwest's `unix_socket`) free to carry a response that
     /// came without `HttpInfo`; `None` when none or several are (HTTP/1.1:
@@ -1630,7 +1883,7 @@ mod tests {
         Arc::new(ClientState::new(Some(None), None))
     }
 
-    /// Row 4b: once the pool's closes inferred an idle limit of 0 (and it
+    /// Row 3b: once the pool's closes inferred an idle limit of 0 (and it
     /// never handed a connection out again), every later miss is `pool_disabled`,
     /// inferred, naming the connection closed at release, whatever the
     /// kernel would show; a connection handed out again (an idle hit)
@@ -1665,6 +1918,144 @@ mod tests {
                 ..
             })
         ));
+    }
+
+    /// Row 3b comes before row 4: with the pool inferred off, a miss while
+    /// every connection is in use (a concurrent wave) is `pool_disabled`,
+    /// naming the connection released last, not one still carrying the
+    /// request its connect was made for; never `all_busy`.
+    #[test]
+    fn a_pool_inferred_off_is_pool_disabled_even_with_every_connection_busy() {
+        let t0 = Instant::now();
+        let pools = PoolHistory::default();
+        let client = Arc::new(ClientState::unknown_settings());
+        let a = connection(&pools, &client, 1, t0, false);
+        let b = connection(&pools, &client, 2, t0, false);
+        response(&a, false, t0 + Duration::from_millis(1));
+        response(&b, false, t0 + Duration::from_millis(2));
+        let c = connection(&pools, &client, 3, t0 + Duration::from_millis(3), false);
+        c.take();
+        let at = t0 + Duration::from_millis(4);
+        client.inferred.observe(PoolClose::AtRelease {
+            idle_others: Some(0),
+        });
+        let miss = decided(pools.classify_miss(&host(), &client, at, 2));
+        assert_eq!(miss.reason, MissReason::PoolDisabled);
+        assert_eq!(
+            miss.previous.map(|p| (p.id, p.end)),
+            Some((b.id(), Some(ConnectionEnd::IdleLimit)))
+        );
+        // No released connection to name: still the pool's reason.
+        let pools = PoolHistory::default();
+        let client = Arc::new(ClientState::unknown_settings());
+        let a = connection(&pools, &client, 1, t0, false);
+        response(&a, false, t0 + Duration::from_millis(1));
+        a.take();
+        client.inferred.observe(PoolClose::AtRelease {
+            idle_others: Some(0),
+        });
+        let miss = decided(pools.classify_miss(&host(), &client, at, 2));
+        assert_eq!(miss.reason, MissReason::PoolDisabled);
+        assert_eq!(miss.previous, None);
+    }
+
+    /// Our builder's `pool_max_idle_per_host(0)` (row 2) once the pool was
+    /// warm; a concurrent first burst before that is `cold` (row 3).
+    #[test]
+    fn a_cold_burst_with_the_pool_disabled_is_cold() {
+        let t0 = Instant::now();
+        let pools = PoolHistory::default();
+        let client = Arc::new(ClientState::new(Some(None), Some(0)));
+        let a = connection(&pools, &client, 1, t0, false);
+        a.take();
+        let at = t0 + Duration::from_millis(1);
+        assert_eq!(
+            decided(pools.classify_miss(&host(), &client, at, 2)).reason,
+            MissReason::Cold
+        );
+        a.count_request();
+        a.give_back();
+        a.mark_released(at);
+        assert_eq!(
+            decided(pools.classify_miss(&host(), &client, at, 1)).reason,
+            MissReason::PoolDisabled
+        );
+    }
+
+    /// A pool that keeps none, shown by its connections as a whole: two or
+    /// more closed at release and none kept. A connection still open after
+    /// its release rules it out (a pool with an idle limit keeps the first
+    /// one released), unless released so recently that its close may still
+    /// come (pending, to be looked at again); so do a connection handed out
+    /// again and an idle timeout's close. A close of hyper's own (an
+    /// announced close) says nothing either way.
+    #[test]
+    fn a_pool_is_shown_off_by_every_released_connection_closed_at_release() {
+        let t0 = Instant::now();
+        let released = |pools: &PoolHistory, client: &Arc<ClientState>, id: u64, at: u64| {
+            let r = connection(pools, client, id, t0, false);
+            response(&r, false, t0 + Duration::from_millis(at));
+            r
+        };
+        let pools = PoolHistory::default();
+        let client = Arc::new(ClientState::unknown_settings());
+        let a = released(&pools, &client, 1, 1);
+        a.mark_closed_at_release();
+        assert!(!pools.shows_pool_off(&host(), &client), "one close only");
+        let b = released(&pools, &client, 2, 2);
+        b.mark_closed_at_release();
+        assert!(pools.shows_pool_off(&host(), &client));
+        // A connection the server announced it would close: neutral.
+        let c = released(&pools, &client, 3, 3);
+        c.set_connection_close(true);
+        assert!(pools.shows_pool_off(&host(), &client));
+        // One released and still open: kept by the pool, unless its close
+        // may still come.
+        let d = released(&pools, &client, 4, 4);
+        assert!(!pools.shows_pool_off(&host(), &client));
+        let soon = t0 + Duration::from_millis(30);
+        let (evidence, pending) = pools.pool_off_evidence(&host(), &client, Some((soon, soon)));
+        assert_eq!(
+            evidence,
+            PoolOff::Pending(t0 + Duration::from_millis(4) + CLOSED_AT_RELEASE)
+        );
+        assert_eq!(pending.iter().map(|r| r.id()).collect::<Vec<_>>(), [d.id()]);
+        let late = t0 + Duration::from_millis(200);
+        assert_eq!(
+            pools
+                .pool_off_evidence(&host(), &client, Some((late, late)))
+                .0,
+            PoolOff::No
+        );
+        // Released after the miss: not this miss's evidence.
+        let before = t0 + Duration::from_millis(3);
+        assert_eq!(
+            pools
+                .pool_off_evidence(&host(), &client, Some((soon, before)))
+                .0,
+            PoolOff::Shown
+        );
+        d.mark_closed_at_release();
+        assert!(pools.shows_pool_off(&host(), &client));
+        // Closed by the server while it idled (the kernel's view): kept.
+        let e = released(&pools, &client, 5, 5);
+        e.closed_by_server(true);
+        assert!(!pools.shows_pool_off(&host(), &client));
+        e.mark_closed_at_release();
+        assert!(pools.shows_pool_off(&host(), &client));
+        // Handed out again, or an idle timeout's close: the pool keeps.
+        client.inferred.observe(PoolClose::Expired {
+            idle: Duration::from_millis(500),
+        });
+        assert!(!pools.shows_pool_off(&host(), &client));
+        let other = Arc::new(ClientState::unknown_settings());
+        let f = released(&pools, &other, 6, 1);
+        let g = released(&pools, &other, 7, 2);
+        f.mark_closed_at_release();
+        g.mark_closed_at_release();
+        assert!(pools.shows_pool_off(&host(), &other));
+        other.inferred.note_reuse();
+        assert!(!pools.shows_pool_off(&host(), &other));
     }
 
     /// Rows 5c and 6 name whose doing the end was: a request that gave up
@@ -2506,8 +2897,11 @@ mod tests {
     /// (or `FIN_WAIT2` with no timer yet), until `UNDATED_CLOSE_WAIT` after
     /// the miss; closed while counting other
     /// connections idle at its release (their closes may lower the count),
-    /// until `CLOSED_AT_RELEASE` after it. Never once the pool has handed a
-    /// connection out again, nor with another request in flight.
+    /// until `CLOSED_AT_RELEASE` after it; alive with another request in
+    /// flight, until `CLOSED_AT_RELEASE` after its release too (for a pool
+    /// that keeps none to show), unless the pool closed a connection for
+    /// its idle timeout. Never once the pool has handed a connection out
+    /// again.
     #[test]
     fn a_candidate_whose_fate_is_pending_is_looked_at_again() {
         let t0 = Instant::now();
@@ -2531,11 +2925,13 @@ mod tests {
             Some(t0 + ms(2) + CLOSED_AT_RELEASE)
         );
         assert_eq!(again(&established, t0 + ms(80), &alive), None);
-        assert_eq!(
-            again(&established, at, &Miss::new(MissReason::AllBusy)),
-            None,
-            "another request in flight holds it"
-        );
+        // Another request in flight: alive at the first answer
+        // (`all_busy`), looked at again all the same, for a pool that may
+        // keep none to show (`may_wait_for_pool_off`); not once the pool
+        // has closed a connection for its idle timeout.
+        let busy = Miss::new(MissReason::AllBusy);
+        assert_eq!(again(&established, at, &busy), Some(at + LOOK_AGAIN_EVERY));
+        assert_eq!(again(&established, t0 + ms(80), &busy), None);
         let fin_wait1 = state(TcpState::FinWait1);
         assert_eq!(again(&fin_wait1, at + ms(10), &alive), Some(at + ms(15)));
         assert_eq!(again(&fin_wait1, at + UNDATED_CLOSE_WAIT, &alive), None);
@@ -2550,8 +2946,16 @@ mod tests {
         );
         a.set_idle_others_at_release(0);
         assert_eq!(again(&closed_ago(ms(1)), at, &alive), None);
+        let timed_out = Arc::new(ClientState::unknown_settings());
+        let b = connection(&pools, &timed_out, 3, t0, false);
+        response(&b, false, t0 + ms(2));
+        timed_out
+            .inferred
+            .observe(PoolClose::Expired { idle: ms(500) });
+        assert_eq!(look_again_at(&b, &established, at, &busy, 1, at), None);
         client.inferred.note_reuse();
         assert_eq!(again(&established, at, &alive), None);
+        assert_eq!(again(&established, at, &busy), None);
         a.set_idle_others_at_release(1);
         assert_eq!(again(&closed_ago(ms(1)), at, &alive), None);
         // FIN_WAIT1 is dated whatever the pool did before.

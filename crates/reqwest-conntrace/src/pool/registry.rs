@@ -47,6 +47,12 @@ pub(crate) struct ConnectionRecord {
     /// not yet attributed, may hold connections our count saw idle). The
     /// kernel's view or a later response tells.
     over_idle_limit_unsure: AtomicBool,
+    /// The kernel showed its client's pool closing it within
+    /// [`CLOSED_AT_RELEASE`](crate::pool::inferred::CLOSED_AT_RELEASE) of
+    /// its release (a limit this crate could not read): evidence that pool
+    /// keeps no idle connection (see
+    /// [`PoolHistory::shows_pool_off`](crate::pool::model::PoolHistory::shows_pool_off)).
+    closed_at_release: AtomicBool,
     /// Its close was observed and counted.
     closed: AtomicBool,
     /// A miss named it as the connection whose announced close
@@ -164,6 +170,7 @@ impl ConnectionRecord {
             discarded: AtomicBool::new(false),
             over_idle_limit: AtomicBool::new(false),
             over_idle_limit_unsure: AtomicBool::new(false),
+            closed_at_release: AtomicBool::new(false),
             closed: AtomicBool::new(false),
             close_named: AtomicBool::new(false),
             last_released: AtomicU64::new(0),
@@ -459,6 +466,19 @@ impl ConnectionRecord {
 
     pub(crate) fn is_over_idle_limit_unsure(&self) -> bool {
         self.over_idle_limit_unsure.load(Ordering::Relaxed)
+    }
+
+    /// The kernel showed its client's pool closing it at its release (see
+    /// [`is_closed_at_release`](Self::is_closed_at_release)).
+    pub(crate) fn mark_closed_at_release(&self) {
+        self.closed_at_release.store(true, Ordering::Relaxed);
+    }
+
+    /// Whether the kernel showed its client's pool closing it within
+    /// [`CLOSED_AT_RELEASE`](crate::pool::inferred::CLOSED_AT_RELEASE) of
+    /// its release.
+    pub(crate) fn is_closed_at_release(&self) -> bool {
+        self.closed_at_release.load(Ordering::Relaxed)
     }
 
     /// Marks the close observed; `true` the first time only.
