@@ -878,6 +878,7 @@ impl RequestEnd {
                 .or_else(|| self.failed_on.clone()),
             resend_count: self.resend_count,
             protocol_version: self.protocol_version,
+            failed_connect: self.state.failed_connect(),
         }
     }
 }
