@@ -91,7 +91,7 @@ pub(crate) fn request_failure(
         // The proxy itself failed: the target was never asked.
         proxy?;
         match error_type? {
-            "proxy_auth_required" => Some("give the proxy's credentials in its URL (http://user:password@host:port)"),
+            "proxy_auth_required" => Some("give the proxy's credentials as the user and password of its URL"),
             "connection_refused" | "connection_reset" | "dns_error" | "timeout"
             | "proxy_connect_failed" => Some(
                 "check the proxy (HTTPS_PROXY, HTTP_PROXY, ALL_PROXY or the client's proxy setting), or list the host in NO_PROXY to go direct",
