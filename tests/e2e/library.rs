@@ -1625,3 +1625,125 @@ async fn a_retry_middleware_after_ours_is_recorded_as_unseen_requests() {
     );
     assert!(message.contains("after any retry middleware"), "{message}");
 }
+
+/// Waits (up to 5 s) until `requests` request spans and `setups` setup
+/// spans have ended; returns the setups.
+fn ended(t: &Telemetry, requests: usize, setups: usize) -> Vec<opentelemetry_sdk::trace::SpanData> {
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let (r, s) = (t.requests(), t.setups());
+        if (r.len() >= requests && s.len() >= setups) || std::time::Instant::now() >= deadline {
+            assert_eq!(
+                (r.len(), s.len()),
+                (requests, setups),
+                "(request, setup) spans"
+            );
+            return s;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// A proxy set with reqwest's own `Proxy::custom` (a routing closure: the
+/// client's configuration does not show where it goes), sending every
+/// target to the lab CONNECT proxy; one HTTPS call. The proxy's CONNECT
+/// log shows the tunnel, answered 200; the setup span says so: proxied,
+/// the proxy's port (the address its socket connected to), a
+/// `proxy.connect` phase, and DNS skipped for the proxy's IP literal (not
+/// an `override`: nothing was overridden).
+#[tokio::test]
+async fn a_proxy_from_reqwests_proxy_custom_is_seen_from_the_address_connected_to() {
+    let t = telemetry();
+    let pki = TestPki::localhost().expect("pki");
+    let server = tls_server(&pki, TlsVersions::Tls13Only, HttpVersions::Http1Only).await;
+    let proxy = conntrace_lab::ConnectProxy::start().await.expect("proxy");
+    let proxy_url: reqwest::Url = proxy.url().parse().expect("proxy URL");
+    let client = t.client(
+        reqwest::Client::builder().proxy(reqwest::Proxy::custom(move |_| Some(proxy_url.clone()))),
+        Some(&pki),
+    );
+    client
+        .get(server.url("/"))
+        .send()
+        .await
+        .expect("request succeeds")
+        .bytes()
+        .await
+        .expect("body");
+    let setups = ended(&t, 1, 1);
+    let log = proxy.connect_log();
+    assert_eq!(log.len(), 1, "the proxy tunnelled the call");
+    assert_eq!(log[0].status, 200);
+    let phases: Vec<String> = t
+        .children(&setups[0])
+        .iter()
+        .map(|c| c.name.to_string())
+        .collect();
+    let said = (
+        bool_attr(&setups[0], semconv::HTTP_CONNECTION_PROXIED),
+        str_attr(&setups[0], semconv::HTTP_CONNECTION_PROXY_ADDRESS),
+        i64_attr(&setups[0], semconv::HTTP_CONNECTION_PROXY_PORT),
+        phases.iter().any(|p| p == semconv::PROXY_CONNECT_SPAN),
+        str_attr(&setups[0], semconv::HTTP_CONNECTION_DNS_SKIPPED),
+    );
+    assert_eq!(
+        said,
+        (
+            Some(true),
+            Some(proxy.addr().ip().to_string()),
+            Some(i64::from(proxy.addr().port())),
+            true,
+            Some(semconv::DNS_SKIPPED_IP_LITERAL.to_owned())
+        ),
+        "(proxied, proxy address, proxy port, proxy.connect phase, dns_skipped of the proxy's IP literal); phases {phases:?}"
+    );
+}
+
+/// A proxy set with reqwest's `Proxy::https(..).no_proxy(NoProxy::from_string("localhost"))`
+/// (the exclusion list is not visible in the client's configuration): one
+/// HTTPS call to localhost goes direct. The proxy's CONNECT log is empty
+/// and the socket's peer is the server; the setup span is not proxied and
+/// names no proxy.
+#[tokio::test]
+async fn a_direct_connection_excluded_by_reqwests_no_proxy_is_not_proxied() {
+    let t = telemetry();
+    let pki = TestPki::localhost().expect("pki");
+    let server = tls_server(&pki, TlsVersions::Tls13Only, HttpVersions::Http1Only).await;
+    let proxy = conntrace_lab::ConnectProxy::start().await.expect("proxy");
+    let client = t.client(
+        reqwest::Client::builder().proxy(
+            reqwest::Proxy::https(proxy.url())
+                .expect("proxy")
+                .no_proxy(reqwest::NoProxy::from_string("localhost")),
+        ),
+        Some(&pki),
+    );
+    client
+        .get(server.url("/"))
+        .send()
+        .await
+        .expect("request succeeds")
+        .bytes()
+        .await
+        .expect("body");
+    let setups = ended(&t, 1, 1);
+    assert!(proxy.connect_log().is_empty(), "the call went direct");
+    assert_eq!(server.accepted_connections(), 1);
+    assert_eq!(
+        i64_attr(&setups[0], semconv::NETWORK_PEER_PORT),
+        Some(i64::from(server.addr().port())),
+        "connected to the server itself"
+    );
+    assert_eq!(
+        (
+            bool_attr(&setups[0], semconv::HTTP_CONNECTION_PROXIED),
+            i64_attr(&setups[0], semconv::HTTP_CONNECTION_PROXY_PORT),
+        ),
+        (None, None),
+        "a direct connection is not proxied"
+    );
+    assert!(
+        t.child(&setups[0], semconv::PROXY_CONNECT_SPAN).is_none(),
+        "no tunnel"
+    );
+}

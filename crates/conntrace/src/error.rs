@@ -51,8 +51,14 @@ pub(crate) fn one_line(text: &str) -> String {
 }
 
 /// A failed request as one line: a plain-words lead from the library's
-/// `error.type` classification, then the error chain.
-pub(crate) fn request_failure(err: &(dyn StdError + 'static), error_type: Option<&str>) -> String {
+/// `error.type` classification, then the error chain. `proxy`: the proxy
+/// (`host:port`) the request's own failed connect went to, named first,
+/// since the chain names only the target's URL.
+pub(crate) fn request_failure(
+    err: &(dyn StdError + 'static),
+    error_type: Option<&str>,
+    proxy: Option<&str>,
+) -> String {
     let lead = match error_type {
         Some("dns_error") => Some("cannot resolve the host name"),
         Some("connection_refused") => Some("connection refused"),
@@ -61,12 +67,17 @@ pub(crate) fn request_failure(err: &(dyn StdError + 'static), error_type: Option
         Some("tls_certificate_invalid") => Some("the server's certificate was rejected"),
         Some("tls_error") => Some("TLS handshake failed"),
         Some("timeout") => Some("timed out"),
+        Some("proxy_auth_required") => Some("the proxy asks for credentials (407)"),
+        Some("proxy_connect_refused") => Some("the proxy refused the CONNECT tunnel"),
+        Some("proxy_connect_failed") => Some("the proxy closed before answering CONNECT"),
         _ => None,
     };
     let chain = chain_text(err);
-    let text = match lead {
-        Some(lead) => format!("{lead}: {chain}"),
-        None => chain,
+    let text = match (lead, proxy) {
+        (Some(lead), Some(p)) => format!("through the proxy {p}: {lead}: {chain}"),
+        (None, Some(p)) => format!("through the proxy {p}: {chain}"),
+        (Some(lead), None) => format!("{lead}: {chain}"),
+        (None, None) => chain,
     };
     let fix = fix(&text).or_else(|| {
         // A TLS server that reads a plain HTTP request as a broken
@@ -76,6 +87,18 @@ pub(crate) fn request_failure(err: &(dyn StdError + 'static), error_type: Option
             .then_some(
                 "the server closed the connection without an answer; if that port speaks TLS, use https://",
             )
+    })
+    .or_else(|| {
+        // The proxy itself failed: the target was never asked.
+        proxy?;
+        match error_type? {
+            "proxy_auth_required" => Some("give the proxy's credentials as the user and password of its URL"),
+            "connection_refused" | "connection_reset" | "dns_error" | "timeout"
+            | "proxy_connect_failed" => Some(
+                "check the proxy (HTTPS_PROXY, HTTP_PROXY, ALL_PROXY or the client's proxy setting), or list the host in NO_PROXY to go direct",
+            ),
+            _ => None,
+        }
     });
     match fix {
         Some(fix) => format!("{text}; fix: {fix}"),
@@ -264,7 +287,7 @@ mod tests {
             (C::BadSignature, "--cacert"),
         ] {
             let err = rustls::Error::InvalidCertificate(err);
-            let line = request_failure(&err, Some("tls_certificate_invalid"));
+            let line = request_failure(&err, Some("tls_certificate_invalid"), None);
             assert!(line.contains("; fix: "), "{line}");
             assert!(line.contains(fix_words), "{fix_words:?} in {line}");
         }

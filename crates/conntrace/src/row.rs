@@ -126,7 +126,24 @@ impl RequestRow {
                 row.body_bytes = f.body_bytes;
                 row.http_version = Some(f.version);
             }
-            Err(e) => row.error = Some(request_failure(e, row.error_type.as_deref())),
+            Err(e) => {
+                // The proxy its own failed connect went to (as the
+                // library judged it from the connect), named in the line.
+                let proxy = report
+                    .and_then(|r| r.failed_connect.as_ref())
+                    .filter(|s| s.proxied)
+                    .map(|s| match (&s.proxy_address, s.proxy_port) {
+                        (Some(a), Some(p)) if a.contains(':') => format!("[{a}]:{p}"),
+                        (Some(a), Some(p)) => format!("{a}:{p}"),
+                        (Some(a), None) => a.clone(),
+                        (None, _) => "(address not known)".to_owned(),
+                    });
+                row.error = Some(request_failure(
+                    e,
+                    row.error_type.as_deref(),
+                    proxy.as_deref(),
+                ));
+            }
         }
         row
     }

@@ -3,6 +3,7 @@
 
 use std::error::Error as StdError;
 use std::io;
+use std::net::SocketAddr;
 
 use crate::semconv;
 
@@ -260,6 +261,43 @@ pub(crate) fn proxy_refusal(err: &(dyn StdError + 'static)) -> Option<ProxyRefus
         }
         if debug.starts_with("TunnelUnexpectedEof") || debug.starts_with("ProxyHeadersTooLong") {
             return found(semconv::ERROR_TYPE_PROXY_CONNECT_FAILED, None);
+        }
+        current = e.source();
+    }
+    None
+}
+
+/// Whether `err`'s chain holds an error of hyper-util's `CONNECT` tunnel
+/// (its `TunnelError`, private, always displayed as `tunnel error: ...`):
+/// the connect went through a proxy, and failed connecting to it or on
+/// its answer.
+pub(crate) fn tunnel_failed(err: &(dyn StdError + 'static)) -> bool {
+    let mut current = Some(err);
+    while let Some(e) = current {
+        if e.to_string().starts_with("tunnel error: ") {
+            return true;
+        }
+        current = e.source();
+    }
+    false
+}
+
+/// The address a refused (or failed) TCP connect went to, from
+/// hyper-util's `ConnectError` in `err`'s chain (private fields; its
+/// `Debug` is `ConnectError("tcp connect error", ADDR, cause)`): the first
+/// address hyper-util failed on.
+pub(crate) fn connect_error_address(err: &(dyn StdError + 'static)) -> Option<SocketAddr> {
+    let mut current = Some(err);
+    while let Some(e) = current {
+        let debug = format!("{e:?}");
+        if let Some(rest) = debug.strip_prefix("ConnectError(\"") {
+            return rest
+                .split_once("\", ")?
+                .1
+                .split([',', ')'])
+                .next()?
+                .parse()
+                .ok();
         }
         current = e.source();
     }

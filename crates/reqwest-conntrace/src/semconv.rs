@@ -36,8 +36,9 @@ pub const TCP_CONNECT_SPAN: &str = "tcp.connect";
 /// Name of the proxy tunnel phase span (child of [`CONNECTION_SETUP_SPAN`]):
 /// an `https` request through an HTTP proxy, however configured (the
 /// instrumented builder's
-/// [`proxy`](crate::InstrumentedClientBuilder::proxy), reqwest's builder,
-/// or the `HTTPS_PROXY` / `ALL_PROXY` / `NO_PROXY` environment), from the
+/// [`proxy`](crate::InstrumentedClientBuilder::proxy), reqwest's builder
+/// including `Proxy::custom`, or the `HTTPS_PROXY` / `ALL_PROXY` /
+/// `NO_PROXY` environment; judged from where the connect went), from the
 /// TCP connection to the proxy being established to the proxy's answer to
 /// `CONNECT` (RFC 9110 §9.3.6): `200` and the start of TLS, or a refusal,
 /// which fails the span with an [`ERROR_TYPE_PROXY_AUTH_REQUIRED`] /
@@ -170,16 +171,22 @@ pub const HTTP_CONNECTION_SETUP_OUTCOME: &str = "http.connection.setup.outcome";
 /// `ClientBuilder::resolve` override answered without calling the resolver).
 pub const HTTP_CONNECTION_DNS_SKIPPED: &str = "http.connection.dns_skipped";
 /// `http.connection.proxied` (bool, setup span): the connection goes through
-/// an HTTP proxy (the peer address is then the proxy's).
+/// an HTTP proxy (the peer address is then the proxy's), judged from what
+/// the connect did: the address its socket reached is not the target's,
+/// it resolved another host's name, reqwest marked it absolute-form, or
+/// hyper-util's `CONNECT` tunnel failed; never from the configuration
+/// alone.
 pub const HTTP_CONNECTION_PROXIED: &str = "http.connection.proxied";
 /// `http.connection.proxy.address` (string, setup and `proxy.connect`
-/// spans): the proxy's host as configured (a name or an IP literal), from
-/// the instrumented builder's proxy, reqwest's builder or the
-/// `ALL_PROXY` / `HTTPS_PROXY` / `HTTP_PROXY` / `NO_PROXY` environment.
-/// Present even when the connect to the proxy failed (then no
-/// `network.peer.*` is known).
+/// spans): the proxy's host as configured (a name or an IP literal) when a
+/// proxy of the instrumented builder, reqwest's builder or the
+/// `ALL_PROXY` / `HTTPS_PROXY` / `HTTP_PROXY` / `NO_PROXY` environment
+/// matches the address reached; else the name the connect resolved or the
+/// IP it connected to (a `Proxy::custom` proxy). Present even when the
+/// connect to the proxy failed (then no `network.peer.*` is known).
 pub const HTTP_CONNECTION_PROXY_ADDRESS: &str = "http.connection.proxy.address";
-/// `http.connection.proxy.port` (int): the proxy's port as configured.
+/// `http.connection.proxy.port` (int): the proxy's port (configured, or
+/// the one connected to).
 pub const HTTP_CONNECTION_PROXY_PORT: &str = "http.connection.proxy.port";
 /// `http.connection.tls.resumption_offered` (bool, `tls.handshake` span):
 /// the client offered a cached TLS session (ticket or session id).

@@ -914,6 +914,50 @@ async fn lab_env_proxy() {
     assert_eq!(ran.json["reproduced"], true);
 }
 
+/// `HTTPS_PROXY` names a proxy that is down (nothing listens on its
+/// port); `conntrace probe https://localhost:PORT/ -n 1`, the target
+/// listening. The refused connection was the one to the proxy: the target
+/// accepted nothing. The one-line error names the proxy and its address
+/// (the chain alone names only the target URL), and exits non-zero.
+#[tokio::test]
+async fn probe_error_for_a_refused_proxy_names_the_proxy() {
+    let proxy_port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        l.local_addr().expect("addr").port()
+    };
+    let target = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    target.set_nonblocking(true).expect("nonblocking");
+    let target_port = target.local_addr().expect("addr").port();
+    let mut cmd = conntrace();
+    cmd.args([
+        "probe",
+        &format!("https://localhost:{target_port}/"),
+        "--requests",
+        "1",
+    ])
+    .env("HTTPS_PROXY", format!("http://127.0.0.1:{proxy_port}"))
+    .env_remove("ALL_PROXY")
+    .env_remove("all_proxy")
+    .env_remove("https_proxy")
+    .env_remove("NO_PROXY")
+    .env_remove("no_proxy");
+    let out = run(cmd).await;
+    assert!(!out.status.success(), "must exit non-zero");
+    assert!(
+        matches!(target.accept(), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock),
+        "the target was never contacted"
+    );
+    let err = stderr(&out);
+    let lines: Vec<&str> = err.lines().filter(|l| !l.trim().is_empty()).collect();
+    assert_eq!(lines.len(), 1, "one line: {err:?}");
+    let line = lines[0].to_lowercase();
+    assert!(line.contains("refused"), "{err:?}");
+    assert!(
+        line.contains("proxy") && line.contains(&format!("127.0.0.1:{proxy_port}")),
+        "the line names the proxy that refused (127.0.0.1:{proxy_port}): {err:?}"
+    );
+}
+
 /// DNS behind a saturated blocking pool: dns.lookup_began ~0.8 s after the
 /// lookup was asked; with a 300 ms connect timeout the request and the
 /// setup fail with timeout in dns.lookup, and no tcp.connect starts.

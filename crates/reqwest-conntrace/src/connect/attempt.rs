@@ -7,7 +7,7 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
-use crate::connect::proxy::ProxyRoute;
+use crate::connect::proxy::Candidates;
 use crate::export::report::TlsVersion;
 use crate::pool::client::ClientState;
 use crate::pool::slot::MissSlot;
@@ -28,8 +28,9 @@ pub(crate) struct ConnectAttempt {
     pub(crate) miss: Option<MissSlot>,
     /// The client's connect timeout (hyper-util splits it among addresses).
     pub(crate) connect_timeout: Option<std::time::Duration>,
-    /// The proxy this connect goes through, by the client's rules.
-    pub(crate) proxy: Option<ProxyRoute>,
+    /// The proxies the client's rules name for the target (which one, if
+    /// any, the connect went through is judged from its evidence).
+    pub(crate) proxies: Candidates,
     phases: Mutex<Phases>,
 }
 
@@ -95,7 +96,7 @@ impl ConnectAttempt {
         client: Arc<ClientState>,
         miss: Option<MissSlot>,
         connect_timeout: Option<std::time::Duration>,
-        proxy: Option<ProxyRoute>,
+        proxies: Candidates,
     ) -> Self {
         Self {
             id,
@@ -104,7 +105,7 @@ impl ConnectAttempt {
             client,
             miss,
             connect_timeout,
-            proxy,
+            proxies,
             phases: Mutex::new(Phases::default()),
         }
     }
@@ -182,7 +183,7 @@ mod tests {
             Arc::new(ClientState::new(None, None)),
             None,
             None,
-            None,
+            Candidates::default(),
         )
     }
 

@@ -20,8 +20,10 @@ use tracing_opentelemetry::OpenTelemetrySpanExt;
 use crate::connect::attempt::{AttemptScope, ConnectAttempt};
 use crate::connect::peer::{Peer, PeerLookup};
 use crate::connect::proxy::ProxyRules;
-use crate::connect::setup::{self, Ending, Established};
-use crate::error::{ProxyRefusal, classify, error_chain_text, proxy_refusal};
+use crate::connect::setup::{self, Ending, Established, FailureFacts};
+use crate::error::{
+    classify, connect_error_address, error_chain_text, proxy_refusal, tunnel_failed,
+};
 use crate::handle::{ConnTrace, Inner};
 use crate::pool::client::ClientState;
 use crate::pool::registry::ConnectionRecord;
@@ -161,16 +163,17 @@ where
             t.note_miss(slot.clone());
             slot
         });
-        let proxy = trigger
-            .as_ref()
-            .and_then(|t| shared.proxy.get()?.route(&t.host));
+        let proxies = match (shared.proxy.get(), &trigger) {
+            (Some(rules), Some(t)) => rules.candidates(&t.host),
+            _ => crate::connect::proxy::Candidates::unknown(),
+        };
         let attempt = Arc::new(ConnectAttempt::new(
             inner.next_connection_id(),
             trigger,
             shared.client.clone(),
             miss,
             shared.connect_timeout,
-            proxy,
+            proxies,
         ));
         // reqwest calls the connector inside the request's poll, so the
         // current span is the request span the middleware instrumented.
@@ -309,7 +312,16 @@ impl Drop for ConnectGuard {
                     "connect abandoned: its request was dropped or timed out".to_owned(),
                 )
             };
-            finish_failed(&inner, &attempt, &cx, error_type, message, None, peer, now);
+            finish_failed(
+                &inner,
+                &attempt,
+                &cx,
+                error_type,
+                message,
+                FailureFacts::default(),
+                peer,
+                now,
+            );
             drop(counted);
         }
     }
@@ -324,12 +336,12 @@ fn finish_failed(
     cx: &opentelemetry::Context,
     error_type: &'static str,
     message: String,
-    refusal: Option<ProxyRefusal>,
+    facts: FailureFacts,
     peer: Option<Option<Arc<PeerLookup>>>,
     now: Instant,
 ) {
     let peer = peer.flatten().map_or(Peer::Unknown, |p| p.settle());
-    end_failed(inner, attempt, cx, error_type, message, refusal, peer, now);
+    end_failed(inner, attempt, cx, error_type, message, facts, peer, now);
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -339,19 +351,19 @@ fn end_failed(
     cx: &opentelemetry::Context,
     error_type: &'static str,
     message: String,
-    refusal: Option<ProxyRefusal>,
+    facts: FailureFacts,
     peer: Peer,
     now: Instant,
 ) {
     use opentelemetry::trace::TraceContextExt;
-    let (_, tcp_pending) = setup::emit_phases(
+    let (report, tcp_pending) = setup::emit_phases(
         inner,
         attempt,
         cx,
         &Ending::Failed {
             error_type,
             message,
-            refusal,
+            facts,
             peer,
         },
         now,
@@ -359,6 +371,9 @@ fn end_failed(
     // Only a connected socket is left for the kernel: never here.
     if let Some(pending) = tcp_pending {
         pending.finish(None);
+    }
+    if let Some(trigger) = &attempt.trigger {
+        trigger.connect_failed(Arc::new(report));
     }
     cx.span().end_with_timestamp(inner.clock.wall(now));
 }
@@ -421,8 +436,13 @@ where
                     let refusal = proxy_refusal(e);
                     let error_type = refusal.map_or_else(|| classify(e), |r| r.error_type);
                     let message = error_chain_text(&inner.redaction, e);
+                    let facts = FailureFacts {
+                        refusal,
+                        tunnel_failed: tunnel_failed(e),
+                        refused_at: connect_error_address(e),
+                    };
                     finish_failed(
-                        &inner, &attempt, &span_cx, error_type, message, refusal, peer, now,
+                        &inner, &attempt, &span_cx, error_type, message, facts, peer, now,
                     );
                 }
             }

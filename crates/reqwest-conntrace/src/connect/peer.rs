@@ -2,8 +2,11 @@
 //! (the TLS handshake began) but the handshake then hung or failed, so
 //! reqwest's connector returned no connection to read the address from.
 //!
-//! With one candidate address (one DNS answer, an IP literal) the peer is
-//! that address. With several, the kernel is asked, off the request path,
+//! With one candidate address (one DNS answer, an IP literal), when no
+//! other may exist, the peer is that address. With several, or with one
+//! beside addresses not shown (a name connected to without a lookup: a
+//! `resolve` override, or a proxy configured by IP that the connect may
+//! or may not have gone through), the kernel is asked, off the request path,
 //! while the handshake is still running: this process's connected TCP
 //! sockets to the candidate addresses (a sock_diag dump kept to the socket
 //! inodes in `/proc/self/fd`, see `kernel::owned`), minus the connections
@@ -63,13 +66,13 @@ impl PeerLookup {
     /// `None` when the candidates are unknown (a `ClientBuilder::resolve`
     /// override, no triggering request) or the kernel is off.
     pub(crate) fn start(inner: &Arc<Inner>, attempt: &ConnectAttempt) -> Option<Arc<PeerLookup>> {
-        let (candidates, tls_started) = {
+        let ((candidates, complete), tls_started) = {
             let phases = attempt.phases();
             (candidates(attempt, &phases)?, phases.tls_started?)
         };
         let lookup = Arc::new(PeerLookup::default());
-        if let [only] = candidates[..] {
-            let _ = lookup.answer.set(Peer::Named(only));
+        if let ([only], true) = (&candidates[..], complete) {
+            let _ = lookup.answer.set(Peer::Named(*only));
             return Some(lookup);
         }
         if !inner.kernel.is_available() {
@@ -126,38 +129,60 @@ fn decide(lookup: OwnedLookup, known: impl Fn(&OwnedSocket) -> bool) -> Peer {
 }
 
 /// Every address the connector may have connected to: the DNS answers
-/// handed to it, or the IP literal it was given, with the port hyper-util
-/// uses (the URL's, or the answer's own when the URL had none: both are
-/// kept when they differ). Through a proxy these are the proxy's. `None`
-/// when unknown.
-fn candidates(attempt: &ConnectAttempt, phases: &Phases) -> Option<Vec<SocketAddr>> {
-    let (host, port) = match (&attempt.proxy, &attempt.trigger) {
-        (Some(route), _) => (route.host.as_str(), route.port),
-        (None, Some(t)) => (&*t.host.host, t.host.port),
-        (None, None) => return None,
-    };
+/// handed to it (the target's name with its port; a proxy's name with the
+/// port configured for it), or the IP literals it may have been given (the
+/// target's, the configured proxies'), with the port hyper-util uses (the
+/// URL's, or the answer's own when the URL had none: both are kept when
+/// they differ). Second: whether the list is complete (a name connected
+/// to without a lookup, an override or a proxy whose address is not
+/// shown, may be missing). `None` when unknown.
+fn candidates(attempt: &ConnectAttempt, phases: &Phases) -> Option<(Vec<SocketAddr>, bool)> {
+    let target = &attempt.trigger.as_ref()?.host;
+    let same = |a: &str, b: &str| a.eq_ignore_ascii_case(b);
     let mut all = Vec::new();
-    match &phases.dns {
+    let complete = match &phases.dns {
         Some(dns) => {
+            let mut ports: Vec<u16> = attempt
+                .proxies
+                .known
+                .iter()
+                .filter(|c| same(&c.host, &dns.name))
+                .map(|c| c.port)
+                .collect();
+            if same(&dns.name, &target.host) {
+                ports.push(target.port);
+            }
             for a in &dns.connect_order {
-                all.push(SocketAddr::new(a.ip(), port));
+                all.extend(ports.iter().map(|p| SocketAddr::new(a.ip(), *p)));
                 if a.port() != 0 {
                     all.push(*a);
                 }
             }
+            !ports.is_empty()
         }
         None => {
-            let ip: IpAddr = host
-                .trim_start_matches('[')
-                .trim_end_matches(']')
-                .parse()
-                .ok()?;
-            all.push(SocketAddr::new(ip, port));
+            let literal = |host: &str, port| {
+                host.trim_start_matches('[')
+                    .trim_end_matches(']')
+                    .parse::<IpAddr>()
+                    .ok()
+                    .map(|ip| SocketAddr::new(ip, port))
+            };
+            let target_literal = literal(&target.host, target.port);
+            all.extend(target_literal);
+            let mut complete = target_literal.is_some() && !attempt.proxies.unknown;
+            for c in &attempt.proxies.known {
+                match literal(&c.host, c.port) {
+                    Some(a) => all.push(a),
+                    None => complete = false,
+                }
+            }
+            complete
         }
-    }
+    };
     all.sort();
     all.dedup();
-    (!all.is_empty()).then_some(all)
+    (!all.is_empty()).then_some((all, complete))
 }
 
 #[cfg(test)]

@@ -1,9 +1,24 @@
-//! Which proxy a connect goes through, however the proxy was configured,
+//! Which proxy a connect went through, judged from what the connect did,
 //! and what a refused `CONNECT` looks like.
 //!
-//! reqwest decides the proxy inside its connector, out of our sight; the
-//! connector layer only sees the target. So the client's rules are rebuilt
-//! here, once, after reqwest built the client:
+//! reqwest decides the proxy inside its connector, below our layer: the
+//! layer is handed the target only. What the connect itself shows is:
+//! - the address its socket connected to (hyper-util's `HttpInfo` once
+//!   connected; the address in a refused connect's `ConnectError`; the
+//!   kernel's answer for a handshake that hung, see `peer`);
+//! - the name the connector asked our resolver for: the target's for a
+//!   direct connect, the proxy's through a proxy (reqwest never resolves
+//!   the target of a `CONNECT` tunnel nor of an absolute-form request);
+//! - reqwest's own mark on an absolute-form (plain `http`) proxy
+//!   connection (`Connected::is_proxied`), and an error from hyper-util's
+//!   `CONNECT` tunnel.
+//!
+//! A connect is proxied when that evidence says so: its socket went to
+//! an address that is not the target's, or it resolved another host's
+//! name, or reqwest marked it, or the tunnel failed. The client's
+//! configured proxies ([`ProxyRules`], read once after reqwest built the
+//! client) only *name* the proxy the evidence points at, never decide
+//! that a connect was proxied:
 //! - the instrumented builder's [`proxy`](crate::InstrumentedClientBuilder::proxy):
 //!   every target;
 //! - the environment (`ALL_PROXY`, `HTTPS_PROXY`, `HTTP_PROXY`, `NO_PROXY`,
@@ -13,35 +28,105 @@
 //!   `Debug` output, the only place reqwest shows its proxy list;
 //! - proxies set with reqwest's own `ClientBuilder::proxy`: their proxy URLs
 //!   per target scheme, read from that same output (their `no_proxy`
-//!   exclusions are not printed there, so they count as matching every host).
+//!   exclusions are not printed there: the wire tells an excluded host's
+//!   direct connect apart); a `Proxy::custom` closure prints nothing of
+//!   its proxy, which is then named from the address connected to (or
+//!   the name resolved).
+
+use std::net::{IpAddr, SocketAddr};
 
 use hyper_util::client::proxy::matcher::Matcher;
 
 use crate::pool::host::HostKey;
 
-/// The proxy a connect to one target goes through.
+/// The proxy a connect went through, as its evidence showed it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct ProxyRoute {
-    /// The proxy's host as configured (a name or an IP literal).
-    pub(crate) host: String,
-    /// The proxy's port.
-    pub(crate) port: u16,
+    /// The proxy's host as configured (a name or an IP literal), or the
+    /// name resolved / address connected to; `None` when nothing named it.
+    pub(crate) host: Option<String>,
+    /// The proxy's port, when known.
+    pub(crate) port: Option<u16>,
     /// `https` target: a `CONNECT` tunnel (RFC 9110 §9.3.6); else the
     /// request is forwarded in absolute form.
     pub(crate) tunnel: bool,
 }
 
+/// A proxy the client's configuration names for a target.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct ProxyCandidate {
+    /// Host as configured (a name or an IP literal, no brackets).
+    pub(crate) host: String,
+    pub(crate) port: u16,
+}
+
+impl ProxyCandidate {
+    fn of(uri: &http::Uri) -> Option<Self> {
+        let port = uri.port_u16().unwrap_or(match uri.scheme_str() {
+            Some("https") => 443,
+            _ => 80,
+        });
+        Some(Self {
+            host: bare(uri.host()?).to_owned(),
+            port,
+        })
+    }
+
+    /// Whether a socket connected to `peer` reached this proxy: same port,
+    /// and the same IP literal, or a name that was resolved in this connect
+    /// (`resolved`) or not at all (an override: only the port tells).
+    fn reached(&self, peer: SocketAddr, resolved: Option<&str>) -> bool {
+        if self.port != peer.port() {
+            return false;
+        }
+        match self.host.parse::<IpAddr>() {
+            Ok(ip) => ip == peer.ip(),
+            Err(_) => resolved.is_none_or(|n| same_host(n, &self.host)),
+        }
+    }
+}
+
+/// The proxies that may route a connect to one target, by the client's
+/// configuration.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct Candidates {
+    /// Configured proxies for the target's scheme (first match first).
+    pub(crate) known: Vec<ProxyCandidate>,
+    /// A proxy the configuration does not show may route it (reqwest's
+    /// `Proxy::custom`, or a client whose rules were never read).
+    pub(crate) unknown: bool,
+}
+
+impl Candidates {
+    /// Nothing known of the client's proxies.
+    pub(crate) fn unknown() -> Self {
+        Self {
+            known: Vec::new(),
+            unknown: true,
+        }
+    }
+}
+
+/// One proxy entry of reqwest's builder.
+#[derive(Debug)]
+pub(crate) enum Listed {
+    /// `Proxy::http/https/all`: the proxy for `http` targets and for
+    /// `https` targets.
+    Uris(Option<http::Uri>, Option<http::Uri>),
+    /// `Proxy::custom`: a closure whose proxy is not shown.
+    Custom,
+}
+
 /// A client's proxy rules.
 #[derive(Debug, Default)]
 pub(crate) enum ProxyRules {
-    /// No proxy (or none this crate can see).
+    /// No proxy.
     #[default]
     None,
     /// hyper-util's matcher: the builder's proxy or the environment's.
     Matcher(Box<Matcher>),
-    /// Proxies from reqwest's builder, first match wins: per entry, the
-    /// proxy for `http` targets and for `https` targets.
-    Listed(Vec<(Option<http::Uri>, Option<http::Uri>)>),
+    /// Proxies from reqwest's builder, in its order.
+    Listed(Vec<Listed>),
 }
 
 impl ProxyRules {
@@ -66,12 +151,13 @@ impl ProxyRules {
             }
             return Self::Matcher(Box::new(system));
         }
-        // `Matcher { http: Intercept { uri: U }, https: Intercept { uri: V }, .. }`
-        // per entry.
-        let entries = list
-            .split("Matcher")
-            .skip(1)
-            .map(|entry| {
+        let entries: Vec<Listed> = top_level_entries(list)
+            .into_iter()
+            .filter_map(|entry| {
+                if entry == "_" {
+                    return Some(Listed::Custom);
+                }
+                // `Matcher { http: Intercept { uri: U }, https: Intercept { uri: V }, .. }`
                 let uri = |field: &str| {
                     entry
                         .split(&format!("{field}: Intercept {{ uri: "))
@@ -81,10 +167,10 @@ impl ProxyRules {
                         .parse::<http::Uri>()
                         .ok()
                 };
-                (uri("http"), uri("https"))
+                let (http, https) = (uri("http"), uri("https"));
+                (http.is_some() || https.is_some()).then_some(Listed::Uris(http, https))
             })
-            .filter(|(a, b)| a.is_some() || b.is_some())
-            .collect::<Vec<_>>();
+            .collect();
         if entries.is_empty() {
             Self::None
         } else {
@@ -92,39 +178,191 @@ impl ProxyRules {
         }
     }
 
-    /// The proxy for `target`, if any.
-    pub(crate) fn route(&self, target: &HostKey) -> Option<ProxyRoute> {
+    /// The proxies that may route a connect to `target`.
+    pub(crate) fn candidates(&self, target: &HostKey) -> Candidates {
         let tunnel = &*target.scheme == "https";
-        let uri = match self {
-            Self::None => return None,
+        match self {
+            Self::None => Candidates::default(),
             Self::Matcher(m) => {
                 let host = if target.host.contains(':') {
                     format!("[{}]", target.host)
                 } else {
                     target.host.to_string()
                 };
-                let dst: http::Uri = format!("{}://{host}:{}/", target.scheme, target.port)
-                    .parse()
-                    .ok()?;
-                m.intercept(&dst)?.uri().clone()
+                let known = format!("{}://{host}:{}/", target.scheme, target.port)
+                    .parse::<http::Uri>()
+                    .ok()
+                    .and_then(|dst| ProxyCandidate::of(m.intercept(&dst)?.uri()))
+                    .into_iter()
+                    .collect();
+                Candidates {
+                    known,
+                    unknown: false,
+                }
             }
-            Self::Listed(entries) => entries
+            Self::Listed(entries) => {
+                let mut c = Candidates::default();
+                for entry in entries {
+                    match entry {
+                        Listed::Uris(h, s) => c.known.extend(
+                            if tunnel { s } else { h }
+                                .as_ref()
+                                .and_then(ProxyCandidate::of),
+                        ),
+                        Listed::Custom => c.unknown = true,
+                    }
+                }
+                c
+            }
+        }
+    }
+}
+
+/// The `, `-separated entries of a `Debug` list up to its closing `]`.
+fn top_level_entries(list: &str) -> Vec<&str> {
+    let (mut depth, mut start, mut entries) = (0usize, 0, Vec::new());
+    for (i, ch) in list.char_indices() {
+        match ch {
+            '{' | '[' | '(' => depth += 1,
+            '}' | ')' => depth = depth.saturating_sub(1),
+            ']' if depth == 0 => {
+                entries.push(list[start..i].trim());
+                return entries;
+            }
+            ']' => depth -= 1,
+            ',' if depth == 0 => {
+                entries.push(list[start..i].trim());
+                start = i + 1;
+            }
+            _ => {}
+        }
+    }
+    entries
+}
+
+fn bare(host: &str) -> &str {
+    host.trim_start_matches('[').trim_end_matches(']')
+}
+
+fn same_host(a: &str, b: &str) -> bool {
+    bare(a).eq_ignore_ascii_case(bare(b))
+}
+
+/// What one connect showed about where it went.
+#[derive(Debug, Default)]
+pub(crate) struct Evidence<'a> {
+    /// The target (the request's scheme, host and port).
+    pub(crate) target: Option<&'a HostKey>,
+    /// The name our resolver was asked in this connect, and the addresses
+    /// handed to the connector.
+    pub(crate) resolved: Option<(&'a str, &'a [SocketAddr])>,
+    /// The address the socket connected to (or whose connect was refused).
+    pub(crate) peer: Option<SocketAddr>,
+    /// reqwest marked the connection as an absolute-form proxy's.
+    pub(crate) forwarded: bool,
+    /// hyper-util's `CONNECT` tunnel failed (connecting to the proxy, or
+    /// the proxy's answer).
+    pub(crate) tunnel_failed: bool,
+}
+
+impl Evidence<'_> {
+    /// Whether the socket's peer is the target: `None` when the target's
+    /// addresses are not known here (a name no resolver of ours was
+    /// asked for: an override, or a proxy that resolves it).
+    fn peer_is_target(&self, peer: SocketAddr) -> Option<bool> {
+        let target = self.target?;
+        if let Ok(ip) = bare(&target.host).parse::<IpAddr>() {
+            return Some(peer == SocketAddr::new(ip, target.port));
+        }
+        let (name, addrs) = self.resolved?;
+        if !same_host(name, &target.host) {
+            // The connector resolved another host: the proxy's.
+            return Some(false);
+        }
+        Some(
+            addrs.contains(&peer)
+                || (peer.port() == target.port && addrs.iter().any(|a| a.ip() == peer.ip())),
+        )
+    }
+
+    /// The proxy this connect went through, `None` when it went direct or
+    /// nothing shows a proxy.
+    pub(crate) fn route(&self, candidates: &Candidates) -> Option<ProxyRoute> {
+        let resolved_name = self.resolved.map(|(n, _)| n);
+        let resolved_other = self
+            .resolved
+            .zip(self.target)
+            .is_some_and(|((n, _), t)| !same_host(n, &t.host));
+        let reached = |p: SocketAddr| {
+            candidates
+                .known
                 .iter()
-                .find_map(|(h, s)| if tunnel { s.clone() } else { h.clone() })?,
+                .find(|c| c.reached(p, resolved_name))
         };
-        let port = uri.port_u16().unwrap_or(match uri.scheme_str() {
-            Some("https") => 443,
-            _ => 80,
-        });
-        Some(ProxyRoute {
-            host: uri
-                .host()?
-                .trim_start_matches('[')
-                .trim_end_matches(']')
-                .to_owned(),
-            port,
+        let proxied = self.forwarded
+            || self.tunnel_failed
+            || match self.peer {
+                Some(p) => match self.peer_is_target(p) {
+                    Some(is_target) => !is_target,
+                    None => {
+                        reached(p).is_some()
+                            || (candidates.unknown
+                                && self.target.is_some_and(|t| t.port != p.port()))
+                    }
+                },
+                None => resolved_other,
+            };
+        if !proxied {
+            return None;
+        }
+        let tunnel = !self.forwarded && self.target.is_some_and(|t| &*t.scheme == "https");
+        let named = |c: &ProxyCandidate| ProxyRoute {
+            host: Some(c.host.clone()),
+            port: Some(c.port),
             tunnel,
-        })
+        };
+        if let Some(c) = self.peer.and_then(reached) {
+            return Some(named(c));
+        }
+        // The name the connector resolved instead of the target's (or the
+        // target's own name on another port: a proxy on the same host).
+        if let Some(name) = resolved_name.filter(|_| {
+            resolved_other
+                || self
+                    .peer
+                    .zip(self.target)
+                    .is_some_and(|(p, t)| p.port() != t.port)
+        }) {
+            let port = self.peer.map(|p| p.port()).or_else(|| {
+                candidates
+                    .known
+                    .iter()
+                    .find(|c| same_host(&c.host, name))
+                    .map(|c| c.port)
+            });
+            return Some(ProxyRoute {
+                host: Some(name.to_owned()),
+                port,
+                tunnel,
+            });
+        }
+        if let Some(p) = self.peer {
+            return Some(ProxyRoute {
+                host: Some(p.ip().to_string()),
+                port: Some(p.port()),
+                tunnel,
+            });
+        }
+        // Proxied by the tunnel's own error, with no address seen: the one
+        // configured proxy, if there is exactly one.
+        match (&candidates.known[..], candidates.unknown) {
+            ([only], false) => Some(named(only)),
+            _ => Some(ProxyRoute {
+                host: None,
+                port: None,
+                tunnel,
+            }),
+        }
     }
 }
 
@@ -136,26 +374,29 @@ mod tests {
         HostKey::new(scheme, host, port)
     }
 
+    fn addr(s: &str) -> SocketAddr {
+        s.parse().expect("test address")
+    }
+
+    fn candidate(host: &str, port: u16) -> ProxyCandidate {
+        ProxyCandidate {
+            host: host.into(),
+            port,
+        }
+    }
+
     #[test]
-    fn the_builders_proxy_routes_every_target() {
+    fn the_builders_proxy_is_a_candidate_for_every_target() {
         let rules = ProxyRules::all(&url::Url::parse("http://127.0.0.1:3128").expect("test value"));
-        let route = rules
-            .route(&key("https", "example.test", 443))
-            .expect("test value");
-        assert_eq!(
-            route,
-            ProxyRoute {
-                host: "127.0.0.1".into(),
-                port: 3128,
-                tunnel: true
-            }
-        );
-        assert!(
-            !rules
-                .route(&key("http", "example.test", 80))
-                .expect("test value")
-                .tunnel
-        );
+        for scheme in ["https", "http"] {
+            assert_eq!(
+                rules.candidates(&key(scheme, "example.test", 443)),
+                Candidates {
+                    known: vec![candidate("127.0.0.1", 3128)],
+                    unknown: false
+                }
+            );
+        }
     }
 
     #[test]
@@ -163,16 +404,26 @@ mod tests {
         let client = crate::ConnTrace::new()
             .instrument_client(
                 reqwest::Client::builder()
-                    .proxy(reqwest::Proxy::https("http://10.1.2.3:8080").expect("test value")),
+                    .proxy(reqwest::Proxy::https("http://10.1.2.3:8080").expect("test value"))
+                    .proxy(reqwest::Proxy::custom(|_| None::<url::Url>)),
             )
             .build()
             .expect("test value");
         let rules = ProxyRules::of_client(&client);
-        let route = rules
-            .route(&key("https", "example.test", 443))
-            .expect("test value");
-        assert_eq!((route.host.as_str(), route.port), ("10.1.2.3", 8080));
-        assert!(rules.route(&key("http", "example.test", 80)).is_none());
+        assert_eq!(
+            rules.candidates(&key("https", "example.test", 443)),
+            Candidates {
+                known: vec![candidate("10.1.2.3", 8080)],
+                unknown: true
+            }
+        );
+        assert_eq!(
+            rules.candidates(&key("http", "example.test", 80)),
+            Candidates {
+                known: vec![],
+                unknown: true
+            }
+        );
     }
 
     #[test]
@@ -202,5 +453,119 @@ mod tests {
         } else {
             assert!(matches!(rules, ProxyRules::None));
         }
+    }
+
+    /// A configured proxy whose connect went to the target itself (a
+    /// `no_proxy` exclusion) is not a route; one whose socket reached the
+    /// proxy is, named as configured.
+    #[test]
+    fn the_address_connected_to_decides_not_the_configuration() {
+        let target = key("https", "localhost", 8443);
+        let configured = Candidates {
+            known: vec![candidate("127.0.0.1", 3128)],
+            unknown: false,
+        };
+        let answers = [addr("127.0.0.1:0"), addr("[::1]:0")];
+        let direct = Evidence {
+            target: Some(&target),
+            resolved: Some(("localhost", &answers)),
+            peer: Some(addr("127.0.0.1:8443")),
+            ..Evidence::default()
+        };
+        assert_eq!(direct.route(&configured), None);
+        let tunnel = Evidence {
+            target: Some(&target),
+            peer: Some(addr("127.0.0.1:3128")),
+            ..Evidence::default()
+        };
+        assert_eq!(
+            tunnel.route(&configured),
+            Some(ProxyRoute {
+                host: Some("127.0.0.1".into()),
+                port: Some(3128),
+                tunnel: true
+            })
+        );
+        // An override (no lookup) to an address no proxy has: direct.
+        let overridden = Evidence {
+            target: Some(&target),
+            peer: Some(addr("10.0.0.7:8443")),
+            ..Evidence::default()
+        };
+        assert_eq!(overridden.route(&configured), None);
+    }
+
+    /// A `Proxy::custom` proxy is named from the wire: the address
+    /// connected to, or the name resolved instead of the target's.
+    #[test]
+    fn an_unshown_proxy_is_named_from_the_wire() {
+        let target = key("https", "localhost", 8443);
+        let custom = Candidates::unknown();
+        let by_ip = Evidence {
+            target: Some(&target),
+            peer: Some(addr("127.0.0.1:3128")),
+            ..Evidence::default()
+        };
+        assert_eq!(
+            by_ip.route(&custom),
+            Some(ProxyRoute {
+                host: Some("127.0.0.1".into()),
+                port: Some(3128),
+                tunnel: true
+            })
+        );
+        let answers = [addr("10.0.0.1:0")];
+        let by_name = Evidence {
+            target: Some(&target),
+            resolved: Some(("proxy.test", &answers)),
+            peer: Some(addr("10.0.0.1:3128")),
+            ..Evidence::default()
+        };
+        assert_eq!(
+            by_name.route(&custom).and_then(|r| r.host),
+            Some("proxy.test".into())
+        );
+        // The target's own port with no lookup: an override, not a proxy.
+        let same_port = Evidence {
+            target: Some(&target),
+            peer: Some(addr("10.0.0.1:8443")),
+            ..Evidence::default()
+        };
+        assert_eq!(same_port.route(&custom), None);
+    }
+
+    /// A refused TCP connect inside the tunnel: proxied by the tunnel's
+    /// error, named by the refused address.
+    #[test]
+    fn a_failed_tunnel_is_proxied() {
+        let target = key("https", "localhost", 8443);
+        let refused = Evidence {
+            target: Some(&target),
+            peer: Some(addr("127.0.0.1:9")),
+            tunnel_failed: true,
+            ..Evidence::default()
+        };
+        assert_eq!(
+            refused.route(&Candidates::default()),
+            Some(ProxyRoute {
+                host: Some("127.0.0.1".into()),
+                port: Some(9),
+                tunnel: true
+            })
+        );
+        let answered = Evidence {
+            target: Some(&target),
+            tunnel_failed: true,
+            ..Evidence::default()
+        };
+        assert_eq!(
+            answered
+                .route(&Candidates {
+                    known: vec![candidate("proxy.test", 3128)],
+                    unknown: false
+                })
+                .and_then(|r| r.port),
+            Some(3128)
+        );
     }
 }

@@ -14,7 +14,7 @@ use opentelemetry::{Array, Context, KeyValue, StringValue, Value};
 use crate::connect::address;
 use crate::connect::attempt::{ConnectAttempt, DnsPhase, Phases};
 use crate::connect::peer::Peer;
-use crate::connect::proxy::ProxyRoute;
+use crate::connect::proxy::{Evidence, ProxyRoute};
 use crate::connect::tcp::TcpSpanEnd;
 use crate::error::ProxyRefusal;
 use crate::export::phases::{ConnectionPhases, PhaseRecord, SetupSpanEnd};
@@ -91,12 +91,27 @@ pub(crate) fn start_setup_span(
     parent.with_span(span)
 }
 
-/// `http.connection.proxy.address` / `.port` of `route`.
-fn proxy_attributes(route: &ProxyRoute) -> [KeyValue; 2] {
-    [
-        KeyValue::new(semconv::HTTP_CONNECTION_PROXY_ADDRESS, route.host.clone()),
-        KeyValue::new(semconv::HTTP_CONNECTION_PROXY_PORT, i64::from(route.port)),
-    ]
+/// `http.connection.proxy.address` / `.port` of `route`, those known.
+fn proxy_attributes(route: &ProxyRoute) -> impl Iterator<Item = KeyValue> {
+    let host = route
+        .host
+        .clone()
+        .map(|h| KeyValue::new(semconv::HTTP_CONNECTION_PROXY_ADDRESS, h));
+    let port = route
+        .port
+        .map(|p| KeyValue::new(semconv::HTTP_CONNECTION_PROXY_PORT, i64::from(p)));
+    host.into_iter().chain(port)
+}
+
+/// What a failed connect's error showed (see `proxy`).
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct FailureFacts {
+    /// The proxy refused the `CONNECT` (the error came from its answer).
+    pub(crate) refusal: Option<ProxyRefusal>,
+    /// hyper-util's `CONNECT` tunnel failed.
+    pub(crate) tunnel_failed: bool,
+    /// The address a refused TCP connect went to.
+    pub(crate) refused_at: Option<SocketAddr>,
 }
 
 fn network_type(addr: &SocketAddr) -> &'static str {
@@ -115,6 +130,7 @@ fn dns_skipped(
     attempt: &ConnectAttempt,
     phases: &Phases,
     local_transport: bool,
+    route: Option<&ProxyRoute>,
 ) -> Option<&'static str> {
     if phases.dns.is_some() {
         return None;
@@ -122,10 +138,10 @@ fn dns_skipped(
     if local_transport {
         return Some(semconv::DNS_SKIPPED_LOCAL_TRANSPORT);
     }
-    // Through a proxy the connector resolves the proxy's host, not the target's.
-    let proxy_host = attempt.proxy.as_ref().map(|p| p.host.as_str());
-    let host = match proxy_host {
-        Some(h) => h,
+    // Through a proxy the connector resolves the proxy's host, not the
+    // target's (a proxy whose host nothing showed: not judged).
+    let host = match route {
+        Some(r) => r.host.as_deref()?,
         None => &attempt.trigger.as_ref()?.host.host,
     };
     let bare = host.trim_start_matches('[').trim_end_matches(']');
@@ -194,8 +210,8 @@ pub(crate) enum Ending<'a> {
     Failed {
         error_type: &'static str,
         message: String,
-        /// The proxy refused the `CONNECT` (the error came from its answer).
-        refusal: Option<ProxyRefusal>,
+        /// What the error showed.
+        facts: FailureFacts,
         /// The address TCP connected to, when the handshake after it failed.
         peer: Peer,
     },
@@ -219,15 +235,16 @@ pub(crate) fn emit_phases(
     // built for no one, so only the report and the metrics are.
     let recording = setup_span.is_recording();
     let tracer = recording.then(|| inner.tracer());
-    let (failure_type, failure_message, refusal, peer) = match ending {
-        Ending::Ready(_) => (None, None, None, &Peer::Unknown),
+    let (failure_type, failure_message, facts, peer) = match ending {
+        Ending::Ready(_) => (None, None, FailureFacts::default(), &Peer::Unknown),
         Ending::Failed {
             error_type,
             message,
-            refusal,
+            facts,
             peer,
-        } => (Some(*error_type), Some(message.clone()), *refusal, peer),
+        } => (Some(*error_type), Some(message.clone()), *facts, peer),
     };
+    let refusal = facts.refusal;
     let established = match ending {
         Ending::Ready(e) => Some(*e),
         Ending::Failed { .. } => None,
@@ -265,7 +282,25 @@ pub(crate) fn emit_phases(
         ));
     }
     let local_transport = established.is_some_and(|e| e.local_transport());
-    let skipped = dns_skipped(attempt, &phases, local_transport);
+    // The proxy, from what this connect did: where its socket went, what
+    // it resolved, reqwest's mark, the tunnel's error (see `proxy`).
+    let route = (!local_transport)
+        .then(|| {
+            Evidence {
+                target: attempt.trigger.as_ref().map(|t| &t.host),
+                resolved: phases
+                    .dns
+                    .as_ref()
+                    .map(|d| (d.name.as_str(), d.connect_order.as_slice())),
+                peer: remote.or(facts.refused_at),
+                forwarded: established.is_some_and(|e| e.proxied),
+                tunnel_failed: facts.tunnel_failed,
+            }
+            .route(&attempt.proxies)
+        })
+        .flatten();
+    let route = route.as_ref();
+    let skipped = dns_skipped(attempt, &phases, local_transport, route);
     if let Some(reason) = skipped.filter(|_| recording) {
         setup_span.set_attribute(KeyValue::new(semconv::HTTP_CONNECTION_DNS_SKIPPED, reason));
     }
@@ -275,7 +310,6 @@ pub(crate) fn emit_phases(
     // refused, before the one that read its answer): that poll completed the
     // TCP connect and sent the CONNECT request. When one poll did it all
     // (the answer was already there), it starts with that poll.
-    let route = attempt.proxy.as_ref();
     let tunneled = route.is_some_and(|r| r.tunnel);
     let tunnel_start = match (phases.tls_started, refusal) {
         (Some(_), _) => phases.tunnel_started.or(phases.tls_poll_started),
@@ -449,7 +483,7 @@ pub(crate) fn emit_phases(
             if let Some(r) = remote {
                 attrs.extend(peer_attributes(&r));
             }
-            attrs.extend(route.map(proxy_attributes).into_iter().flatten());
+            attrs.extend(route.into_iter().flat_map(proxy_attributes));
             if let Some(status) = refusal.and_then(|r| r.status) {
                 attrs.push(KeyValue::new(
                     semconv::HTTP_RESPONSE_STATUS_CODE,
@@ -591,7 +625,7 @@ pub(crate) fn emit_phases(
 
     // Setup span attributes.
     if recording {
-        for kv in route.map(proxy_attributes).into_iter().flatten() {
+        for kv in route.into_iter().flat_map(proxy_attributes) {
             setup_span.set_attribute(kv);
         }
         if let Some(e) = established {
@@ -615,7 +649,7 @@ pub(crate) fn emit_phases(
                 semconv::NETWORK_PROTOCOL_VERSION,
                 if e.http2 { "2" } else { "1.1" },
             ));
-            if e.proxied || route.is_some() {
+            if route.is_some() {
                 setup_span.set_attribute(KeyValue::new(semconv::HTTP_CONNECTION_PROXIED, true));
             }
             if address_fallback {
@@ -694,7 +728,9 @@ pub(crate) fn emit_phases(
         tls_version,
         tls_resumed,
         http2: established.is_some_and(|e| e.http2),
-        proxied: established.is_some_and(|e| e.proxied) || route.is_some(),
+        proxied: route.is_some(),
+        proxy_address: route.and_then(|r| r.host.clone()),
+        proxy_port: route.and_then(|r| r.port),
         proxy_connect: tunnel_duration,
         address_fallback: address_known.then_some(address_fallback),
         tcp_facts,

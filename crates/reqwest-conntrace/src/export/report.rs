@@ -62,8 +62,15 @@ pub struct ConnectionSetup {
     pub tls_resumed: Option<bool>,
     /// HTTP/2 was negotiated via ALPN.
     pub http2: bool,
-    /// The connection goes through an HTTP proxy.
+    /// The connection goes through an HTTP proxy (judged from where its
+    /// socket went, see `http.connection.proxied`).
     pub proxied: bool,
+    /// The proxy's host (`http.connection.proxy.address`: as configured, a
+    /// name or an IP literal; else the name resolved or the IP connected
+    /// to); `None` when not proxied or not known.
+    pub proxy_address: Option<String>,
+    /// The proxy's port (`http.connection.proxy.port`).
+    pub proxy_port: Option<u16>,
     /// CONNECT round trip through the proxy (`proxy.connect` span); `None`
     /// when not tunneled.
     pub proxy_connect: Option<Duration>,
@@ -97,6 +104,8 @@ impl ConnectionSetup {
             tls_resumed: None,
             http2: false,
             proxied: false,
+            proxy_address: None,
+            proxy_port: None,
             proxy_connect: None,
             address_fallback: None,
             tcp_facts: None,
@@ -335,6 +344,11 @@ pub struct RequestReport {
     /// `network.protocol.version` of the response (`"1.1"`, `"2"`); `None`
     /// when the request failed before a response.
     pub protocol_version: Option<&'static str>,
+    /// The setup of a connect this request triggered that failed or was
+    /// abandoned (the last one): where it stopped and, through a proxy,
+    /// which proxy ([`ConnectionSetup::proxy_address`]). `None` when no
+    /// connect of its own failed.
+    pub failed_connect: Option<Arc<ConnectionSetup>>,
 }
 
 /// Called once per request when it ends. Implemented for closures

@@ -1061,6 +1061,7 @@ impl RequestEnd {
             resend_count: self.resend_count,
             connects: self.state.connects(),
             protocol_version: self.protocol_version,
+            failed_connect: self.state.failed_connect(),
         }
     }
 }

@@ -35,6 +35,8 @@ pub(crate) struct RequestState {
     /// The request sent `Connection: close`: it asked for its connection
     /// to end with its response.
     pub(crate) asked_close: bool,
+    /// The setup of the last connect this request triggered that failed.
+    failed_connect: Mutex<Option<Arc<crate::ConnectionSetup>>>,
 }
 
 #[derive(Debug, Default)]
@@ -77,7 +79,25 @@ impl RequestState {
             connects: AtomicU32::new(0),
             batch: crate::request::fanout::current(),
             asked_close,
+            failed_connect: Mutex::new(None),
         }
+    }
+
+    /// A connect this request triggered failed (or was cancelled) with
+    /// `setup`.
+    pub(crate) fn connect_failed(&self, setup: Arc<crate::ConnectionSetup>) {
+        *self
+            .failed_connect
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = Some(setup);
+    }
+
+    /// The setup of the last connect this request triggered that failed.
+    pub(crate) fn failed_connect(&self) -> Option<Arc<crate::ConnectionSetup>> {
+        self.failed_connect
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 
     /// Records why a connect this request triggered was needed (first one wins).
