@@ -24,7 +24,7 @@ use crate::pool::client::{ClientState, NEW_CLIENT_WINDOW};
 use crate::pool::host::HostKey;
 use crate::pool::inferred::{
     CLOSE_DATING_SLACK, CLOSED_AT_RELEASE, PoolClose, RELEASE_ORDER_UNSURE, over_limit_reason,
-    pool_close,
+    pool_close, pool_close_after,
 };
 use crate::pool::registry::ConnectionRecord;
 use crate::pool::slot::{Miss, Previous};
@@ -235,6 +235,23 @@ pub(crate) fn decide_from_kernel(
             )
             .limits_unknown()
         }
+        // HTTP/1.1 over TLS, gone, and the kernel reported how its socket
+        // ended: the server's close (its close_notify came first, or its
+        // reset), or ours (our close_notify, which the server's answer
+        // reset), dated like a close of ours the kernel shows below.
+        KernelLookup::NotFound if reported_end(candidate).is_some() => {
+            let Some(ReportedEnd::Ours { idle }) = reported_end(candidate) else {
+                let end = candidate.closed_by_server(false);
+                return ended_by_server(candidate, now, Some(end), classified_at);
+            };
+            let closed = candidate.last_released().map(|released| released + idle);
+            if closed.is_some_and(|at| at > classified_at + CLOSE_DATING_SLACK)
+                && !unsure_pool_closed_at_release(candidate, closed)
+            {
+                return alive;
+            }
+            own_close_miss(candidate, pool_close_after(candidate, idle, alone), now)
+        }
         // Gone, but our side closed it first: the server answered our FIN
         // with data (a TLS server's close_notify) and the kernel reset the
         // orphaned socket, which leaves no TIME_WAIT.
@@ -293,40 +310,13 @@ pub(crate) fn decide_from_kernel(
         // have (our release model can miss a release over the limit):
         // `pool_closed`.
         KernelLookup::Found(facts) if facts.state.closed_by_us() => {
-            let client = &candidate.client;
+            let closed = facts.closed_ago().and_then(|ago| now.checked_sub(ago));
             if closed_after(facts, now, classified_at)
-                && !unsure_pool_closed_at_release(candidate, facts, now)
+                && !unsure_pool_closed_at_release(candidate, closed)
             {
                 return alive;
             }
-            let close = pool_close(candidate, facts, now, alone);
-            match close {
-                // Alive at the miss; hyper-util closed it on its way back.
-                Some(PoolClose::CheckoutDropped) => {
-                    return Miss::caused_by(
-                        MissReason::ReleaseRace,
-                        Previous::of(candidate, now, None),
-                    );
-                }
-                // A limit not set through our builder: the dated close names it.
-                Some(close) => {
-                    if let Some(miss) = inferred_close(candidate, close, now) {
-                        return miss;
-                    }
-                }
-                None => {}
-            }
-            let (reason, end) = if client.idle_timeout_known && close != Some(PoolClose::Unsure) {
-                (MissReason::AllBusy, ConnectionEnd::IdleLimit)
-            } else {
-                (MissReason::PoolClosed, ConnectionEnd::PoolClosed)
-            };
-            let miss = Miss::caused_by(reason, Previous::of(candidate, now, Some(end)));
-            if client.limits_known() {
-                miss
-            } else {
-                miss.limits_unknown()
-            }
+            own_close_miss(candidate, pool_close(candidate, facts, now, alone), now)
         }
         // Alive and free, yet the checkout failed. HTTP/2: the server sent
         // GOAWAY and has not closed the socket yet. HTTP/1.1: `alive`
@@ -337,6 +327,40 @@ pub(crate) fn decide_from_kernel(
         }
         KernelLookup::Found(_) => alive,
         KernelLookup::Unavailable | KernelLookup::TimedOut => alive,
+    }
+}
+
+/// The miss a close of ours (HTTP/1.1) explains, `close` being how the
+/// client's pool closed it as far as its date tells (see
+/// [`pool_close`]): the release race's dropped checkout (alive at the
+/// miss), a limit not set through our builder (inferred), or else with the
+/// idle timeout known (and not reached, row 9) the idle limit (`all_busy`),
+/// and with it unknown, or the close unsure, `pool_closed`.
+fn own_close_miss(candidate: &ConnectionRecord, close: Option<PoolClose>, now: Instant) -> Miss {
+    let client = &candidate.client;
+    match close {
+        // Alive at the miss; hyper-util closed it on its way back.
+        Some(PoolClose::CheckoutDropped) => {
+            return Miss::caused_by(MissReason::ReleaseRace, Previous::of(candidate, now, None));
+        }
+        // A limit not set through our builder: the dated close names it.
+        Some(close) => {
+            if let Some(miss) = inferred_close(candidate, close, now) {
+                return miss;
+            }
+        }
+        None => {}
+    }
+    let (reason, end) = if client.idle_timeout_known && close != Some(PoolClose::Unsure) {
+        (MissReason::AllBusy, ConnectionEnd::IdleLimit)
+    } else {
+        (MissReason::PoolClosed, ConnectionEnd::PoolClosed)
+    };
+    let miss = Miss::caused_by(reason, Previous::of(candidate, now, Some(end)));
+    if client.limits_known() {
+        miss
+    } else {
+        miss.limits_unknown()
     }
 }
 
@@ -577,6 +601,9 @@ pub(crate) const OWN_CLOSE_WINDOW: std::time::Duration = std::time::Duration::fr
 /// (`TCPAbortOnData`, net/ipv4/tcp_input.c), so it is gone at once, as
 /// after a server's close.
 pub(crate) fn gone_after_own_close(record: &ConnectionRecord, now: Instant) -> bool {
+    if let Some(end) = reported_end(record) {
+        return matches!(end, ReportedEnd::Ours { .. });
+    }
     !record.http2()
         && ((record.end().is_none()
             && (record.is_closed()
@@ -589,6 +616,63 @@ pub(crate) fn gone_after_own_close(record: &ConnectionRecord, now: Instant) -> b
                     .is_some_and(|t| now.saturating_duration_since(t) < OWN_CLOSE_WINDOW)))
 }
 
+/// Who closed an HTTP/1.1 connection over TLS whose socket is gone, as
+/// the kernel's report of the socket's end tells ([`reported_end`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) enum ReportedEnd {
+    /// Our side, `idle` after the last response (the client's pool).
+    Ours { idle: std::time::Duration },
+    /// The server.
+    Server,
+}
+
+/// How far the kernel's report of a socket's end may come after it (the
+/// broadcast's work queue, then the watch thread's wake-up on a loaded
+/// machine), and our release time after the last data of the response:
+/// 100 ms. A server's close_notify is told from the last response's data
+/// only when it came later than this after the response: a server's idle
+/// timeout is seconds (nginx `keepalive_timeout`, 75 s by default).
+pub(crate) const END_REPORT_SLACK: std::time::Duration = std::time::Duration::from_millis(100);
+
+/// Who closed `record`, an HTTP/1.1 connection over TLS idle in the pool
+/// with no close of hyper's own shown by its traffic, from the kernel's
+/// report of its socket's end (`None` until it came, and for any other
+/// connection). A socket found gone is no evidence either way over TLS: a
+/// server sends close_notify before it closes (RFC 8446 section 6.1), so
+/// after a close of ours its close_notify reaches our closed socket and
+/// the kernel resets it (`TCPAbortOnData`), as a server's reset, or our
+/// answer to its close reaching its closed socket, would. The report
+/// carries the socket's last `tcp_info`:
+/// - data received after the last response (more than
+///   [`END_REPORT_SLACK`] after it, the time from our release to the
+///   report being more than the time since the last data received): the
+///   server's close_notify, the server closed first;
+/// - else, data sent after the last data received (our close_notify:
+///   nothing else goes out on an idle HTTP/1.1 connection), or the end
+///   within [`CLOSED_AT_RELEASE`] of that data (a close of ours at
+///   release; a server's idle close comes after its keep-alive timeout,
+///   and one it announces is an end shown): our close, `idle` being the
+///   time between that data and our close_notify;
+/// - else (nothing either way since the response): the server's reset.
+pub(crate) fn reported_end(record: &ConnectionRecord) -> Option<ReportedEnd> {
+    if !closed_first_by_tls_server(record) {
+        return None;
+    }
+    let end = record.socket_end()?;
+    let idle_at_report = end
+        .seen_at
+        .saturating_duration_since(record.last_activity());
+    if end.since_last_receive + END_REPORT_SLACK < idle_at_report {
+        return Some(ReportedEnd::Server);
+    }
+    if end.since_last_send < end.since_last_receive || end.since_last_receive <= CLOSED_AT_RELEASE {
+        return Some(ReportedEnd::Ours {
+            idle: end.since_last_receive.saturating_sub(end.since_last_send),
+        });
+    }
+    Some(ReportedEnd::Server)
+}
+
 /// Whether a close of ours dated after a miss that named `candidate`
 /// (HTTP/1.1) may be its client's pool closing it at its release rather
 /// than hyper-util dropping it with the miss's checkout: the idle limit is
@@ -598,20 +682,13 @@ pub(crate) fn gone_after_own_close(record: &ConnectionRecord, now: Instant) -> b
 /// miss), and the close comes within [`CLOSED_AT_RELEASE`] of the release.
 /// Such a close is judged by the pool's history
 /// ([`pool::inferred`](crate::pool::inferred)).
-fn unsure_pool_closed_at_release(
-    candidate: &ConnectionRecord,
-    facts: &TcpFacts,
-    now: Instant,
-) -> bool {
+fn unsure_pool_closed_at_release(candidate: &ConnectionRecord, closed: Option<Instant>) -> bool {
     let client = &candidate.client;
     !client.max_idle_known
         && !client.inferred.keeps_idle()
-        && facts.closed_ago().is_some_and(|ago| {
-            let closed = now.checked_sub(ago);
-            closed
-                .zip(candidate.last_released())
-                .is_some_and(|(closed, released)| closed <= released + CLOSED_AT_RELEASE)
-        })
+        && closed
+            .zip(candidate.last_released())
+            .is_some_and(|(closed, released)| closed <= released + CLOSED_AT_RELEASE)
 }
 
 /// When to ask the kernel again about a miss's HTTP/1.1 candidate it shows
@@ -636,6 +713,15 @@ pub(crate) fn look_again_at(
     classified_at: Instant,
 ) -> Option<Instant> {
     let client = &candidate.client;
+    if *lookup == KernelLookup::NotFound
+        && candidate.awaits_socket_end()
+        && closed_first_by_tls_server(candidate)
+    {
+        // HTTP/1.1 over TLS, gone: the kernel's report of its end, on its
+        // way, tells who closed it (see `reported_end`).
+        let until = classified_at + END_REPORT_WAIT;
+        return (now < until).then(|| (now + LOOK_AGAIN_EVERY).min(until));
+    }
     let KernelLookup::Found(facts) = lookup else {
         return None;
     };
@@ -691,6 +777,11 @@ pub(crate) fn look_again_at(
     let until = candidate.last_released()? + CLOSED_AT_RELEASE;
     (now < until).then(|| (now + LOOK_AGAIN_EVERY).min(until))
 }
+
+/// How long after a miss [`look_again_at`] waits for the kernel's report
+/// of a gone TLS candidate's end: the broadcast is sent from a kernel work
+/// queue once the socket is freed, and read on a thread of ours.
+const END_REPORT_WAIT: std::time::Duration = std::time::Duration::from_millis(100);
 
 /// How often [`look_again_at`] asks again.
 const LOOK_AGAIN_EVERY: std::time::Duration = std::time::Duration::from_millis(5);
@@ -2579,5 +2670,77 @@ mod tests {
             !gone_after_own_close(&b, t0 + ms(50)),
             "the server announced it"
         );
+    }
+
+    /// A gone HTTP/1.1 socket over TLS is read by the kernel's report of
+    /// its end: data received after the last response is the server's
+    /// close_notify (its close); data sent after the last data received
+    /// is our close_notify (our close, which the server's answer reset),
+    /// as is an end within 75 ms of the response; nothing either way is the
+    /// server's reset. Our close, so dated, names the client's limits as a
+    /// close the kernel's `TIME_WAIT` dates does.
+    #[test]
+    fn a_gone_tls_socket_is_read_by_the_kernels_report_of_its_end() {
+        use crate::kernel::{SocketEnd, SocketEndSink};
+        let t0 = Instant::now();
+        let ms = Duration::from_millis;
+        let end = |seen: u64, received: u64, sent: u64| SocketEnd {
+            seen_at: t0 + ms(seen),
+            since_last_receive: ms(received),
+            since_last_send: ms(sent),
+        };
+        let ours = |idle: u64| Some(ReportedEnd::Ours { idle: ms(idle) });
+        let server = Some(ReportedEnd::Server);
+        for (report, expected) in [
+            // The client's idle timeout, 400 ms after the response.
+            (end(405, 404, 4), ours(400)),
+            // The same, reported 90 ms late (a busy watch thread).
+            (end(495, 404, 4), ours(400)),
+            // Its close at release (the idle limit), in the response's jiffy.
+            (end(3, 2, 2), ours(0)),
+            // The same, reported 90 ms late.
+            (end(93, 2, 2), ours(0)),
+            // The server's close_notify 300 ms after the response, then ours.
+            (end(302, 1, 0), server),
+            // The server's reset 300 ms after it: nothing either way.
+            (end(301, 300, 301), server),
+        ] {
+            let pools = PoolHistory::default();
+            let client = Arc::new(ClientState::unknown_settings());
+            let a = connection(&pools, &client, 1, t0, false);
+            response(&a, false, t0);
+            assert_eq!(reported_end(&a), None, "plain HTTP");
+            let setup = ConnectionSetup {
+                tls: Some(ms(1)),
+                ..(*a.setup).clone()
+            };
+            let b = Arc::new(ConnectionRecord::new(
+                Arc::new(setup),
+                SpanContext::empty_context(),
+                None,
+                Arc::clone(&client),
+                Some(host()),
+                None,
+            ));
+            response(&b, false, t0);
+            b.mark_end_watched();
+            assert!(b.awaits_socket_end());
+            assert_eq!(reported_end(&b), None, "not reported yet");
+            b.socket_ended(report);
+            assert!(!b.awaits_socket_end());
+            assert_eq!(reported_end(&b), expected, "{report:?}");
+            let now = t0 + ms(1000);
+            let alive = Miss::caused_by(MissReason::AllBusy, Previous::of(&b, now, None));
+            let miss = decide_from_kernel(&b, &KernelLookup::NotFound, now, alive, 1, now);
+            let (reason, end) = match expected {
+                Some(ReportedEnd::Ours { idle }) if idle > CLOSED_AT_RELEASE => {
+                    (MissReason::IdleExpired, ConnectionEnd::IdleTimeout)
+                }
+                Some(ReportedEnd::Ours { .. }) => (MissReason::AllBusy, ConnectionEnd::IdleLimit),
+                _ => (MissReason::ClosedByPeer, ConnectionEnd::PeerClosed),
+            };
+            assert_eq!(miss.reason, reason, "{report:?}");
+            assert_eq!(miss.previous.and_then(|p| p.end), Some(end), "{report:?}");
+        }
     }
 }
