@@ -34,6 +34,23 @@ pub(crate) struct SocketEnd {
     /// (`tcpi_last_data_sent`, same units). A bare FIN is no data; a TLS
     /// close_notify is.
     pub(crate) since_last_send: Duration,
+    /// What the peer had acknowledged of what the socket sent.
+    pub(crate) acknowledged: Acknowledged,
+}
+
+/// What the peer had acknowledged of what a socket sent, when it ended:
+/// `tcpi_bytes_acked` (which counts the sequence numbers the SYN and a FIN
+/// take, one each) against the data sent once (`tcpi_bytes_sent` less
+/// `tcpi_bytes_retrans`; Linux 4.19+).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Acknowledged {
+    /// Every byte and our FIN: the peer was still reading when we closed.
+    DataAndFin,
+    /// Every byte, not a FIN (none sent, or not acknowledged yet).
+    Data,
+    /// Not every byte: the last data sent was never acknowledged (the
+    /// peer's socket was closed when it came, and answered with a reset).
+    NotAllData,
 }
 
 /// Who gets a watched socket's [`SocketEnd`].
@@ -161,10 +178,15 @@ fn listen() {
     /// `SKNLGRP_INET_TCP_DESTROY` and `SKNLGRP_INET6_TCP_DESTROY`
     /// (include/uapi/linux/sock_diag.h).
     const GROUPS: [u32; 2] = [1, 3];
-    /// `tcpi_last_data_sent` and `tcpi_last_data_recv` (ms) in `struct
-    /// tcp_info` (include/uapi/linux/tcp.h).
+    /// Offsets in `struct tcp_info` (include/uapi/linux/tcp.h):
+    /// `tcpi_last_data_sent` and `tcpi_last_data_recv` (ms, `__u32`),
+    /// `tcpi_bytes_acked`, `tcpi_bytes_sent` and `tcpi_bytes_retrans`
+    /// (`__u64`; the last two since Linux 4.19).
     const LAST_DATA_SENT: usize = 44;
     const LAST_DATA_RECV: usize = 52;
+    const BYTES_ACKED: usize = 120;
+    const BYTES_SENT: usize = 200;
+    const BYTES_RETRANS: usize = 208;
 
     let open = || -> std::io::Result<Socket> {
         let mut socket = Socket::new(NETLINK_SOCK_DIAG)?;
@@ -243,8 +265,22 @@ fn listen() {
                     bytes.try_into().ok()?,
                 ))))
             };
-            if let (Some(since_last_send), Some(since_last_receive)) =
-                (ms_at(LAST_DATA_SENT), ms_at(LAST_DATA_RECV))
+            let u64_at = |at: usize| -> Option<u64> {
+                Some(u64::from_ne_bytes(info.get(at..at + 8)?.try_into().ok()?))
+            };
+            let acknowledged = (|| {
+                let data = u64_at(BYTES_SENT)?.checked_sub(u64_at(BYTES_RETRANS)?)?;
+                let acked = u64_at(BYTES_ACKED)?;
+                Some(if acked >= data + 2 {
+                    Acknowledged::DataAndFin
+                } else if acked > data {
+                    Acknowledged::Data
+                } else {
+                    Acknowledged::NotAllData
+                })
+            })();
+            if let (Some(since_last_send), Some(since_last_receive), Some(acknowledged)) =
+                (ms_at(LAST_DATA_SENT), ms_at(LAST_DATA_RECV), acknowledged)
             {
                 report(
                     pair,
@@ -252,6 +288,7 @@ fn listen() {
                         seen_at,
                         since_last_receive,
                         since_last_send,
+                        acknowledged,
                     },
                 );
             }

@@ -28,7 +28,7 @@ mod worker;
 #[cfg(not(target_os = "linux"))]
 use no_sock_diag as sock_diag;
 
-pub(crate) use ends::{SocketEnd, SocketEndSink, watch as watch_end};
+pub(crate) use ends::{Acknowledged, SocketEnd, SocketEndSink, watch as watch_end};
 pub use facts::{TIME_WAIT_LENGTH, TcpFacts, TcpInfo, TcpState};
 pub(crate) use owned::{OwnedLookup, OwnedSocket};
 pub(crate) use view::{KernelLookup, KernelView};

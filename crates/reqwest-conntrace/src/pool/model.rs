@@ -626,12 +626,20 @@ pub(crate) enum ReportedEnd {
     Server,
 }
 
-/// How far the kernel's report of a socket's end may come after it (the
+/// How soon before its end an HTTP/1.1 socket over TLS whose data, but not
+/// our FIN, the server acknowledged received the server's last data, for
+/// that data to be taken as its answer to our close_notify (see
+/// [`reported_end`]): 100 ms. A server's reset after its idle timeout
+/// comes seconds after the last data it sent (nginx `keepalive_timeout`,
+/// 75 s by default).
+pub(crate) const ANSWERED_CLOSE_WINDOW: std::time::Duration = std::time::Duration::from_millis(100);
+
+/// How much later than the socket's end its report may be read (the
 /// broadcast's work queue, then the watch thread's wake-up on a loaded
-/// machine), and our release time after the last data of the response:
-/// 100 ms. A server's close_notify is told from the last response's data
-/// only when it came later than this after the response: a server's idle
-/// timeout is seconds (nginx `keepalive_timeout`, 75 s by default).
+/// machine), and our release time after the response's last data: 100 ms.
+/// Data received more than this after the response is the server's (its
+/// close_notify); a server's idle timeout is seconds (nginx
+/// `keepalive_timeout`, 75 s by default).
 pub(crate) const END_REPORT_SLACK: std::time::Duration = std::time::Duration::from_millis(100);
 
 /// Who closed `record`, an HTTP/1.1 connection over TLS idle in the pool
@@ -639,38 +647,64 @@ pub(crate) const END_REPORT_SLACK: std::time::Duration = std::time::Duration::fr
 /// report of its socket's end (`None` until it came, and for any other
 /// connection). A socket found gone is no evidence either way over TLS: a
 /// server sends close_notify before it closes (RFC 8446 section 6.1), so
-/// after a close of ours its close_notify reaches our closed socket and
-/// the kernel resets it (`TCPAbortOnData`), as a server's reset, or our
-/// answer to its close reaching its closed socket, would. The report
-/// carries the socket's last `tcp_info`:
-/// - data received after the last response (more than
-///   [`END_REPORT_SLACK`] after it, the time from our release to the
-///   report being more than the time since the last data received): the
-///   server's close_notify, the server closed first;
-/// - else, data sent after the last data received (our close_notify:
-///   nothing else goes out on an idle HTTP/1.1 connection), or the end
-///   within [`CLOSED_AT_RELEASE`] of that data (a close of ours at
-///   release; a server's idle close comes after its keep-alive timeout,
-///   and one it announces is an end shown): our close, `idle` being the
-///   time between that data and our close_notify;
-/// - else (nothing either way since the response): the server's reset.
+/// after a close of ours its close_notify reaches our socket, and the
+/// kernel resets it (`TCPAbortOnData` once we closed it; unread data when
+/// we close it after), as a server's reset, or our answer to its close
+/// reaching its closed socket, would. The report carries the socket's last
+/// `tcp_info`:
+/// - the server acknowledged our FIN (and all our data): it was still
+///   reading when we closed, so we closed first (a server that closes
+///   first has no socket left to acknowledge our answer: it resets),
+///   unless our close_notify answered data received more than
+///   [`END_REPORT_SLACK`] after the response (the server's close_notify:
+///   its FIN then left our socket in `TIME_WAIT`, since expired);
+/// - it acknowledged our data, not a FIN, and its last data came after
+///   ours, less than [`ANSWERED_CLOSE_WINDOW`] before the end: its answer
+///   to our close_notify (our FIN not acknowledged yet); ours too;
+/// - else (our last data unacknowledged, or nothing sent after the
+///   response and the server's last data long before the end: its reset):
+///   the server's.
+///
+/// Our close came `idle` after the last response: the time between the
+/// last data received and our close_notify when that was the last data
+/// received (the server's answer was refused); else from our release to
+/// our close_notify, as the report's arrival dates it (later than the end
+/// by the broadcast's and the watch thread's delays).
 pub(crate) fn reported_end(record: &ConnectionRecord) -> Option<ReportedEnd> {
+    use crate::kernel::Acknowledged;
     if !closed_first_by_tls_server(record) {
         return None;
     }
     let end = record.socket_end()?;
-    let idle_at_report = end
-        .seen_at
-        .saturating_duration_since(record.last_activity());
-    if end.since_last_receive + END_REPORT_SLACK < idle_at_report {
+    let received = end.since_last_receive;
+    let sent = end.since_last_send;
+    let ours = match end.acknowledged {
+        Acknowledged::DataAndFin => true,
+        Acknowledged::Data => sent >= received && received < ANSWERED_CLOSE_WINDOW,
+        Acknowledged::NotAllData => false,
+    };
+    // Our close_notify after data received more than END_REPORT_SLACK
+    // after the response: that data was the server's close_notify, which
+    // we answered (its FIN then left our socket in TIME_WAIT, expired
+    // since).
+    let answered_server = sent < received
+        && end
+            .seen_at
+            .checked_sub(received)
+            .is_some_and(|at| at > record.last_activity() + END_REPORT_SLACK);
+    if !ours || answered_server {
         return Some(ReportedEnd::Server);
     }
-    if end.since_last_send < end.since_last_receive || end.since_last_receive <= CLOSED_AT_RELEASE {
-        return Some(ReportedEnd::Ours {
-            idle: end.since_last_receive.saturating_sub(end.since_last_send),
-        });
-    }
-    Some(ReportedEnd::Server)
+    let idle = if sent < received {
+        received - sent
+    } else {
+        end.seen_at
+            .checked_sub(sent)
+            .map_or(std::time::Duration::ZERO, |at| {
+                at.saturating_duration_since(record.last_activity())
+            })
+    };
+    Some(ReportedEnd::Ours { idle })
 }
 
 /// Whether a close of ours dated after a miss that named `candidate`
@@ -2673,37 +2707,47 @@ mod tests {
     }
 
     /// A gone HTTP/1.1 socket over TLS is read by the kernel's report of
-    /// its end: data received after the last response is the server's
-    /// close_notify (its close); data sent after the last data received
-    /// is our close_notify (our close, which the server's answer reset),
-    /// as is an end within 75 ms of the response; nothing either way is the
-    /// server's reset. Our close, so dated, names the client's limits as a
-    /// close the kernel's `TIME_WAIT` dates does.
+    /// its end: our FIN acknowledged (the server still read when we
+    /// closed), or our data acknowledged and the server's last data its
+    /// answer just before the end, is our close; our last data
+    /// unacknowledged (the server's socket was closed: it reset), or
+    /// nothing sent after the response and the server's data long before
+    /// the end (its reset), is the server's. Our close, so dated, names the
+    /// client's limits as a close the kernel's `TIME_WAIT` dates does.
     #[test]
     fn a_gone_tls_socket_is_read_by_the_kernels_report_of_its_end() {
-        use crate::kernel::{SocketEnd, SocketEndSink};
+        use crate::kernel::{Acknowledged, SocketEnd, SocketEndSink};
         let t0 = Instant::now();
         let ms = Duration::from_millis;
-        let end = |seen: u64, received: u64, sent: u64| SocketEnd {
+        let end = |seen: u64, received: u64, sent: u64, acknowledged| SocketEnd {
             seen_at: t0 + ms(seen),
             since_last_receive: ms(received),
             since_last_send: ms(sent),
+            acknowledged,
         };
         let ours = |idle: u64| Some(ReportedEnd::Ours { idle: ms(idle) });
         let server = Some(ReportedEnd::Server);
+        let all = Acknowledged::DataAndFin;
         for (report, expected) in [
-            // The client's idle timeout, 400 ms after the response.
-            (end(405, 404, 4), ours(400)),
+            // The client's idle timeout, 400 ms after the response: the
+            // server's close_notify refused, our close_notify the last data.
+            (end(405, 404, 4, all), ours(400)),
             // The same, reported 90 ms late (a busy watch thread).
-            (end(495, 404, 4), ours(400)),
+            (end(495, 404, 4, all), ours(400)),
+            // The same, the server's answer read before our socket closed.
+            (end(402, 0, 1, all), ours(401)),
+            // ... before it acknowledged our FIN.
+            (end(402, 0, 1, Acknowledged::Data), ours(401)),
             // Its close at release (the idle limit), in the response's jiffy.
-            (end(3, 2, 2), ours(0)),
-            // The same, reported 90 ms late.
-            (end(93, 2, 2), ours(0)),
-            // The server's close_notify 300 ms after the response, then ours.
-            (end(302, 1, 0), server),
-            // The server's reset 300 ms after it: nothing either way.
-            (end(301, 300, 301), server),
+            (end(3, 2, 2, all), ours(1)),
+            // The server's close_notify 300 ms after the response, ours in
+            // answer, its FIN: TIME_WAIT, expired by the miss.
+            (end(302, 2, 1, all), server),
+            // The server's close_notify 300 ms after the response, then
+            // ours, which its closed socket reset.
+            (end(302, 1, 0, Acknowledged::NotAllData), server),
+            // The server's reset 300 ms after it: nothing sent since.
+            (end(301, 300, 301, Acknowledged::Data), server),
         ] {
             let pools = PoolHistory::default();
             let client = Arc::new(ClientState::unknown_settings());
