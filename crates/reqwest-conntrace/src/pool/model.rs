@@ -652,9 +652,13 @@ pub(crate) const END_REPORT_SLACK: std::time::Duration = std::time::Duration::fr
 /// we close it after), as a server's reset, or our answer to its close
 /// reaching its closed socket, would. The report carries the socket's last
 /// `tcp_info`:
-/// - the server acknowledged our FIN (and all our data): it was still
-///   reading when we closed, so we closed first (a server that closes
-///   first has no socket left to acknowledge our answer: it resets),
+/// - the server acknowledged our FIN (and all our data), and our last
+///   data came after its last data, or its last data came less than
+///   [`ANSWERED_CLOSE_WINDOW`] after ours (its answer to our
+///   close_notify): it was still reading when we closed, so we closed
+///   first (a server that closes first has no socket left to acknowledge
+///   our answer: it resets; its close_notify long after our last data,
+///   with no answer from us, is its close),
 ///   unless our close_notify answered data received more than
 ///   [`END_REPORT_SLACK`] after the response (the server's close_notify:
 ///   its FIN then left our socket in `TIME_WAIT`, since expired);
@@ -678,9 +682,12 @@ pub(crate) fn reported_end(record: &ConnectionRecord) -> Option<ReportedEnd> {
     let end = record.socket_end()?;
     let received = end.since_last_receive;
     let sent = end.since_last_send;
+    // The server's last data came after ours, soon after: its answer to
+    // our close_notify.
+    let answered = sent >= received && sent - received < ANSWERED_CLOSE_WINDOW;
     let ours = match end.acknowledged {
-        Acknowledged::DataAndFin => true,
-        Acknowledged::Data => sent >= received && received < ANSWERED_CLOSE_WINDOW,
+        Acknowledged::DataAndFin => sent < received || answered,
+        Acknowledged::Data => answered && received < ANSWERED_CLOSE_WINDOW,
         Acknowledged::NotAllData => false,
     };
     // Our close_notify after data received more than END_REPORT_SLACK
@@ -2746,6 +2753,9 @@ mod tests {
             // The server's close_notify 300 ms after the response, then
             // ours, which its closed socket reset.
             (end(302, 1, 0, Acknowledged::NotAllData), server),
+            // The server's close_notify 300 ms after our last data, our FIN
+            // without one (a connection that carried no request).
+            (end(300, 0, 300, all), server),
             // The server's reset 300 ms after it: nothing sent since.
             (end(301, 300, 301, Acknowledged::Data), server),
         ] {
