@@ -20,6 +20,7 @@ use std::sync::{Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
 
 /// What the kernel reported of a watched socket when it freed it.
+#[cfg_attr(not(target_os = "linux"), allow(dead_code))] // built by the Linux watch only
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct SocketEnd {
     /// When this process read the report: no earlier than the socket's
@@ -42,6 +43,7 @@ pub(crate) struct SocketEnd {
 /// `tcpi_bytes_acked` (which counts the sequence numbers the SYN and a FIN
 /// take, one each) against the data sent once (`tcpi_bytes_sent` less
 /// `tcpi_bytes_retrans`; Linux 4.19+).
+#[cfg_attr(not(target_os = "linux"), allow(dead_code))] // built by the Linux watch only
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Acknowledged {
     /// Every byte and our FIN: the peer was still reading when we closed.
@@ -60,6 +62,7 @@ pub(crate) trait SocketEndSink: Send + Sync {
 }
 
 /// How long the watch thread lives with no socket watched.
+#[cfg_attr(not(target_os = "linux"), allow(dead_code))] // built by the Linux watch only
 const IDLE_EXIT: Duration = Duration::from_secs(10);
 
 /// Receive errors in a row after which the thread gives up (until the
@@ -125,6 +128,7 @@ pub(crate) fn watch(local: SocketAddr, remote: SocketAddr, sink: Weak<dyn Socket
 }
 
 /// Hands `end` of the socket `pair` to its sink, if it was watched.
+#[cfg_attr(not(target_os = "linux"), allow(dead_code))] // built by the Linux watch only
 fn report(pair: Pair, end: SocketEnd) {
     let sink = watched()
         .as_mut()
@@ -150,6 +154,7 @@ fn stop(off: bool) {
 /// Whether the thread should exit: nothing watched since `idle_since`
 /// for [`IDLE_EXIT`] (marked stopped under the same lock a new watch
 /// takes, so none is left without a thread).
+#[cfg_attr(not(target_os = "linux"), allow(dead_code))] // built by the Linux watch only
 fn exit_when_idle(idle_since: &mut Option<Instant>) -> bool {
     let mut guard = watched();
     let Some(w) = guard.as_mut() else {
