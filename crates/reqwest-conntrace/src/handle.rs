@@ -21,11 +21,13 @@ use crate::miss::{ConnectionEnd, MissReason};
 use crate::pool::advice::PoolLoad;
 use crate::pool::client::ClientState;
 use crate::pool::host::HostKey;
-use crate::pool::inferred::{CLOSED_AT_RELEASE, LimitSource, PoolClose, pool_close};
+use crate::pool::inferred::{
+    CLOSED_AT_RELEASE, LimitSource, PoolClose, pool_close, pool_close_after,
+};
 use crate::pool::model::{
-    KernelQuestion, MissVerdict, PoolHistory, PoolOff, RESPONSE_IN_FLIGHT_WAIT, decide_from_kernel,
-    gone_at_release, look_again_at, may_wait_for_pool_off, response_may_explain_end,
-    tls_closed_at_release,
+    KernelQuestion, MissVerdict, PoolHistory, PoolOff, RESPONSE_IN_FLIGHT_WAIT, ReportedEnd,
+    decide_from_kernel, gone_at_release, look_again_at, may_wait_for_pool_off, reported_end,
+    response_may_explain_end, tls_closed_at_release,
 };
 use crate::pool::registry::{ConnectionRecord, Registry};
 use crate::pool::slot::{MissSlot, PendingMiss};
@@ -250,8 +252,24 @@ impl Inner {
                 // first, unless we know our side dropped it.
                 if record.is_dropped_early() {
                     record.mark_discarded(record.last_activity());
+                } else if let Some(ReportedEnd::Ours { idle }) = reported_end(record) {
+                    // Our close, which the server's close_notify reset: as a
+                    // dated close of ours above.
+                    if !record.client.limits_known()
+                        && let Some(close) = pool_close_after(record, idle, false)
+                    {
+                        if !record.is_closed()
+                            && !record.client.max_idle_known
+                            && let Some(host) = &record.host
+                        {
+                            self.pools.uncount_closed(host, record, close);
+                        }
+                        record.client.inferred.observe(close);
+                        close.mark(record);
+                    }
                 } else if !record.is_discarded()
                     && !record.is_over_idle_limit()
+                    && !record.awaits_socket_end()
                     && !crate::pool::model::gone_after_own_close(record, Instant::now())
                 {
                     record.closed_by_server(false);
@@ -322,6 +340,19 @@ impl Inner {
             match tokio::runtime::Handle::try_current() {
                 Ok(runtime) => drop(runtime.spawn_blocking(move || inner.sweep(now))),
                 Err(_) => inner.sweep(now),
+            }
+        }
+        if record.setup.tls.is_some()
+            && !record.http2()
+            && let (Some(l), Some(r)) = (record.setup.local_addr, record.setup.peer_addr)
+        {
+            // Over TLS a socket found gone may be a close of ours the
+            // server's close_notify reset: the kernel's report of its end
+            // tells (see `pool::model::reported_end`).
+            let sink: std::sync::Weak<dyn crate::kernel::SocketEndSink> =
+                Arc::downgrade(&record) as _;
+            if crate::kernel::watch_end(l, r, sink) {
+                record.mark_end_watched();
             }
         }
         if let Err(full) = self.registry.insert(record)

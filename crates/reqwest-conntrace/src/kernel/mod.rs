@@ -10,8 +10,11 @@
 //! - `facts`: [`TcpFacts`], [`TcpInfo`], [`TcpState`] decoded from the replies;
 //! - `owned`: this process's connected sockets to given peers (a dump,
 //!   checked against `/proc/self/fd`), for a connect whose socket never came back;
+//! - `ends`: the end of a watched socket as the kernel reports it when it
+//!   frees it (sock_diag's destroy broadcast), on a thread of its own;
 //! - `error`: why a query or the whole view failed.
 
+mod ends;
 mod error;
 mod facts;
 #[cfg(not(target_os = "linux"))]
@@ -25,6 +28,7 @@ mod worker;
 #[cfg(not(target_os = "linux"))]
 use no_sock_diag as sock_diag;
 
+pub(crate) use ends::{Acknowledged, SocketEnd, SocketEndSink, watch as watch_end};
 pub use facts::{TIME_WAIT_LENGTH, TcpFacts, TcpInfo, TcpState};
 pub(crate) use owned::{OwnedLookup, OwnedSocket};
 pub(crate) use view::{KernelLookup, KernelView};

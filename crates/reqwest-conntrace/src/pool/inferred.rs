@@ -163,6 +163,32 @@ pub(crate) fn pool_close(
     now: Instant,
     alone: bool,
 ) -> Option<PoolClose> {
+    if !facts.state.closed_by_us() {
+        return None;
+    }
+    let closed_at = now.checked_sub(facts.closed_ago()?)?;
+    pool_close_at(record, closed_at, alone)
+}
+
+/// As [`pool_close`], for a close of ours the kernel reported at its
+/// socket's end (HTTP/1.1 over TLS: the server's close_notify answered it
+/// and reset the socket, so no timer dates it; see
+/// [`kernel::SocketEnd`](crate::kernel::SocketEnd)): `idle` after the
+/// candidate's last response, the time between the last data the socket
+/// received and our close_notify.
+pub(crate) fn pool_close_after(
+    record: &ConnectionRecord,
+    idle: Duration,
+    alone: bool,
+) -> Option<PoolClose> {
+    pool_close_at(record, record.last_released()? + idle, alone)
+}
+
+/// How the client's pool closed `record`, closed by our side at
+/// `closed_at` while it was idle in the
+/// pool; `None` when it was not idle there, or its traffic showed another
+/// end.
+fn pool_close_at(record: &ConnectionRecord, closed_at: Instant, alone: bool) -> Option<PoolClose> {
     if record.http2()
         || record.in_use() > 0
         || record.is_discarded()
@@ -170,11 +196,9 @@ pub(crate) fn pool_close(
         || record.said_connection_close()
         || record.seen_end().is_some()
         || record.end().is_some_and(ConnectionEnd::by_server)
-        || !facts.state.closed_by_us()
     {
         return None;
     }
-    let closed_at = now.checked_sub(facts.closed_ago()?)?;
     let released = record.last_released()?;
     if closed_at <= released + CLOSED_AT_RELEASE {
         let idle_others = record.idle_others_at_release();

@@ -24,7 +24,7 @@ use crate::pool::client::{ClientState, NEW_CLIENT_WINDOW};
 use crate::pool::host::HostKey;
 use crate::pool::inferred::{
     CLOSE_DATING_SLACK, CLOSED_AT_RELEASE, PoolClose, RELEASE_ORDER_UNSURE, over_limit_reason,
-    pool_close,
+    pool_close, pool_close_after,
 };
 use crate::pool::registry::ConnectionRecord;
 use crate::pool::slot::{Miss, Previous};
@@ -273,6 +273,23 @@ pub(crate) fn decide_from_kernel(
             )
             .limits_unknown()
         }
+        // HTTP/1.1 over TLS, gone, and the kernel reported how its socket
+        // ended: the server's close (its close_notify came first, or its
+        // reset), or ours (our close_notify, which the server's answer
+        // reset), dated like a close of ours the kernel shows below.
+        KernelLookup::NotFound if reported_end(candidate).is_some() => {
+            let Some(ReportedEnd::Ours { idle }) = reported_end(candidate) else {
+                let end = candidate.closed_by_server(false);
+                return ended_by_server(candidate, now, Some(end), classified_at);
+            };
+            let closed = candidate.last_released().map(|released| released + idle);
+            if closed.is_some_and(|at| at > classified_at + CLOSE_DATING_SLACK)
+                && !unsure_pool_closed_at_release(candidate, closed)
+            {
+                return alive;
+            }
+            own_close_miss(candidate, pool_close_after(candidate, idle, alone), now)
+        }
         // Gone, but our side closed it first: the server answered our FIN
         // with data (a TLS server's close_notify) and the kernel reset the
         // orphaned socket, which leaves no TIME_WAIT.
@@ -332,40 +349,13 @@ pub(crate) fn decide_from_kernel(
         // have (our release model can miss a release over the limit):
         // `pool_closed`.
         KernelLookup::Found(facts) if facts.state.closed_by_us() => {
-            let client = &candidate.client;
+            let closed = facts.closed_ago().and_then(|ago| now.checked_sub(ago));
             if closed_after(facts, now, classified_at)
-                && !unsure_pool_closed_at_release(candidate, facts, now)
+                && !unsure_pool_closed_at_release(candidate, closed)
             {
                 return alive;
             }
-            let close = pool_close(candidate, facts, now, alone);
-            match close {
-                // Alive at the miss; hyper-util closed it on its way back.
-                Some(PoolClose::CheckoutDropped) => {
-                    return Miss::caused_by(
-                        MissReason::ReleaseRace,
-                        Previous::of(candidate, now, None),
-                    );
-                }
-                // A limit not set through our builder: the dated close names it.
-                Some(close) => {
-                    if let Some(miss) = inferred_close(candidate, close, now) {
-                        return miss;
-                    }
-                }
-                None => {}
-            }
-            let (reason, end) = if client.idle_timeout_known && close != Some(PoolClose::Unsure) {
-                (MissReason::AllBusy, ConnectionEnd::IdleLimit)
-            } else {
-                (MissReason::PoolClosed, ConnectionEnd::PoolClosed)
-            };
-            let miss = Miss::caused_by(reason, Previous::of(candidate, now, Some(end)));
-            if client.limits_known() {
-                miss
-            } else {
-                miss.limits_unknown()
-            }
+            own_close_miss(candidate, pool_close(candidate, facts, now, alone), now)
         }
         // Alive and free, yet the checkout failed. HTTP/2: the server sent
         // GOAWAY and has not closed the socket yet. HTTP/1.1: `alive`
@@ -376,6 +366,40 @@ pub(crate) fn decide_from_kernel(
         }
         KernelLookup::Found(_) => alive,
         KernelLookup::Unavailable | KernelLookup::TimedOut => alive,
+    }
+}
+
+/// The miss a close of ours (HTTP/1.1) explains, `close` being how the
+/// client's pool closed it as far as its date tells (see
+/// [`pool_close`]): the release race's dropped checkout (alive at the
+/// miss), a limit not set through our builder (inferred), or else with the
+/// idle timeout known (and not reached, row 9) the idle limit (`all_busy`),
+/// and with it unknown, or the close unsure, `pool_closed`.
+fn own_close_miss(candidate: &ConnectionRecord, close: Option<PoolClose>, now: Instant) -> Miss {
+    let client = &candidate.client;
+    match close {
+        // Alive at the miss; hyper-util closed it on its way back.
+        Some(PoolClose::CheckoutDropped) => {
+            return Miss::caused_by(MissReason::ReleaseRace, Previous::of(candidate, now, None));
+        }
+        // A limit not set through our builder: the dated close names it.
+        Some(close) => {
+            if let Some(miss) = inferred_close(candidate, close, now) {
+                return miss;
+            }
+        }
+        None => {}
+    }
+    let (reason, end) = if client.idle_timeout_known && close != Some(PoolClose::Unsure) {
+        (MissReason::AllBusy, ConnectionEnd::IdleLimit)
+    } else {
+        (MissReason::PoolClosed, ConnectionEnd::PoolClosed)
+    };
+    let miss = Miss::caused_by(reason, Previous::of(candidate, now, Some(end)));
+    if client.limits_known() {
+        miss
+    } else {
+        miss.limits_unknown()
     }
 }
 
@@ -616,6 +640,9 @@ pub(crate) const OWN_CLOSE_WINDOW: std::time::Duration = std::time::Duration::fr
 /// (`TCPAbortOnData`, net/ipv4/tcp_input.c), so it is gone at once, as
 /// after a server's close.
 pub(crate) fn gone_after_own_close(record: &ConnectionRecord, now: Instant) -> bool {
+    if let Some(end) = reported_end(record) {
+        return matches!(end, ReportedEnd::Ours { .. });
+    }
     !record.http2()
         && ((record.end().is_none()
             && (record.is_closed()
@@ -628,6 +655,104 @@ pub(crate) fn gone_after_own_close(record: &ConnectionRecord, now: Instant) -> b
                     .is_some_and(|t| now.saturating_duration_since(t) < OWN_CLOSE_WINDOW)))
 }
 
+/// Who closed an HTTP/1.1 connection over TLS whose socket is gone, as
+/// the kernel's report of the socket's end tells ([`reported_end`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) enum ReportedEnd {
+    /// Our side, `idle` after the last response (the client's pool).
+    Ours { idle: std::time::Duration },
+    /// The server.
+    Server,
+}
+
+/// How soon before its end an HTTP/1.1 socket over TLS whose data, but not
+/// our FIN, the server acknowledged received the server's last data, for
+/// that data to be taken as its answer to our close_notify (see
+/// [`reported_end`]): 100 ms. A server's reset after its idle timeout
+/// comes seconds after the last data it sent (nginx `keepalive_timeout`,
+/// 75 s by default).
+pub(crate) const ANSWERED_CLOSE_WINDOW: std::time::Duration = std::time::Duration::from_millis(100);
+
+/// How much later than the socket's end its report may be read (the
+/// broadcast's work queue, then the watch thread's wake-up on a loaded
+/// machine), and our release time after the response's last data: 100 ms.
+/// Data received more than this after the response is the server's (its
+/// close_notify); a server's idle timeout is seconds (nginx
+/// `keepalive_timeout`, 75 s by default).
+pub(crate) const END_REPORT_SLACK: std::time::Duration = std::time::Duration::from_millis(100);
+
+/// Who closed `record`, an HTTP/1.1 connection over TLS idle in the pool
+/// with no close of hyper's own shown by its traffic, from the kernel's
+/// report of its socket's end (`None` until it came, and for any other
+/// connection). A socket found gone is no evidence either way over TLS: a
+/// server sends close_notify before it closes (RFC 8446 section 6.1), so
+/// after a close of ours its close_notify reaches our socket, and the
+/// kernel resets it (`TCPAbortOnData` once we closed it; unread data when
+/// we close it after), as a server's reset, or our answer to its close
+/// reaching its closed socket, would. The report carries the socket's last
+/// `tcp_info`:
+/// - the server acknowledged our FIN (and all our data), and our last
+///   data came after its last data, or its last data came less than
+///   [`ANSWERED_CLOSE_WINDOW`] after ours (its answer to our
+///   close_notify): it was still reading when we closed, so we closed
+///   first (a server that closes first has no socket left to acknowledge
+///   our answer: it resets; its close_notify long after our last data,
+///   with no answer from us, is its close),
+///   unless our close_notify answered data received more than
+///   [`END_REPORT_SLACK`] after the response (the server's close_notify:
+///   its FIN then left our socket in `TIME_WAIT`, since expired);
+/// - it acknowledged our data, not a FIN, and its last data came after
+///   ours, less than [`ANSWERED_CLOSE_WINDOW`] before the end: its answer
+///   to our close_notify (our FIN not acknowledged yet); ours too;
+/// - else (our last data unacknowledged, or nothing sent after the
+///   response and the server's last data long before the end: its reset):
+///   the server's.
+///
+/// Our close came `idle` after the last response: the time between the
+/// last data received and our close_notify when that was the last data
+/// received (the server's answer was refused); else from our release to
+/// our close_notify, as the report's arrival dates it (later than the end
+/// by the broadcast's and the watch thread's delays).
+pub(crate) fn reported_end(record: &ConnectionRecord) -> Option<ReportedEnd> {
+    use crate::kernel::Acknowledged;
+    if !closed_first_by_tls_server(record) {
+        return None;
+    }
+    let end = record.socket_end()?;
+    let received = end.since_last_receive;
+    let sent = end.since_last_send;
+    // The server's last data came after ours, soon after: its answer to
+    // our close_notify.
+    let answered = sent >= received && sent - received < ANSWERED_CLOSE_WINDOW;
+    let ours = match end.acknowledged {
+        Acknowledged::DataAndFin => sent < received || answered,
+        Acknowledged::Data => answered && received < ANSWERED_CLOSE_WINDOW,
+        Acknowledged::NotAllData => false,
+    };
+    // Our close_notify after data received more than END_REPORT_SLACK
+    // after the response: that data was the server's close_notify, which
+    // we answered (its FIN then left our socket in TIME_WAIT, expired
+    // since).
+    let answered_server = sent < received
+        && end
+            .seen_at
+            .checked_sub(received)
+            .is_some_and(|at| at > record.last_activity() + END_REPORT_SLACK);
+    if !ours || answered_server {
+        return Some(ReportedEnd::Server);
+    }
+    let idle = if sent < received {
+        received - sent
+    } else {
+        end.seen_at
+            .checked_sub(sent)
+            .map_or(std::time::Duration::ZERO, |at| {
+                at.saturating_duration_since(record.last_activity())
+            })
+    };
+    Some(ReportedEnd::Ours { idle })
+}
+
 /// Whether a close of ours dated after a miss that named `candidate`
 /// (HTTP/1.1) may be its client's pool closing it at its release rather
 /// than hyper-util dropping it with the miss's checkout: the idle limit is
@@ -637,20 +762,13 @@ pub(crate) fn gone_after_own_close(record: &ConnectionRecord, now: Instant) -> b
 /// miss), and the close comes within [`CLOSED_AT_RELEASE`] of the release.
 /// Such a close is judged by the pool's history
 /// ([`pool::inferred`](crate::pool::inferred)).
-fn unsure_pool_closed_at_release(
-    candidate: &ConnectionRecord,
-    facts: &TcpFacts,
-    now: Instant,
-) -> bool {
+fn unsure_pool_closed_at_release(candidate: &ConnectionRecord, closed: Option<Instant>) -> bool {
     let client = &candidate.client;
     !client.max_idle_known
         && !client.inferred.keeps_idle()
-        && facts.closed_ago().is_some_and(|ago| {
-            let closed = now.checked_sub(ago);
-            closed
-                .zip(candidate.last_released())
-                .is_some_and(|(closed, released)| closed <= released + CLOSED_AT_RELEASE)
-        })
+        && closed
+            .zip(candidate.last_released())
+            .is_some_and(|(closed, released)| closed <= released + CLOSED_AT_RELEASE)
 }
 
 /// When to ask the kernel again about a miss's HTTP/1.1 candidate it shows
@@ -675,6 +793,15 @@ pub(crate) fn look_again_at(
     classified_at: Instant,
 ) -> Option<Instant> {
     let client = &candidate.client;
+    if *lookup == KernelLookup::NotFound
+        && candidate.awaits_socket_end()
+        && closed_first_by_tls_server(candidate)
+    {
+        // HTTP/1.1 over TLS, gone: the kernel's report of its end, on its
+        // way, tells who closed it (see `reported_end`).
+        let until = classified_at + END_REPORT_WAIT;
+        return (now < until).then(|| (now + LOOK_AGAIN_EVERY).min(until));
+    }
     let KernelLookup::Found(facts) = lookup else {
         return None;
     };
@@ -751,6 +878,11 @@ pub(crate) fn may_wait_for_pool_off(candidate: &ConnectionRecord, alive: &Miss) 
         && !client.inferred.keeps_idle()
         && client.inferred.idle_timeout().is_none()
 }
+
+/// How long after a miss [`look_again_at`] waits for the kernel's report
+/// of a gone TLS candidate's end: the broadcast is sent from a kernel work
+/// queue once the socket is freed, and read on a thread of ours.
+const END_REPORT_WAIT: std::time::Duration = std::time::Duration::from_millis(100);
 
 /// How often [`look_again_at`] asks again.
 const LOOK_AGAIN_EVERY: std::time::Duration = std::time::Duration::from_millis(5);
@@ -2983,5 +3115,90 @@ mod tests {
             !gone_after_own_close(&b, t0 + ms(50)),
             "the server announced it"
         );
+    }
+
+    /// A gone HTTP/1.1 socket over TLS is read by the kernel's report of
+    /// its end: our FIN acknowledged (the server still read when we
+    /// closed), or our data acknowledged and the server's last data its
+    /// answer just before the end, is our close; our last data
+    /// unacknowledged (the server's socket was closed: it reset), or
+    /// nothing sent after the response and the server's data long before
+    /// the end (its reset), is the server's. Our close, so dated, names the
+    /// client's limits as a close the kernel's `TIME_WAIT` dates does.
+    #[test]
+    fn a_gone_tls_socket_is_read_by_the_kernels_report_of_its_end() {
+        use crate::kernel::{Acknowledged, SocketEnd, SocketEndSink};
+        let t0 = Instant::now();
+        let ms = Duration::from_millis;
+        let end = |seen: u64, received: u64, sent: u64, acknowledged| SocketEnd {
+            seen_at: t0 + ms(seen),
+            since_last_receive: ms(received),
+            since_last_send: ms(sent),
+            acknowledged,
+        };
+        let ours = |idle: u64| Some(ReportedEnd::Ours { idle: ms(idle) });
+        let server = Some(ReportedEnd::Server);
+        let all = Acknowledged::DataAndFin;
+        for (report, expected) in [
+            // The client's idle timeout, 400 ms after the response: the
+            // server's close_notify refused, our close_notify the last data.
+            (end(405, 404, 4, all), ours(400)),
+            // The same, reported 90 ms late (a busy watch thread).
+            (end(495, 404, 4, all), ours(400)),
+            // The same, the server's answer read before our socket closed.
+            (end(402, 0, 1, all), ours(401)),
+            // ... before it acknowledged our FIN.
+            (end(402, 0, 1, Acknowledged::Data), ours(401)),
+            // Its close at release (the idle limit), in the response's jiffy.
+            (end(3, 2, 2, all), ours(1)),
+            // The server's close_notify 300 ms after the response, ours in
+            // answer, its FIN: TIME_WAIT, expired by the miss.
+            (end(302, 2, 1, all), server),
+            // The server's close_notify 300 ms after the response, then
+            // ours, which its closed socket reset.
+            (end(302, 1, 0, Acknowledged::NotAllData), server),
+            // The server's close_notify 300 ms after our last data, our FIN
+            // without one (a connection that carried no request).
+            (end(300, 0, 300, all), server),
+            // The server's reset 300 ms after it: nothing sent since.
+            (end(301, 300, 301, Acknowledged::Data), server),
+        ] {
+            let pools = PoolHistory::default();
+            let client = Arc::new(ClientState::unknown_settings());
+            let a = connection(&pools, &client, 1, t0, false);
+            response(&a, false, t0);
+            assert_eq!(reported_end(&a), None, "plain HTTP");
+            let setup = ConnectionSetup {
+                tls: Some(ms(1)),
+                ..(*a.setup).clone()
+            };
+            let b = Arc::new(ConnectionRecord::new(
+                Arc::new(setup),
+                SpanContext::empty_context(),
+                None,
+                Arc::clone(&client),
+                Some(host()),
+                None,
+            ));
+            response(&b, false, t0);
+            b.mark_end_watched();
+            assert!(b.awaits_socket_end());
+            assert_eq!(reported_end(&b), None, "not reported yet");
+            b.socket_ended(report);
+            assert!(!b.awaits_socket_end());
+            assert_eq!(reported_end(&b), expected, "{report:?}");
+            let now = t0 + ms(1000);
+            let alive = Miss::caused_by(MissReason::AllBusy, Previous::of(&b, now, None));
+            let miss = decide_from_kernel(&b, &KernelLookup::NotFound, now, alive, 1, now);
+            let (reason, end) = match expected {
+                Some(ReportedEnd::Ours { idle }) if idle > CLOSED_AT_RELEASE => {
+                    (MissReason::IdleExpired, ConnectionEnd::IdleTimeout)
+                }
+                Some(ReportedEnd::Ours { .. }) => (MissReason::AllBusy, ConnectionEnd::IdleLimit),
+                _ => (MissReason::ClosedByPeer, ConnectionEnd::PeerClosed),
+            };
+            assert_eq!(miss.reason, reason, "{report:?}");
+            assert_eq!(miss.previous.and_then(|p| p.end), Some(end), "{report:?}");
+        }
     }
 }

@@ -13,6 +13,7 @@ use hashbrown::HashTable;
 use opentelemetry::trace::{SpanContext, SpanId, TraceFlags, TraceId, TraceState};
 
 use crate::export::report::ConnectionSetup;
+use crate::kernel::{SocketEnd, SocketEndSink};
 use crate::miss::ConnectionEnd;
 use crate::pool::client::ClientState;
 use crate::pool::host::HostKey;
@@ -110,6 +111,12 @@ pub(crate) struct ConnectionRecord {
     /// made while another one was pooled serves only that request (the
     /// pool's `put` keeps one HTTP/2 connection per host), then closes.
     shared: AtomicBool,
+    /// Its socket's end is watched (HTTP/1.1 over TLS, see
+    /// [`kernel::watch_end`](crate::kernel::watch_end)).
+    end_watched: AtomicBool,
+    /// The kernel's report of its socket's end, once it came (boxed: most
+    /// connections never get one).
+    socket_end: OnceLock<Box<SocketEnd>>,
 }
 
 /// A span context as a connection keeps it for its lifetime: the trace id
@@ -187,7 +194,26 @@ impl ConnectionRecord {
             named_by_miss: AtomicU64::new(0),
             server_end_by: AtomicU64::new(0),
             shared: AtomicBool::new(false),
+            end_watched: AtomicBool::new(false),
+            socket_end: OnceLock::new(),
         }
+    }
+
+    /// Its socket's end is watched: the kernel's report of it will come
+    /// ([`socket_end`](Self::socket_end)).
+    pub(crate) fn mark_end_watched(&self) {
+        self.end_watched.store(true, Ordering::Release);
+    }
+
+    /// The kernel's report of its socket's end, if it came.
+    pub(crate) fn socket_end(&self) -> Option<SocketEnd> {
+        self.socket_end.get().map(|end| **end)
+    }
+
+    /// Its socket's end is watched and the kernel's report of it has not
+    /// come yet.
+    pub(crate) fn awaits_socket_end(&self) -> bool {
+        self.end_watched.load(Ordering::Acquire) && self.socket_end.get().is_none()
     }
 
     /// A miss classified at `at` named it as the connection it would have
@@ -548,6 +574,12 @@ impl ConnectionRecord {
         self.last_released()
             .unwrap_or(self.ready_at())
             .max(self.ready_at())
+    }
+}
+
+impl SocketEndSink for ConnectionRecord {
+    fn socket_ended(&self, end: SocketEnd) {
+        let _ = self.socket_end.set(Box::new(end));
     }
 }
 
