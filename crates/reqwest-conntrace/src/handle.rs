@@ -969,7 +969,7 @@ impl ConnTraceBuilder {
     /// `http.connection.miss_reason`, counts in
     /// `http.client.requests.untracked`, and one WARN line (target
     /// `reqwest_conntrace`) names this setting. The same applies to a host
-    /// once it had more than 4,096 open connections at once (one was
+    /// once it had more than 16,384 open connections at once (one was
     /// forgotten). Default:
     /// [`DEFAULT_POOL_HISTORY_HOSTS`](crate::DEFAULT_POOL_HISTORY_HOSTS) (1,024).
     pub fn pool_history_hosts(mut self, hosts: usize) -> Self {

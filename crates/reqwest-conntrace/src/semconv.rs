@@ -840,7 +840,7 @@ pub const UNTRACKED_POOL_ADVICE: &str = "pool_advice";
 /// history the miss reason is read from: its table was full of hosts with
 /// live connections
 /// ([`ConnTraceBuilder::pool_history_hosts`](crate::ConnTraceBuilder::pool_history_hosts)),
-/// or the host had more than 4,096 open connections at once and one was
+/// or the host had more than 16,384 open connections at once and one was
 /// forgotten. The request carries no `http.connection.miss_reason`
 /// (its connection attributes are unaffected).
 pub const UNTRACKED_POOL_HISTORY: &str = "pool_history";

@@ -46,7 +46,7 @@ pub(crate) const CONNECTIONS_PER_HOST: usize = 64;
 /// incomplete). Bounds a miss's walk over the host's connections and the
 /// history's memory (8 bytes a connection, plus the records the registry
 /// holds anyway).
-pub(crate) const OPEN_CONNECTIONS_PER_HOST: usize = 4096;
+pub(crate) const OPEN_CONNECTIONS_PER_HOST: usize = 16_384;
 
 /// Default of [`ConnTraceBuilder::pool_history_hosts`](crate::ConnTraceBuilder::pool_history_hosts):
 /// the most hosts whose connections the pool history (what miss reasons are
