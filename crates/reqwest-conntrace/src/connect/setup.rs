@@ -676,6 +676,7 @@ pub(crate) fn emit_phases(
         remote,
     );
 
+    let proxied = established.is_some_and(|e| e.proxied) || route.is_some();
     let setup = ConnectionSetup {
         id: attempt.id,
         started: attempt.started,
@@ -694,10 +695,16 @@ pub(crate) fn emit_phases(
         tls_version,
         tls_resumed,
         http2: established.is_some_and(|e| e.http2),
-        proxied: established.is_some_and(|e| e.proxied) || route.is_some(),
+        proxied,
         proxy_connect: tunnel_duration,
         address_fallback: address_known.then_some(address_fallback),
         tcp_facts,
+        // Proxied, the lookup (if any) was the proxy's name, not the host's.
+        newest_answer: phases
+            .dns
+            .as_mut()
+            .and_then(|d| d.newest.take())
+            .filter(|_| !proxied),
     };
     (setup, tcp_pending)
 }

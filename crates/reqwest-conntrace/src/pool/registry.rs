@@ -80,8 +80,6 @@ pub(crate) struct ConnectionRecord {
     stream_resets: AtomicU64,
     /// A request timed out on it while nothing arrived from the peer.
     stalled: AtomicBool,
-    /// A newer DNS answer for its host no longer holds its peer address.
-    dns_stale: AtomicBool,
     /// Other connections of its client to its host that were idle at its
     /// latest release (`usize::MAX`: not counted), for inferring an idle
     /// limit this crate could not read.
@@ -175,7 +173,6 @@ impl ConnectionRecord {
             server_keep_alive_ms: AtomicU64::new(0),
             stream_resets: AtomicU64::new(0),
             stalled: AtomicBool::new(false),
-            dns_stale: AtomicBool::new(false),
             idle_others_at_release: AtomicUsize::new(usize::MAX),
             named_by_miss: AtomicU64::new(0),
             server_end_by: AtomicU64::new(0),
@@ -225,13 +222,16 @@ impl ConnectionRecord {
         }
     }
 
-    /// A newer DNS answer for its host does not hold its peer address.
-    pub(crate) fn mark_dns_stale(&self) {
-        self.dns_stale.store(true, Ordering::Relaxed);
-    }
-
+    /// Its peer address is not in the newest answer its client's resolver
+    /// has given for its host, as that answer stands now (see
+    /// `connect::answers`): judged at each request, so a connection whose
+    /// address comes back into the answer is no longer stale. `false`
+    /// without a lookup (IP literal, `resolve` override) or when proxied.
     pub(crate) fn is_dns_stale(&self) -> bool {
-        self.dns_stale.load(Ordering::Relaxed)
+        match (&self.setup.newest_answer, self.setup.peer_addr) {
+            (Some(answer), Some(peer)) => !answer.holds(peer.ip()),
+            _ => false,
+        }
     }
 
     /// An HTTP/1.1 body was dropped before its end at `at`.
