@@ -676,7 +676,6 @@ pub(crate) fn emit_phases(
         remote,
     );
 
-    let proxied = established.is_some_and(|e| e.proxied) || route.is_some();
     let setup = ConnectionSetup {
         id: attempt.id,
         started: attempt.started,
@@ -695,7 +694,7 @@ pub(crate) fn emit_phases(
         tls_version,
         tls_resumed,
         http2: established.is_some_and(|e| e.http2),
-        proxied,
+        proxied: established.is_some_and(|e| e.proxied) || route.is_some(),
         proxy_connect: tunnel_duration,
         address_fallback: address_known.then_some(address_fallback),
         tcp_facts,
@@ -704,7 +703,7 @@ pub(crate) fn emit_phases(
             .dns
             .as_mut()
             .and_then(|d| d.newest.take())
-            .filter(|_| !proxied),
+            .filter(|_| route.is_none() && !established.is_some_and(|e| e.proxied)),
     };
     (setup, tcp_pending)
 }
