@@ -88,7 +88,7 @@ pub(crate) struct DnsPhase {
     pub(crate) error: Option<(&'static str, String)>,
     /// The resolver's newest answer for `name`, which this lookup's answer
     /// now is: the connection made from it is judged by it (`dns_stale`).
-    pub(crate) newest: Option<Arc<crate::connect::answers::HostAnswer>>,
+    pub(crate) newest: Option<Arc<crate::pool::answers::HostAnswer>>,
 }
 
 impl ConnectAttempt {

@@ -8,9 +8,9 @@ use std::time::Instant;
 use reqwest::dns::{Addrs, Name, Resolve, Resolving};
 
 use crate::connect::address::AddressOrder;
-use crate::connect::answers::NewestAnswers;
 use crate::connect::attempt::{self, DnsPhase};
 use crate::error::{DnsError, classify, error_chain_text};
+use crate::pool::answers::NewestAnswers;
 
 /// A [`Resolve`] that records each lookup on the connect that triggered it
 /// (the `dns.lookup` span) and delegates to an inner resolver: the user's own,

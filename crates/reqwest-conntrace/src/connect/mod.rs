@@ -4,7 +4,6 @@
 //! - `connector`: the tower layer around reqwest's connector, one setup span per connect;
 //! - `attempt`: one connect in flight, the thread-local current attempt the hooks write into;
 //! - `dns`: the resolver wrapper and the system resolver;
-//! - `answers`: each resolver's newest answer per host name (`dns_stale`);
 //! - `address`: address order as hyper-util tries it, the winner, skipped addresses, SYN retransmits;
 //! - `tcp`: the end of a `tcp.connect` span (kernel facts, retransmit events);
 //! - `peer`: the address TCP connected to when the connection never came back (the handshake hung or failed);
@@ -13,7 +12,6 @@
 //! - `setup`: the `http.connection_setup` span and its phase children (or events).
 
 pub(crate) mod address;
-pub(crate) mod answers;
 pub(crate) mod attempt;
 pub(crate) mod connector;
 pub(crate) mod dns;

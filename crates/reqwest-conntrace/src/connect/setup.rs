@@ -698,12 +698,6 @@ pub(crate) fn emit_phases(
         proxy_connect: tunnel_duration,
         address_fallback: address_known.then_some(address_fallback),
         tcp_facts,
-        // Proxied, the lookup (if any) was the proxy's name, not the host's.
-        newest_answer: phases
-            .dns
-            .as_mut()
-            .and_then(|d| d.newest.take())
-            .filter(|_| route.is_none() && !established.is_some_and(|e| e.proxied)),
     };
     (setup, tcp_pending)
 }

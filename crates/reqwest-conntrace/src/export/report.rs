@@ -75,10 +75,6 @@ pub struct ConnectionSetup {
     /// Filled when the kernel answers (see [`tcp_facts`](Self::tcp_facts));
     /// `None` when no report wants them (nothing kept per connection).
     pub(crate) tcp_facts: Option<Arc<OnceLock<TcpFacts>>>,
-    /// The client's resolver's newest answer for the host, as it stands
-    /// now (it changes with later lookups); `None` without a lookup (DNS
-    /// skipped) or when proxied. See `connect::answers`.
-    pub(crate) newest_answer: Option<Arc<crate::connect::answers::HostAnswer>>,
 }
 
 #[cfg(test)]
@@ -104,7 +100,6 @@ impl ConnectionSetup {
             proxy_connect: None,
             address_fallback: None,
             tcp_facts: None,
-            newest_answer: None,
         }
     }
 }

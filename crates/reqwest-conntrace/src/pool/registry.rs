@@ -14,6 +14,7 @@ use opentelemetry::trace::{SpanContext, SpanId, TraceFlags, TraceId, TraceState}
 
 use crate::export::report::ConnectionSetup;
 use crate::miss::ConnectionEnd;
+use crate::pool::answers::HostAnswer;
 use crate::pool::client::ClientState;
 use crate::pool::host::HostKey;
 use crate::pool::slot::MissSlot;
@@ -80,6 +81,10 @@ pub(crate) struct ConnectionRecord {
     stream_resets: AtomicU64,
     /// A request timed out on it while nothing arrived from the peer.
     stalled: AtomicBool,
+    /// The newest answer its client's resolver has given for its host, as
+    /// it stands now (later lookups change it); `None` without a lookup
+    /// (DNS skipped) or when proxied. See [`pool::answers`](crate::pool::answers).
+    newest_answer: Option<Arc<HostAnswer>>,
     /// Other connections of its client to its host that were idle at its
     /// latest release (`usize::MAX`: not counted), for inferring an idle
     /// limit this crate could not read.
@@ -173,11 +178,18 @@ impl ConnectionRecord {
             server_keep_alive_ms: AtomicU64::new(0),
             stream_resets: AtomicU64::new(0),
             stalled: AtomicBool::new(false),
+            newest_answer: None,
             idle_others_at_release: AtomicUsize::new(usize::MAX),
             named_by_miss: AtomicU64::new(0),
             server_end_by: AtomicU64::new(0),
             shared: AtomicBool::new(false),
         }
+    }
+
+    /// It was made from a lookup whose host's newest answer is `answer`.
+    pub(crate) fn with_newest_answer(mut self, answer: Option<Arc<HostAnswer>>) -> Self {
+        self.newest_answer = answer;
+        self
     }
 
     /// A miss classified at `at` named it as the connection it would have
@@ -228,7 +240,7 @@ impl ConnectionRecord {
     /// address comes back into the answer is no longer stale. `false`
     /// without a lookup (IP literal, `resolve` override) or when proxied.
     pub(crate) fn is_dns_stale(&self) -> bool {
-        match (&self.setup.newest_answer, self.setup.peer_addr) {
+        match (&self.newest_answer, self.setup.peer_addr) {
             (Some(answer), Some(peer)) => !answer.holds(peer.ip()),
             _ => false,
         }
