@@ -186,12 +186,6 @@ impl ConnectionRecord {
         }
     }
 
-    /// It was made from a lookup whose host's newest answer is `answer`.
-    pub(crate) fn with_newest_answer(mut self, answer: Option<Arc<HostAnswer>>) -> Self {
-        self.newest_answer = answer;
-        self
-    }
-
     /// A miss classified at `at` named it as the connection it would have
     /// had, and asks the kernel about it.
     pub(crate) fn mark_named_by_miss(&self, at: Instant) {
@@ -232,6 +226,12 @@ impl ConnectionRecord {
             usize::MAX => None,
             n => Some(n),
         }
+    }
+
+    /// It was made from a lookup whose host's newest answer is `answer`.
+    pub(crate) fn with_newest_answer(mut self, answer: Option<Arc<HostAnswer>>) -> Self {
+        self.newest_answer = answer;
+        self
     }
 
     /// Its peer address is not in the newest answer its client's resolver
