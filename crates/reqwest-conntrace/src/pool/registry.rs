@@ -236,7 +236,7 @@ impl ConnectionRecord {
 
     /// Its peer address is not in the newest answer its client's resolver
     /// has given for its host, as that answer stands now (see
-    /// `connect::answers`): judged at each request, so a connection whose
+    /// `pool::answers`): judged at each request, so a connection whose
     /// address comes back into the answer is no longer stale. `false`
     /// without a lookup (IP literal, `resolve` override) or when proxied.
     pub(crate) fn is_dns_stale(&self) -> bool {
