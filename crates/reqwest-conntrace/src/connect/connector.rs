@@ -452,13 +452,13 @@ fn on_connected<T: Connection>(
         proxied: connected.is_proxied(),
     };
     // The resolver's newest answer for the host, which the connection is
-    // judged by (`dns_stale`); through a proxy the lookup was the proxy's.
+    // judged by (`dns_stale`; not through a proxy, see `is_dns_stale`).
     let newest_answer = attempt
         .phases()
         .dns
         .as_mut()
         .and_then(|d| d.newest.take())
-        .filter(|_| attempt.proxy.is_none() && !established.proxied);
+        .filter(|_| !established.proxied);
     let (report, tcp_pending) =
         setup::emit_phases(inner, &attempt, &cx, &Ending::Ready(&established), now);
     let report = Arc::new(report);

@@ -240,6 +240,10 @@ impl ConnectionRecord {
     /// address comes back into the answer is no longer stale. `false`
     /// without a lookup (IP literal, `resolve` override) or when proxied.
     pub(crate) fn is_dns_stale(&self) -> bool {
+        // Through a proxy the peer is the proxy, and a lookup the proxy's.
+        if self.setup.proxied {
+            return false;
+        }
         match (&self.newest_answer, self.setup.peer_addr) {
             (Some(answer), Some(peer)) => !answer.holds(peer.ip()),
             _ => false,
