@@ -1397,6 +1397,259 @@ async fn pooled_connection_to_an_address_dns_no_longer_gives_is_flagged() {
     );
 }
 
+/// A request span's connection and `dns_stale`, for assertion messages.
+fn stale_view(span: &SpanData) -> String {
+    format!(
+        "peer={:?} id={:?} count={:?} reused={:?} dns_stale={:?}",
+        str_attr(span, semconv::NETWORK_PEER_ADDRESS),
+        i64_attr(span, semconv::HTTP_CONNECTION_ID),
+        i64_attr(span, semconv::HTTP_CONNECTION_REQUEST_COUNT),
+        bool_attr(span, semconv::HTTP_CONNECTION_REUSED),
+        bool_attr(span, semconv::HTTP_CONNECTION_DNS_STALE),
+    )
+}
+
+/// Two clients of one handle, each with its own resolver, answer the same
+/// name differently (A: 127.0.0.1, B: 127.0.0.2; e.g. a client per
+/// region). A calls, B calls, A calls again: A's resolver never moved, so
+/// A's reuse is not stale; B's answer is B's only. Then A's own resolver
+/// moves to 127.0.0.2: a request still on A's pooled connection to
+/// 127.0.0.1 is stale.
+#[tokio::test]
+async fn dns_stale_judges_a_connection_by_its_own_clients_resolver() {
+    let t = telemetry();
+    let a_server = RemoteServer::start(plain_h1()).await;
+    let port = a_server.get().addr().port();
+    let b_server =
+        RemoteServer::start(plain_h1().bind(SocketAddr::from((Ipv4Addr::new(127, 0, 0, 2), port))))
+            .await;
+    let trace = t.conntrace();
+    let client = |answer: &Arc<Mutex<IpAddr>>| {
+        trace
+            .instrument_client(reqwest::Client::builder())
+            .dns_resolver(SwitchableResolver(answer.clone()))
+            .build_with_middleware()
+            .expect("client")
+    };
+    let a_answer = Arc::new(Mutex::new(IpAddr::from(Ipv4Addr::LOCALHOST)));
+    let b_answer = Arc::new(Mutex::new(IpAddr::from(Ipv4Addr::new(127, 0, 0, 2))));
+    let a = client(&a_answer);
+    let b = client(&b_answer);
+    let url = |path: &str| format!("http://svc.test:{port}{path}");
+    get(&a, &url("/")).await;
+    get(&b, &url("/")).await;
+    get(&a, &url("/")).await;
+    let spans = requests(&t, 3);
+    // The servers' records: A's two requests on one connection to .1, B's
+    // one on .2.
+    let a_records = a_server.get().requests();
+    assert_eq!(a_records.len(), 2);
+    assert_eq!(a_records[1].connection_id, a_records[0].connection_id);
+    assert_eq!(a_records[1].request_index, 2);
+    assert_eq!(b_server.get().request_count(), 1);
+    let third = &spans[2];
+    assert_eq!(
+        str_attr(third, semconv::NETWORK_PEER_ADDRESS).as_deref(),
+        Some("127.0.0.1")
+    );
+    assert_eq!(
+        i64_attr(third, semconv::HTTP_CONNECTION_REQUEST_COUNT),
+        Some(2),
+        "{}",
+        stale_view(third)
+    );
+    assert_eq!(
+        bool_attr(third, semconv::HTTP_CONNECTION_DNS_STALE),
+        None,
+        "client A's resolver still answers 127.0.0.1: {}",
+        stale_view(third)
+    );
+
+    // A's own resolver moves: one call holds A's pooled connection to .1,
+    // another one connects meanwhile and gets .2 from A's resolver.
+    *a_answer.lock().expect("lock") = IpAddr::from(Ipv4Addr::new(127, 0, 0, 2));
+    let later = async {
+        tokio::time::sleep(Duration::from_millis(60)).await;
+        get(&a, &url("/")).await;
+    };
+    futures::future::join(get(&a, &url("/delay/300")), later).await;
+    let spans = requests(&t, 5);
+    let a_records = a_server.get().requests();
+    assert_eq!(a_records.len(), 3, "A's pooled connection served one more");
+    assert!(
+        a_records
+            .iter()
+            .all(|r| r.connection_id == a_records[0].connection_id)
+    );
+    assert_eq!(
+        b_server.get().accepted_connections(),
+        2,
+        "A connected to .2"
+    );
+    let on_old: Vec<&SpanData> = spans[3..]
+        .iter()
+        .filter(|s| str_attr(s, semconv::NETWORK_PEER_ADDRESS).as_deref() == Some("127.0.0.1"))
+        .collect();
+    assert_eq!(on_old.len(), 1);
+    assert_eq!(
+        bool_attr(on_old[0], semconv::HTTP_CONNECTION_DNS_STALE),
+        Some(true),
+        "A's own resolver now answers 127.0.0.2: {}",
+        stale_view(on_old[0])
+    );
+}
+
+/// DNS moves the name from 127.0.0.1 to 127.0.0.2 and back (a blue/green
+/// switch undone, or round-robin DNS giving one address per answer).
+/// Connection 1 goes to .1; while it is busy, a call opens connection 2 to
+/// .2 (answer .2); back at .1, a call opens connection 3 to .1 (answer
+/// .1). Then 4 waves of 3 concurrent calls use all three. The flag is
+/// judged at each request against the newest answer (.1): connections 1
+/// and 3 are not stale, connection 2 is.
+#[tokio::test]
+async fn dns_stale_clears_when_the_connections_address_is_back_in_the_newest_answer() {
+    let t = telemetry();
+    let a = RemoteServer::start(plain_h1()).await;
+    let port = a.get().addr().port();
+    let b =
+        RemoteServer::start(plain_h1().bind(SocketAddr::from((Ipv4Addr::new(127, 0, 0, 2), port))))
+            .await;
+    let ip_a = IpAddr::V4(Ipv4Addr::LOCALHOST);
+    let ip_b = IpAddr::V4(Ipv4Addr::new(127, 0, 0, 2));
+    let answer = Arc::new(Mutex::new(ip_a));
+    let client = t
+        .conntrace()
+        .instrument_client(reqwest::Client::builder())
+        .dns_resolver(SwitchableResolver(answer.clone()))
+        .build_with_middleware()
+        .expect("client");
+    let url = |path: &str| format!("http://flip.test:{port}{path}");
+    let after = |ms: u64| {
+        let client = client.clone();
+        let url = url("/");
+        async move {
+            tokio::time::sleep(Duration::from_millis(ms)).await;
+            get(&client, &url).await;
+        }
+    };
+    get(&client, &url("/")).await;
+    *answer.lock().expect("lock") = ip_b;
+    futures::future::join(get(&client, &url("/delay/300")), after(60)).await;
+    *answer.lock().expect("lock") = ip_a;
+    futures::future::join3(
+        get(&client, &url("/delay/300")),
+        get(&client, &url("/delay/300")),
+        after(60),
+    )
+    .await;
+    for _ in 0..4 {
+        futures::future::join3(
+            get(&client, &url("/delay/50")),
+            get(&client, &url("/delay/50")),
+            get(&client, &url("/delay/50")),
+        )
+        .await;
+    }
+    let spans = requests(&t, 18);
+    assert_eq!(a.get().accepted_connections(), 2, "two connections to .1");
+    assert_eq!(b.get().accepted_connections(), 1, "one to .2");
+    assert_eq!(a.get().request_count() + b.get().request_count(), 18);
+    // From the 7th request on, the newest answer is .1 (connection 3's).
+    let newest_answer_is_a = &spans[6..];
+    let stale_to_a: Vec<String> = newest_answer_is_a
+        .iter()
+        .filter(|s| str_attr(s, semconv::NETWORK_PEER_ADDRESS).as_deref() == Some("127.0.0.1"))
+        .filter(|s| bool_attr(s, semconv::HTTP_CONNECTION_DNS_STALE).is_some())
+        .map(stale_view)
+        .collect();
+    assert!(
+        stale_to_a.is_empty(),
+        "requests to 127.0.0.1, the newest answer, flagged dns_stale: {stale_to_a:#?}"
+    );
+    // Connection 2 (.2) is stale on every request from the 7th on; the
+    // spans to .2 are the requests the server on .2 served.
+    let is_b =
+        |s: &&SpanData| str_attr(s, semconv::NETWORK_PEER_ADDRESS).as_deref() == Some("127.0.0.2");
+    assert_eq!(spans.iter().filter(is_b).count(), b.get().request_count());
+    let to_b: Vec<&SpanData> = newest_answer_is_a.iter().filter(is_b).collect();
+    assert!(!to_b.is_empty(), "connection 2 was used again");
+    for s in to_b {
+        assert_eq!(
+            bool_attr(s, semconv::HTTP_CONNECTION_DNS_STALE),
+            Some(true),
+            "127.0.0.2 is not in the newest answer [127.0.0.1]: {}",
+            stale_view(s)
+        );
+    }
+}
+
+/// DNS moves the name from 127.0.0.1 to 127.0.0.3, where nothing listens
+/// (a failover to an address not up yet). One call holds the pooled
+/// connection to .1; a concurrent call resolves .3 and is refused; then a
+/// call reuses the connection to .1. The newest answer is the resolver's
+/// ([127.0.0.3], the `dns.lookup` span says so) whatever its connect did,
+/// so that last request is stale.
+#[tokio::test]
+async fn dns_stale_counts_a_newest_answer_whose_connect_failed() {
+    let t = telemetry();
+    let a = RemoteServer::start(plain_h1()).await;
+    let port = a.get().addr().port();
+    let answer = Arc::new(Mutex::new(IpAddr::V4(Ipv4Addr::LOCALHOST)));
+    let client = t
+        .conntrace()
+        .instrument_client(reqwest::Client::builder())
+        .dns_resolver(SwitchableResolver(answer.clone()))
+        .build_with_middleware()
+        .expect("client");
+    let url = |path: &str| format!("http://moved.test:{port}{path}");
+    get(&client, &url("/")).await;
+    *answer.lock().expect("lock") = IpAddr::V4(Ipv4Addr::new(127, 0, 0, 3));
+    let refused = async {
+        tokio::time::sleep(Duration::from_millis(60)).await;
+        client
+            .get(url("/"))
+            .send()
+            .await
+            .expect_err("nothing listens on the new address");
+    };
+    futures::future::join(get(&client, &url("/delay/300")), refused).await;
+    get(&client, &url("/")).await;
+    let spans = requests(&t, 4);
+    let records = a.get().requests();
+    assert_eq!(records.len(), 3, "three calls reached 127.0.0.1");
+    assert!(
+        records
+            .iter()
+            .all(|r| r.connection_id == records[0].connection_id)
+    );
+    let answers: Vec<String> = t
+        .named(semconv::DNS_LOOKUP_SPAN)
+        .iter()
+        .filter_map(|s| {
+            s.attributes
+                .iter()
+                .find(|kv| kv.key.as_str() == semconv::DNS_ANSWERS)
+                .map(|kv| kv.value.to_string())
+        })
+        .collect();
+    assert_eq!(answers.len(), 2, "two lookups: {answers:?}");
+    assert!(
+        answers[1].contains("127.0.0.3"),
+        "newest answer: {answers:?}"
+    );
+    let last = &spans[3];
+    assert_eq!(
+        str_attr(last, semconv::NETWORK_PEER_ADDRESS).as_deref(),
+        Some("127.0.0.1")
+    );
+    assert_eq!(
+        bool_attr(last, semconv::HTTP_CONNECTION_DNS_STALE),
+        Some(true),
+        "127.0.0.1 is not in the newest answer [127.0.0.3]: {}",
+        stale_view(last)
+    );
+}
+
 /// The server advertises `Keep-Alive: timeout=1`: recorded on every request
 /// of the connection; a client idle timeout above it (90 s) gets the
 /// mismatch event once per connection, one at or under it none, and one

@@ -752,9 +752,12 @@ pub const HTTP_CONNECTION_CLIENT_IDLE_TIMEOUT: &str = "http.connection.client_id
 /// misses, and requests racing the close fail with `connection_reset`).
 pub const EVENT_KEEP_ALIVE_MISMATCH: &str = "http.connection.keep_alive_mismatch";
 /// `http.connection.dns_stale` (bool, request span, only ever `true`): the
-/// serving connection's peer address is not in the newest DNS answer for
-/// its host (a pooled connection still going to an address DNS no longer
-/// gives).
+/// serving (reused) connection's peer address is not in the newest DNS
+/// answer for its host, judged at this request (a pooled connection still
+/// going to an address DNS no longer gives). The newest answer is the
+/// latest successful lookup of the host by the connection's own client's
+/// [`TracedResolver`](crate::TracedResolver), whatever the connects to it
+/// did; none without a lookup or through a proxy.
 pub const HTTP_CONNECTION_DNS_STALE: &str = "http.connection.dns_stale";
 /// `http.connection.stream_resets` (int, request span): HTTP/2 responses
 /// on the serving connection dropped so far before their body was read to

@@ -87,6 +87,9 @@ pub(crate) struct DnsPhase {
     /// The policy that produced `connect_order`.
     pub(crate) order: crate::connect::address::AddressOrder,
     pub(crate) error: Option<(&'static str, String)>,
+    /// The resolver's newest answer for `name`, which this lookup's answer
+    /// now is: the connection made from it is judged by it (`dns_stale`).
+    pub(crate) newest: Option<Arc<crate::pool::answers::HostAnswer>>,
 }
 
 impl ConnectAttempt {

@@ -471,6 +471,14 @@ fn on_connected<T: Connection>(
         http2: connected.is_negotiated_h2() || http2_prior_knowledge,
         proxied: connected.is_proxied(),
     };
+    // The resolver's newest answer for the host, which the connection is
+    // judged by (`dns_stale`; not through a proxy, see `is_dns_stale`).
+    let newest_answer = attempt
+        .phases()
+        .dns
+        .as_mut()
+        .and_then(|d| d.newest.take())
+        .filter(|_| !established.proxied);
     let (report, tcp_pending) =
         setup::emit_phases(inner, &attempt, &cx, &Ending::Ready(&established), now);
     let report = Arc::new(report);
@@ -487,14 +495,17 @@ fn on_connected<T: Connection>(
         .trigger
         .as_ref()
         .map(|t| inner.pools.shared_key(&t.host));
-    let record = Arc::new(ConnectionRecord::new(
-        report,
-        setup::span_context(&cx),
-        attempt.trigger.as_ref().map(|t| t.id),
-        attempt.client.clone(),
-        host.clone(),
-        attempt.miss.clone(),
-    ));
+    let record = Arc::new(
+        ConnectionRecord::new(
+            report,
+            setup::span_context(&cx),
+            attempt.trigger.as_ref().map(|t| t.id),
+            attempt.client.clone(),
+            host.clone(),
+            attempt.miss.clone(),
+        )
+        .with_newest_answer(newest_answer),
+    );
     if record.pair().is_some() {
         inner.register(record.clone(), now);
     }

@@ -10,6 +10,7 @@ use reqwest::dns::{Addrs, Name, Resolve, Resolving};
 use crate::connect::address::AddressOrder;
 use crate::connect::attempt::{self, DnsPhase};
 use crate::error::{DnsError, classify, error_chain_text};
+use crate::pool::answers::NewestAnswers;
 
 /// A [`Resolve`] that records each lookup on the connect that triggered it
 /// (the `dns.lookup` span) and delegates to an inner resolver: the user's own,
@@ -19,10 +20,18 @@ use crate::error::{DnsError, classify, error_chain_text};
 /// resolver (reqwest applies overrides first), so they produce no
 /// `dns.lookup` span; the setup span then carries
 /// `http.connection.dns_skipped = "override"`.
+///
+/// It also keeps its own newest answer per host name (clones share it):
+/// a request on a pooled connection whose peer address is not in it gets
+/// `http.connection.dns_stale = true`. A client built by
+/// [`InstrumentedClientBuilder`](crate::InstrumentedClientBuilder) has its
+/// own `TracedResolver`, so its connections are judged by its own
+/// resolver's answers only.
 #[derive(Clone)]
 pub struct TracedResolver {
     inner: Arc<dyn Resolve>,
     order: AddressOrder,
+    newest: Arc<NewestAnswers>,
 }
 
 impl std::fmt::Debug for TracedResolver {
@@ -37,6 +46,7 @@ impl TracedResolver {
         Self {
             inner,
             order: AddressOrder::Keep,
+            newest: Arc::default(),
         }
     }
 
@@ -68,9 +78,11 @@ impl Resolve for TracedResolver {
                 connect_order: Vec::new(),
                 order: self.order,
                 error: None,
+                newest: None,
             });
         }
         let order = self.order;
+        let newest = Arc::clone(&self.newest);
         let lookup = self.inner.resolve(name);
         Box::pin(async move {
             let result = lookup.await;
@@ -78,6 +90,8 @@ impl Resolve for TracedResolver {
             let Some(a) = current else {
                 return result.map(|addrs| {
                     let addrs: Vec<SocketAddr> = addrs.collect();
+                    // The resolver's newest answer, whoever asked.
+                    let _ = newest.record(&host, &addrs);
                     Box::new(order.apply(&addrs).into_iter()) as Addrs
                 });
             };
@@ -85,10 +99,12 @@ impl Resolve for TracedResolver {
                 Ok(addrs) => {
                     let addrs: Vec<SocketAddr> = addrs.collect();
                     let ordered = order.apply(&addrs);
+                    let entry = newest.record(&host, &addrs);
                     if let Some(d) = a.phases().dns.as_mut() {
                         d.answered = Some(answered);
                         d.answers = addrs;
                         d.connect_order = ordered.clone();
+                        d.newest = entry;
                     }
                     Ok(Box::new(ordered.into_iter()) as Addrs)
                 }

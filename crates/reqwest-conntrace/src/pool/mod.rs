@@ -10,6 +10,7 @@
 //! - `advice`: per-host in-flight load and the pool-size advice (Little's law).
 
 pub(crate) mod advice;
+pub(crate) mod answers;
 pub(crate) mod client;
 pub(crate) mod host;
 pub(crate) mod inferred;

@@ -13,7 +13,7 @@
 //! connection a miss blames is its [`Previous`].
 
 use std::collections::{HashMap, VecDeque};
-use std::net::{IpAddr, SocketAddr};
+use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
@@ -1083,11 +1083,11 @@ impl PoolHistory {
             .map_or_else(|| host.clone(), |(key, _)| key.clone())
     }
 
-    /// Remembers a new connection to `host`, and its DNS answer as the
-    /// newest for the host. When the table is full, a host whose
-    /// connections are all closed (or idle-expired) is forgotten, the one
-    /// unused the longest; when none is, `host` is not remembered and
-    /// `false` is returned (the table is full of live hosts).
+    /// Remembers a new connection to `host`. When the table is full, a
+    /// host whose connections are all closed (or idle-expired) is
+    /// forgotten, the one unused the longest; when none is, `host` is not
+    /// remembered and `false` is returned (the table is full of live
+    /// hosts).
     pub(crate) fn record_connection(&self, host: HostKey, record: Arc<ConnectionRecord>) -> bool {
         let now = Instant::now();
         let mut hosts = self.hosts();
@@ -1110,22 +1110,6 @@ impl PoolHistory {
             forgot_open: false,
         });
         history.last_used = now;
-        // A newer DNS answer: the host's older connections to an address it
-        // no longer holds are stale (checked here, once per connection, so
-        // a response only reads a flag).
-        if !record.setup.proxied && !record.setup.dns_answers.is_empty() {
-            let answer: Vec<IpAddr> = record.setup.dns_answers.iter().map(|a| a.ip()).collect();
-            for older in &history.connections {
-                if !older.setup.proxied
-                    && older
-                        .setup
-                        .peer_addr
-                        .is_some_and(|peer| !answer.contains(&peer.ip()))
-                {
-                    older.mark_dns_stale();
-                }
-            }
-        }
         if history.connections.len() >= CONNECTIONS_PER_HOST {
             // Closed ones first, oldest first; then ones hyper-util has
             // closed as far as the history knows (released over the idle

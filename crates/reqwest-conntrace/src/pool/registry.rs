@@ -15,6 +15,7 @@ use opentelemetry::trace::{SpanContext, SpanId, TraceFlags, TraceId, TraceState}
 use crate::export::report::ConnectionSetup;
 use crate::kernel::{SocketEnd, SocketEndSink};
 use crate::miss::ConnectionEnd;
+use crate::pool::answers::HostAnswer;
 use crate::pool::client::ClientState;
 use crate::pool::host::HostKey;
 use crate::pool::slot::MissSlot;
@@ -87,8 +88,10 @@ pub(crate) struct ConnectionRecord {
     stream_resets: AtomicU64,
     /// A request timed out on it while nothing arrived from the peer.
     stalled: AtomicBool,
-    /// A newer DNS answer for its host no longer holds its peer address.
-    dns_stale: AtomicBool,
+    /// The newest answer its client's resolver has given for its host, as
+    /// it stands now (later lookups change it); `None` without a lookup
+    /// (DNS skipped) or when proxied. See [`pool::answers`](crate::pool::answers).
+    newest_answer: Option<Arc<HostAnswer>>,
     /// Other connections of its client to its host that were idle at its
     /// latest release (`usize::MAX`: not counted), for inferring an idle
     /// limit this crate could not read.
@@ -189,7 +192,7 @@ impl ConnectionRecord {
             server_keep_alive_ms: AtomicU64::new(0),
             stream_resets: AtomicU64::new(0),
             stalled: AtomicBool::new(false),
-            dns_stale: AtomicBool::new(false),
+            newest_answer: None,
             idle_others_at_release: AtomicUsize::new(usize::MAX),
             named_by_miss: AtomicU64::new(0),
             server_end_by: AtomicU64::new(0),
@@ -258,13 +261,26 @@ impl ConnectionRecord {
         }
     }
 
-    /// A newer DNS answer for its host does not hold its peer address.
-    pub(crate) fn mark_dns_stale(&self) {
-        self.dns_stale.store(true, Ordering::Relaxed);
+    /// It was made from a lookup whose host's newest answer is `answer`.
+    pub(crate) fn with_newest_answer(mut self, answer: Option<Arc<HostAnswer>>) -> Self {
+        self.newest_answer = answer;
+        self
     }
 
+    /// Its peer address is not in the newest answer its client's resolver
+    /// has given for its host, as that answer stands now (see
+    /// `pool::answers`): judged at each request, so a connection whose
+    /// address comes back into the answer is no longer stale. `false`
+    /// without a lookup (IP literal, `resolve` override) or when proxied.
     pub(crate) fn is_dns_stale(&self) -> bool {
-        self.dns_stale.load(Ordering::Relaxed)
+        // Through a proxy the peer is the proxy, and a lookup the proxy's.
+        if self.setup.proxied {
+            return false;
+        }
+        match (&self.newest_answer, self.setup.peer_addr) {
+            (Some(answer), Some(peer)) => !answer.holds(peer.ip()),
+            _ => false,
+        }
     }
 
     /// An HTTP/1.1 body was dropped before its end at `at`.
