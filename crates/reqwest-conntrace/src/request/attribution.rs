@@ -1051,7 +1051,7 @@ impl RequestEnd {
                 .headers_at
                 .map(|h| h.saturating_duration_since(self.state.started)),
             total: now.saturating_duration_since(self.state.started),
-            body_size: self.body_size,
+            body_size: self.headers_at.map(|_| self.body_size),
             body_complete: kind == EndKind::Complete,
             connection: self
                 .connection
