@@ -1268,7 +1268,10 @@ async fn an_http2_body_timeout_on_a_stalled_connection_has_the_kernels_evidence(
 
 /// HTTP/2 connection whose peer stops answering: the requests that time
 /// out on it name it, with the kernel's evidence (nothing received since
-/// the request started), and it is not counted as an idle connection.
+/// the request started), and its socket as the answered request does
+/// (`network.local.port`: the client port the server recorded;
+/// `network.peer.*`: the server's), and it is not counted as an idle
+/// connection.
 #[tokio::test]
 async fn requests_timing_out_on_a_stalled_connection_name_it() {
     let t = telemetry();
@@ -1317,6 +1320,22 @@ async fn requests_timing_out_on_a_stalled_connection_name_it() {
             .iter()
             .all(|r| r.connection_id == records[0].connection_id)
     );
+    let server_addr = server.get().addr();
+    for span in &spans {
+        assert_eq!(
+            i64_attr(span, semconv::NETWORK_LOCAL_PORT),
+            Some(i64::from(records[0].remote_port())),
+            "the client port the server recorded"
+        );
+        assert_eq!(
+            i64_attr(span, semconv::NETWORK_PEER_PORT),
+            Some(i64::from(server_addr.port()))
+        );
+        assert_eq!(
+            str_attr(span, semconv::NETWORK_PEER_ADDRESS),
+            Some(server_addr.ip().to_string())
+        );
+    }
     let idle: f64 = t
         .metric(semconv::HTTP_CLIENT_OPEN_CONNECTIONS)
         .iter()
@@ -2182,7 +2201,10 @@ async fn a_close_the_client_asked_for_is_not_the_servers_request_limit() {
 /// An HTTP/1.1 request that times out on the client's first connection
 /// (the server recorded it there, unanswered) makes the next request open a
 /// second connection: `abandoned`, naming the first (it was `cold`: the pool
-/// was never warm, but its only connection was given up, not missing).
+/// was never warm, but its only connection was given up, not missing). The
+/// timed-out span names that connection's socket as an answered request
+/// would: `network.local.port` is the client port the server recorded for
+/// it, `network.peer.*` the server.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_timeout_on_the_first_connection_is_abandoned_not_cold() {
     let t = telemetry();
@@ -2196,9 +2218,29 @@ async fn a_timeout_on_the_first_connection_is_abandoned_not_cold() {
         .expect_err("times out");
     assert!(error.is_timeout(), "{error:?}");
     get(&client, &server.get().url("/")).await;
-    let spans: Vec<Seen> = requests(&t, 2).iter().map(seen).collect();
+    let raw = requests(&t, 2);
+    let spans: Vec<Seen> = raw.iter().map(seen).collect();
     assert_eq!(server.get().accepted_connections(), 2, "{spans:#?}");
-    assert_eq!(server.get().requests().len(), 2, "the server saw both");
+    let records = server.get().requests();
+    assert_eq!(records.len(), 2, "the server saw both");
+    let timed_out = records
+        .iter()
+        .find(|r| r.path == "/delay/600")
+        .expect("the server recorded the timed-out request");
+    let server_addr = server.get().addr();
+    assert_eq!(
+        i64_attr(&raw[0], semconv::NETWORK_LOCAL_PORT),
+        Some(i64::from(timed_out.remote_port())),
+        "the client port the server recorded: {spans:#?}"
+    );
+    assert_eq!(
+        i64_attr(&raw[0], semconv::NETWORK_PEER_PORT),
+        Some(i64::from(server_addr.port()))
+    );
+    assert_eq!(
+        str_attr(&raw[0], semconv::NETWORK_PEER_ADDRESS),
+        Some(server_addr.ip().to_string())
+    );
     let first = spans[0].id.expect("the timeout names its connection");
     assert_eq!(spans[1].previous_id, Some(first), "{spans:#?}");
     assert_eq!(

@@ -597,6 +597,7 @@ async fn a_request_without_response_has_no_body_size_or_first_byte() {
     for r in reports.iter() {
         assert!(r.error_type.is_some(), "{r:?}");
         assert_eq!(r.time_to_first_byte, None, "{r:?}");
+        assert_eq!(r.body_size, None, "no response, no body: {r:?}");
         assert_eq!(r.status, None);
         assert!(r.connection.is_none());
     }

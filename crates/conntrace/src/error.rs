@@ -132,6 +132,14 @@ fn fix(text: &str) -> Option<&'static str> {
             "invalid HTTP version parsed",
             "the server did not answer in HTTP/1.x; if that port speaks TLS, use https://",
         ),
+        // The reverse: https:// to a port that speaks plain HTTP. Its
+        // answer to the ClientHello (`HTTP/1.1 400 ...`) is not a TLS
+        // record; rustls 0.23 names the record's bad content type
+        // (`InvalidMessage::InvalidContentType`).
+        (
+            "InvalidContentType",
+            "the server did not answer in TLS; if that port speaks plain HTTP, use http://",
+        ),
         (
             "NoApplicationProtocol",
             "the server does not offer HTTP/2 (ALPN h2); drop --http2",
@@ -244,8 +252,6 @@ mod tests {
         assert_eq!(export_failure("plain"), "plain");
     }
 
-    /// The certificate errors as rustls itself prints them (its `*Context`
-    /// variants in words) get their fix.
     #[test]
     fn an_http2_error_the_server_sent_does_not_blame_http2_support() {
         let goaway = "error sending request: client error (SendRequest): http2 error: connection error received: not a result of an error";
@@ -256,6 +262,8 @@ mod tests {
         assert!(fix(local).is_some_and(|f| f.contains("drop --http2")));
     }
 
+    /// The certificate errors as rustls itself prints them (its `*Context`
+    /// variants in words) get their fix.
     #[test]
     fn rustls_certificate_errors_get_a_fix() {
         use rustls::CertificateError as C;

@@ -103,8 +103,8 @@ pub(crate) struct RequestRow {
     pub(crate) local_address: Option<String>,
     /// Peer address (`ip:port`; IPv6 in brackets).
     pub(crate) peer_address: Option<String>,
-    /// Response body bytes read.
-    pub(crate) body_bytes: u64,
+    /// Response body bytes read; `None` when no response arrived.
+    pub(crate) body_bytes: Option<u64>,
     /// The serving connection's setup cost (not serialized).
     #[serde(skip)]
     pub(crate) setup: Option<SetupCost>,
@@ -123,7 +123,7 @@ impl RequestRow {
         match &outcome.result {
             Ok(f) => {
                 row.status = Some(f.status);
-                row.body_bytes = f.body_bytes;
+                row.body_bytes = Some(f.body_bytes);
                 row.http_version = Some(f.version);
             }
             Err(e) => {
@@ -206,7 +206,7 @@ impl RequestRow {
             local_port: None,
             local_address: None,
             peer_address: None,
-            body_bytes: report.map_or(0, |r| r.body_size),
+            body_bytes: report.and_then(|r| r.body_size),
             setup: None,
         };
         // A redirect hop's version (the final request's comes from the

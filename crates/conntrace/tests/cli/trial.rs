@@ -596,6 +596,62 @@ async fn probe_json_records_a_failed_first_request() {
     assert_eq!(requests.len(), 1);
     assert_eq!(requests[0]["error_type"], "connection_refused");
     assert!(requests[0]["status"].is_null());
+    // No response: no body size, no time to first byte (not 0).
+    assert_eq!(requests[0]["body_bytes"], Value::Null, "{}", requests[0]);
+    assert_eq!(requests[0]["ttfb_ms"], Value::Null, "{}", requests[0]);
     assert_eq!(json["failed_requests"], 1);
     assert!(json["comparison"].is_null());
+}
+
+/// `https://` to a port that speaks plain HTTP (a `conntrace serve
+/// --plain`): one error line naming the cause with its fix (use
+/// `http://`), exit 1; the failed request claims no body size nor time to
+/// first byte, in the JSON and on its span (no `http.response.body.size`).
+/// The same server over `http://` answers, so the hint is the right one.
+#[tokio::test]
+async fn probe_https_to_a_plain_http_port_says_to_use_http() {
+    let served = serve(&["--plain"]).await;
+    let port = served.port;
+    let traces = served.dir.path().join("t.json");
+    let mut cmd = conntrace();
+    cmd.args([
+        "probe",
+        &format!("https://127.0.0.1:{port}/"),
+        "-n",
+        "1",
+        "--json",
+        "--traces-out",
+    ])
+    .arg(&traces);
+    let out = run(cmd).await;
+    assert_one_line_error(&out, "tls handshake failed");
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        stderr(&out).contains(
+            "; fix: the server did not answer in TLS; if that port speaks plain HTTP, use http://"
+        ),
+        "{}",
+        stderr(&out)
+    );
+    let json: Value = serde_json::from_slice(&out.stdout).expect("--json output is JSON");
+    let r = &json["modes"][0]["requests"][0];
+    assert_eq!(r["error_type"], "tls_error", "{r}");
+    assert_eq!(r["body_bytes"], Value::Null, "{r}");
+    assert_eq!(r["ttfb_ms"], Value::Null, "{r}");
+    let spans = conntrace_lab::spans_from_otlp_json(
+        &std::fs::read_to_string(&traces).expect("traces file"),
+    )
+    .expect("OTLP JSON");
+    let requests = super::requests(&spans);
+    assert_eq!(requests.len(), 1);
+    assert_eq!(requests[0].attr_str(semconv::ERROR_TYPE), Some("tls_error"));
+    assert!(
+        !requests[0].has_attr(semconv::HTTP_RESPONSE_BODY_SIZE),
+        "a request without a response has no body size"
+    );
+    // Over http:// the same port answers: body_bytes counts what was read.
+    let json = probe_json(&[&format!("http://127.0.0.1:{port}/"), "-n", "1"]).await;
+    let r = &json["modes"][0]["requests"][0];
+    assert_eq!(r["status"], 200, "{r}");
+    assert!(r["body_bytes"].as_u64().is_some(), "{r}");
 }

@@ -311,8 +311,10 @@ pub struct RequestReport {
     pub time_to_first_byte: Option<Duration>,
     /// Request start to end of body (or failure, or cancellation).
     pub total: Duration,
-    /// Response body bytes the caller read.
-    pub body_size: u64,
+    /// Response body bytes the caller read (`http.response.body.size`);
+    /// `None` when no response arrived (refused connect, TLS handshake
+    /// rejected, timed out before the headers): there was no body.
+    pub body_size: Option<u64>,
     /// The body was read to its end (false: dropped early, failed, or cancelled).
     pub body_complete: bool,
     /// Which connection served it and how; `None` when the connection is

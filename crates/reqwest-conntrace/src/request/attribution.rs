@@ -520,7 +520,9 @@ fn record_server_keep_alive(
 /// HTTP/2 connection it was multiplexed onto, else the HTTP/1.1 connection
 /// hyper-util would have handed out (the host's most recently released idle
 /// one); for an HTTP/2 error with none of those found, the host's latest
-/// HTTP/2 connection. Sets `http.connection.reused`, `.id`, `.idle_time` and a link to
+/// HTTP/2 connection. Sets `http.connection.reused`, `.id`, `.idle_time`,
+/// its socket's `network.peer.address`, `network.peer.port` and
+/// `network.local.port` (as a response on it would), and a link to
 /// its setup span; records how the failure ended the connection
 /// (`connection_reset`, HTTP/2 GOAWAY or connection error; an HTTP/1.1
 /// request that gave up on its response abandons it, `abandoned`); and asks the
@@ -580,6 +582,18 @@ pub(crate) fn attribute_failure(
     let reused = record.ready_at() <= state.started;
     span.set_attribute(semconv::HTTP_CONNECTION_REUSED, reused);
     span.set_attribute(semconv::HTTP_CONNECTION_ID, record.id() as i64);
+    // The socket it names, as a response on it would record it
+    // ([`attribute_response`]).
+    if let Some((local, remote)) = record.pair().filter(|_| !span.is_none()) {
+        set_attributes(
+            span,
+            vec![
+                KeyValue::new(semconv::NETWORK_PEER_ADDRESS, ip_text(remote.ip())),
+                KeyValue::new(semconv::NETWORK_PEER_PORT, i64::from(remote.port())),
+                KeyValue::new(semconv::NETWORK_LOCAL_PORT, i64::from(local.port())),
+            ],
+        );
+    }
     let idle = reused.then(|| {
         state
             .started
@@ -1051,7 +1065,7 @@ impl RequestEnd {
                 .headers_at
                 .map(|h| h.saturating_duration_since(self.state.started)),
             total: now.saturating_duration_since(self.state.started),
-            body_size: self.body_size,
+            body_size: self.headers_at.map(|_| self.body_size),
             body_complete: kind == EndKind::Complete,
             connection: self
                 .connection
