@@ -2941,31 +2941,14 @@ async fn tls_server_idle_close_is_closed_by_peer() {
         }
         let spans: Vec<Seen> = requests(&t, 16).iter().map(seen).collect();
         compare_with_server(&spans, &server.get().requests());
-        let records = server.get().connections();
-        let port_of = local_ports(&t);
-        let mut named = 0;
-        for (i, s) in spans.iter().enumerate() {
-            let Some(previous) = s.previous_id else {
-                continue;
-            };
-            // By the connection's local port (its setup span's): a
-            // connection a concurrent connect opened and the pool kept
-            // unused carried no request the server could name it by.
-            let end = records
-                .iter()
-                .find(|r| port_of.get(&previous) == Some(&i64::from(r.peer.port())))
-                .and_then(|r| r.end);
-            if end == Some(ConnectionEnd::IdleTimeout) {
-                named += 1;
-                assert_eq!(
-                    s.reason.as_deref(),
-                    Some(semconv::MISS_REASON_CLOSED_BY_PEER),
-                    "round {round}, request {i}: the server's idle timeout closed {previous}:\n{}",
-                    compact(&spans)
-                );
-            }
-        }
         // Each later wave found the previous one's connections closed.
+        let named = server_ends_read_closed_by_peer(
+            &t,
+            &spans,
+            &server.get().connections(),
+            ConnectionEnd::IdleTimeout,
+            round,
+        );
         assert!(named >= 3, "round {round}:\n{}", compact(&spans));
     }
 }
@@ -3492,6 +3475,41 @@ async fn an_idle_pool_that_keeps_connections_is_never_read_as_disabled() {
     }
 }
 
+/// How many of `spans`' misses name a previous connection the lab server
+/// ended with `server_end` (its `records`); asserts each reads
+/// `closed_by_peer`. The previous connection is found by its local port
+/// (its setup span's): a connection a concurrent connect opened and the
+/// pool kept unused carried no request the server could name it by.
+fn server_ends_read_closed_by_peer(
+    t: &Telemetry,
+    spans: &[Seen],
+    records: &[conntrace_lab::server::ConnectionRecord],
+    server_end: ConnectionEnd,
+    round: usize,
+) -> usize {
+    let port_of = local_ports(t);
+    let mut named = 0;
+    for (i, s) in spans.iter().enumerate() {
+        let Some(previous) = s.previous_id else {
+            continue;
+        };
+        let end = records
+            .iter()
+            .find(|r| port_of.get(&previous) == Some(&i64::from(r.peer.port())))
+            .and_then(|r| r.end);
+        if end == Some(server_end) {
+            named += 1;
+            assert_eq!(
+                s.reason.as_deref(),
+                Some(semconv::MISS_REASON_CLOSED_BY_PEER),
+                "round {round}, request {i}: the server ended {previous} ({server_end:?}):\n{}",
+                compact(spans)
+            );
+        }
+    }
+    named
+}
+
 /// Each connection's local port by its id, from the setup spans (every
 /// connection has one, also one that carried no request).
 fn local_ports(t: &Telemetry) -> HashMap<i64, i64> {
@@ -3618,27 +3636,13 @@ async fn a_tls_servers_idle_reset_is_closed_by_peer() {
         }
         let spans: Vec<Seen> = requests(&t, 16).iter().map(seen).collect();
         compare_with_server(&spans, &server.get().requests());
-        let records = server.get().connections();
-        let port_of = local_ports(&t);
-        let mut named = 0;
-        for (i, s) in spans.iter().enumerate() {
-            let Some(previous) = s.previous_id else {
-                continue;
-            };
-            let end = records
-                .iter()
-                .find(|r| port_of.get(&previous) == Some(&i64::from(r.peer.port())))
-                .and_then(|r| r.end);
-            if end == Some(ConnectionEnd::IdleReset) {
-                named += 1;
-                assert_eq!(
-                    s.reason.as_deref(),
-                    Some(semconv::MISS_REASON_CLOSED_BY_PEER),
-                    "round {round}, request {i}: the server reset {previous}:\n{}",
-                    compact(&spans)
-                );
-            }
-        }
+        let named = server_ends_read_closed_by_peer(
+            &t,
+            &spans,
+            &server.get().connections(),
+            ConnectionEnd::IdleReset,
+            round,
+        );
         assert!(named >= 3, "round {round}:\n{}", compact(&spans));
     }
 }
