@@ -209,6 +209,20 @@ impl Inner {
         }
     }
 
+    /// Records that `record`'s client's own pool closed it (`close`): a
+    /// bound on a limit this crate could not read. Releases after it
+    /// counted it idle while it was not (see `uncount_closed`).
+    fn note_pool_close(&self, record: &ConnectionRecord, close: PoolClose) {
+        if !record.is_closed()
+            && !record.client.max_idle_known
+            && let Some(host) = &record.host
+        {
+            self.pools.uncount_closed(host, record, close);
+        }
+        record.client.inferred.observe(close);
+        close.mark(record);
+    }
+
     /// Applies the kernel's answer about `record`'s socket: a close the
     /// kernel shows is counted (and remembered as the server's when the
     /// server closed first); a socket still established after a release
@@ -234,16 +248,8 @@ impl Inner {
                     && let Some(close) = pool_close(record, facts, Instant::now(), false)
                 {
                     // The client's own pool closed it: a bound on a limit
-                    // this crate could not read. Releases after it counted
-                    // it idle while it was not (see `uncount_closed`).
-                    if !record.is_closed()
-                        && !record.client.max_idle_known
-                        && let Some(host) = &record.host
-                    {
-                        self.pools.uncount_closed(host, record, close);
-                    }
-                    record.client.inferred.observe(close);
-                    close.mark(record);
+                    // this crate could not read.
+                    self.note_pool_close(record, close);
                 }
                 self.connection_closed(record, Instant::now());
             }
@@ -258,14 +264,7 @@ impl Inner {
                     if !record.client.limits_known()
                         && let Some(close) = pool_close_after(record, idle, false)
                     {
-                        if !record.is_closed()
-                            && !record.client.max_idle_known
-                            && let Some(host) = &record.host
-                        {
-                            self.pools.uncount_closed(host, record, close);
-                        }
-                        record.client.inferred.observe(close);
-                        close.mark(record);
+                        self.note_pool_close(record, close);
                     }
                 } else if !record.is_discarded()
                     && !record.is_over_idle_limit()

@@ -39,6 +39,18 @@ pub(crate) enum KernelLookup {
     TimedOut,
 }
 
+impl KernelLookup {
+    /// Whether the answer shows the socket closing or closed (any state
+    /// but `ESTABLISHED`, or gone); no answer shows nothing.
+    pub(crate) fn shows_closed(&self) -> bool {
+        match self {
+            KernelLookup::Found(facts) => facts.state != crate::TcpState::Established,
+            KernelLookup::NotFound => true,
+            KernelLookup::Unavailable | KernelLookup::TimedOut => false,
+        }
+    }
+}
+
 /// Kernel lookups for one `ConnTrace` handle. Creating it opens nothing;
 /// the first lookup starts the `conntrace-sock-diag` thread, which owns
 /// one netlink socket and exits when this view is dropped.

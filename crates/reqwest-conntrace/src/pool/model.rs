@@ -431,12 +431,7 @@ pub(crate) fn response_may_explain_end(
     requests_seen: u64,
     others_in_flight: bool,
 ) -> bool {
-    let closed = match lookup {
-        KernelLookup::Found(facts) => facts.state != crate::TcpState::Established,
-        KernelLookup::NotFound => true,
-        KernelLookup::Unavailable | KernelLookup::TimedOut => false,
-    };
-    closed
+    lookup.shows_closed()
         && others_in_flight
         && !candidate.http2()
         && !candidate.is_dropped_early()
@@ -953,12 +948,7 @@ pub(crate) fn tls_closed_at_release(
     lookup: &KernelLookup,
     now: Instant,
 ) -> bool {
-    let closed = match lookup {
-        KernelLookup::Found(facts) => facts.state != crate::TcpState::Established,
-        KernelLookup::NotFound => true,
-        KernelLookup::Unavailable | KernelLookup::TimedOut => false,
-    };
-    closed
+    lookup.shows_closed()
         && closed_first_by_tls_server(record)
         && record
             .last_released()
