@@ -1257,13 +1257,18 @@ async fn an_http2_body_timeout_on_a_stalled_connection_has_the_kernels_evidence(
         bool_attr(failed, semconv::HTTP_CONNECTION_STALLED),
         Some(true)
     );
-    let idle: f64 = t
-        .metric(semconv::HTTP_CLIENT_OPEN_CONNECTIONS)
+    let idle = idle_open_connections(&t);
+    assert_eq!(idle, 0.0, "a stalled connection is not idle");
+}
+
+/// The connections `http.client.open_connections` counts as idle, over
+/// all its attribute sets.
+fn idle_open_connections(t: &Telemetry) -> f64 {
+    t.metric(semconv::HTTP_CLIENT_OPEN_CONNECTIONS)
         .iter()
         .filter(|p| p.get(semconv::HTTP_CONNECTION_STATE) == Some("idle"))
         .map(|p| p.value)
-        .sum();
-    assert_eq!(idle, 0.0, "a stalled connection is not idle");
+        .sum()
 }
 
 /// HTTP/2 connection whose peer stops answering: the requests that time
@@ -1336,12 +1341,7 @@ async fn requests_timing_out_on_a_stalled_connection_name_it() {
             Some(server_addr.ip().to_string())
         );
     }
-    let idle: f64 = t
-        .metric(semconv::HTTP_CLIENT_OPEN_CONNECTIONS)
-        .iter()
-        .filter(|p| p.get(semconv::HTTP_CONNECTION_STATE) == Some("idle"))
-        .map(|p| p.value)
-        .sum();
+    let idle = idle_open_connections(&t);
     assert_eq!(idle, 0.0, "a stalled connection is not idle");
 }
 
@@ -3197,12 +3197,7 @@ async fn calls_cut_by_a_tokio_timeout_on_a_stalled_http2_connection_name_it() {
             f64_attr(cut, semconv::HTTP_CONNECTION_TCP_SINCE_LAST_RECEIVE).expect("evidence");
         assert!(quiet >= 0.29, "nothing received for the 300 ms: {quiet}");
     }
-    let idle: f64 = t
-        .metric(semconv::HTTP_CLIENT_OPEN_CONNECTIONS)
-        .iter()
-        .filter(|p| p.get(semconv::HTTP_CONNECTION_STATE) == Some("idle"))
-        .map(|p| p.value)
-        .sum();
+    let idle = idle_open_connections(&t);
     assert_eq!(idle, 0.0, "a stalled connection is not idle: {all:#?}");
 }
 
