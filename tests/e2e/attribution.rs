@@ -72,6 +72,8 @@ struct Seen {
     previous_count: Option<i64>,
     previous_end: Option<String>,
     error: Option<String>,
+    /// Why no connection is named (`http.connection.untracked`).
+    untracked: Option<String>,
 }
 
 fn seen(span: &SpanData) -> Seen {
@@ -85,6 +87,7 @@ fn seen(span: &SpanData) -> Seen {
         previous_count: i64_attr(span, semconv::HTTP_CONNECTION_PREVIOUS_REQUEST_COUNT),
         previous_end: str_attr(span, semconv::HTTP_CONNECTION_PREVIOUS_END),
         error: str_attr(span, semconv::ERROR_TYPE),
+        untracked: str_attr(span, semconv::HTTP_CONNECTION_UNTRACKED),
     }
 }
 
@@ -128,8 +131,12 @@ fn compare_with(spans: &[Seen], server: &[ServerView]) -> HashMap<i64, u64> {
     assert_eq!(answered.len(), server.len(), "answered requests vs server");
     let mut map: HashMap<i64, u64> = HashMap::new();
     for s in &answered {
-        let id =
-            s.id.unwrap_or_else(|| panic!("no http.connection.id: {s:?}"));
+        let id = s.id.unwrap_or_else(|| {
+            panic!(
+                "no http.connection.id (http.connection.untracked: {:?}): {s:?}",
+                s.untracked
+            )
+        });
         let port = s.local_port.expect("network.local.port");
         let count = s.count.expect("request_count");
         let &(_, _, server_conn) = server

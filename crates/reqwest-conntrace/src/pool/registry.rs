@@ -633,13 +633,23 @@ pub(crate) const SWEEP_KERNEL_CHECKS: usize = 1024;
 
 type Pair = (SocketAddr, SocketAddr);
 
-/// One shard: connections found by their own socket address pair. A slot
-/// holds only the record's pointer (8 bytes; a map keyed by a copy of the
-/// pair took 72), the pair is read from the record.
-type Shard = HashTable<Arc<ConnectionRecord>>;
-
-/// One shard's most recently closed connections, oldest first.
-type Closed = VecDeque<(Pair, Arc<ConnectionRecord>)>;
+/// One shard: its open connections and its most recently closed ones,
+/// under one lock, so a connection moves from one to the other at once: a
+/// lookup (a response on the connection, say the last streams of an HTTP/2
+/// connection the server ended with GOAWAY) never falls between the two.
+/// With a lock each, a lookup between the removal from the open table and
+/// the push to the closed one found neither, and its request was
+/// `untracked` (seen in e2e runs under load).
+#[derive(Debug, Default)]
+struct Shard {
+    /// Open connections, found by their own socket address pair. A slot
+    /// holds only the record's pointer (8 bytes; a map keyed by a copy of
+    /// the pair took 72), the pair is read from the record.
+    open: HashTable<Arc<ConnectionRecord>>,
+    /// The most recently closed connections, oldest first (see
+    /// [`CLOSED_PER_SHARD`]).
+    closed: VecDeque<(Pair, Arc<ConnectionRecord>)>,
+}
 
 /// The shard of an address pair: connections to one server differ in their
 /// local port.
@@ -686,8 +696,6 @@ pub(crate) struct Registry {
     shards: [Mutex<Shard>; SHARDS],
     /// Hashes a pair for the shards' tables (std's SipHash, randomly keyed).
     hasher: RandomState,
-    /// The most recently closed connections of each shard, oldest first.
-    closed: [Mutex<Closed>; SHARDS],
     len: AtomicUsize,
     capacity: usize,
     /// Start of the latest sweep, in ms since `created`.
@@ -698,9 +706,8 @@ pub(crate) struct Registry {
 impl Registry {
     pub(crate) fn new(capacity: usize) -> Self {
         Self {
-            shards: std::array::from_fn(|_| Mutex::new(HashTable::new())),
+            shards: std::array::from_fn(|_| Mutex::new(Shard::default())),
             hasher: RandomState::new(),
-            closed: std::array::from_fn(|_| Mutex::new(VecDeque::new())),
             len: AtomicUsize::new(0),
             capacity: capacity.max(1),
             last_sweep_ms: AtomicU64::new(0),
@@ -710,12 +717,6 @@ impl Registry {
 
     fn shard(&self, pair: Pair) -> MutexGuard<'_, Shard> {
         self.shards[shard_of(pair)]
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-    }
-
-    fn closed_shard(&self, pair: Pair) -> MutexGuard<'_, Closed> {
-        self.closed[shard_of(pair)]
             .lock()
             .unwrap_or_else(|e| e.into_inner())
     }
@@ -735,7 +736,7 @@ impl Registry {
         };
         let hash = self.hash(pair);
         let mut shard = self.shard(pair);
-        if let Some(previous) = shard.find_mut(hash, |r| r.pair() == Some(pair)) {
+        if let Some(previous) = shard.open.find_mut(hash, |r| r.pair() == Some(pair)) {
             *previous = record;
             return Ok(());
         }
@@ -745,16 +746,17 @@ impl Registry {
                 (n < self.capacity).then_some(n + 1)
             });
         if reserved.is_err() {
-            drop(shard);
             // Its responses must not name a closed connection that had the
             // same address pair.
-            self.closed_shard(pair).retain(|(p, _)| *p != pair);
+            shard.closed.retain(|(p, _)| *p != pair);
             return Err(RegistryFull {
                 capacity: self.capacity,
             });
         }
         // Only records with a pair are kept: the 0 is never used.
-        shard.insert_unique(hash, record, |r| r.pair().map_or(0, |p| self.hash(p)));
+        shard
+            .open
+            .insert_unique(hash, record, |r| r.pair().map_or(0, |p| self.hash(p)));
         Ok(())
     }
 
@@ -766,13 +768,13 @@ impl Registry {
         remote: SocketAddr,
     ) -> Option<Arc<ConnectionRecord>> {
         let pair = (local, remote);
-        if let Some(open) = self
-            .shard(pair)
-            .find(self.hash(pair), |r| r.pair() == Some(pair))
-        {
+        let hash = self.hash(pair);
+        let shard = self.shard(pair);
+        if let Some(open) = shard.open.find(hash, |r| r.pair() == Some(pair)) {
             return Some(Arc::clone(open));
         }
-        self.closed_shard(pair)
+        shard
+            .closed
             .iter()
             .rev()
             .find(|(p, _)| *p == pair)
@@ -781,24 +783,21 @@ impl Registry {
 
     /// Forgets a connection known to be closed: it leaves the open ones,
     /// and stays findable among the recently closed (see
-    /// [`CLOSED_PER_SHARD`]).
+    /// [`CLOSED_PER_SHARD`]), in one step under the shard's lock: a
+    /// concurrent [`get`](Self::get) finds it in one or the other.
     pub(crate) fn remove(&self, local: SocketAddr, remote: SocketAddr, id: u64) {
         let pair = (local, remote);
-        let removed = {
-            let mut shard = self.shard(pair);
-            match shard.find_entry(self.hash(pair), |r| r.pair() == Some(pair)) {
-                Ok(entry) if entry.get().id() == id => Some(entry.remove().0),
-                _ => None,
-            }
+        let hash = self.hash(pair);
+        let mut shard = self.shard(pair);
+        let removed = match shard.open.find_entry(hash, |r| r.pair() == Some(pair)) {
+            Ok(entry) if entry.get().id() == id => entry.remove().0,
+            _ => return,
         };
-        if let Some(record) = removed {
-            self.len.fetch_sub(1, Ordering::Relaxed);
-            let mut closed = self.closed_shard(pair);
-            if closed.len() >= CLOSED_PER_SHARD {
-                closed.pop_front();
-            }
-            closed.push_back((pair, record));
+        self.len.fetch_sub(1, Ordering::Relaxed);
+        if shard.closed.len() >= CLOSED_PER_SHARD {
+            shard.closed.pop_front();
         }
+        shard.closed.push_back((pair, removed));
     }
 
     /// Every connection currently remembered.
@@ -809,6 +808,7 @@ impl Registry {
                 shard
                     .lock()
                     .unwrap_or_else(|e| e.into_inner())
+                    .open
                     .iter()
                     .cloned(),
             );
@@ -1021,6 +1021,56 @@ mod tests {
         assert_eq!(registry.get(l, r).map(|r| r.id()), None);
         let (l2, r2) = pair(7 + 16 * CLOSED_PER_SHARD as u16);
         assert!(registry.get(l2, r2).is_some());
+    }
+
+    /// A connection closing while a response on it looks it up (the last
+    /// streams of an HTTP/2 connection the server ended) is found, open or
+    /// closed, at every moment of its close: each connection is looked up
+    /// by another thread all through its removal. Before, the open and the
+    /// closed tables had a lock each, and a lookup between the two steps
+    /// found neither.
+    #[test]
+    fn a_connection_is_found_all_through_its_close() {
+        use std::sync::atomic::AtomicU64;
+        const CLOSES: u64 = 20_000;
+        let registry = Registry::new(8);
+        // 0: none yet; else the id being closed (its port is `id % 60 + 1`).
+        let closing = AtomicU64::new(0);
+        // The last id the looker has seen closed (it looks once more after).
+        let seen = AtomicU64::new(0);
+        let port = |id: u64| u16::try_from(id % 60 + 1).expect("small");
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                for id in 1..=CLOSES {
+                    registry.insert(record(id, port(id))).expect("room");
+                    closing.store(id, Ordering::Release);
+                    let (l, r) = pair(port(id));
+                    registry.remove(l, r, id);
+                    // In step with the looker: at most one close ahead.
+                    while seen.load(Ordering::Acquire) < id {
+                        std::hint::spin_loop();
+                    }
+                }
+            });
+            let mut missing = Vec::new();
+            let mut last = 0;
+            while last < CLOSES {
+                let id = closing.load(Ordering::Acquire);
+                if id == 0 {
+                    std::hint::spin_loop();
+                    continue;
+                }
+                let (l, r) = pair(port(id));
+                if registry.get(l, r).map(|r| r.id()) != Some(id) {
+                    missing.push(id);
+                }
+                if id != last {
+                    last = id;
+                    seen.store(id, Ordering::Release);
+                }
+            }
+            assert!(missing.is_empty(), "not found: {missing:?}");
+        });
     }
 
     #[test]
