@@ -77,9 +77,21 @@ const MAX_WATCHED: usize = 65_536;
 
 type Pair = (SocketAddr, SocketAddr);
 
+/// The key a watched socket is kept under: a 64-bit fingerprint of its
+/// address pair (24 bytes an entry with its sink, where the pair itself
+/// would take 80). Two watched pairs sharing one is a 2^-64 chance per
+/// pair of pairs; the later watch then replaces the earlier.
+fn fingerprint(pair: &Pair) -> u64 {
+    use std::hash::{Hash as _, Hasher as _};
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    pair.hash(&mut hasher);
+    hasher.finish()
+}
+
 #[derive(Default)]
 struct Watched {
-    sockets: HashMap<Pair, Weak<dyn SocketEndSink>>,
+    /// By [`fingerprint`] of the socket's address pair.
+    sockets: HashMap<u64, Weak<dyn SocketEndSink>>,
     /// The thread is running (or starting).
     running: bool,
     /// The broadcast cannot be joined here: nothing is watched.
@@ -111,7 +123,7 @@ pub(crate) fn watch(local: SocketAddr, remote: SocketAddr, sink: Weak<dyn Socket
             return false;
         }
     }
-    w.sockets.insert((local, remote), sink);
+    w.sockets.insert(fingerprint(&(local, remote)), sink);
     if !w.running {
         w.running = true;
         let started = std::thread::Builder::new()
@@ -132,7 +144,7 @@ pub(crate) fn watch(local: SocketAddr, remote: SocketAddr, sink: Weak<dyn Socket
 fn report(pair: Pair, end: SocketEnd) {
     let sink = watched()
         .as_mut()
-        .and_then(|w| w.sockets.remove(&pair))
+        .and_then(|w| w.sockets.remove(&fingerprint(&pair)))
         .and_then(|sink| sink.upgrade());
     if let Some(sink) = sink {
         sink.socket_ended(end);
