@@ -1520,6 +1520,17 @@ async fn probe_error_hint_does_not_blame_http2_support_for_a_goaway() {
 /// waves do not force that case (this passed 8 of 8 runs before the fix
 /// too); `attribution::a_report_waits_for_its_http2_request_limit_miss_decided_after_the_response`
 /// in the e2e tests forces it.
+///
+/// hyper-util's pool (0.1.21, under reqwest 0.13.5) itself fails a few of
+/// these requests: waves of 8 against this nginx failed 11 of 40,000
+/// requests with reqwest alone (no conntrace), 8 of 40,000 instrumented:
+/// `client error (Canceled)` ("connection was not ready", "ALPN upgraded
+/// to HTTP/2", "connection closed"), 1 stuck until its timeout, and (1 of
+/// 90 runs of this test) a pool waiter handed a connection the GOAWAY had
+/// closed ("checked out connection was closed"). A run
+/// may therefore have up to 2 failed rows, each one of those (probe exit
+/// code 1, `--timeout 5` so a stuck one costs 5 s, not 30); every other
+/// row is compared. CI failed once on such a timeout before.
 #[tokio::test]
 async fn probe_json_miss_reasons_are_the_spans_under_an_http2_request_limit() {
     let pki = TestPki::localhost().expect("pki");
@@ -1536,10 +1547,28 @@ async fn probe_json_miss_reasons_are_the_spans_under_an_http2_request_limit() {
             .arg("--cacert")
             .arg(&nginx.pki_files().ca)
             .args(["--json", "--mode", "reuse", "-c", "8", "-n", "40"])
+            .args(["--timeout", "5"])
             .env("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.endpoint());
         let out = run(cmd).await;
-        assert!(out.status.success(), "probe failed: {}", stderr(&out));
-        let json: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+        let json: serde_json::Value = serde_json::from_slice(&out.stdout)
+            .unwrap_or_else(|e| panic!("JSON ({e}): {}", stderr(&out)));
+        let failed = failed_rows(&json);
+        let upstream = |row: &&serde_json::Value| {
+            let error = row["error"].as_str().unwrap_or("");
+            error.contains("client error (Canceled)")
+                || error.contains("checked out connection was closed")
+                || row["error_type"] == semconv::ERROR_TYPE_TIMEOUT
+        };
+        assert!(
+            failed.len() <= 2 && failed.iter().all(upstream),
+            "run {run_index}: only hyper-util's own rare failures: {failed:?}"
+        );
+        assert_eq!(
+            out.status.code(),
+            Some(if failed.is_empty() { 0 } else { 1 }),
+            "run {run_index}: {}",
+            stderr(&out)
+        );
         // The CLI flushes before exiting: every span has arrived.
         let spans = receiver.spans();
         let spans = requests(&spans);
@@ -1547,14 +1576,25 @@ async fn probe_json_miss_reasons_are_the_spans_under_an_http2_request_limit() {
         assert_eq!(rows.len(), spans.len(), "run {run_index}: a row per span");
         let answered: Vec<&serde_json::Value> =
             rows.iter().filter(|r| r["error_type"].is_null()).collect();
-        let log = nginx
+        let mut log = nginx
             .wait_for_access_log(logged + answered.len(), Duration::from_secs(10))
             .await;
+        if !failed.is_empty() {
+            // A request stuck until its timeout may have been served: its
+            // line comes now, not in the next run's share.
+            log = nginx
+                .wait_for_access_log(log.len() + failed.len(), Duration::from_secs(1))
+                .await;
+        }
         let this_run = &log[logged..];
-        assert_eq!(
-            this_run.len(),
+        // Lines nginx wrote with a 200; a stream the client reset before
+        // its answer (hyper-util giving up on a connection the GOAWAY
+        // ended) is logged 499 and is no answered row.
+        let served = this_run.iter().filter(|e| e.status == 200).count();
+        assert!(
+            (answered.len()..=answered.len() + failed.len()).contains(&served),
+            "run {run_index}: nginx served the {} answered: {this_run:?}",
             answered.len(),
-            "run {run_index}: nginx served the answered"
         );
         logged = log.len();
         for row in answered {
