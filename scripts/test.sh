@@ -122,8 +122,20 @@ doc() { RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --locked --qu
 step "cargo doc" doc
 
 # All test binaries, each to the end; output also kept in target/test-logs.
+# A watchdog ends a run that hangs (a cold run on 2 busy cores takes about
+# 12 minutes): the step fails in CI's time, and the log names the tests
+# libtest saw running for over 60 seconds.
 test_log="$logs/cargo-test.log"
-cargo_test() { cargo test --workspace --locked --no-fail-fast "$@" 2>&1 | tee "$test_log"; }
+TEST_TIMEOUT_SECS=${TEST_TIMEOUT_SECS:-2400}
+cargo_test() {
+    timeout --kill-after=30 "$TEST_TIMEOUT_SECS" cargo test --workspace --locked --no-fail-fast "$@" 2>&1 | tee "$test_log"
+    local rc=$?
+    if [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; then
+        echo "error: cargo test still running after $TEST_TIMEOUT_SECS s (TEST_TIMEOUT_SECS): stopped" | tee -a "$test_log"
+        grep 'has been running for over' "$test_log" | sed 's/^/   hung: /' | tee -a "$test_log"
+    fi
+    return "$rc"
+}
 step "cargo test" cargo_test "$@"
 
 # --- summary ---------------------------------------------------------------
