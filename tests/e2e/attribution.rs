@@ -3648,3 +3648,181 @@ async fn a_tls_servers_idle_reset_is_closed_by_peer() {
         assert!(named >= 3, "round {round}:\n{}", compact(&spans));
     }
 }
+
+/// How a test gives up on a call in its first poll, before hyper could
+/// write it: `now_or_never`, or a biased `select!` whose other branch is
+/// ready. (`tokio::time::timeout(Duration::ZERO, ..)` is not one: its
+/// timer fires on a later turn of the runtime, so the call's task yields
+/// first and hyper writes the call; nginx logs it, status 499 when cut.)
+async fn give_up_unsent(
+    client: &reqwest_middleware::ClientWithMiddleware,
+    url: &str,
+    select: bool,
+) {
+    use futures::FutureExt;
+    if select {
+        tokio::select! {
+            biased;
+            r = client.get(url).send() => panic!("the call was cut in its first poll: {r:?}"),
+            () = std::future::ready(()) => {}
+        }
+    } else {
+        let r = client.get(url).send().now_or_never();
+        assert!(r.is_none(), "the call was cut in its first poll: {r:?}");
+    }
+}
+
+/// One answered call, one given up in its first poll (`now_or_never`, or a
+/// biased `select!`), two more answered calls,
+/// against nginx on `listener`, on the test's current-thread runtime
+/// (where the connection's task, which writes, runs only once the
+/// request's task yields: the case the library can tell; on a multi-thread
+/// runtime it assumes the call sent, REFERENCE section 11). hyper never
+/// wrote the given-up call: nginx logged 3 requests. Every answered span's
+/// `http.connection.request_count` is nginx's `$connection_requests` for
+/// its `$remote_port`; the given-up span names the connection it was
+/// handed (`error.type = cancelled`), with `http.connection.unsent` and no
+/// request count. Returns the spans and nginx's view of the 3 requests.
+async fn unsent_give_up_against_nginx(
+    nginx: &Nginx,
+    pki: &TestPki,
+    listener: NginxListener,
+    select: bool,
+    logged: &mut usize,
+) -> (Vec<Seen>, Vec<SpanData>, Vec<ServerView>) {
+    let t = telemetry();
+    let client = t.client(reqwest::Client::builder(), Some(pki));
+    let url = nginx.url(listener, "/").expect("url");
+    get(&client, &url).await;
+    // The connection back in hyper-util's pool first (HTTP/1.1): the call
+    // is handed that one, not a connect of its own.
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    give_up_unsent(&client, &url, select).await;
+    get(&client, &url).await;
+    get(&client, &url).await;
+    *logged += 3;
+    let log = nginx
+        .wait_for_access_log(*logged, Duration::from_secs(5))
+        .await;
+    let view: Vec<ServerView> = log[*logged - 3..]
+        .iter()
+        .map(|e| (e.remote_port, e.connection_requests, e.connection))
+        .collect();
+    let raw = requests(&t, 4);
+    let spans: Vec<Seen> = raw.iter().map(seen).collect();
+    let context = format!(
+        "{listener:?} select={select}:\n{}\nnginx {view:?}",
+        compact(&spans)
+    );
+    compare_with(&spans, &view);
+    let cut = &spans[1];
+    assert_eq!(
+        (cut.error.as_deref(), cut.id, cut.count),
+        (Some(semconv::ERROR_TYPE_CANCELLED), spans[0].id, None),
+        "the given-up call names the connection it was handed, uncounted: {context}"
+    );
+    assert_eq!(
+        bool_attr(&raw[1], semconv::HTTP_CONNECTION_UNSENT),
+        Some(true),
+        "{context}"
+    );
+    (spans, raw, view)
+}
+
+/// Regression (a tester's finding on nginx). HTTP/2: a call given up in
+/// its first poll is never written (h2's `ClientTask` skips a cancelled
+/// request), and the connection lives on. nginx counted 1, 2, 3 on one
+/// connection; the later spans say the same, are idle hits (no miss, no
+/// `abandoned`), and count no stream reset (h2 opened no stream). Before
+/// the fix they said 3 and 4 (one ahead of `$connection_requests` for
+/// ever) and the given-up span 2, with a stream reset: failed 4 of 4 runs
+/// (2 runs, both ways to give up).
+#[tokio::test]
+async fn an_http2_call_given_up_before_it_was_written_is_not_counted() {
+    let pki = TestPki::localhost().expect("pki");
+    let nginx = Nginx::start(NginxConfig::new(&pki))
+        .await
+        .unwrap_or_else(|e| panic!("nginx must start (a missing nginx is a failure): {e}"));
+    let mut logged = 0;
+    for select in [false, true] {
+        let (spans, raw, view) =
+            unsent_give_up_against_nginx(&nginx, &pki, NginxListener::H2, select, &mut logged)
+                .await;
+        let context = format!("select={select}:\n{}\nnginx {view:?}", compact(&spans));
+        assert!(
+            view.iter().all(|v| v.2 == view[0].2),
+            "one connection: {context}"
+        );
+        assert_eq!(
+            spans.iter().map(|s| s.count).collect::<Vec<_>>(),
+            vec![Some(1), None, Some(2), Some(3)],
+            "{context}"
+        );
+        for s in &spans[2..] {
+            assert_eq!(
+                (s.id, s.reused, s.reason.as_deref()),
+                (spans[0].id, Some(true), None),
+                "{context}"
+            );
+        }
+        assert!(
+            !raw[1]
+                .events
+                .iter()
+                .any(|e| e.name == semconv::EVENT_STREAM_RESET),
+            "no stream was opened, none reset: {context}"
+        );
+        assert_eq!(
+            raw[2..]
+                .iter()
+                .map(|s| i64_attr(s, semconv::HTTP_CONNECTION_STREAM_RESETS))
+                .collect::<Vec<_>>(),
+            vec![None, None],
+            "{context}"
+        );
+    }
+}
+
+/// Regression (a tester's finding on nginx). HTTP/1.1: a call given up in
+/// its first poll is never written, but hyper still closes the connection
+/// (its dispatcher closes on a cancelled request, hyper 1.x
+/// `proto/h1/dispatch.rs` `poll_msg`; nginx logs the next request on a new
+/// `$connection`), so the next miss is `abandoned`, naming it, with
+/// `previous.request_count` nginx's count on it (1). Before the fix the
+/// given-up span said request 2 and the miss's `previous.request_count` 2:
+/// failed 4 of 4 runs (2 runs, both ways to give up).
+#[tokio::test]
+async fn an_http1_call_given_up_before_it_was_written_is_not_counted() {
+    let pki = TestPki::localhost().expect("pki");
+    let nginx = Nginx::start(NginxConfig::new(&pki))
+        .await
+        .unwrap_or_else(|e| panic!("nginx must start (a missing nginx is a failure): {e}"));
+    let mut logged = 0;
+    for select in [false, true] {
+        let (spans, _, view) =
+            unsent_give_up_against_nginx(&nginx, &pki, NginxListener::Plain, select, &mut logged)
+                .await;
+        let context = format!("select={select}:\n{}\nnginx {view:?}", compact(&spans));
+        assert_ne!(
+            view[1].2, view[0].2,
+            "hyper closed the first connection: {context}"
+        );
+        let carried = view.iter().filter(|v| v.2 == view[0].2).count() as i64;
+        let next = &spans[2];
+        assert_eq!(
+            (
+                next.reason.as_deref(),
+                next.previous_id,
+                next.previous_count,
+                next.previous_end.as_deref()
+            ),
+            (
+                Some(semconv::MISS_REASON_ABANDONED),
+                spans[0].id,
+                Some(carried),
+                Some(semconv::CONNECTION_END_ABANDONED)
+            ),
+            "{context}"
+        );
+    }
+}

@@ -802,6 +802,15 @@ pub const EVENT_UNSEEN_REQUESTS: &str = "http.connection.unseen_requests";
 /// (kernel `tcpi_last_data_recv`, which counts jiffies: within 10 ms),
 /// after waiting longer than a round trip (`tcpi_rtt`) plus those 10 ms.
 pub const HTTP_CONNECTION_STALLED: &str = "http.connection.stalled";
+/// `http.connection.unsent` (bool, request span, only ever `true`): the
+/// request gave up (its future was dropped) in its first poll, on a
+/// current-thread tokio runtime that also runs the connection the span
+/// names, so before hyper could write it (hyper writes on the connection's
+/// own task, which then runs only after the request's task yields): the
+/// server never saw it, and it is not counted in
+/// [`HTTP_CONNECTION_REQUEST_COUNT`] (absent on the span) nor as an HTTP/2
+/// stream reset.
+pub const HTTP_CONNECTION_UNSENT: &str = "http.connection.unsent";
 /// `http.connection.tcp.unacked` (int, segments, request span of a failed
 /// request): segments sent and not yet acknowledged (`tcpi_unacked`).
 pub const HTTP_CONNECTION_TCP_UNACKED: &str = "http.connection.tcp.unacked";

@@ -138,8 +138,9 @@ pub struct ConnectionUse {
     /// Requests this connection has carried, this one included (as
     /// `http.connection.request_count`). A request that gave up on its
     /// response (timeout, dropped future) counts; one that failed
-    /// otherwise (reset, HTTP/2 GOAWAY or error) does not: there, the
-    /// requests the connection carried before.
+    /// otherwise (reset, HTTP/2 GOAWAY or error), or gave up before hyper
+    /// wrote it (`http.connection.unsent`), does not: there, the requests
+    /// the connection carried before.
     pub request_count: u64,
     /// Connection ready to request start (0 if it became ready later).
     pub age: Duration,

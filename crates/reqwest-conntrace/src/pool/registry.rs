@@ -120,6 +120,10 @@ pub(crate) struct ConnectionRecord {
     /// The kernel's report of its socket's end, once it came (boxed: most
     /// connections never get one).
     socket_end: OnceLock<Box<SocketEnd>>,
+    /// The tokio runtime it was made on, whose task serves it (hyper-util
+    /// spawns the connection's task there): see
+    /// [`RequestState::given_up_unwritten`](crate::request::state::RequestState::given_up_unwritten).
+    pub(crate) runtime: Option<tokio::runtime::Id>,
 }
 
 /// A span context as a connection keeps it for its lifetime: the trace id
@@ -199,6 +203,7 @@ impl ConnectionRecord {
             shared: AtomicBool::new(false),
             end_watched: AtomicBool::new(false),
             socket_end: OnceLock::new(),
+            runtime: tokio::runtime::Handle::try_current().ok().map(|h| h.id()),
         }
     }
 

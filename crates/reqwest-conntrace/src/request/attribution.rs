@@ -533,7 +533,13 @@ fn record_server_keep_alive(
 /// deadline; `cancelled`: its future was dropped, e.g. by
 /// `tokio::time::timeout`) had been sent on the connection: it counts in
 /// the connection's request count (`http.connection.request_count`, set
-/// on the span), as the server counted it.
+/// on the span), as the server counted it. Unless it was given up
+/// unwritten: its future (`dropped`) was dropped in its first poll, before
+/// hyper could write the request (see [`RequestState::given_up_unwritten`]): the server never saw it, so
+/// it counts in nothing (no request count, no HTTP/2 stream reset: h2
+/// opened no stream) and the span says so (`http.connection.unsent`); an
+/// HTTP/1.1 connection is still ended `abandoned` (hyper closes a
+/// connection whose queued request was cancelled, unwritten).
 /// Returns the connection it names, for the request's report (see
 /// [`RequestReport::connection`]): what the span says, no more.
 pub(crate) fn attribute_failure(
@@ -541,6 +547,7 @@ pub(crate) fn attribute_failure(
     state: &RequestState,
     span: &tracing::Span,
     error_type: &str,
+    dropped: bool,
 ) -> Option<ConnectionUse> {
     // Only errors that happen on a connection (not, say, a refused
     // redirect or a request that could not be built); of those, the HTTP/2
@@ -578,6 +585,7 @@ pub(crate) fn attribute_failure(
             .flatten()
     });
     let record = record?;
+    let unsent = gave_up && dropped && state.given_up_unwritten(record.runtime);
     let now = Instant::now();
     let reused = record.ready_at() <= state.started;
     span.set_attribute(semconv::HTTP_CONNECTION_REUSED, reused);
@@ -603,8 +611,12 @@ pub(crate) fn attribute_failure(
         span.set_attribute(semconv::HTTP_CONNECTION_IDLE_TIME, secs(idle));
     }
     // Sent and then given up on: the server counted it (a reset or GOAWAY
-    // may mean it never saw it, so those count nothing).
-    let request_count = if gave_up {
+    // may mean it never saw it, so those count nothing; nor does a
+    // request given up before hyper wrote it).
+    if unsent {
+        span.set_attribute(semconv::HTTP_CONNECTION_UNSENT, true);
+    }
+    let request_count = if gave_up && !unsent {
         let count = record.count_request();
         span.set_attribute(semconv::HTTP_CONNECTION_REQUEST_COUNT, count as i64);
         count
@@ -614,7 +626,7 @@ pub(crate) fn attribute_failure(
     // HTTP/2: giving up drops h2's response future, which resets the open
     // stream (RST_STREAM CANCEL; hyper 1.x `proto/h2/client.rs` drops it
     // when the request's callback is cancelled), as a dropped body does.
-    if gave_up && record.http2() {
+    if gave_up && !unsent && record.http2() {
         let resets = record.count_stream_reset();
         span.add_event(
             semconv::EVENT_STREAM_RESET,
@@ -651,7 +663,10 @@ pub(crate) fn attribute_failure(
     }
     // An HTTP/1.1 request that gave up on its response (a timeout, a
     // dropped future): the connection still owes that response, so hyper
-    // closes it.
+    // closes it; so it does when the request was cancelled before it was
+    // written (its dispatcher closes on a cancelled request: hyper 1.x
+    // `proto/h1/dispatch.rs`, `poll_msg` "request canceled", then
+    // `close()`), with the server's count one less.
     if gave_up && !record.http2() {
         record.set_end(ConnectionEnd::Abandoned);
         inner.connection_closed(&record, now);
@@ -920,6 +935,7 @@ impl RequestEnd {
                     &self.state,
                     if self.recording { &self.span } else { &none },
                     semconv::ERROR_TYPE_CANCELLED,
+                    true,
                 );
                 self.fail(
                     semconv::ERROR_TYPE_CANCELLED,

@@ -194,6 +194,7 @@ impl<F: Future> Future for Scoped<F> {
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
         let this = self.project();
+        this.state.note_poll();
         let _scope = RequestScope::enter(this.state);
         let _hop = HopScope::enter(this.hop);
         this.inner.poll(cx)
@@ -446,6 +447,12 @@ impl<M: MakeRequestSpan> ConnTraceMiddleware<M> {
                     &state,
                     if recording { &span } else { &none },
                     error_type,
+                    // An error came back, the future was not dropped:
+                    // reqwest's own deadline may fire before hyper-util had
+                    // the request (a zero timeout is checked before hyper's
+                    // future is polled); not told apart, assumed sent
+                    // (REFERENCE section 11).
+                    false,
                 );
                 end.fail(error_type, error_chain_text(&inner.redaction, &error));
                 end.finish(EndKind::Failed);

@@ -5,7 +5,7 @@
 use std::cell::RefCell;
 use std::mem;
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::{Instant, SystemTime};
 
 use opentelemetry::trace::{Status, TraceContextExt};
@@ -37,6 +37,12 @@ pub(crate) struct RequestState {
     pub(crate) asked_close: bool,
     /// The setup of the last connect this request triggered that failed.
     failed_connect: Mutex<Option<Arc<crate::ConnectionSetup>>>,
+    /// Times the rest of the stack (reqwest, hyper-util) was polled for
+    /// this request: see [`given_up_in_first_poll`](Self::given_up_in_first_poll).
+    polls: AtomicU32,
+    /// The current-thread tokio runtime the first poll ran on (none on a
+    /// multi-thread runtime or outside tokio).
+    first_poll_runtime: OnceLock<tokio::runtime::Id>,
 }
 
 #[derive(Debug, Default)]
@@ -80,7 +86,43 @@ impl RequestState {
             batch: crate::request::fanout::current(),
             asked_close,
             failed_connect: Mutex::new(None),
+            polls: AtomicU32::new(0),
+            first_poll_runtime: OnceLock::new(),
         }
+    }
+
+    /// The stack below the middleware is polled once more for this request.
+    pub(crate) fn note_poll(&self) {
+        if self.polls.fetch_add(1, Ordering::Relaxed) == 0
+            && let Ok(runtime) = tokio::runtime::Handle::try_current()
+            && runtime.runtime_flavor() == tokio::runtime::RuntimeFlavor::CurrentThread
+        {
+            let _ = self.first_poll_runtime.set(runtime.id());
+        }
+    }
+
+    /// The request, unfinished, was polled only once, on the current-thread
+    /// runtime `connection_runtime` (the one whose task serves the
+    /// connection it was handed): a future dropped then (`now_or_never`,
+    /// `tokio::time::timeout(Duration::ZERO, ..)`, a `select!` that chose
+    /// another branch in the same poll) was given up before hyper could
+    /// write it. hyper writes on the connection's own task (HTTP/1.1
+    /// dispatcher, HTTP/2 `ClientTask`), which the request's first poll
+    /// only wakes; on a current-thread runtime that task runs on the same
+    /// thread, once the request's task has yielded, and by then the
+    /// request's callback is cancelled, so hyper drops the request
+    /// unwritten (hyper 1.x `proto/h1/dispatch.rs` `poll_msg`: "request
+    /// canceled"; `proto/h2/client.rs`: "request callback is canceled").
+    /// On a multi-thread runtime another thread may run that task at once
+    /// (seen: a `now_or_never` in `block_on` returned nginx's response), so
+    /// nothing is told there.
+    pub(crate) fn given_up_unwritten(
+        &self,
+        connection_runtime: Option<tokio::runtime::Id>,
+    ) -> bool {
+        self.polls.load(Ordering::Relaxed) == 1
+            && connection_runtime.is_some()
+            && self.first_poll_runtime.get().copied() == connection_runtime
     }
 
     /// A connect this request triggered failed (or was cancelled) with
