@@ -38,7 +38,7 @@ pub(crate) struct RequestState {
     /// The setup of the last connect this request triggered that failed.
     failed_connect: Mutex<Option<Arc<crate::ConnectionSetup>>>,
     /// Times the rest of the stack (reqwest, hyper-util) was polled for
-    /// this request: see [`given_up_in_first_poll`](Self::given_up_in_first_poll).
+    /// this request: see [`given_up_unwritten`](Self::given_up_unwritten).
     polls: AtomicU32,
     /// The current-thread tokio runtime the first poll ran on (none on a
     /// multi-thread runtime or outside tokio).
@@ -104,8 +104,9 @@ impl RequestState {
     /// The request, unfinished, was polled only once, on the current-thread
     /// runtime `connection_runtime` (the one whose task serves the
     /// connection it was handed): a future dropped then (`now_or_never`,
-    /// `tokio::time::timeout(Duration::ZERO, ..)`, a `select!` that chose
-    /// another branch in the same poll) was given up before hyper could
+    /// a biased `select!` whose other branch was ready in the same poll;
+    /// not `tokio::time::timeout(Duration::ZERO, ..)`, whose timer fires on
+    /// a later turn, after hyper wrote the request) was given up before hyper could
     /// write it. hyper writes on the connection's own task (HTTP/1.1
     /// dispatcher, HTTP/2 `ClientTask`), which the request's first poll
     /// only wakes; on a current-thread runtime that task runs on the same
