@@ -3352,7 +3352,14 @@ const CONCURRENT: usize = 4;
 /// is `pool_disabled` (inferred for reqwest's builder), never `all_busy`
 /// (raise the pool: no help here), `pool_closed` or the server's close;
 /// one it names ended at the idle limit is one the server saw carry its
-/// one request in an earlier wave.
+/// one request, for a request that started before it (an earlier wave's,
+/// or under load its own wave's that ended before it reached its connect).
+/// Under heavy load (4 CPU burners, an e2e rebuild loop, 3 instances of
+/// this test at once on 2 cores) it failed 10 of 150 runs before the
+/// kernel's late answers were read right (REFERENCE section 14, *A pool
+/// that keeps none*) and its first wave was judged by the server's
+/// records; after, 2 of 72 (the first miss of a wave, or a whole client,
+/// decided before the evidence was in: see REFERENCE, what it cannot tell).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_idle_pool_disabled_on_purpose_is_pool_disabled_under_concurrency() {
     let pki = TestPki::localhost().expect("pki");
@@ -3385,7 +3392,8 @@ async fn an_idle_pool_disabled_on_purpose_is_pool_disabled_under_concurrency() {
                 let n = WAVES * CONCURRENT;
                 let context = format!("TLS {tls}, our builder {ours}, round {round}");
                 assert_eq!(map.len(), n, "{context}: a connection per request");
-                for record in ended_connections(server.get(), n) {
+                let records = ended_connections(server.get(), n);
+                for record in &records {
                     assert_eq!(record.requests, 1, "{context}: {record:?}");
                     assert_eq!(
                         record.end,
@@ -3393,16 +3401,62 @@ async fn an_idle_pool_disabled_on_purpose_is_pool_disabled_under_concurrency() {
                         "{context}: the client closed it: {record:?}"
                     );
                 }
+                // When the server accepted each request's connection, and
+                // when it received its request (its response left 20 ms
+                // later at the earliest), by client connection id.
+                let accepted = |s: &Seen| {
+                    let id = map[&s.id.expect("http.connection.id")];
+                    records
+                        .iter()
+                        .find(|r| r.id == id)
+                        .expect("record")
+                        .accepted_at
+                };
+                let requests = server.get().requests();
+                let received = |s: &Seen| {
+                    let id = map[&s.id.expect("http.connection.id")];
+                    requests
+                        .iter()
+                        .find(|r| r.connection_id == id)
+                        .expect("request")
+                        .received_at
+                };
+                let cold_wave = &spans[..CONCURRENT];
                 for (i, (s, span)) in spans.iter().zip(&raw).enumerate() {
                     let wave = i / CONCURRENT;
                     let why = || format!("{context}, request {i}:\n{}", compact(&spans));
                     if wave == 0 {
-                        assert_eq!(
-                            s.reason.as_deref(),
-                            Some(semconv::MISS_REASON_COLD),
-                            "{}",
-                            why()
-                        );
+                        // Its connect (after its miss) reached the server
+                        // before any other request of the wave could have
+                        // had its response: at its miss no connection had
+                        // finished a response, the wave overlapped, `cold`.
+                        // Under load a wave's requests need not overlap (one
+                        // can end before the next reaches its connect); the
+                        // miss is then decided from the pool's closes seen so
+                        // far (REFERENCE section 14, *A pool that keeps
+                        // none*): `pool_disabled`, or before two closes are
+                        // seen `all_busy` / `pool_closed`; never the server's.
+                        let overlapped = cold_wave.iter().enumerate().all(|(j, other)| {
+                            j == i || accepted(s) < received(other) + Duration::from_millis(20)
+                        });
+                        let reason = s.reason.as_deref();
+                        if overlapped {
+                            assert_eq!(reason, Some(semconv::MISS_REASON_COLD), "{}", why());
+                        } else {
+                            assert!(
+                                matches!(
+                                    reason,
+                                    Some(
+                                        semconv::MISS_REASON_COLD
+                                            | semconv::MISS_REASON_POOL_DISABLED
+                                            | semconv::MISS_REASON_ALL_BUSY
+                                            | semconv::MISS_REASON_POOL_CLOSED
+                                    )
+                                ),
+                                "{}",
+                                why()
+                            );
+                        }
                         continue;
                     }
                     assert_eq!(
@@ -3415,10 +3469,15 @@ async fn an_idle_pool_disabled_on_purpose_is_pool_disabled_under_concurrency() {
                     let expected = (!ours).then_some(semconv::POOL_LIMITS_INFERRED);
                     assert_eq!(limits.as_deref(), expected, "{}", why());
                     if let Some(previous) = s.previous_id {
-                        let earlier = &spans[..wave * CONCURRENT];
+                        // A request that started before it: under load a
+                        // wave's requests need not overlap (one can end
+                        // before the next reaches its connect), and a miss
+                        // then rightly names that connection, closed at its
+                        // release.
+                        let earlier = &spans[..i];
                         assert!(
                             earlier.iter().any(|e| e.id == Some(previous)),
-                            "names a connection of an earlier wave: {}",
+                            "names the connection of a request started before it: {}",
                             why()
                         );
                         assert_eq!(s.previous_count, Some(1), "{}", why());

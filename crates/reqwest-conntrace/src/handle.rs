@@ -26,8 +26,8 @@ use crate::pool::inferred::{
 };
 use crate::pool::model::{
     KernelQuestion, MissVerdict, PoolHistory, PoolOff, RESPONSE_IN_FLIGHT_WAIT, ReportedEnd,
-    decide_from_kernel, gone_at_release, look_again_at, may_wait_for_pool_off, reported_end,
-    response_may_explain_end, tls_closed_at_release,
+    decide_from_kernel, gone_at_release, look_again_at, may_wait_for_pool_off,
+    reported_closed_at_release, reported_end, response_may_explain_end, tls_closed_at_release,
 };
 use crate::pool::registry::{ConnectionRecord, Registry};
 use crate::pool::slot::{MissSlot, PendingMiss};
@@ -226,10 +226,16 @@ impl Inner {
     /// Applies the kernel's answer about `record`'s socket: a close the
     /// kernel shows is counted (and remembered as the server's when the
     /// server closed first); a socket still established after a release
-    /// over the idle limit leaves that release in doubt.
-    pub(crate) fn apply_kernel_view(&self, record: &ConnectionRecord, lookup: &KernelLookup) {
+    /// over the idle limit leaves that release in doubt. `asked_at`: when
+    /// the lookup was asked for (see [`note_close_at_release`](Self::note_close_at_release)).
+    pub(crate) fn apply_kernel_view(
+        &self,
+        record: &ConnectionRecord,
+        lookup: &KernelLookup,
+        asked_at: Instant,
+    ) {
         let now = Instant::now();
-        self.note_close_at_release(record, lookup, now, now);
+        self.note_close_at_release(record, lookup, now, asked_at.min(now));
         match lookup {
             KernelLookup::Found(facts) if facts.state == crate::TcpState::Established => {
                 // Over the idle limit yet established: the pool kept it, or
@@ -310,7 +316,11 @@ impl Inner {
                 pool_close(record, facts, now, false),
                 Some(PoolClose::AtRelease { .. } | PoolClose::Unsure)
             ),
-            KernelLookup::NotFound => gone_at_release(record, asked_at),
+            // Over TLS the kernel's report of the socket's end dates our
+            // close itself, however late the lookup was asked for.
+            KernelLookup::NotFound => {
+                gone_at_release(record, asked_at) || reported_closed_at_release(record)
+            }
             KernelLookup::Unavailable | KernelLookup::TimedOut => false,
         } || tls_closed_at_release(record, lookup, asked_at);
         if !at_release {
@@ -438,9 +448,10 @@ impl Inner {
     fn check_with_kernel(self: &Arc<Self>, record: Arc<ConnectionRecord>) {
         if let (Some(l), Some(r)) = (record.setup.local_addr, record.setup.peer_addr) {
             let weak = Arc::downgrade(self);
+            let asked_at = Instant::now();
             self.kernel.lookup_batched(l, r, move |lookup| {
                 if let Some(inner) = weak.upgrade() {
-                    inner.apply_kernel_view(&record, &lookup);
+                    inner.apply_kernel_view(&record, &lookup, asked_at);
                 }
             });
         }
@@ -636,12 +647,37 @@ fn settle_miss_at(weak: &Weak<Inner>, mut ask: KernelAsk, lookup: &KernelLookup,
     let candidate = &ask.question.candidate;
     // Its own close at release, before the rest: once the pool's closes
     // show it keeps none, the miss is decided at once (row 3b).
-    let pool_off = inner.as_ref().is_some_and(|inner| {
+    let mut pool_off = inner.as_ref().is_some_and(|inner| {
         inner.note_close_at_release(candidate, lookup, now, ask.asked_at.min(now));
         !candidate.http2()
             && !candidate.client.max_idle_known
             && candidate.client.inferred.keeps_none()
     });
+    if !pool_off
+        && !ask.pool_off_wait_over
+        && let Some(inner) = inner.as_ref()
+        && (candidate.is_closed_at_release()
+            || may_wait_for_pool_off(candidate, &ask.question.alive))
+        && inner
+            .pools
+            .pool_off_evidence(
+                &ask.host,
+                &candidate.client,
+                Some((now, ask.question.classified_at)),
+            )
+            .0
+            == PoolOff::Shown
+    {
+        // Every connection the client released before this miss was closed
+        // at its release (two or more): its pool keeps none (row 3b). The
+        // ones released since, still on their way to the same close (this
+        // answer can come late: a starved kernel thread, or a wave that
+        // ended meanwhile), neither confirm nor refute it.
+        candidate.client.inferred.observe(PoolClose::AtRelease {
+            idle_others: Some(0),
+        });
+        pool_off = candidate.client.inferred.keeps_none();
+    }
     if let Some(inner) = inner.as_ref().filter(|_| !pool_off) {
         if !ask.pool_off_wait_over
             && (candidate.is_closed_at_release()
@@ -730,7 +766,7 @@ fn settle_miss_at(weak: &Weak<Inner>, mut ask: KernelAsk, lookup: &KernelLookup,
                 KernelLookup::Found(facts) if facts.state.closed_by_us()
             );
             if !ours || ask.question.candidate.client.limits_known() {
-                inner.apply_kernel_view(&ask.question.candidate, lookup);
+                inner.apply_kernel_view(&ask.question.candidate, lookup, ask.asked_at);
             }
             ask.waited_for_response = true;
             ask.asked_at = now + RESPONSE_IN_FLIGHT_WAIT;
@@ -757,7 +793,7 @@ fn settle_miss_at(weak: &Weak<Inner>, mut ask: KernelAsk, lookup: &KernelLookup,
         )
     };
     if let Some(inner) = &inner {
-        inner.apply_kernel_view(candidate, lookup);
+        inner.apply_kernel_view(candidate, lookup, ask.asked_at);
         if miss.reason == MissReason::AllBusy
             && miss.previous.is_none()
             && let Some(ended) = inner.pools.name_known_loss(

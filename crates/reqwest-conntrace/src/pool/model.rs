@@ -955,6 +955,24 @@ pub(crate) fn tls_closed_at_release(
             .is_some_and(|t| now.saturating_duration_since(t) <= CLOSED_AT_RELEASE)
 }
 
+/// Whether the kernel's report of `record`'s socket end (HTTP/1.1 over
+/// TLS, gone: see [`reported_end`]) dates a close of ours no more than
+/// [`CLOSED_AT_RELEASE`] after its release, idle in the pool: its client's
+/// pool closed it at its release, however late the lookup that found it
+/// gone came (under load the next miss, and the lookups it asks for, can
+/// come long after an early release of a concurrent wave: the report's
+/// own dating does not depend on them).
+pub(crate) fn reported_closed_at_release(record: &ConnectionRecord) -> bool {
+    matches!(
+        reported_end(record),
+        Some(ReportedEnd::Ours { idle })
+            if matches!(
+                pool_close_after(record, idle, false),
+                Some(PoolClose::AtRelease { .. } | PoolClose::Unsure)
+            )
+    )
+}
+
 /// Whether `record`, found gone at `now`, was closed by its client's pool
 /// at its release: HTTP/1.1, idle in the pool, no end shown or inferred
 /// (its traffic showed no close of hyper's own nor the server's; a close
@@ -1783,10 +1801,14 @@ impl PoolHistory {
             let Some(released) = r.last_released() else {
                 continue;
             };
-            if pending_at.is_some_and(|(_, miss)| released > miss) {
+            // Made after the miss and released since: no evidence about the
+            // pool at the miss, either way. One made before it and released
+            // since still counts (its release can be marked late: hyper-util
+            // may have had it back, and handed it out again, before).
+            if pending_at.is_some_and(|(_, miss)| released > miss && r.ready_at() > miss) {
                 continue;
             }
-            if r.is_closed_at_release() && !r.http2() {
+            if (r.is_closed_at_release() || reported_closed_at_release(r)) && !r.http2() {
                 closed_at_release += 1;
             } else if let Some((now, _)) = pending_at
                 && !r.http2()
