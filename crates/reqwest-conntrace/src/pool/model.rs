@@ -2155,14 +2155,37 @@ mod tests {
                 .0,
             PoolOff::No
         );
-        // Released after the miss: not this miss's evidence.
+        // Made before the miss and released since: still this miss's
+        // evidence (hyper-util may have had it back before the miss).
         let before = t0 + Duration::from_millis(3);
-        assert_eq!(
+        assert!(matches!(
             pools
                 .pool_off_evidence(&host(), &client, Some((soon, before)))
                 .0,
-            PoolOff::Shown
-        );
+            PoolOff::Pending(_)
+        ));
+        // Made and released after the miss: no evidence either way.
+        {
+            let pools = PoolHistory::default();
+            let client = Arc::new(ClientState::unknown_settings());
+            released(&pools, &client, 11, 1).mark_closed_at_release();
+            released(&pools, &client, 12, 2).mark_closed_at_release();
+            let late = connection(&pools, &client, 13, t0 + Duration::from_millis(10), false);
+            response(&late, false, t0 + Duration::from_millis(11));
+            let miss = t0 + Duration::from_millis(5);
+            assert_eq!(
+                pools
+                    .pool_off_evidence(&host(), &client, Some((soon, miss)))
+                    .0,
+                PoolOff::Shown
+            );
+            assert!(matches!(
+                pools
+                    .pool_off_evidence(&host(), &client, Some((soon, soon)))
+                    .0,
+                PoolOff::Pending(_)
+            ));
+        }
         d.mark_closed_at_release();
         assert!(pools.shows_pool_off(&host(), &client));
         // Closed by the server while it idled (the kernel's view): kept.
