@@ -3731,6 +3731,27 @@ async fn give_up_unsent(
     }
 }
 
+/// [`unsent_give_up_against_nginx`] on a fresh nginx, both ways to give up
+/// (`now_or_never`, then a biased `select!`): each run's spans, raw spans,
+/// nginx's view and a failure context naming the way.
+async fn unsent_give_ups_against_nginx(
+    listener: NginxListener,
+) -> Vec<(Vec<Seen>, Vec<SpanData>, Vec<ServerView>, String)> {
+    let pki = TestPki::localhost().expect("pki");
+    let nginx = Nginx::start(NginxConfig::new(&pki))
+        .await
+        .unwrap_or_else(|e| panic!("nginx must start (a missing nginx is a failure): {e}"));
+    let mut logged = 0;
+    let mut runs = Vec::new();
+    for select in [false, true] {
+        let (spans, raw, view) =
+            unsent_give_up_against_nginx(&nginx, &pki, listener, select, &mut logged).await;
+        let context = format!("select={select}:\n{}\nnginx {view:?}", compact(&spans));
+        runs.push((spans, raw, view, context));
+    }
+    runs
+}
+
 /// One answered call, one given up in its first poll (`now_or_never`, or a
 /// biased `select!`), two more answered calls,
 /// against nginx on `listener`, on the test's current-thread runtime
@@ -3798,16 +3819,7 @@ async fn unsent_give_up_against_nginx(
 /// (2 runs, both ways to give up).
 #[tokio::test]
 async fn an_http2_call_given_up_before_it_was_written_is_not_counted() {
-    let pki = TestPki::localhost().expect("pki");
-    let nginx = Nginx::start(NginxConfig::new(&pki))
-        .await
-        .unwrap_or_else(|e| panic!("nginx must start (a missing nginx is a failure): {e}"));
-    let mut logged = 0;
-    for select in [false, true] {
-        let (spans, raw, view) =
-            unsent_give_up_against_nginx(&nginx, &pki, NginxListener::H2, select, &mut logged)
-                .await;
-        let context = format!("select={select}:\n{}\nnginx {view:?}", compact(&spans));
+    for (spans, raw, view, context) in unsent_give_ups_against_nginx(NginxListener::H2).await {
         assert!(
             view.iter().all(|v| v.2 == view[0].2),
             "one connection: {context}"
@@ -3852,16 +3864,7 @@ async fn an_http2_call_given_up_before_it_was_written_is_not_counted() {
 /// failed 4 of 4 runs (2 runs, both ways to give up).
 #[tokio::test]
 async fn an_http1_call_given_up_before_it_was_written_is_not_counted() {
-    let pki = TestPki::localhost().expect("pki");
-    let nginx = Nginx::start(NginxConfig::new(&pki))
-        .await
-        .unwrap_or_else(|e| panic!("nginx must start (a missing nginx is a failure): {e}"));
-    let mut logged = 0;
-    for select in [false, true] {
-        let (spans, _, view) =
-            unsent_give_up_against_nginx(&nginx, &pki, NginxListener::Plain, select, &mut logged)
-                .await;
-        let context = format!("select={select}:\n{}\nnginx {view:?}", compact(&spans));
+    for (spans, _, view, context) in unsent_give_ups_against_nginx(NginxListener::Plain).await {
         assert_ne!(
             view[1].2, view[0].2,
             "hyper closed the first connection: {context}"
