@@ -3649,12 +3649,14 @@ async fn a_clients_own_idle_timeout_over_tls_is_idle_expired_as_over_plain() {
                     "{context}"
                 );
                 // Between the timeout and twice it, less the kernel's
-                // resolution (a jiffy, at most 10 ms), plus room for a
-                // loaded runtime's idle check.
+                // resolution (a jiffy, at most 10 ms) and our release
+                // dated after hyper-util's put-back on a starved task
+                // (0.288 s seen under load), plus room for a loaded
+                // runtime's idle check.
                 let inferred = f64_attr(span, semconv::HTTP_CONNECTION_CLIENT_IDLE_TIMEOUT)
                     .expect("inferred idle timeout");
                 assert!(
-                    (0.29..=0.75).contains(&inferred),
+                    (0.25..=0.75).contains(&inferred),
                     "inferred {inferred} s: {context}"
                 );
             }
@@ -3886,5 +3888,156 @@ async fn an_http1_call_given_up_before_it_was_written_is_not_counted() {
             ),
             "{context}"
         );
+    }
+}
+
+/// Sequential GETs to nginx with `pause` between them, each compared with
+/// nginx's access log; the spans, and nginx's log of who closed what.
+async fn nginx_sequential(
+    nginx: &Nginx,
+    logged: &mut usize,
+    listener: NginxListener,
+    builder: reqwest::ClientBuilder,
+    pki: &TestPki,
+    pause: Duration,
+) -> (Vec<Seen>, Vec<SpanData>) {
+    const N: usize = 6;
+    let t = telemetry();
+    let client = t.client(builder, Some(pki));
+    let url = nginx.url(listener, "/").expect("url");
+    for i in 0..N {
+        if i > 0 {
+            tokio::time::sleep(pause).await;
+        }
+        get(&client, &url).await;
+    }
+    *logged += N;
+    let log = nginx
+        .wait_for_access_log(*logged, Duration::from_secs(5))
+        .await;
+    let view: Vec<ServerView> = log[*logged - N..]
+        .iter()
+        .map(|e| (e.remote_port, e.connection_requests, e.connection))
+        .collect();
+    let raw = requests(&t, N);
+    let spans: Vec<Seen> = raw.iter().map(seen).collect();
+    compare_with(&spans, &view);
+    (spans, raw)
+}
+
+/// The client's own idle timeout (200 ms, set on reqwest's builder: the
+/// crate does not know it) closes each idle connection to nginx during a
+/// 400 ms pause; nginx's `keepalive_timeout 1s` never fires (its access log
+/// shows a new connection per request, and it closed none first). Over TLS
+/// our close sends close_notify, nginx answers with its FIN alone (it does
+/// not answer a close_notify with one), and our socket is left in
+/// `TIME_WAIT`, which row 10c read as the server's close (its close_notify
+/// first): `closed_by_peer`, whose fix ("lower the client's idle timeout")
+/// is wrong here. The kernel's report of the socket's end (its last data
+/// each way) tells: no data came from nginx after the response, our
+/// close_notify went after it. Every miss naming a previous connection
+/// reads the client's own close (inferred `idle_expired`, or `pool_closed`
+/// when it cannot be dated), plain and TLS, never `closed_by_peer`.
+/// Failed 5 of 5 runs before the fix, in its first TLS round (1 to 2 of
+/// the round's 5 misses read `closed_by_peer`, `peer_closed`; the others
+/// `idle_expired`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_clients_own_idle_close_to_nginx_is_never_closed_by_peer() {
+    let pki = TestPki::localhost().expect("pki");
+    let nginx = Nginx::start(NginxConfig::new(&pki).keepalive_timeout(Duration::from_secs(1)))
+        .await
+        .unwrap_or_else(|e| panic!("nginx must start (a missing nginx is a failure): {e}"));
+    let mut logged = 0;
+    for listener in [NginxListener::Tls13, NginxListener::Plain] {
+        for round in 0..2 {
+            let (spans, raw) = nginx_sequential(
+                &nginx,
+                &mut logged,
+                listener,
+                reqwest::Client::builder().pool_idle_timeout(Duration::from_millis(200)),
+                &pki,
+                Duration::from_millis(400),
+            )
+            .await;
+            let mut named = 0;
+            for (i, (s, span)) in spans.iter().zip(&raw).enumerate().skip(1) {
+                let context = format!(
+                    "{listener:?} round {round}, request {i}:\n{}",
+                    compact(&spans)
+                );
+                if s.previous_id.is_none() {
+                    continue;
+                }
+                named += 1;
+                match (s.reason.as_deref(), s.previous_end.as_deref()) {
+                    (
+                        Some(semconv::MISS_REASON_IDLE_EXPIRED),
+                        Some(semconv::CONNECTION_END_IDLE_TIMEOUT),
+                    ) => {
+                        let inferred = f64_attr(span, semconv::HTTP_CONNECTION_CLIENT_IDLE_TIMEOUT)
+                            .expect("inferred idle timeout");
+                        // The timeout to twice it, less the kernel's
+                        // resolution and our release dated after
+                        // hyper-util's (0.185 s seen under load).
+                        assert!((0.17..=0.5).contains(&inferred), "{inferred}: {context}");
+                    }
+                    (
+                        Some(semconv::MISS_REASON_POOL_CLOSED),
+                        Some(semconv::CONNECTION_END_POOL_CLOSED),
+                    ) => {}
+                    _ => panic!("the client closed it: {context}"),
+                }
+            }
+            assert!(
+                named >= 3,
+                "{listener:?} round {round}:\n{}",
+                compact(&spans)
+            );
+        }
+    }
+}
+
+/// The other direction: nginx's `keepalive_timeout` (200 ms) closes each
+/// idle connection during a 400 ms pause; the client keeps them (reqwest's
+/// default idle timeout, 90 s). Every miss naming a previous connection
+/// reads `closed_by_peer`, plain and TLS (nginx's idle close over TLS: a
+/// FIN, with or without its close_notify before it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nginxs_idle_close_is_closed_by_peer_plain_and_tls() {
+    let pki = TestPki::localhost().expect("pki");
+    let nginx = Nginx::start(NginxConfig::new(&pki).keepalive_timeout(Duration::from_millis(200)))
+        .await
+        .unwrap_or_else(|e| panic!("nginx must start (a missing nginx is a failure): {e}"));
+    let mut logged = 0;
+    for listener in [NginxListener::Tls13, NginxListener::Plain] {
+        for round in 0..2 {
+            let (spans, _) = nginx_sequential(
+                &nginx,
+                &mut logged,
+                listener,
+                reqwest::Client::builder(),
+                &pki,
+                Duration::from_millis(400),
+            )
+            .await;
+            let mut named = 0;
+            for (i, s) in spans.iter().enumerate().skip(1) {
+                if s.previous_id.is_none() {
+                    continue;
+                }
+                named += 1;
+                assert_eq!(
+                    s.reason.as_deref(),
+                    Some(semconv::MISS_REASON_CLOSED_BY_PEER),
+                    "{listener:?} round {round}, request {i}:\n{}",
+                    compact(&spans)
+                );
+            }
+            assert!(
+                named >= 3,
+                "{listener:?} round {round}:\n{}",
+                compact(&spans)
+            );
+        }
     }
 }

@@ -37,6 +37,13 @@ pub(crate) struct SocketEnd {
     pub(crate) since_last_send: Duration,
     /// What the peer had acknowledged of what the socket sent.
     pub(crate) acknowledged: Acknowledged,
+    /// Bytes the socket received that this process never read, a FIN
+    /// counting one (`idiag_rqueue`: `rcv_nxt - copied_seq`, which closing
+    /// the socket leaves as it was; net/ipv4/tcp_diag.c,
+    /// `tcp_diag_get_info`). More than one: data came after the process
+    /// stopped reading, as a server's close_notify answering ours after
+    /// our pool shut the connection down.
+    pub(crate) unread: u32,
 }
 
 /// What the peer had acknowledged of what a socket sent, when it ended:
@@ -306,6 +313,7 @@ fn listen() {
                         since_last_receive,
                         since_last_send,
                         acknowledged,
+                        unread: response.header.recv_queue,
                     },
                 );
             }

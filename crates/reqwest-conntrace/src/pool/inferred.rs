@@ -16,9 +16,13 @@
 //! The close and its moment come from the kernel: our side closed first
 //! (`FIN_WAIT*`, `TIME_WAIT`), and the `FIN_WAIT2` or `TIME_WAIT` timer
 //! dates the close ([`TcpFacts::closed_ago`]); over TLS, `TIME_WAIT` is
-//! the server's close, not the pool's (hyper closes on the server's
-//! close_notify; a close of ours gets one after it, which resets the
-//! socket), and is never taken here. Only HTTP/1.1 connections that were idle in
+//! the pool's close only when the kernel's report of the socket's end
+//! shows no data from the server after the response (a server that
+//! answers our close_notify with its FIN alone, as nginx does); else the
+//! server's close_notify came first and hyper closed on it, and the miss
+//! names the server (`pool::model::decide_from_kernel`). A close of ours
+//! that the server answers with its close_notify leaves no `TIME_WAIT`
+//! (that data resets the socket). Only HTTP/1.1 connections that were idle in
 //! the pool count: not one with a request on it, one whose body was
 //! dropped early (hyper closed it for that), one whose own traffic showed
 //! how it ended (a request that gave up on its response, a failed body), or

@@ -326,13 +326,19 @@ pub(crate) fn decide_from_kernel(
         }
         // HTTP/1.1 over TLS, our side closed first and the server answered
         // with its FIN alone: its close_notify came before our FIN, so we
-        // only answered its close (hyper closes on it). A TLS server
-        // sends close_notify before closing its write side (RFC 8446
-        // section 6.1), so after a close of ours it sends one then, and
-        // that data resets our closed socket (gone, above): no TIME_WAIT.
+        // only answered its close (hyper closes on it); or our pool closed
+        // it and the server answered our close_notify with its FIN alone
+        // (nginx sends no close_notify back). The kernel's report of the
+        // socket's end (its full socket is freed as it enters TIME_WAIT, or
+        // when hyper's task closes the descriptor, if later) tells them apart: data from the server after the response is its
+        // close_notify; none, and our close_notify the last data, is our
+        // close (below, dated as any), and so is data never read (the
+        // server's answer to our close_notify after hyper shut the
+        // connection down). Without a report: the server's.
         KernelLookup::Found(facts)
             if facts.state == crate::TcpState::TimeWait
                 && closed_first_by_tls_server(candidate)
+                && !tls_time_wait_is_ours(candidate, facts, now)
                 && !closed_after(facts, now, classified_at)
                 && !closed_at_release(candidate, facts, now) =>
         {
@@ -689,7 +695,11 @@ pub(crate) const END_REPORT_SLACK: std::time::Duration = std::time::Duration::fr
 /// - the server acknowledged our FIN (and all our data), and our last
 ///   data came after its last data, or its last data came less than
 ///   [`ANSWERED_CLOSE_WINDOW`] after ours (its answer to our
-///   close_notify): it was still reading when we closed, so we closed
+///   close_notify; within the same jiffy, whose order `tcp_info` does not
+///   keep, only when that data was never read
+///   ([`SocketEnd::unread`](crate::kernel::SocketEnd::unread)) or was the
+///   response: else it is a server's close_notify that hyper read and
+///   answered at once): it was still reading when we closed, so we closed
 ///   first (a server that closes first has no socket left to acknowledge
 ///   our answer: it resets; its close_notify long after our last data,
 ///   with no answer from us, is its close),
@@ -716,9 +726,21 @@ pub(crate) fn reported_end(record: &ConnectionRecord) -> Option<ReportedEnd> {
     let end = record.socket_end()?;
     let received = end.since_last_receive;
     let sent = end.since_last_send;
+    // Data received more than END_REPORT_SLACK after the response: not
+    // the response (the server's close_notify, or its answer to ours).
+    let after_response = end
+        .seen_at
+        .checked_sub(received)
+        .is_some_and(|at| at > record.last_activity() + END_REPORT_SLACK);
     // The server's last data came after ours, soon after: its answer to
-    // our close_notify.
-    let answered = sent >= received && sent - received < ANSWERED_CLOSE_WINDOW;
+    // our close_notify. Within the same jiffy the order is not known: a
+    // server's close_notify that hyper read and answered at once looks the
+    // same, unless the data was never read (hyper stops reading once it
+    // shuts the connection down: data it read is what made it close) or it
+    // was the response itself (a close at release).
+    let answered = sent >= received
+        && sent - received < ANSWERED_CLOSE_WINDOW
+        && (sent > received || end.unread > 1 || !after_response);
     let ours = match end.acknowledged {
         Acknowledged::DataAndFin => sent < received || answered,
         Acknowledged::Data => answered && received < ANSWERED_CLOSE_WINDOW,
@@ -728,11 +750,7 @@ pub(crate) fn reported_end(record: &ConnectionRecord) -> Option<ReportedEnd> {
     // after the response: that data was the server's close_notify, which
     // we answered (its FIN then left our socket in TIME_WAIT, expired
     // since).
-    let answered_server = sent < received
-        && end
-            .seen_at
-            .checked_sub(received)
-            .is_some_and(|at| at > record.last_activity() + END_REPORT_SLACK);
+    let answered_server = sent < received && after_response;
     if !ours || answered_server {
         return Some(ReportedEnd::Server);
     }
@@ -746,6 +764,55 @@ pub(crate) fn reported_end(record: &ConnectionRecord) -> Option<ReportedEnd> {
             })
     };
     Some(ReportedEnd::Ours { idle })
+}
+
+/// Whether `record` (HTTP/1.1 over TLS, idle in the pool), its socket in
+/// `TIME_WAIT` at `now` as `facts` show, was closed by our pool, as the
+/// kernel's report of the socket's end tells: the last data it received
+/// was the response (no later than [`END_REPORT_SLACK`] after our
+/// release), and ours came after it (our close_notify), so the server
+/// answered our close with its FIN alone (nginx sends no close_notify back
+/// to one it read). A server's close_notify before our FIN is data
+/// received after the response (its keep-alive timeout later), which we
+/// answered, often within the same jiffy: the order of the two last data
+/// does not tell, their time does. Data never read
+/// ([`SocketEnd::unread`](crate::kernel::SocketEnd::unread) above one,
+/// the FIN counting one) came after hyper shut the connection down: the
+/// server's answer to our close_notify, so ours whatever the times. The
+/// report's ages count from when the descriptor was closed (the full socket is freed then), which a starved
+/// task can make later than the close itself (hyper shuts the write side
+/// first), so only their difference is used: the last data received came
+/// that long before our last data (our close_notify, sent as we closed),
+/// and our close is dated by the `TIME_WAIT` timer (the server's FIN
+/// answering ours, within a round trip of it), else by when the report was
+/// read. `false` without a report, or when nothing was sent after the
+/// last data received.
+fn tls_time_wait_is_ours(record: &ConnectionRecord, facts: &TcpFacts, now: Instant) -> bool {
+    if !closed_first_by_tls_server(record) {
+        return false;
+    }
+    let Some(end) = record.socket_end() else {
+        return false;
+    };
+    if end.unread > 1 {
+        // Data came after hyper stopped reading (it shuts the connection
+        // down first): the server's answer to our close_notify.
+        return true;
+    }
+    let Some(sent_after) = end
+        .since_last_receive
+        .checked_sub(end.since_last_send)
+        .filter(|gap| !gap.is_zero())
+    else {
+        return false;
+    };
+    let closed = facts
+        .closed_ago()
+        .and_then(|ago| now.checked_sub(ago))
+        .map_or(end.seen_at, |at| at.min(end.seen_at));
+    closed
+        .checked_sub(sent_after)
+        .is_some_and(|received_at| received_at <= record.last_activity() + END_REPORT_SLACK)
 }
 
 /// Whether a close of ours dated after a miss that named `candidate`
@@ -800,6 +867,20 @@ pub(crate) fn look_again_at(
     let KernelLookup::Found(facts) = lookup else {
         return None;
     };
+    let report_until = classified_at + END_REPORT_WAIT;
+    if facts.state == crate::TcpState::TimeWait
+        && now < report_until
+        && candidate.awaits_socket_end()
+        && closed_first_by_tls_server(candidate)
+    {
+        // HTTP/1.1 over TLS in TIME_WAIT: the server's close_notify came
+        // first, or our close_notify drew its FIN alone; the kernel's
+        // report of the socket's end, on its way (sent as the full socket
+        // was freed: on entering TIME_WAIT, or when hyper's task closed the
+        // descriptor, if later), tells which. Past the wait,
+        // as any close of ours below.
+        return Some((now + LOOK_AGAIN_EVERY).min(report_until));
+    }
     if matches!(
         facts.state,
         crate::TcpState::FinWait1 | crate::TcpState::FinWait2
@@ -3154,7 +3235,10 @@ mod tests {
             since_last_receive: ms(received),
             since_last_send: ms(sent),
             acknowledged,
+            unread: 0,
         };
+        // A TLS 1.3 close_notify record (24 bytes) and a FIN never read.
+        let unread = |end: SocketEnd| SocketEnd { unread: 25, ..end };
         let ours = |idle: u64| Some(ReportedEnd::Ours { idle: ms(idle) });
         let server = Some(ReportedEnd::Server);
         let all = Acknowledged::DataAndFin;
@@ -3170,6 +3254,14 @@ mod tests {
             (end(402, 0, 1, Acknowledged::Data), ours(401)),
             // Its close at release (the idle limit), in the response's jiffy.
             (end(3, 2, 2, all), ours(1)),
+            // The client's idle timeout 300 ms after the response, the
+            // server's answer in the same jiffy, never read.
+            (unread(end(302, 2, 2, all)), ours(300)),
+            // The server's close_notify 300 ms after the response, read,
+            // ours in answer within the same jiffy; the server acknowledged
+            // it and our FIN, then reset (nginx's idle close, its worker
+            // slow to close: seen under load).
+            (end(302, 2, 2, all), server),
             // The server's close_notify 300 ms after the response, ours in
             // answer, its FIN: TIME_WAIT, expired by the miss.
             (end(302, 2, 1, all), server),
@@ -3217,6 +3309,96 @@ mod tests {
                 _ => (MissReason::ClosedByPeer, ConnectionEnd::PeerClosed),
             };
             assert_eq!(miss.reason, reason, "{report:?}");
+            assert_eq!(miss.previous.and_then(|p| p.end), Some(end), "{report:?}");
+        }
+    }
+
+    /// HTTP/1.1 over TLS in `TIME_WAIT` at the miss (our FIN first, the
+    /// server's after it): the server's close_notify came first and hyper
+    /// closed on it, or our pool closed it and the server answered our
+    /// close_notify with its FIN alone (nginx). Until the kernel's report
+    /// of the socket's end is in, the miss looks again; the report tells:
+    /// no data from the server after the response is our close (the
+    /// client's idle timeout, inferred), its close_notify 300 ms after the
+    /// response is its close. Without a report: the server's.
+    #[test]
+    fn a_tls_time_wait_is_read_by_the_kernels_report_of_its_end() {
+        use crate::kernel::{Acknowledged, SocketEnd, SocketEndSink};
+        let t0 = Instant::now();
+        let ms = Duration::from_millis;
+        let end = |seen: u64, received: u64, sent: u64| SocketEnd {
+            seen_at: t0 + ms(seen),
+            since_last_receive: ms(received),
+            since_last_send: ms(sent),
+            acknowledged: Acknowledged::DataAndFin,
+            // The server's FIN, never read.
+            unread: 1,
+        };
+        // (closed how long before the miss, by the TIME_WAIT timer; the
+        // report; the reason)
+        for (closed, report, expected) in [
+            // Our close_notify 300 ms after the response, nginx's FIN.
+            (100, Some(end(301, 301, 1)), MissReason::IdleExpired),
+            // ... the descriptor closed 90 ms later (a starved task): the
+            // ages count from then.
+            (100, Some(end(390, 390, 90)), MissReason::IdleExpired),
+            // The server's close_notify 300 ms after the response, ours in
+            // answer, its FIN.
+            (100, Some(end(302, 2, 1)), MissReason::ClosedByPeer),
+            // ... ours in answer within the same jiffy.
+            (100, Some(end(302, 2, 2)), MissReason::ClosedByPeer),
+            // Our close_notify 300 ms after the response, the server's
+            // answer (a close_notify of its own) and its FIN while hyper
+            // still held the shut-down socket: never read, later than
+            // ours.
+            (
+                100,
+                Some(SocketEnd {
+                    unread: 25,
+                    ..end(302, 1, 2)
+                }),
+                MissReason::IdleExpired,
+            ),
+            // The server's close_notify 150 ms after the response, ours in
+            // answer, the descriptor closed 240 ms later: its ages alone
+            // would date the server's data before the response.
+            (250, Some(end(390, 241, 240)), MissReason::ClosedByPeer),
+            (100, None, MissReason::ClosedByPeer),
+        ] {
+            let pools = PoolHistory::default();
+            let client = Arc::new(ClientState::unknown_settings());
+            let a = connection(&pools, &client, 1, t0, false);
+            let setup = ConnectionSetup {
+                tls: Some(ms(1)),
+                ..(*a.setup).clone()
+            };
+            let b = Arc::new(ConnectionRecord::new(
+                Arc::new(setup),
+                SpanContext::empty_context(),
+                None,
+                Arc::clone(&client),
+                Some(host()),
+                None,
+            ));
+            response(&b, false, t0);
+            b.mark_end_watched();
+            let now = t0 + ms(400);
+            let lookup = closed_ago(ms(closed));
+            let alive = Miss::caused_by(MissReason::ReleaseRace, Previous::of(&b, now, None));
+            assert!(
+                look_again_at(&b, &lookup, now, &alive, 1, now).is_some(),
+                "waits for the report"
+            );
+            if let Some(report) = report {
+                b.socket_ended(report);
+                assert_eq!(look_again_at(&b, &lookup, now, &alive, 1, now), None);
+            }
+            let miss = decide_from_kernel(&b, &lookup, now, alive, 1, now);
+            assert_eq!(miss.reason, expected, "{report:?}");
+            let end = match expected {
+                MissReason::IdleExpired => ConnectionEnd::IdleTimeout,
+                _ => ConnectionEnd::PeerClosed,
+            };
             assert_eq!(miss.previous.and_then(|p| p.end), Some(end), "{report:?}");
         }
     }
