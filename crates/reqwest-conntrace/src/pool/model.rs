@@ -3217,6 +3217,31 @@ mod tests {
         );
     }
 
+    /// `plain` made over TLS (a 1 ms handshake): an HTTP/1.1 connection
+    /// of `client` whose one response ended at `at`, its socket's end
+    /// watched (the kernel's report not in yet).
+    fn watched_over_tls(
+        plain: &ConnectionRecord,
+        client: &Arc<ClientState>,
+        at: Instant,
+    ) -> Arc<ConnectionRecord> {
+        let setup = ConnectionSetup {
+            tls: Some(Duration::from_millis(1)),
+            ..(*plain.setup).clone()
+        };
+        let record = Arc::new(ConnectionRecord::new(
+            Arc::new(setup),
+            SpanContext::empty_context(),
+            None,
+            Arc::clone(client),
+            Some(host()),
+            None,
+        ));
+        response(&record, false, at);
+        record.mark_end_watched();
+        record
+    }
+
     /// A gone HTTP/1.1 socket over TLS is read by the kernel's report of
     /// its end: our FIN acknowledged (the server still read when we
     /// closed), or our data acknowledged and the server's last data its
@@ -3279,20 +3304,7 @@ mod tests {
             let a = connection(&pools, &client, 1, t0, false);
             response(&a, false, t0);
             assert_eq!(reported_end(&a), None, "plain HTTP");
-            let setup = ConnectionSetup {
-                tls: Some(ms(1)),
-                ..(*a.setup).clone()
-            };
-            let b = Arc::new(ConnectionRecord::new(
-                Arc::new(setup),
-                SpanContext::empty_context(),
-                None,
-                Arc::clone(&client),
-                Some(host()),
-                None,
-            ));
-            response(&b, false, t0);
-            b.mark_end_watched();
+            let b = watched_over_tls(&a, &client, t0);
             assert!(b.awaits_socket_end());
             assert_eq!(reported_end(&b), None, "not reported yet");
             b.socket_ended(report);
@@ -3368,20 +3380,7 @@ mod tests {
             let pools = PoolHistory::default();
             let client = Arc::new(ClientState::unknown_settings());
             let a = connection(&pools, &client, 1, t0, false);
-            let setup = ConnectionSetup {
-                tls: Some(ms(1)),
-                ..(*a.setup).clone()
-            };
-            let b = Arc::new(ConnectionRecord::new(
-                Arc::new(setup),
-                SpanContext::empty_context(),
-                None,
-                Arc::clone(&client),
-                Some(host()),
-                None,
-            ));
-            response(&b, false, t0);
-            b.mark_end_watched();
+            let b = watched_over_tls(&a, &client, t0);
             let now = t0 + ms(400);
             let lookup = closed_ago(ms(closed));
             let alive = Miss::caused_by(MissReason::ReleaseRace, Previous::of(&b, now, None));
