@@ -44,6 +44,8 @@ pub(crate) struct SocketEnd {
     /// stopped reading, as a server's close_notify answering ours after
     /// our pool shut the connection down.
     pub(crate) unread: u32,
+    /// The smoothed round-trip time at the end (`tcpi_rtt`, µs).
+    pub(crate) rtt: Duration,
 }
 
 /// What the peer had acknowledged of what a socket sent, when it ended:
@@ -204,10 +206,11 @@ fn listen() {
     const GROUPS: [u32; 2] = [1, 3];
     /// Offsets in `struct tcp_info` (include/uapi/linux/tcp.h):
     /// `tcpi_last_data_sent` and `tcpi_last_data_recv` (ms, `__u32`),
-    /// `tcpi_bytes_acked`, `tcpi_bytes_sent` and `tcpi_bytes_retrans`
-    /// (`__u64`; the last two since Linux 4.19).
+    /// `tcpi_rtt` (µs, `__u32`), `tcpi_bytes_acked`, `tcpi_bytes_sent` and
+    /// `tcpi_bytes_retrans` (`__u64`; the last two since Linux 4.19).
     const LAST_DATA_SENT: usize = 44;
     const LAST_DATA_RECV: usize = 52;
+    const RTT: usize = 68;
     const BYTES_ACKED: usize = 120;
     const BYTES_SENT: usize = 200;
     const BYTES_RETRANS: usize = 208;
@@ -314,6 +317,12 @@ fn listen() {
                         since_last_send,
                         acknowledged,
                         unread: response.header.recv_queue,
+                        rtt: info
+                            .get(RTT..RTT + 4)
+                            .and_then(|bytes| bytes.try_into().ok())
+                            .map_or(Duration::ZERO, |bytes| {
+                                Duration::from_micros(u64::from(u32::from_ne_bytes(bytes)))
+                            }),
                     },
                 );
             }

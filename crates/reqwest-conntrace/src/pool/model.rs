@@ -783,9 +783,9 @@ pub(crate) fn reported_end(record: &ConnectionRecord) -> Option<ReportedEnd> {
 /// task can make later than the close itself (hyper shuts the write side
 /// first), so only their difference is used: the last data received came
 /// that long before our last data (our close_notify, sent as we closed),
-/// and our close is dated by the `TIME_WAIT` timer (the server's FIN
-/// answering ours, within a round trip of it), else by when the report was
-/// read. `false` without a report, or when nothing was sent after the
+/// and our close is dated by the `TIME_WAIT` timer less the round trip
+/// (`tcpi_rtt`: the server's FIN answers ours a round trip after it), else
+/// by when the report was read. `false` without a report, or when nothing was sent after the
 /// last data received.
 fn tls_time_wait_is_ours(record: &ConnectionRecord, facts: &TcpFacts, now: Instant) -> bool {
     if !closed_first_by_tls_server(record) {
@@ -808,7 +808,7 @@ fn tls_time_wait_is_ours(record: &ConnectionRecord, facts: &TcpFacts, now: Insta
     };
     let closed = facts
         .closed_ago()
-        .and_then(|ago| now.checked_sub(ago))
+        .and_then(|ago| now.checked_sub(ago + end.rtt))
         .map_or(end.seen_at, |at| at.min(end.seen_at));
     closed
         .checked_sub(sent_after)
@@ -3261,6 +3261,7 @@ mod tests {
             since_last_send: ms(sent),
             acknowledged,
             unread: 0,
+            rtt: Duration::ZERO,
         };
         // A TLS 1.3 close_notify record (24 bytes) and a FIN never read.
         let unread = |end: SocketEnd| SocketEnd { unread: 25, ..end };
@@ -3345,6 +3346,7 @@ mod tests {
             acknowledged: Acknowledged::DataAndFin,
             // The server's FIN, never read.
             unread: 1,
+            rtt: Duration::ZERO,
         };
         // (closed how long before the miss, by the TIME_WAIT timer; the
         // report; the reason)
@@ -3375,6 +3377,18 @@ mod tests {
             // answer, the descriptor closed 240 ms later: its ages alone
             // would date the server's data before the response.
             (250, Some(end(390, 241, 240)), MissReason::ClosedByPeer),
+            // Our close_notify 200 ms after the response to a server 150 ms
+            // away: its FIN, and our TIME_WAIT, 150 ms after our close; the
+            // response's data then came 150 ms before the timer's date
+            // less the 200 ms between it and our close_notify.
+            (
+                50,
+                Some(SocketEnd {
+                    rtt: ms(150),
+                    ..end(350, 350, 150)
+                }),
+                MissReason::IdleExpired,
+            ),
             (100, None, MissReason::ClosedByPeer),
         ] {
             let pools = PoolHistory::default();
