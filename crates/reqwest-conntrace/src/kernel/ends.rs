@@ -48,6 +48,15 @@ pub(crate) struct SocketEnd {
     pub(crate) rtt: Duration,
 }
 
+impl SocketEnd {
+    /// Whether data came that the process never read ([`Self::unread`]
+    /// above the one a FIN counts): after hyper shut the connection down,
+    /// as a server's close_notify answering ours.
+    pub(crate) fn has_unread_data(&self) -> bool {
+        self.unread > 1
+    }
+}
+
 /// What the peer had acknowledged of what a socket sent, when it ended:
 /// `tcpi_bytes_acked` (which counts the sequence numbers the SYN and a FIN
 /// take, one each) against the data sent once (`tcpi_bytes_sent` less
@@ -204,13 +213,12 @@ fn listen() {
     /// `SKNLGRP_INET_TCP_DESTROY` and `SKNLGRP_INET6_TCP_DESTROY`
     /// (include/uapi/linux/sock_diag.h).
     const GROUPS: [u32; 2] = [1, 3];
-    /// Offsets in `struct tcp_info` (include/uapi/linux/tcp.h):
-    /// `tcpi_last_data_sent` and `tcpi_last_data_recv` (ms, `__u32`),
-    /// `tcpi_rtt` (µs, `__u32`), `tcpi_bytes_acked`, `tcpi_bytes_sent` and
-    /// `tcpi_bytes_retrans` (`__u64`; the last two since Linux 4.19).
+    /// Offsets in `struct tcp_info` (include/uapi/linux/tcp.h) beyond
+    /// what [`TcpInfo::decode`](crate::kernel::TcpInfo) reads:
+    /// `tcpi_last_data_sent` (ms, `__u32`), `tcpi_bytes_acked`,
+    /// `tcpi_bytes_sent` and `tcpi_bytes_retrans` (`__u64`; the last two
+    /// since Linux 4.19).
     const LAST_DATA_SENT: usize = 44;
-    const LAST_DATA_RECV: usize = 52;
-    const RTT: usize = 68;
     const BYTES_ACKED: usize = 120;
     const BYTES_SENT: usize = 200;
     const BYTES_RETRANS: usize = 208;
@@ -306,23 +314,20 @@ fn listen() {
                     Acknowledged::NotAllData
                 })
             })();
-            if let (Some(since_last_send), Some(since_last_receive), Some(acknowledged)) =
-                (ms_at(LAST_DATA_SENT), ms_at(LAST_DATA_RECV), acknowledged)
-            {
+            if let (Some(since_last_send), Some(decoded), Some(acknowledged)) = (
+                ms_at(LAST_DATA_SENT),
+                crate::kernel::TcpInfo::decode(info),
+                acknowledged,
+            ) {
                 report(
                     pair,
                     SocketEnd {
                         seen_at,
-                        since_last_receive,
+                        since_last_receive: decoded.since_last_receive,
                         since_last_send,
                         acknowledged,
                         unread: response.header.recv_queue,
-                        rtt: info
-                            .get(RTT..RTT + 4)
-                            .and_then(|bytes| bytes.try_into().ok())
-                            .map_or(Duration::ZERO, |bytes| {
-                                Duration::from_micros(u64::from(u32::from_ne_bytes(bytes)))
-                            }),
+                        rtt: decoded.rtt,
                     },
                 );
             }

@@ -330,7 +330,8 @@ pub(crate) fn decide_from_kernel(
         // it and the server answered our close_notify with its FIN alone
         // (nginx sends no close_notify back). The kernel's report of the
         // socket's end (its full socket is freed as it enters TIME_WAIT, or
-        // when hyper's task closes the descriptor, if later) tells them apart: data from the server after the response is its
+        // when hyper's task closes the descriptor, if later) tells them
+        // apart: data from the server after the response is its
         // close_notify; none, and our close_notify the last data, is our
         // close (below, dated as any), and so is data never read (the
         // server's answer to our close_notify after hyper shut the
@@ -740,7 +741,7 @@ pub(crate) fn reported_end(record: &ConnectionRecord) -> Option<ReportedEnd> {
     // was the response itself (a close at release).
     let answered = sent >= received
         && sent - received < ANSWERED_CLOSE_WINDOW
-        && (sent > received || end.unread > 1 || !after_response);
+        && (sent > received || end.has_unread_data() || !after_response);
     let ours = match end.acknowledged {
         Acknowledged::DataAndFin => sent < received || answered,
         Acknowledged::Data => answered && received < ANSWERED_CLOSE_WINDOW,
@@ -779,14 +780,15 @@ pub(crate) fn reported_end(record: &ConnectionRecord) -> Option<ReportedEnd> {
 /// ([`SocketEnd::unread`](crate::kernel::SocketEnd::unread) above one,
 /// the FIN counting one) came after hyper shut the connection down: the
 /// server's answer to our close_notify, so ours whatever the times. The
-/// report's ages count from when the descriptor was closed (the full socket is freed then), which a starved
-/// task can make later than the close itself (hyper shuts the write side
-/// first), so only their difference is used: the last data received came
-/// that long before our last data (our close_notify, sent as we closed),
-/// and our close is dated by the `TIME_WAIT` timer less the round trip
-/// (`tcpi_rtt`: the server's FIN answers ours a round trip after it), else
-/// by when the report was read. `false` without a report, or when nothing was sent after the
-/// last data received.
+/// report's ages count from when the descriptor was closed (the full
+/// socket is freed then), which a starved task can make later than the
+/// close itself (hyper shuts the write side first), so only their
+/// difference is used: the last data received came that long before our
+/// last data (our close_notify, sent as we closed), and our close is dated
+/// by the `TIME_WAIT` timer less the round trip (`tcpi_rtt`: the server's
+/// FIN answers ours a round trip after it), else by when the report was
+/// read. `false` without a report, or when nothing was sent after the last
+/// data received.
 fn tls_time_wait_is_ours(record: &ConnectionRecord, facts: &TcpFacts, now: Instant) -> bool {
     if !closed_first_by_tls_server(record) {
         return false;
@@ -794,9 +796,8 @@ fn tls_time_wait_is_ours(record: &ConnectionRecord, facts: &TcpFacts, now: Insta
     let Some(end) = record.socket_end() else {
         return false;
     };
-    if end.unread > 1 {
-        // Data came after hyper stopped reading (it shuts the connection
-        // down first): the server's answer to our close_notify.
+    if end.has_unread_data() {
+        // The server's answer to our close_notify.
         return true;
     }
     let Some(sent_after) = end
@@ -855,31 +856,21 @@ pub(crate) fn look_again_at(
     classified_at: Instant,
 ) -> Option<Instant> {
     let client = &candidate.client;
-    if *lookup == KernelLookup::NotFound
-        && candidate.awaits_socket_end()
-        && closed_first_by_tls_server(candidate)
-    {
-        // HTTP/1.1 over TLS, gone: the kernel's report of its end, on its
-        // way, tells who closed it (see `reported_end`).
-        let until = classified_at + END_REPORT_WAIT;
-        return (now < until).then(|| (now + LOOK_AGAIN_EVERY).min(until));
-    }
-    let KernelLookup::Found(facts) = lookup else {
-        return None;
-    };
+    // HTTP/1.1 over TLS, gone or in TIME_WAIT: the kernel's report of its
+    // socket's end, on its way (sent as the full socket is freed: on
+    // entering TIME_WAIT, or when hyper's task closes the descriptor, if
+    // later), tells who closed it (`reported_end`, `tls_time_wait_is_ours`).
+    let report_on_its_way = candidate.awaits_socket_end() && closed_first_by_tls_server(candidate);
     let report_until = classified_at + END_REPORT_WAIT;
-    if facts.state == crate::TcpState::TimeWait
-        && now < report_until
-        && candidate.awaits_socket_end()
-        && closed_first_by_tls_server(candidate)
-    {
-        // HTTP/1.1 over TLS in TIME_WAIT: the server's close_notify came
-        // first, or our close_notify drew its FIN alone; the kernel's
-        // report of the socket's end, on its way (sent as the full socket
-        // was freed: on entering TIME_WAIT, or when hyper's task closed the
-        // descriptor, if later), tells which. Past the wait,
-        // as any close of ours below.
-        return Some((now + LOOK_AGAIN_EVERY).min(report_until));
+    let wait_for_report = (now < report_until).then(|| (now + LOOK_AGAIN_EVERY).min(report_until));
+    let facts = match lookup {
+        KernelLookup::NotFound if report_on_its_way => return wait_for_report,
+        KernelLookup::Found(facts) => facts,
+        _ => return None,
+    };
+    // In TIME_WAIT past the wait: as any close of ours below.
+    if facts.state == crate::TcpState::TimeWait && report_on_its_way && wait_for_report.is_some() {
+        return wait_for_report;
     }
     if matches!(
         facts.state,
