@@ -2168,40 +2168,81 @@ async fn a_miss_after_a_timed_out_http1_request_is_not_blamed_on_the_pool() {
 }
 
 /// A client that sends `Connection: close` itself (a common way to avoid
-/// stale pooled connections): each following miss is `client_close`,
+/// stale pooled connections), on each request or through reqwest's
+/// `ClientBuilder::default_headers` (which reqwest adds after the
+/// middleware saw the request): each following miss is `client_close`,
 /// naming the connection before (`previous.end = client_close`), whose fix
 /// is to drop the header; never `request_limit` ("raise the server's
 /// limit": the server has no limit here, and each connection carried one
-/// request, as it recorded).
+/// request, as it recorded). A request's own `Connection: keep-alive`
+/// replaces the default header: its connection serves the next request.
 #[tokio::test]
 async fn a_close_the_client_asked_for_is_not_the_servers_request_limit() {
-    let t = telemetry();
-    let server = RemoteServer::start(plain_h1()).await;
-    let client = t.client(reqwest::Client::builder(), None);
-    let url = server.get().url("/");
-    for _ in 0..3 {
-        let response = client
-            .get(&url)
-            .header(reqwest::header::CONNECTION, "close")
-            .send()
-            .await
-            .expect("request succeeds");
-        response.bytes().await.expect("body");
-    }
-    let spans: Vec<Seen> = requests(&t, 3).iter().map(seen).collect();
-    let map = compare_with_server(&spans, &server.get().requests());
-    assert_eq!(map.len(), 3, "a connection per request: {spans:#?}");
-    for (s, before) in spans[1..].iter().zip(&spans) {
-        assert_eq!(s.previous_id, before.id, "{s:?}");
+    for by_default in [false, true] {
+        let t = telemetry();
+        let server = RemoteServer::start(plain_h1()).await;
+        let builder = if by_default {
+            reqwest::Client::builder().default_headers(reqwest::header::HeaderMap::from_iter([(
+                reqwest::header::CONNECTION,
+                reqwest::header::HeaderValue::from_static("close"),
+            )]))
+        } else {
+            reqwest::Client::builder()
+        };
+        let client = t.client(builder, None);
+        let url = server.get().url("/");
+        // With the default header: then one request that keeps its
+        // connection, and two more with the default.
+        let keep_alive = if by_default {
+            &[false, false, false, true, false, false][..]
+        } else {
+            &[false; 3][..]
+        };
+        for &keep in keep_alive {
+            let request = match (by_default, keep) {
+                (false, _) => client
+                    .get(&url)
+                    .header(reqwest::header::CONNECTION, "close"),
+                (true, true) => client
+                    .get(&url)
+                    .header(reqwest::header::CONNECTION, "keep-alive"),
+                (true, false) => client.get(&url),
+            };
+            let response = request.send().await.expect("request succeeds");
+            response.bytes().await.expect("body");
+        }
+        let n = keep_alive.len();
+        let spans: Vec<Seen> = requests(&t, n).iter().map(seen).collect();
+        let map = compare_with_server(&spans, &server.get().requests());
+        let closes_before = |i: usize| i > 0 && !keep_alive[i - 1];
         assert_eq!(
-            s.reason.as_deref(),
-            Some(semconv::MISS_REASON_CLIENT_CLOSE),
-            "the server has no request limit; the client asked: {spans:#?}"
+            map.len(),
+            n - keep_alive.iter().filter(|k| **k).count(),
+            "by_default={by_default}: a connection per request but after keep-alive: {spans:#?}"
         );
-        assert_eq!(
-            s.previous_end.as_deref(),
-            Some(semconv::CONNECTION_END_CLIENT_CLOSE)
-        );
+        for (i, s) in spans.iter().enumerate().skip(1) {
+            let before = &spans[i - 1];
+            if !closes_before(i) {
+                assert_eq!(
+                    s.id, before.id,
+                    "by_default={by_default}: kept for the next: {spans:#?}"
+                );
+                assert_eq!(s.reused, Some(true), "{s:?}");
+                assert_eq!(s.reason, None, "an idle hit: {spans:#?}");
+                continue;
+            }
+            assert_eq!(s.previous_id, before.id, "{s:?}");
+            assert_eq!(
+                s.reason.as_deref(),
+                Some(semconv::MISS_REASON_CLIENT_CLOSE),
+                "by_default={by_default}: the server has no request limit; the client asked: {spans:#?}"
+            );
+            assert_eq!(
+                s.previous_end.as_deref(),
+                Some(semconv::CONNECTION_END_CLIENT_CLOSE),
+                "by_default={by_default}: {spans:#?}"
+            );
+        }
     }
 }
 

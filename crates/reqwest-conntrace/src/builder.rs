@@ -174,6 +174,71 @@ fn carry_over_tls(described: &str, mut tls: TlsSettings) -> Result<TlsSettings, 
     Ok(tls)
 }
 
+/// Whether reqwest's `ClientBuilder`, as its `Debug` output `described`
+/// shows it, adds `Connection: close` to every request without a
+/// `Connection` header of its own (`default_headers`, which reqwest fills
+/// in after the middleware saw the request). The output lists them as
+/// `default_headers: {"name": "value", ..}` (http's `HeaderMap` `Debug`,
+/// one entry per value); a value marked sensitive shows as `Sensitive`
+/// and is not read.
+fn default_connection_close(described: &str) -> bool {
+    const FIELD: &str = "default_headers: {";
+    let Some(at) = described.find(FIELD) else {
+        return false;
+    };
+    let mut rest = &described[at + FIELD.len()..];
+    // One `"name": value` entry at a time, until the map's `}`.
+    while let Some(entry) = rest.strip_prefix('"') {
+        let Some((name, after)) = entry.split_once("\": ") else {
+            return false;
+        };
+        let (value, after) = match after.strip_prefix('"') {
+            Some(quoted) => match debug_quoted(quoted) {
+                Some(split) => split,
+                None => return false,
+            },
+            None => {
+                let end = after.find([',', '}']).unwrap_or(after.len());
+                (String::new(), &after[end..])
+            }
+        };
+        if name.eq_ignore_ascii_case("connection")
+            && value
+                .split(',')
+                .any(|token| token.trim().eq_ignore_ascii_case("close"))
+        {
+            return true;
+        }
+        rest = match after.strip_prefix(", ") {
+            Some(next) => next,
+            None => return false,
+        };
+    }
+    false
+}
+
+/// The text of a `Debug`-quoted string whose opening quote was stripped
+/// (`\"` and `\\` unescaped; other escapes, which header values do not
+/// need, kept as written) and what follows its closing quote.
+fn debug_quoted(quoted: &str) -> Option<(String, &str)> {
+    let mut text = String::new();
+    let mut chars = quoted.char_indices();
+    while let Some((i, c)) = chars.next() {
+        match c {
+            '"' => return Some((text, &quoted[i + 1..])),
+            '\\' => match chars.next()? {
+                (_, e @ ('"' | '\\')) => text.push(e),
+                (_, e) => {
+                    text.push('\\');
+                    text.push(e);
+                }
+            },
+            c => text.push(c),
+        }
+    }
+    None
+}
+
 impl InstrumentedClientBuilder {
     /// TLS options of the client. Default: [`TlsSettings::default`].
     pub fn tls(mut self, tls: TlsSettings) -> Self {
@@ -282,7 +347,10 @@ impl InstrumentedClientBuilder {
         };
         // Pool settings not given here are unknown (reqwest's builder may
         // hold them, unreadably): no decision assumes reqwest's defaults.
-        let client = Arc::new(ClientState::new(self.idle_timeout, self.max_idle_per_host));
+        let client = Arc::new(
+            ClientState::new(self.idle_timeout, self.max_idle_per_host)
+                .with_default_connection_close(default_connection_close(&described)),
+        );
         let layer = ConnectorLayer::for_client(self.trace.clone(), client)
             .connect_timeout(self.connect_timeout)
             .http2_prior_knowledge(described.contains("http2_prior_knowledge: true"));
@@ -329,5 +397,49 @@ impl InstrumentedClientBuilder {
         Ok(reqwest_middleware::ClientBuilder::new(client)
             .with(middleware)
             .build())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::default_connection_close;
+    use reqwest::header::{CONNECTION, HeaderMap, HeaderValue};
+
+    /// What reqwest's own builder shows with `headers` as its default
+    /// headers, read back as this crate's builder reads it.
+    fn reads_close(headers: &[(&str, &str, bool)]) -> bool {
+        let mut map = HeaderMap::new();
+        for (name, value, sensitive) in headers {
+            let mut value = HeaderValue::from_str(value).expect("valid value");
+            value.set_sensitive(*sensitive);
+            map.append(
+                reqwest::header::HeaderName::from_bytes(name.as_bytes()).expect("valid name"),
+                value,
+            );
+        }
+        let builder = reqwest::Client::builder().default_headers(map);
+        default_connection_close(&format!("{builder:?}"))
+    }
+
+    #[test]
+    fn a_default_connection_close_is_read_from_reqwests_builder() {
+        assert!(!default_connection_close(&format!(
+            "{:?}",
+            reqwest::Client::builder()
+        )));
+        assert!(reads_close(&[(CONNECTION.as_str(), "close", false)]));
+        assert!(reads_close(&[
+            ("x-token", "s3cret, \"connection\": \"x", true),
+            ("user-agent", "a \"quoted\", agent", false),
+            (CONNECTION.as_str(), "keep-alive, Close", false),
+        ]));
+        assert!(!reads_close(&[(CONNECTION.as_str(), "keep-alive", false)]));
+        // A value that only looks like the entry is not it.
+        assert!(!reads_close(&[(
+            "x-note",
+            "\"connection\": \"close\"",
+            false
+        )]));
+        assert!(!reads_close(&[("x-connection", "close", false)]));
     }
 }

@@ -35,6 +35,11 @@ pub(crate) struct ClientState {
     /// The limits its pool has shown, for those not set through this
     /// crate's builder.
     pub(crate) inferred: InferredLimits,
+    /// The client adds `Connection: close` to every request that has no
+    /// `Connection` header of its own (reqwest's
+    /// `ClientBuilder::default_headers`, as its `Debug` output shows it to
+    /// this crate's builder; `false` for a client built elsewhere).
+    pub(crate) default_connection_close: bool,
     /// The keep-alive mismatch warning was logged for this client.
     keep_alive_warned: AtomicBool,
 }
@@ -54,8 +59,17 @@ impl ClientState {
             max_idle_per_host,
             max_idle_known: max_idle_per_host.is_some(),
             inferred: InferredLimits::default(),
+            default_connection_close: false,
             keep_alive_warned: AtomicBool::new(false),
         }
+    }
+
+    /// The same client, adding `Connection: close` to every request that
+    /// has no `Connection` header of its own when `close` (see
+    /// [`default_connection_close`](Self::default_connection_close)).
+    pub(crate) fn with_default_connection_close(mut self, close: bool) -> Self {
+        self.default_connection_close = close;
+        self
     }
 
     /// `true` the first time only: log the keep-alive mismatch warning once

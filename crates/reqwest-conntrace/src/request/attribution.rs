@@ -96,10 +96,10 @@ pub(crate) fn attribute_response(
     let request_count = record.count_request();
     // A `Connection: close` either side sent ends an HTTP/1.1 connection
     // with this response (RFC 9112 §9.6); whose it was names the fix.
-    record.set_connection_close(
-        !record.http2() && (state.asked_close || server_closes(version, headers)),
-    );
-    record.set_client_asked_close(state.asked_close);
+    let asked_close = state.asked_close(&record.client);
+    record
+        .set_connection_close(!record.http2() && (asked_close || server_closes(version, headers)));
+    record.set_client_asked_close(asked_close);
     let start = state.started;
     let ready = record.ready_at();
     // The end of the previous response on the connection (or its ready time).

@@ -347,7 +347,9 @@ impl<M: MakeRequestSpan> ConnTraceMiddleware<M> {
         let state = Arc::new(RequestState::new(
             inner.next_request_id(),
             key,
-            crate::request::attribution::connection_token(req.headers(), "close"),
+            req.headers()
+                .contains_key(http::header::CONNECTION)
+                .then(|| crate::request::attribution::connection_token(req.headers(), "close")),
         ));
         let mut end = RequestEnd::new(
             inner.clone(),

@@ -32,9 +32,12 @@ pub(crate) struct RequestState {
     connects: AtomicU32,
     /// The fan-out batch the request was started in, if any.
     pub(crate) batch: Option<Arc<crate::request::fanout::BatchStats>>,
-    /// The request sent `Connection: close`: it asked for its connection
-    /// to end with its response.
-    pub(crate) asked_close: bool,
+    /// What the request's own `Connection` header says: `Some(true)` it
+    /// lists `close` (it asks for its connection to end with its
+    /// response), `Some(false)` it does not, `None` the request has none
+    /// (reqwest then adds the client's default one, after the middleware:
+    /// see [`asked_close`](Self::asked_close)).
+    connection_close_header: Option<bool>,
     /// The setup of the last connect this request triggered that failed.
     failed_connect: Mutex<Option<Arc<crate::ConnectionSetup>>>,
     /// Times the rest of the stack (reqwest, hyper-util) was polled for
@@ -74,8 +77,9 @@ pub(crate) struct PendingSetup {
 }
 
 impl RequestState {
-    /// A request `id` to `host`; `asked_close`: it sends `Connection: close`.
-    pub(crate) fn new(id: u64, host: HostKey, asked_close: bool) -> Self {
+    /// A request `id` to `host`; `connection_close_header`: what its own
+    /// `Connection` header says of closing (`None`: it has none).
+    pub(crate) fn new(id: u64, host: HostKey, connection_close_header: Option<bool>) -> Self {
         Self {
             id,
             started: Instant::now(),
@@ -84,11 +88,22 @@ impl RequestState {
             miss: Mutex::new(None),
             connects: AtomicU32::new(0),
             batch: crate::request::fanout::current(),
-            asked_close,
+            connection_close_header,
             failed_connect: Mutex::new(None),
             polls: AtomicU32::new(0),
             first_poll_runtime: OnceLock::new(),
         }
+    }
+
+    /// Whether the request, sent by `client`, asked for its connection to
+    /// end with its response (`Connection: close`, RFC 9112 section 9.6):
+    /// its own `Connection` header says, else the client's default headers
+    /// (reqwest fills in the headers a request lacks from
+    /// `ClientBuilder::default_headers` after the middleware saw it; see
+    /// [`ClientState::default_connection_close`](crate::pool::client::ClientState::default_connection_close)).
+    pub(crate) fn asked_close(&self, client: &crate::pool::client::ClientState) -> bool {
+        self.connection_close_header
+            .unwrap_or(client.default_connection_close)
     }
 
     /// The stack below the middleware is polled once more for this request.
