@@ -8,7 +8,7 @@
 //! deployment (hyper-util's pool return, the server's close) happen; each
 //! case is repeated to shake them out.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -2513,6 +2513,71 @@ async fn request_limit_under_concurrency_names_every_connection() {
                 "round {round}: the server closed the named connection at its limit: {s:?}"
             );
             assert_eq!(s.previous_count, Some(5), "round {round}: {s:?}");
+        }
+    }
+}
+
+/// A server that closes after every response (`Connection: close`, as
+/// nginx with `keepalive_timeout 0`), 4 workers each sending its requests
+/// one after another, each answered after 5 ms (so other workers' requests
+/// hold connections the model sees free, as candidates): each worker's next
+/// request comes after its previous connection was lost to the server's
+/// close, so every miss after the first wave has a loss no miss named yet,
+/// and names one (each once, as the server recorded one request per
+/// connection): `request_limit`, never `all_busy`. The first wave (held by
+/// the server until all four connected) is `cold`. The race that once left
+/// such a miss `all_busy` (its loss named after the kernel's answer, by
+/// then taken by later misses) is pinned by the pool model's unit test
+/// `a_loss_awaiting_a_miss_is_named_before_a_candidate_others_may_hold`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_miss_after_a_close_on_every_response_names_a_loss() {
+    const WORKERS: usize = 4;
+    const EACH: usize = 6;
+    for round in 0..5 {
+        let t = telemetry();
+        let server = RemoteServer::start(plain_h1().max_requests_per_connection(Some(1))).await;
+        let client = t.client(reqwest::Client::builder(), None);
+        let (first, url) = (server.get().url("/delay/300"), server.get().url("/delay/5"));
+        futures::future::join_all((0..WORKERS).map(|_| async {
+            get(&client, &first).await;
+            for _ in 1..EACH {
+                get(&client, &url).await;
+            }
+        }))
+        .await;
+        let spans: Vec<Seen> = requests(&t, WORKERS * EACH).iter().map(seen).collect();
+        let map = compare_with_server(&spans, &server.get().requests());
+        assert_eq!(
+            map.len(),
+            WORKERS * EACH,
+            "round {round}: one connection per request: {spans:#?}"
+        );
+        let cold = spans
+            .iter()
+            .filter(|s| s.reason.as_deref() == Some(semconv::MISS_REASON_COLD))
+            .count();
+        assert_eq!(cold, WORKERS, "round {round}: the first wave: {spans:#?}");
+        let mut named = HashSet::new();
+        for s in spans
+            .iter()
+            .filter(|s| s.reason.as_deref() != Some(semconv::MISS_REASON_COLD))
+        {
+            assert_eq!(
+                s.reason.as_deref(),
+                Some(semconv::MISS_REASON_REQUEST_LIMIT),
+                "round {round}: a loss awaited every miss: {spans:#?}"
+            );
+            assert_eq!(s.previous_count, Some(1), "round {round}: {s:?}");
+            assert_eq!(
+                s.previous_end.as_deref(),
+                Some(semconv::CONNECTION_END_CONNECTION_CLOSE),
+                "round {round}: {s:?}"
+            );
+            let previous = s.previous_id.expect("names the lost connection");
+            assert!(
+                named.insert(previous),
+                "round {round}: each loss named once: {spans:#?}"
+            );
         }
     }
 }

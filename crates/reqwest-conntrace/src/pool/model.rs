@@ -1439,7 +1439,19 @@ impl PoolHistory {
                 previous(ConnectionEnd::IdleTimeout),
             ));
         }
-        // 10. Alive as far as we know: the kernel decides.
+        // 10. Alive as far as we know: the kernel decides. Unless other
+        //     requests in flight may hold it (the kernel would show it
+        //     established: `all_busy`) and a connection lost in a way known
+        //     without the kernel awaits a miss (row 4's exception): that
+        //     loss is the cause, named now. Named after the kernel's answer
+        //     instead, it would go to misses that came later and were
+        //     decided at once, leaving this one `all_busy`.
+        if !candidate.http2()
+            && Self::others_in_flight(&hosts, host, in_flight)
+            && let Some(ended) = name_next_known_loss(mine)
+        {
+            return MissVerdict::Decided(known_loss_miss(ended, now));
+        }
         Self::ask_kernel(&hosts, host, candidate, in_flight, now, requests_seen)
     }
 
@@ -2630,6 +2642,41 @@ mod tests {
         response(&c, true, later);
         let fourth = decided(pools.classify_miss(&host(), &client, later, 2));
         assert_eq!(named(&fourth), limit(&c));
+    }
+
+    /// Row 10 with other requests in flight: a candidate the model sees
+    /// free (here a connection ready after the loss whose first request
+    /// has no response yet: `in_use` counts from the response) may be held
+    /// by one of them, so an announced close no miss named yet is the
+    /// cause, named at once. Named after the kernel's answer instead, it
+    /// went to misses that came later and were decided at once, and this
+    /// one read `all_busy` (seen with a server closing after every
+    /// response, 8 concurrent requests). With nothing else in flight the
+    /// kernel still decides (the release race).
+    #[test]
+    fn a_loss_awaiting_a_miss_is_named_before_a_candidate_others_may_hold() {
+        let pools = PoolHistory::default();
+        let client = client();
+        let t0 = Instant::now();
+        let lost = connection(&pools, &client, 1, t0, false);
+        response(&lost, true, t0 + Duration::from_millis(1));
+        let fresh = connection(&pools, &client, 2, t0 + Duration::from_millis(2), false);
+        let at = t0 + Duration::from_millis(3);
+        let (candidate, alive, _) = ask(pools.classify_miss(&host(), &client, at, 1));
+        assert_eq!(candidate.id(), fresh.id());
+        assert_eq!(alive.reason, MissReason::ReleaseRace);
+        let miss = decided(pools.classify_miss(&host(), &client, at, 2));
+        assert_eq!(
+            (miss.reason, miss.previous.map(|p| (p.id, p.end))),
+            (
+                MissReason::RequestLimit,
+                Some((lost.id(), Some(ConnectionEnd::ConnectionClose)))
+            )
+        );
+        // Named once: the next miss with others in flight asks the kernel.
+        let (candidate, alive, _) = ask(pools.classify_miss(&host(), &client, at, 3));
+        assert_eq!(candidate.id(), fresh.id());
+        assert_eq!(alive.reason, MissReason::AllBusy);
     }
 
     /// Kernel first: a sweep saw the socket closed by the server (its FIN)
