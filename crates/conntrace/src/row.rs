@@ -258,7 +258,8 @@ impl RequestRow {
     /// `waited_for_busy` (no idle connection: it was served by a connection
     /// that was busy or being set up by another request, after waiting for
     /// it or with a miss reason from the library, which in hyper-util's pool
-    /// race also means it started a connect of its own that went unused; a
+    /// race also means it started a connect of its own that did not serve
+    /// it (that connection may serve later requests from the idle pool); a
     /// new connection that carried another request first counts here too),
     /// `new_connection` (it was a new connection's first request); `None` when
     /// unknown (failed request).

@@ -714,6 +714,7 @@ async fn demo_text_defines_every_figure_and_its_connections_add_up() {
         2,
         "one reconciliation per phase:\n{text}"
     );
+    let mut served_none = Vec::new();
     for (phase, &at) in opened_lines.iter().enumerate() {
         let line = lines[at];
         let (counts, rest) = line.split_once(" waited for busy").expect("misses");
@@ -739,6 +740,7 @@ async fn demo_text_defines_every_figure_and_its_connections_add_up() {
             assert_eq!(first + spare, used, "{}", lines[next]);
             assert_eq!(used + none, opened, "{}", lines[next]);
             served = used;
+            served_none.push(none);
             next += 1;
         }
         assert!(
@@ -755,7 +757,25 @@ async fn demo_text_defines_every_figure_and_its_connections_add_up() {
         );
         assert_eq!(u[1], served, "{}", lines[next]);
         assert_eq!(u[0], u[1] + u[2], "{}", lines[next]);
+        if opened == 0 {
+            served_none.push(0);
+        }
     }
+    // The conclusion counts the small pool's connections that served no
+    // call as its reconciliation does (not "every connect of a call that
+    // waited for a busy connection went unused": some serve later calls).
+    let conclusion = lines
+        .iter()
+        .find(|l| l.starts_with("conclusion: "))
+        .unwrap_or_else(|| panic!("no conclusion:\n{text}"));
+    let (said, _) = conclusion
+        .split_once(" of them served no call at all")
+        .unwrap_or_else(|| panic!("{conclusion}"));
+    assert_eq!(
+        integers(said).last().copied(),
+        served_none.first().copied(),
+        "{conclusion}"
+    );
 }
 
 /// The demo (shortened): the small pool misses more than the right-sized

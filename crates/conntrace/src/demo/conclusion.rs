@@ -37,9 +37,10 @@ pub(crate) fn write(config: &DemoConfig, phases: &[PhaseSummary]) -> String {
         "With an idle pool of {} connections per host for {} concurrent batch calls per user \
          request ({:.0} calls/s; {:.1} calls in flight on average, up to {} at once), {} of the \
          batch calls found no idle connection: {} waited for a new TCP + TLS connection ({} ms \
-         each at {} ms RTT) and {} waited for a connection another call was still using, while \
-         the connect they had started went unused (the server accepted {} connections for {} \
-         calls, against {} with an idle pool of {}).",
+         each at {} ms RTT) and {} waited for a connection another call was still using, \
+         although each had started a connect of its own (the server accepted {} connections \
+         for {} calls, against {} with an idle pool of {}; {} of them served no call at \
+         all).",
         small.pool_max_idle_per_host,
         config.batches,
         config.rate_per_s * config.batches as f64,
@@ -54,6 +55,7 @@ pub(crate) fn write(config: &DemoConfig, phases: &[PhaseSummary]) -> String {
         small.calls,
         right.connections_opened,
         right.pool_max_idle_per_host,
+        small.connections_served_none(),
     );
     if let Some(which) = missing_batches(small) {
         text.push_str(&format!(

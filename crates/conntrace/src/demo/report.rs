@@ -22,7 +22,8 @@ pub(crate) struct BatchIndexStats {
     /// Misses served by a new connection (they waited for its DNS/TCP/TLS).
     pub(crate) new_connection: usize,
     /// Misses served by a connection that was busy or being set up by
-    /// another call when they started (their own connect went unused).
+    /// another call when they started (their own connect did not serve them;
+    /// its connection may serve later calls from the idle pool).
     pub(crate) waited_for_busy: usize,
     /// `misses / (misses + hits)`.
     pub(crate) miss_ratio: f64,
@@ -158,6 +159,16 @@ fn count(rows: &[&RequestRow], outcome: &str) -> usize {
 }
 
 impl PhaseSummary {
+    /// Connections the server accepted in the measured part that served no
+    /// call: [`connections_opened`](Self::connections_opened) less
+    /// [`connections_used_opened_measured`](Self::connections_used_opened_measured)
+    /// (a connect whose miss was served by a busy connection freeing up,
+    /// closed unused by a full idle pool or still idle at the end).
+    pub(crate) fn connections_served_none(&self) -> u64 {
+        self.connections_opened
+            .saturating_sub(self.connections_used_opened_measured as u64)
+    }
+
     /// Summarizes `run`.
     pub(crate) fn new(
         name: &'static str,

@@ -184,7 +184,7 @@ fn reconciliation(p: &PhaseSummary) -> Vec<String> {
         "of those {opened}: {used_new} served calls ({} as the first call of a new connection, {} went to the idle pool first and served later calls), {} served none (a busy connection freed up for the miss that started it, and the idle pool, {} per host, was full: closed unused, or still idle at the end)",
         p.misses_new_connection.min(used_new),
         used_new.saturating_sub(p.misses_new_connection),
-        opened.saturating_sub(used_new),
+        p.connections_served_none(),
         p.pool_max_idle_per_host
     ));
     }
