@@ -3078,6 +3078,12 @@ async fn tls_server_idle_close_is_closed_by_peer() {
 /// request's report is handed out before that: its `miss_reason` is the
 /// one read at the miss, and `settled_miss_reason()` waits for the span's.
 /// Regression: the report said `closed_by_peer` for good (5 of 5 rounds).
+/// Then the same with that GET's own response slower than the four
+/// (`/delay/250`): they are counted by its response, so the span's reason
+/// is recorded then, read again as `request_limit`, and the report must
+/// say so at once. Regression: the report kept the reason read at the miss
+/// (`closed_by_peer`) while its span said `request_limit` (3 of 3 rounds;
+/// seen under load in `http2_request_limit_reports_say_what_their_spans_and_metrics_say`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_report_waits_for_its_http2_request_limit_miss_decided_after_the_response() {
     let pki = TestPki::localhost().expect("pki");
@@ -3091,8 +3097,13 @@ async fn a_report_waits_for_its_http2_request_limit_miss_decided_after_the_respo
     .unwrap_or_else(|e| panic!("nginx must start (a missing nginx is a failure): {e}"));
     let base = nginx.url(NginxListener::H2, "/").expect("url");
     let slow = nginx.url(NginxListener::H2, "/delay/100").expect("url");
+    let slower = nginx.url(NginxListener::H2, "/delay/250").expect("url");
     let (mut logged, mut waited) = (0, 0);
-    for round in 0..5 {
+    for (round, after_the_wave) in [false, false, false, false, false, true, true, true]
+        .into_iter()
+        .enumerate()
+    {
+        let missing = if after_the_wave { &slower } else { &base };
         let t = telemetry();
         let reports = crate::support::Reports::default();
         let client = t
@@ -3108,11 +3119,18 @@ async fn a_report_waits_for_its_http2_request_limit_miss_decided_after_the_respo
         let wave = futures::future::join_all((0..4).map(|_| get(&client, &slow)));
         let after = async {
             tokio::time::sleep(Duration::from_millis(20)).await;
-            get(&client, &base).await;
+            get(&client, missing).await;
             // Its report, handed out as its body ended.
             let report = reports.taken().pop().expect("the last request's report");
             let connection = report.connection.expect("attributed");
             let settled = futures::FutureExt::now_or_never(connection.settled_miss_reason());
+            if after_the_wave {
+                assert_eq!(
+                    settled,
+                    Some(connection.miss_reason),
+                    "round {round}: recorded by its response: settled at once"
+                );
+            }
             waited += usize::from(settled.is_none());
             let settled = match settled {
                 Some(reason) => reason,
@@ -3161,6 +3179,13 @@ async fn a_report_waits_for_its_http2_request_limit_miss_decided_after_the_respo
             "round {round}: the report's settled reason is the span's (read at the miss: {:?})",
             connection.miss_reason
         );
+        if after_the_wave {
+            assert_eq!(
+                connection.miss_reason.map(|r| r.as_str()),
+                span.reason.as_deref(),
+                "round {round}: the report's reason is the span's"
+            );
+        }
     }
     assert!(
         waited > 0,

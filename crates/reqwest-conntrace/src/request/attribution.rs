@@ -149,7 +149,7 @@ pub(crate) fn attribute_response(
             .or_else(|| record.miss.as_ref().map(|m| m.get()))
             .unwrap_or(Miss::new(MissReason::Cold))
     });
-    let miss_reason = miss.filter(|m| !m.untracked).map(|m| m.reason);
+    let mut miss_reason = miss.filter(|m| !m.untracked).map(|m| m.reason);
 
     if recording {
         attributes.extend([
@@ -170,7 +170,15 @@ pub(crate) fn attribute_response(
     // A reason recorded later (responses to the host in flight) reaches
     // the report through `settling`.
     let settling = match miss {
-        Some(miss) if !*miss_deferred => record_miss(inner, state, span, &miss, None, None),
+        Some(miss) if !*miss_deferred => match record_miss(inner, state, span, &miss, None, None) {
+            // The report says what the span says (an HTTP/2 `closed_by_peer`
+            // read again as `request_limit`, say).
+            MissRecorded::Now(recorded) => {
+                miss_reason = recorded;
+                None
+            }
+            MissRecorded::Later(late) => Some(late),
+        },
         _ => None,
     };
     record_server_keep_alive(span, &record, headers);
@@ -275,12 +283,24 @@ pub(crate) fn set_attributes(span: &tracing::Span, attributes: Vec<KeyValue>) {
     span.context().span().set_attributes(attributes);
 }
 
+/// What [`record_miss`] did with a miss's reason, for the request's report.
+enum MissRecorded {
+    /// Recorded now: the reason the span got (`None`: none, the host
+    /// untracked). It can differ from the miss's own: an HTTP/2 previous
+    /// connection's `closed_by_peer` is read again as it is recorded.
+    Now(Option<MissReason>),
+    /// Recorded once the responses in flight are counted: the report's
+    /// side of it.
+    Later(Arc<LateMissReason>),
+}
+
 /// The miss reason on the span and the misses counter; the previous
 /// connection, when one caused the miss. `deciding`, the report's reason
 /// when the request has ended already, is decided with the reason the span
-/// records. When that is recorded later (below), returns the report's side
-/// of it (a new one if none was given). `runtime` is the request's, for a
-/// miss recorded off it (the kernel view's thread); else the current one.
+/// records. Returns the reason recorded, or, when that is recorded later
+/// (below), the report's side of it (a new one if none was given).
+/// `runtime` is the request's, for a miss recorded off it (the kernel
+/// view's thread); else the current one.
 fn record_miss(
     inner: &Arc<Inner>,
     state: &RequestState,
@@ -288,14 +308,14 @@ fn record_miss(
     miss: &Miss,
     deciding: Option<DecidingMiss>,
     runtime: Option<&tokio::runtime::Handle>,
-) -> Option<Arc<LateMissReason>> {
+) -> MissRecorded {
     if miss.untracked {
         // The host is not in the pool history: no reason is known.
         inner.note_untracked(span, &state.host, semconv::UNTRACKED_POOL_HISTORY);
         if let Some(deciding) = deciding {
             deciding.decide(None);
         }
-        return None;
+        return MissRecorded::Now(None);
     }
     if let Some(source) = miss.limits {
         span.set_attribute(semconv::HTTP_CONNECTION_POOL_LIMITS, source.as_str());
@@ -333,7 +353,7 @@ fn record_miss(
             if let Some(deciding) = deciding {
                 deciding.decide(Some(reason));
             }
-            return None;
+            return MissRecorded::Now(Some(reason));
         }
     };
     let deciding = deciding.unwrap_or_else(|| DecidingMiss::new(Some(miss.reason)));
@@ -354,7 +374,7 @@ fn record_miss(
         }
         drop(later);
     });
-    Some(late)
+    MissRecorded::Later(late)
 }
 
 /// A miss whose reason waits for responses in flight ([`record_miss`]):
@@ -982,7 +1002,8 @@ impl RequestEnd {
             slot.when_settled(move |miss| {
                 let miss = served_by.map_or(miss, |id| miss.served_by(id));
                 let runtime = runtime.as_ref();
-                record_miss(&inner, &state, &span, &miss, Some(deciding), runtime);
+                // The report's side was handed out with `deciding`.
+                let _ = record_miss(&inner, &state, &span, &miss, Some(deciding), runtime);
                 // Forced only now that the reason is known.
                 if miss.reason == MissReason::AllBusy
                     && !miss.untracked
