@@ -40,6 +40,26 @@ pub(crate) struct Fetched {
     pub(crate) body_bytes: u64,
     /// HTTP version of the response: `1.0`, `1.1`, `2` or `3`.
     pub(crate) version: &'static str,
+    /// A `400` whose body says plain HTTP was sent to a port that speaks
+    /// TLS (see [`says_port_speaks_tls`]).
+    pub(crate) port_speaks_tls: bool,
+}
+
+/// The `400` texts of servers that answer a plain HTTP request on their TLS
+/// port instead of failing the handshake (nginx's `497` page, Apache
+/// httpd's `mod_ssl`, Go's `net/http`).
+const PLAIN_HTTP_TO_TLS_PORT: &[&str] = &[
+    "The plain HTTP request was sent to HTTPS port",
+    "speaking plain HTTP to an SSL-enabled server port",
+    "Client sent an HTTP request to an HTTPS server",
+];
+
+/// Whether a response with `status` and `body` is a server saying that
+/// the plain HTTP request reached its TLS port (one of
+/// [`PLAIN_HTTP_TO_TLS_PORT`], in the body's first 4 KiB).
+fn says_port_speaks_tls(status: u16, body: &[u8]) -> bool {
+    let head = String::from_utf8_lossy(&body[..body.len().min(4096)]);
+    status == 400 && PLAIN_HTTP_TO_TLS_PORT.iter().any(|t| head.contains(t))
 }
 
 /// What one GET produced.
@@ -80,6 +100,7 @@ pub(crate) async fn get(client: &ClientWithMiddleware, url: &Url) -> Outcome {
                 status,
                 body_bytes: body.len() as u64,
                 version,
+                port_speaks_tls: url.scheme() == "http" && says_port_speaks_tls(status, &body),
             })
         })
         .await;
@@ -110,5 +131,22 @@ pub(crate) async fn settle_reports(outcome: &mut Outcome) {
         if let Some(connection) = report.connection.as_mut() {
             connection.miss_reason = connection.settled_miss_reason().await;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::says_port_speaks_tls;
+
+    #[test]
+    fn a_400_saying_the_port_speaks_tls_is_told() {
+        let nginx = b"<html>\r\n<head><title>400 The plain HTTP request was sent to HTTPS port</title></head>";
+        assert!(says_port_speaks_tls(400, nginx));
+        assert!(says_port_speaks_tls(
+            400,
+            b"Client sent an HTTP request to an HTTPS server.\n"
+        ));
+        assert!(!says_port_speaks_tls(200, nginx));
+        assert!(!says_port_speaks_tls(400, b"<h1>Bad Request</h1>"));
     }
 }

@@ -125,6 +125,14 @@ impl RequestRow {
                 row.status = Some(f.status);
                 row.body_bytes = Some(f.body_bytes);
                 row.http_version = Some(f.version);
+                // Nothing of what was asked was probed: a failure, as a TLS
+                // server that fails the request instead makes it.
+                if f.port_speaks_tls {
+                    row.error = Some(format!(
+                        "HTTP {} from the server: the plain HTTP request reached its TLS port; fix: use https://",
+                        f.status
+                    ));
+                }
             }
             Err(e) => {
                 // The proxy its own failed connect went to (as the

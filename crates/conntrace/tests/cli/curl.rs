@@ -137,6 +137,33 @@ async fn protocol_mismatches_name_cause_and_fix() {
     assert!(err.contains("drop --http2"), "{err}");
 }
 
+/// `http://` to nginx's TLS port, which answers `400` ("The plain HTTP
+/// request was sent to HTTPS port") instead of failing: nothing that was
+/// asked is probed, so the request fails in one line naming cause and fix,
+/// as against a TLS server that fails it; nginx logged that 400.
+#[tokio::test]
+async fn nginxs_400_for_plain_http_on_its_tls_port_names_the_fix() {
+    let pki = TestPki::localhost().expect("pki");
+    let nginx = conntrace_lab::Nginx::start(conntrace_lab::NginxConfig::new(&pki))
+        .await
+        .expect("nginx starts (installed by scripts/test.sh)");
+    let url = nginx
+        .url(conntrace_lab::NginxListener::Tls13, "/")
+        .expect("url")
+        .replace("https://", "http://");
+    let out = probe(&url, &[]).await;
+    assert_cause_and_fix(
+        &out,
+        "HTTP 400 from the server: the plain HTTP request reached its TLS port",
+        "use https://",
+    );
+    let log = nginx
+        .wait_for_access_log(1, std::time::Duration::from_secs(5))
+        .await;
+    assert_eq!(log.len(), 1, "{log:?}");
+    assert_eq!(log[0].status, 400, "{log:?}");
+}
+
 /// `http://` to a TLS server that closes without an alert (as OpenSSL's
 /// `s_server` does on a plain HTTP request): the fix still says https://;
 /// the same close on an `https://` URL does not.
