@@ -1700,6 +1700,73 @@ async fn a_proxy_from_reqwests_proxy_custom_is_seen_from_the_address_connected_t
     );
 }
 
+/// A proxy named by host name (`http://localhost:PORT`), set on reqwest's
+/// builder and on ours: every new connection's setup span has its
+/// `proxy.connect` phase, one per tunnel the proxy logged. The proxy's name
+/// is resolved first (a `dns.lookup` phase), and on loopback the poll that
+/// began TLS can also be the one that connected, sent the CONNECT and read
+/// its answer: the tunnel then starts after that lookup, not with the poll
+/// that made it. Regression: 3 to 6 of 10 connects had no `proxy.connect`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_proxy_named_by_host_name_shows_every_tunnel() {
+    const CONNECTS: usize = 10;
+    let pki = TestPki::localhost().expect("pki");
+    let server = tls_server(&pki, TlsVersions::Tls13Only, HttpVersions::Http1Only).await;
+    for on_reqwests_builder in [true, false] {
+        let t = telemetry();
+        let proxy = conntrace_lab::ConnectProxy::start().await.expect("proxy");
+        let by_name = format!("http://localhost:{}", proxy.addr().port());
+        let builder = t.conntrace().instrument_client(if on_reqwests_builder {
+            reqwest::Client::builder().proxy(reqwest::Proxy::all(&by_name).expect("proxy"))
+        } else {
+            reqwest::Client::builder()
+        });
+        let builder = if on_reqwests_builder {
+            builder
+        } else {
+            builder.proxy(by_name.clone())
+        };
+        // No idle pool: a new connection (and tunnel) per request.
+        let client = builder
+            .pool_max_idle_per_host(0)
+            .tls(trust(&pki))
+            .build_with_middleware()
+            .expect("client");
+        for _ in 0..CONNECTS {
+            client
+                .get(server.url("/"))
+                .send()
+                .await
+                .expect("request succeeds")
+                .bytes()
+                .await
+                .expect("body");
+        }
+        let setups = ended(&t, CONNECTS, CONNECTS);
+        assert_eq!(
+            proxy.connect_log().len(),
+            CONNECTS,
+            "one tunnel per request"
+        );
+        for setup in &setups {
+            let phases: Vec<String> = t
+                .children(setup)
+                .iter()
+                .map(|c| c.name.to_string())
+                .collect();
+            assert_eq!(
+                (
+                    bool_attr(setup, semconv::HTTP_CONNECTION_PROXIED),
+                    phases.iter().any(|p| p == semconv::PROXY_CONNECT_SPAN),
+                    phases.iter().any(|p| p == semconv::DNS_LOOKUP_SPAN),
+                ),
+                (Some(true), true, true),
+                "on reqwest's builder: {on_reqwests_builder}; (proxied, proxy.connect, dns.lookup of the proxy's name); phases {phases:?}"
+            );
+        }
+    }
+}
+
 /// A proxy set with reqwest's `Proxy::https(..).no_proxy(NoProxy::from_string("localhost"))`
 /// (the exclusion list is not visible in the client's configuration): one
 /// HTTPS call to localhost goes direct. The proxy's CONNECT log is empty

@@ -309,14 +309,22 @@ pub(crate) fn emit_phases(
     // with the poll before the one that began TLS (or, when the proxy
     // refused, before the one that read its answer): that poll completed the
     // TCP connect and sent the CONNECT request. When one poll did it all
-    // (the answer was already there), it starts with that poll.
+    // (the answer was already there), it starts with that poll; and when
+    // that poll began before the proxy's name was resolved (the poll before
+    // was the lookup's), no earlier than the lookup's answer: TCP took no
+    // time of its own there.
     let tunneled = route.is_some_and(|r| r.tunnel);
-    let tunnel_start = match (phases.tls_started, refusal) {
-        (Some(_), _) => phases.tunnel_started.or(phases.tls_poll_started),
-        (None, Some(_)) => phases.previous_poll_started.or(phases.poll_started),
-        (None, None) => None,
-    }
-    .filter(|t| tunneled && *t >= tcp_start);
+    let polls = match (phases.tls_started, refusal) {
+        (Some(_), _) => [phases.tunnel_started, phases.tls_poll_started],
+        (None, Some(_)) => [phases.previous_poll_started, phases.poll_started],
+        (None, None) => [None, None],
+    };
+    let tunnel_start = polls
+        .into_iter()
+        .flatten()
+        .find(|t| *t >= tcp_start)
+        .or_else(|| polls.into_iter().flatten().next().map(|_| tcp_start))
+        .filter(|_| tunneled);
     let tunnel_end = phases.tls_started.unwrap_or(end);
     let mut tcp_duration = std::time::Duration::ZERO;
     let mut address_fallback = false;
