@@ -495,3 +495,41 @@ async fn own_rustls_client_config_keeps_its_trust_and_gets_the_hooks() {
         .expect_err("mixed settings");
     assert!(err.to_string().contains("from_rustls_config"), "{err}");
 }
+
+/// A redirect to a port nobody listens on: the call fails as it does with
+/// reqwest following the redirect itself (an uninstrumented client, same
+/// URL): a connect error naming the call's own URL (reqwest sets the
+/// request's URL on an error that carries none), not the hop's.
+/// Regression: the error named the hop's URL.
+#[tokio::test]
+async fn a_failed_redirect_hop_fails_the_call_as_reqwest_does() {
+    let server = TestServer::builder()
+        .http_versions(HttpVersions::Http1Only)
+        .start()
+        .await
+        .expect("server");
+    let refused = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        l.local_addr().expect("addr").port()
+    };
+    let url = format!("http://{}/redirect/127.0.0.1:{refused}/x", server.addr());
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let plain = reqwest::Client::new()
+        .get(&url)
+        .send()
+        .await
+        .expect_err("refused");
+    let t = telemetry();
+    let client = t.client(reqwest::Client::builder(), None);
+    let err = client.get(&url).send().await.expect_err("refused");
+    let reqwest_middleware::Error::Reqwest(ours) = &err else {
+        panic!("a reqwest error, as without the middleware: {err:?}");
+    };
+    assert_eq!(
+        (ours.url(), ours.is_connect(), ours.is_redirect()),
+        (plain.url(), plain.is_connect(), plain.is_redirect()),
+        "ours {ours:?}, reqwest's {plain:?}"
+    );
+    assert_eq!(ours.url().map(|u| u.as_str()), Some(url.as_str()));
+    assert_eq!(server.request_count(), 2, "the redirect, once per client");
+}

@@ -607,6 +607,12 @@ async fn a_request_without_response_has_no_body_size_or_first_byte() {
 /// middleware sends the hops: with `limited(1)` a 2-redirect chain fails
 /// with reqwest's redirect error after two physical requests (two spans,
 /// `resend_count` absent then 1); `Policy::none()` returns the 302 itself.
+/// The refused hop was answered (its 302 came, reqwest dropped it): its
+/// span names the connection the server saw it on, with the server's
+/// request count and the 302, and the next request on that connection
+/// counts on from there, as the server does. Regression: the refused hop
+/// had no `http.connection.*` and was counted nowhere, so the connection's
+/// count ran one behind the server's.
 #[tokio::test]
 async fn the_redirect_limit_set_on_reqwest_holds_across_hops() {
     let server = TestServer::builder()
@@ -637,6 +643,47 @@ async fn the_redirect_limit_set_on_reqwest_holds_across_hops() {
         Some(1)
     );
     assert_eq!(server.request_count(), 2);
+    // Then one more request: on the same connection (the server's records).
+    limited
+        .get(format!("http://{a}/"))
+        .send()
+        .await
+        .expect("request succeeds")
+        .bytes()
+        .await
+        .expect("body");
+    let requests = t.requests();
+    assert_eq!(requests.len(), 3);
+    let records = server.requests();
+    assert_eq!(records.len(), 3);
+    for (span, record) in requests.iter().zip(&records) {
+        assert_eq!(
+            (
+                i64_attr(span, semconv::NETWORK_LOCAL_PORT),
+                i64_attr(span, semconv::HTTP_CONNECTION_REQUEST_COUNT),
+            ),
+            (
+                Some(i64::from(record.peer.port())),
+                Some(record.request_index as i64),
+            ),
+            "(client port, request count) as the server saw {} {}",
+            record.method,
+            record.path
+        );
+    }
+    let ids: Vec<Option<i64>> = requests
+        .iter()
+        .map(|r| i64_attr(r, semconv::HTTP_CONNECTION_ID))
+        .collect();
+    assert!(
+        ids[0].is_some() && ids.iter().all(|id| *id == ids[0]),
+        "{ids:?}"
+    );
+    assert_eq!(
+        i64_attr(&requests[1], semconv::HTTP_RESPONSE_STATUS_CODE),
+        Some(302),
+        "the refused hop was answered"
+    );
 
     let none = t.client(
         reqwest::Client::builder().redirect(reqwest::redirect::Policy::none()),
@@ -645,7 +692,7 @@ async fn the_redirect_limit_set_on_reqwest_holds_across_hops() {
     let response = none.get(&url).send().await.expect("302");
     assert_eq!(response.status(), 302);
     drop(response);
-    assert_eq!(server.request_count(), 3);
+    assert_eq!(server.request_count(), 4);
 }
 
 /// With `UseCurrentSpan` the first request's pool attributes land on the

@@ -588,14 +588,7 @@ pub(crate) fn attribute_failure(
         error_type,
         semconv::ERROR_TYPE_TIMEOUT | semconv::ERROR_TYPE_CANCELLED
     );
-    let record = if state.miss().is_some() {
-        inner.pools.made_for(&state.host, state.id)
-    } else {
-        inner
-            .pools
-            .likely_multiplexed(&state.host, state.started)
-            .or_else(|| inner.pools.likely_pooled(&state.host, state.started))
-    };
+    let record = likely_connection(inner, state);
     // An HTTP/2 error happened on an HTTP/2 connection: when none of the
     // above was found (its own connect had not finished, the connection was
     // already ended by the same GOAWAY), the host's latest one.
@@ -700,6 +693,89 @@ pub(crate) fn attribute_failure(
         None,
     );
     Some(usage)
+}
+
+/// The connection a request with no response of its own to read it from
+/// most likely went out on: the one its own connect made, else the HTTP/2
+/// connection it was multiplexed onto, else the HTTP/1.1 one hyper-util
+/// would have handed out (the host's most recently released idle one).
+fn likely_connection(inner: &Inner, state: &RequestState) -> Option<Arc<ConnectionRecord>> {
+    if state.miss().is_some() {
+        inner.pools.made_for(&state.host, state.id)
+    } else {
+        inner
+            .pools
+            .likely_multiplexed(&state.host, state.started)
+            .or_else(|| inner.pools.likely_pooled(&state.host, state.started))
+    }
+}
+
+/// A redirect hop answered with a redirect the limit refused: reqwest
+/// turned the response into its redirect error and dropped it, so no
+/// `HttpInfo` names its connection. Names the one it most likely came on
+/// (see [`likely_connection`]) as a response on it would (`reused`, `id`,
+/// `request_count`, counting this request, which the server answered; the
+/// socket's addresses; a link to its setup), takes it for the request
+/// (the caller ends the request as a dropped response, which releases
+/// it), and returns it for the request's report. No miss reason: the
+/// refused hop's connect, if it made one, is not told apart here.
+pub(crate) fn attribute_refused_redirect(
+    inner: &Arc<Inner>,
+    state: &RequestState,
+    span: &tracing::Span,
+) -> Option<(ConnectionUse, Arc<ConnectionRecord>)> {
+    let record = likely_connection(inner, state)?;
+    record.take();
+    let request_count = record.count_request();
+    let reused = record.ready_at() <= state.started;
+    let idle = reused.then(|| {
+        state
+            .started
+            .saturating_duration_since(record.last_activity())
+    });
+    let mut attributes = vec![
+        KeyValue::new(semconv::HTTP_CONNECTION_REUSED, reused),
+        KeyValue::new(semconv::HTTP_CONNECTION_ID, record.id() as i64),
+        KeyValue::new(semconv::HTTP_CONNECTION_REQUEST_COUNT, request_count as i64),
+    ];
+    if let Some(idle) = idle {
+        attributes.push(KeyValue::new(
+            semconv::HTTP_CONNECTION_IDLE_TIME,
+            secs(idle),
+        ));
+    }
+    if let Some((local, remote)) = record.pair() {
+        attributes.extend([
+            KeyValue::new(semconv::NETWORK_PEER_ADDRESS, ip_text(remote.ip())),
+            KeyValue::new(semconv::NETWORK_PEER_PORT, i64::from(remote.port())),
+            KeyValue::new(semconv::NETWORK_LOCAL_PORT, i64::from(local.port())),
+        ]);
+    }
+    if !span.is_none() {
+        set_attributes(span, attributes);
+        if record.trigger_id != Some(state.id) {
+            span.add_link_with_attributes(
+                record.setup_span(),
+                vec![KeyValue::new(
+                    semconv::HTTP_CONNECTION_ID,
+                    record.id() as i64,
+                )],
+            );
+        }
+    }
+    let usage = ConnectionUse {
+        id: record.id(),
+        reused,
+        wait: Duration::ZERO,
+        request_count,
+        age: state.started.saturating_duration_since(record.ready_at()),
+        idle,
+        paid_by_this_request: record.trigger_id == Some(state.id),
+        miss_reason: None,
+        setup: record.setup.clone(),
+        settling: None,
+    };
+    Some((usage, record))
 }
 
 /// How a request failure of type `error_type` shows the server ended the

@@ -247,12 +247,20 @@ impl<M: MakeRequestSpan> Middleware for ConnTraceMiddleware<M> {
     ) -> Result<Response> {
         let mut req = req;
         let mut followed = 0;
+        // The call's own request (its URL names a later hop's failure).
+        let mut first: Option<Arc<HopSlot>> = None;
         loop {
             let hop = Arc::new(HopSlot::new(&req, followed));
+            let first = first.get_or_insert_with(|| hop.clone());
             let resend_count = Sent::count_one(extensions);
-            let response = self
+            let response = match self
                 .send_one(req, extensions, next.clone(), hop.clone(), resend_count)
-                .await?;
+                .await
+            {
+                Ok(response) => response,
+                Err(error) if followed > 0 => return Err(first.as_reqwest_reports(error)),
+                Err(error) => return Err(error),
+            };
             let Some(next_request) = hop.next_request(response.status()) else {
                 return Ok(response);
             };
@@ -360,6 +368,7 @@ impl<M: MakeRequestSpan> ConnTraceMiddleware<M> {
         );
         end.resend_count = resend_count as u32;
         end.recording = recording;
+        let refused_hop = hop.clone();
         let result = Scoped {
             inner: next.run(req, extensions),
             state: state.clone(),
@@ -438,6 +447,26 @@ impl<M: MakeRequestSpan> ConnTraceMiddleware<M> {
                     &mut end.miss_deferred,
                 );
                 Ok(wrap_body(response, end))
+            }
+            Err(error) if refused_hop.refused_by_limit().is_some() => {
+                // A redirect the limit refused: the hop was answered (its
+                // status is the response's) on a connection, then reqwest
+                // failed the call and dropped the response unread.
+                end.headers_at = Some(Instant::now());
+                let status = refused_hop.refused_by_limit().map(|s| s.as_u16());
+                end.status = status;
+                if let (Some(status), true) = (status, records_http && recording) {
+                    span.set_attribute(semconv::HTTP_RESPONSE_STATUS_CODE, i64::from(status));
+                }
+                let none = tracing::Span::none();
+                end.connection = crate::request::attribution::attribute_refused_redirect(
+                    &inner,
+                    &state,
+                    if recording { &span } else { &none },
+                );
+                end.fail(classify(&error), error_chain_text(&inner.redaction, &error));
+                end.finish(EndKind::Dropped);
+                Err(error)
             }
             Err(error) => {
                 // A proxy that refused the CONNECT is named as such.

@@ -74,6 +74,9 @@ fn decide(attempt: Attempt<'_>, limit: usize, referer: bool) -> Action {
         Some(hop) => {
             // The chain so far: `followed` hops, then this one.
             if hop.followed >= limit {
+                // reqwest turns this into its redirect error and drops the
+                // response: the hop was answered all the same.
+                let _ = hop.refused.set(attempt.status());
                 return attempt.error(TooManyRedirects);
             }
             hop.set(Follow {
@@ -116,6 +119,9 @@ pub(crate) struct HopSlot {
     template: Template,
     followed: usize,
     next: Mutex<Option<Follow>>,
+    /// The status of the redirect the limit refused: the hop's response
+    /// came, and reqwest answers its call with the redirect error instead.
+    refused: std::sync::OnceLock<StatusCode>,
 }
 
 /// Whether two URLs name the same request target (what reqwest's policy
@@ -136,7 +142,33 @@ impl HopSlot {
             template: Template::of(request),
             followed,
             next: Mutex::new(None),
+            refused: std::sync::OnceLock::new(),
         }
+    }
+
+    /// `error`, a later hop's failure, as reqwest reports it when it follows
+    /// the redirects itself: with this hop's URL (the call's own, this
+    /// being its first hop), as reqwest sets the request's URL on an error
+    /// that carries none. Not for its redirect errors (their URL is the
+    /// redirecting hop's) or for a hop that could not be built (its URL is
+    /// the rejected one).
+    pub(crate) fn as_reqwest_reports(
+        &self,
+        error: reqwest_middleware::Error,
+    ) -> reqwest_middleware::Error {
+        match error {
+            reqwest_middleware::Error::Reqwest(e) if !e.is_redirect() && !e.is_builder() => {
+                reqwest_middleware::Error::Reqwest(e.with_url(self.template.request.url().clone()))
+            }
+            other => other,
+        }
+    }
+
+    /// The status of this hop's redirect response when the redirect limit
+    /// refused to follow it (the call fails with reqwest's redirect error,
+    /// though the hop was answered).
+    pub(crate) fn refused_by_limit(&self) -> Option<StatusCode> {
+        self.refused.get().copied()
     }
 
     fn set(&self, follow: Follow) {
