@@ -123,9 +123,6 @@ pub(crate) fn classify(err: &(dyn StdError + 'static)) -> &'static str {
         {
             return semconv::ERROR_TYPE_CONNECTION_RESET;
         }
-        if e.is::<DnsError>() {
-            return semconv::ERROR_TYPE_DNS;
-        }
         let text = e.to_string();
         if text.contains("dns error") || text.contains("failed to lookup address") {
             fallback = semconv::ERROR_TYPE_DNS;
@@ -174,15 +171,6 @@ fn ends_with_eof(err: &(dyn StdError + 'static)) -> bool {
         current = e.source();
     }
     false
-}
-
-/// The error our default resolver returns when a name does not resolve.
-#[derive(Debug, thiserror::Error)]
-#[error("failed to resolve {name}: {source}")]
-pub(crate) struct DnsError {
-    pub(crate) name: String,
-    #[source]
-    pub(crate) source: io::Error,
 }
 
 /// The full text of an error and its sources, `": "`-joined and redacted

@@ -9,7 +9,7 @@ use reqwest::dns::{Addrs, Name, Resolve, Resolving};
 
 use crate::connect::address::AddressOrder;
 use crate::connect::attempt::{self, DnsPhase};
-use crate::error::{DnsError, classify, error_chain_text};
+use crate::error::{classify, error_chain_text};
 use crate::pool::answers::NewestAnswers;
 
 /// A [`Resolve`] that records each lookup on the connect that triggered it
@@ -135,7 +135,6 @@ impl Resolve for SystemResolver {
         let host = name.as_str().to_owned();
         let current = attempt::with_current(|a| a.clone());
         Box::pin(async move {
-            let lookup_host = host.clone();
             let handle = tokio::task::spawn_blocking(move || {
                 let began = Instant::now();
                 if let Some(a) = &current
@@ -143,16 +142,45 @@ impl Resolve for SystemResolver {
                 {
                     d.began = Some(began);
                 }
-                (lookup_host.as_str(), 0u16).to_socket_addrs()
+                (host.as_str(), 0u16).to_socket_addrs()
             });
+            // A failed lookup's error as reqwest's default resolver
+            // (hyper-util's `GaiResolver`) gives it: the lookup's own
+            // `io::Error` (one cancelled with its runtime: `Interrupted`),
+            // unwrapped, so a request's error chain is the plain client's.
             match handle.await {
                 Ok(Ok(addrs)) => Ok(Box::new(addrs) as Addrs),
-                Ok(Err(source)) => Err(Box::new(DnsError { name: host, source }) as _),
-                Err(join) => Err(Box::new(DnsError {
-                    name: host,
-                    source: std::io::Error::other(join.to_string()),
-                }) as _),
+                Ok(Err(error)) => Err(Box::new(error) as _),
+                Err(join) => {
+                    Err(Box::new(std::io::Error::new(std::io::ErrorKind::Interrupted, join)) as _)
+                }
             }
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A lookup that fails fails as with reqwest's default resolver
+    /// (hyper-util's `GaiResolver`): the same error, no layer of ours. A
+    /// NUL byte in the name fails the lookup before any query (std's
+    /// lookup needs a C string): no network.
+    #[tokio::test]
+    async fn a_failed_lookup_fails_as_reqwests_default_resolver_does() {
+        let ours = SystemResolver
+            .resolve("a\0b".parse().expect("name"))
+            .await
+            .err()
+            .expect("the lookup fails");
+        let mut gai = hyper_util::client::legacy::connect::dns::GaiResolver::new();
+        let theirs = tower_service::Service::call(&mut gai, "a\0b".parse().expect("name"))
+            .await
+            .err()
+            .expect("the lookup fails");
+        assert_eq!(ours.to_string(), theirs.to_string());
+        assert!(ours.downcast_ref::<std::io::Error>().is_some(), "{ours:?}");
+        assert!(ours.source().is_none(), "{ours:?}");
     }
 }
