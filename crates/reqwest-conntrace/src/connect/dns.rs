@@ -177,8 +177,7 @@ mod tests {
         let mut gai = hyper_util::client::legacy::connect::dns::GaiResolver::new();
         let theirs = tower_service::Service::call(&mut gai, "a\0b".parse().expect("name"))
             .await
-            .err()
-            .expect("the lookup fails");
+            .expect_err("the lookup fails");
         assert_eq!(ours.to_string(), theirs.to_string());
         assert!(ours.downcast_ref::<std::io::Error>().is_some(), "{ours:?}");
         assert!(ours.source().is_none(), "{ours:?}");
