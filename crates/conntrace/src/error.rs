@@ -92,7 +92,12 @@ pub(crate) fn request_failure(
         // The proxy itself failed: the target was never asked.
         proxy?;
         match error_type? {
-            "proxy_auth_required" => Some("give the proxy's credentials as the user and password of its URL"),
+            "proxy_auth_required" => Some(
+                "give the proxy's credentials as the user and password of its URL (or check the ones given there)",
+            ),
+            "proxy_connect_refused" => Some(
+                "the proxy would not open a tunnel to this host (its status is in the proxy's log; hyper-util keeps none); check the proxy's rules for this host and port, or list the host in NO_PROXY to go direct",
+            ),
             "connection_refused" | "connection_reset" | "dns_error" | "timeout"
             | "proxy_connect_failed" => Some(
                 "check the proxy (HTTPS_PROXY, HTTP_PROXY, ALL_PROXY or the client's proxy setting), or list the host in NO_PROXY to go direct",

@@ -910,6 +910,12 @@ async fn lab_env_proxy() {
         assert_eq!(c["proxy_connect"][0]["error_type"], error_type, "{name}");
         assert_eq!(c["proxy_connect"][0]["status"], status, "{name}");
         assert_eq!(c["tcp"]["error_type"], Value::Null, "{name}");
+        // It answered: TCP to it connected, and its address is the peer.
+        assert_eq!(
+            (c["peer_address"].as_str(), c["peer_port"].as_i64()),
+            (Some("127.0.0.1"), Some(port(proxy))),
+            "{name}"
+        );
     }
     assert_eq!(ran.json["reproduced"], true);
 }
@@ -956,6 +962,52 @@ async fn probe_error_for_a_refused_proxy_names_the_proxy() {
         line.contains("proxy") && line.contains(&format!("127.0.0.1:{proxy_port}")),
         "the line names the proxy that refused (127.0.0.1:{proxy_port}): {err:?}"
     );
+}
+
+/// `HTTPS_PROXY` names a proxy that answers the CONNECT with 407, then one
+/// with 502 (its log shows the answer): one line naming the proxy, the
+/// refusal and a fix for each (credentials; the proxy's rules or
+/// `NO_PROXY`). Regression: the 502 line had no fix.
+#[tokio::test]
+async fn probe_error_for_a_proxy_refusing_the_tunnel_names_a_fix() {
+    for (status, cause, fix) in [
+        (
+            reqwest::StatusCode::PROXY_AUTHENTICATION_REQUIRED,
+            "asks for credentials (407)",
+            "fix: give the proxy's credentials",
+        ),
+        (
+            reqwest::StatusCode::BAD_GATEWAY,
+            "refused the CONNECT tunnel",
+            "fix: the proxy would not open a tunnel to this host",
+        ),
+    ] {
+        let proxy = conntrace_lab::ConnectProxy::start_refusing(status)
+            .await
+            .expect("proxy");
+        let mut cmd = conntrace();
+        cmd.args(["probe", "https://localhost:9/", "--requests", "1"])
+            .env("HTTPS_PROXY", proxy.url())
+            .env_remove("ALL_PROXY")
+            .env_remove("all_proxy")
+            .env_remove("https_proxy")
+            .env_remove("NO_PROXY")
+            .env_remove("no_proxy");
+        let out = run(cmd).await;
+        assert_eq!(out.status.code(), Some(1), "{status}: {}", stderr(&out));
+        let log = proxy.connect_log();
+        assert_eq!(
+            log.iter().map(|r| r.status).collect::<Vec<_>>(),
+            vec![status.as_u16()],
+            "the proxy answered the one CONNECT"
+        );
+        let err = stderr(&out);
+        let lines: Vec<&str> = err.lines().filter(|l| !l.trim().is_empty()).collect();
+        assert_eq!(lines.len(), 1, "one line: {err:?}");
+        for part in [cause, fix, &format!("proxy {}", proxy.addr())] {
+            assert!(lines[0].contains(part), "{status}: {part:?} in {err:?}");
+        }
+    }
 }
 
 /// DNS behind a saturated blocking pool: dns.lookup_began ~0.8 s after the

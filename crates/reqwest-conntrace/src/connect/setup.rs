@@ -314,6 +314,26 @@ pub(crate) fn emit_phases(
     // was the lookup's), no earlier than the lookup's answer: TCP took no
     // time of its own there.
     let tunneled = route.is_some_and(|r| r.tunnel);
+    // A proxy that answered the CONNECT (a refusal) was connected to: its
+    // address when only one was possible (an IP literal, or its name's one
+    // answer), as `tcp.connect`'s peer.
+    let remote = remote.or_else(|| {
+        refusal?;
+        let route = route.filter(|r| r.tunnel)?;
+        let port = route.port?;
+        match phases.dns.as_ref() {
+            Some(dns) => match dns.connect_order.as_slice() {
+                [only] => Some(*only),
+                _ => None,
+            },
+            None => route
+                .host
+                .as_deref()?
+                .parse::<std::net::IpAddr>()
+                .ok()
+                .map(|ip| SocketAddr::new(ip, port)),
+        }
+    });
     let polls = match (phases.tls_started, refusal) {
         (Some(_), _) => [phases.tunnel_started, phases.tls_poll_started],
         (None, Some(_)) => [phases.previous_poll_started, phases.poll_started],
