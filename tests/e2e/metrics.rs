@@ -325,3 +325,51 @@ async fn metrics_stay_right_when_no_span_records() {
     );
     assert!(t.spans().is_empty(), "the sampler records no span");
 }
+
+/// A client dropped with its handle while its connections are still pooled
+/// (three, as the server accepted them): the handle's end ends them, so
+/// the next collection has a `http.client.connection.duration` for each.
+/// Regression: only closes seen before counted, so a short run's last
+/// collection lacked the pooled ones (a probe's metrics file: 5 durations
+/// for 58 connections opened).
+#[tokio::test]
+async fn a_dropped_handle_records_the_duration_of_every_connection_left_open() {
+    let t = metrics_only();
+    let server = TestServer::builder()
+        .http_versions(conntrace_lab::HttpVersions::Http1Only)
+        .start()
+        .await
+        .expect("server");
+    let client = t.client(reqwest::Client::builder(), None);
+    let url = server.url("/delay/50");
+    futures::future::join_all((0..3).map(|_| async {
+        client
+            .get(&url)
+            .send()
+            .await
+            .expect("request succeeds")
+            .bytes()
+            .await
+            .expect("body")
+    }))
+    .await;
+    assert_eq!(server.accepted_connections(), 3);
+    assert_eq!(
+        total(&t.metric(semconv::HTTP_CLIENT_CONNECTION_DURATION)),
+        0.0,
+        "all three still pooled"
+    );
+    drop(client);
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let durations = total(&t.metric(semconv::HTTP_CLIENT_CONNECTION_DURATION));
+        if durations >= 3.0 || std::time::Instant::now() >= deadline {
+            assert_eq!(
+                durations, 3.0,
+                "one duration per connection the server accepted"
+            );
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}

@@ -108,6 +108,11 @@ pub(crate) struct RequestRow {
     /// The serving connection's setup cost (not serialized).
     #[serde(skip)]
     pub(crate) setup: Option<SetupCost>,
+    /// Connects this request's pool checkouts started (the library's
+    /// `RequestReport::connects`: 0 on an idle hit, 1 on a miss, whether
+    /// its own connection served it or landed unused); not serialized.
+    #[serde(skip)]
+    pub(crate) connects: u32,
 }
 
 impl RequestRow {
@@ -215,6 +220,7 @@ impl RequestRow {
             local_address: None,
             peer_address: None,
             body_bytes: report.and_then(|r| r.body_size),
+            connects: report.map_or(0, |r| r.connects),
             setup: None,
         };
         // A redirect hop's version (the final request's comes from the

@@ -307,6 +307,8 @@ async fn probe_redirect_chain_counts_every_hop() {
     // finishes a started connect even when a returning connection served
     // the hop).
     assert_eq!(accepted, 5 + raced as u64);
+    // The JSON counts them too, used or not.
+    assert_eq!(totals["connections_opened"], accepted, "{totals:#?}");
     let opened = receiver
         .wait_for_metric(
             semconv::HTTP_CLIENT_CONNECTIONS_OPENED,

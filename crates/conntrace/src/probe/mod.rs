@@ -46,6 +46,9 @@ pub(crate) struct ProbeArgs {
 
     /// Concurrent requests per wave: requests go out in waves of C at once,
     /// the next wave after the previous one finished, N requests in total.
+    /// A wave's requests start one after another on one task, so on a fast
+    /// server (loopback) the first may finish before the last starts: the
+    /// peak in flight the report shows can be below C.
     #[arg(short = 'c', long, value_name = "C", default_value_t = 1,
           value_parser = clap::value_parser!(u32).range(1..=1_000))]
     pub(crate) concurrency: u32,

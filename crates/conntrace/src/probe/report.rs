@@ -32,6 +32,10 @@ pub(crate) struct ModeTotals {
     pub(crate) misses_waited_for_busy: usize,
     /// Distinct connections that served the requests (all opened in this mode).
     pub(crate) new_connections: usize,
+    /// Connections the mode's requests opened, used or not: every miss
+    /// starts a connect, and one whose request a freed connection served
+    /// first lands unused in the pool (or is closed by a full one).
+    pub(crate) connections_opened: u64,
     /// Of those, connections whose TLS handshake resumed a session.
     pub(crate) tls_resumed_connections: usize,
     /// Of those, connections whose connect fell back to a later resolved
@@ -77,6 +81,7 @@ impl ModeTotals {
                 .filter(|r| r.pool_outcome() == Some("waited_for_busy"))
                 .count(),
             new_connections: conns.len(),
+            connections_opened: rows.iter().map(|r| u64::from(r.connects)).sum(),
             tls_resumed_connections: conns
                 .values()
                 .filter(|c| c.tls_resumed == Some(true))
@@ -138,10 +143,10 @@ pub(crate) struct Comparison {
     pub(crate) fresh_handshake_share: f64,
     /// Reuse mode's handshake share.
     pub(crate) reuse_handshake_share: f64,
-    /// Connections opened in fresh mode.
-    pub(crate) fresh_connections: usize,
-    /// Connections opened in reuse mode.
-    pub(crate) reuse_connections: usize,
+    /// Connections opened in fresh mode (`connections_opened`).
+    pub(crate) fresh_connections: u64,
+    /// Connections opened in reuse mode (`connections_opened`).
+    pub(crate) reuse_connections: u64,
 }
 
 /// The whole probe result (`--json`).
@@ -197,8 +202,8 @@ impl ProbeReport {
                 reuse_wall_ms: r.wall_ms,
                 fresh_handshake_share: f.handshake_share,
                 reuse_handshake_share: r.handshake_share,
-                fresh_connections: f.new_connections,
-                reuse_connections: r.new_connections,
+                fresh_connections: f.connections_opened,
+                reuse_connections: r.connections_opened,
             }),
             _ => None,
         };

@@ -107,11 +107,23 @@ fn print_mode(mode: &ModeReport) {
         .request_ms
         .as_ref()
         .map_or((None, None), |d| (Some(d.p50), Some(d.p99)));
+    // Connects that lost hyper-util's race to a freed connection.
+    let unused = t
+        .connections_opened
+        .saturating_sub(t.new_connections as u64);
     println!(
-        "totals: {} request(s), {} failed; {} new connection(s) ({} TLS resumed); {} idle pool hit(s), {} miss(es){}",
+        "totals: {} request(s), {} failed; {} new connection(s){} ({} TLS resumed); {} idle pool hit(s), {} miss(es){}",
         t.requests,
         t.failed,
         t.new_connections,
+        if unused > 0 {
+            format!(
+                " served them, of {} opened ({unused} served none: their request got a freed connection first)",
+                t.connections_opened
+            )
+        } else {
+            String::new()
+        },
         t.tls_resumed_connections,
         t.pool_hits,
         t.pool_misses,

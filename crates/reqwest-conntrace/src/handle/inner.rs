@@ -512,8 +512,12 @@ impl Inner {
 impl Drop for Inner {
     /// Hands the observable instruments their final values: 0 open
     /// connections for every set reported before or still in the registry
-    /// (the clients are gone with the handle), the pool gauges as they are.
+    /// (the clients are gone with the handle, and their pools' connections
+    /// with them: each still in the registry ends now, its lifetime
+    /// recorded in `http.client.connection.duration`), the pool gauges as
+    /// they are.
     fn drop(&mut self) {
+        let now = Instant::now();
         let mut open: Vec<(Vec<KeyValue>, i64)> = self
             .open_sets
             .lock()
@@ -522,13 +526,14 @@ impl Drop for Inner {
             .map(|a| (a.clone(), 0))
             .collect();
         for record in self.registry.snapshot() {
+            self.connection_closed(&record, now);
             let mut attributes = connection_attributes(&record);
             attributes.push(KeyValue::new(semconv::HTTP_CONNECTION_STATE, "idle"));
             if open.len() < MAX_OPEN_SETS && !open.iter().any(|(a, _)| *a == attributes) {
                 open.push((attributes, 0));
             }
         }
-        let hosts = self.load.gauges(Instant::now());
+        let hosts = self.load.gauges(now);
         self.metrics
             .keep_final(crate::export::metrics::FinalObservations { open, hosts });
     }
