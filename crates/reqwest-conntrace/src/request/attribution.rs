@@ -529,7 +529,10 @@ fn record_server_keep_alive(
             target: "reqwest_conntrace",
             "server keep-alive {:.3} s is shorter than the client's pool idle timeout {}: idle connections will be closed by the server first (closed_by_peer misses, connection_reset races); set pool_idle_timeout under {:.3} s",
             server.as_secs_f64(),
-            client.map_or_else(|| "(none)".to_owned(), |c| format!("{:.3} s", c.as_secs_f64())),
+            client.map_or_else(
+                || "inf s (pool_idle_timeout(None): kept forever)".to_owned(),
+                |c| format!("{:.3} s", c.as_secs_f64()),
+            ),
             server.as_secs_f64(),
         );
     }
