@@ -16,4 +16,6 @@ mod settle;
 
 pub use builder::ConnTraceBuilder;
 pub use conn_trace::{ConnTrace, DEFAULT_POOL_ADVICE_INTERVAL, DEFAULT_REGISTRY_CAPACITY};
-pub(crate) use inner::{Inner, global_meter_installed, handles_on_global_meter};
+pub(crate) use inner::Inner;
+#[cfg(feature = "otlp")]
+pub(crate) use inner::{global_meter_installed, handles_on_global_meter};
