@@ -65,7 +65,7 @@ impl ConnTrace {
     }
 
     /// A builder for a handle with a specific tracer provider, registry size
-    /// or [`OnRequestEnd`] callback.
+    /// or [`OnRequestEnd`](crate::OnRequestEnd) callback.
     pub fn builder() -> ConnTraceBuilder {
         ConnTraceBuilder::default()
     }
