@@ -920,6 +920,20 @@ async fn lab_env_proxy() {
     assert_eq!(ran.json["reproduced"], true);
 }
 
+/// `conntrace probe URL --requests 1` with `HTTPS_PROXY=proxy` the only
+/// proxy setting of its environment.
+async fn probe_through(proxy: &str, url: &str) -> Output {
+    let mut cmd = conntrace();
+    cmd.args(["probe", url, "--requests", "1"])
+        .env("HTTPS_PROXY", proxy)
+        .env_remove("ALL_PROXY")
+        .env_remove("all_proxy")
+        .env_remove("https_proxy")
+        .env_remove("NO_PROXY")
+        .env_remove("no_proxy");
+    run(cmd).await
+}
+
 /// `HTTPS_PROXY` names a proxy that is down (nothing listens on its
 /// port); `conntrace probe https://localhost:PORT/ -n 1`, the target
 /// listening. The refused connection was the one to the proxy: the target
@@ -934,20 +948,11 @@ async fn probe_error_for_a_refused_proxy_names_the_proxy() {
     let target = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
     target.set_nonblocking(true).expect("nonblocking");
     let target_port = target.local_addr().expect("addr").port();
-    let mut cmd = conntrace();
-    cmd.args([
-        "probe",
+    let out = probe_through(
+        &format!("http://127.0.0.1:{proxy_port}"),
         &format!("https://localhost:{target_port}/"),
-        "--requests",
-        "1",
-    ])
-    .env("HTTPS_PROXY", format!("http://127.0.0.1:{proxy_port}"))
-    .env_remove("ALL_PROXY")
-    .env_remove("all_proxy")
-    .env_remove("https_proxy")
-    .env_remove("NO_PROXY")
-    .env_remove("no_proxy");
-    let out = run(cmd).await;
+    )
+    .await;
     assert!(!out.status.success(), "must exit non-zero");
     assert!(
         matches!(target.accept(), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock),
@@ -985,15 +990,7 @@ async fn probe_error_for_a_proxy_refusing_the_tunnel_names_a_fix() {
         let proxy = conntrace_lab::ConnectProxy::start_refusing(status)
             .await
             .expect("proxy");
-        let mut cmd = conntrace();
-        cmd.args(["probe", "https://localhost:9/", "--requests", "1"])
-            .env("HTTPS_PROXY", proxy.url())
-            .env_remove("ALL_PROXY")
-            .env_remove("all_proxy")
-            .env_remove("https_proxy")
-            .env_remove("NO_PROXY")
-            .env_remove("no_proxy");
-        let out = run(cmd).await;
+        let out = probe_through(&proxy.url(), "https://localhost:9/").await;
         assert_eq!(out.status.code(), Some(1), "{status}: {}", stderr(&out));
         let log = proxy.connect_log();
         assert_eq!(

@@ -652,27 +652,7 @@ pub(crate) fn attribute_failure(
             )],
         );
     }
-    let usage = ConnectionUse {
-        id: record.id(),
-        reused,
-        wait: Duration::ZERO,
-        request_count,
-        age: state.started.saturating_duration_since(record.ready_at()),
-        idle,
-        paid_by_this_request: record.trigger_id == Some(state.id),
-        miss_reason: None,
-        setup: record.setup.clone(),
-        settling: None,
-    };
-    if record.trigger_id != Some(state.id) {
-        span.add_link_with_attributes(
-            record.setup_span(),
-            vec![KeyValue::new(
-                semconv::HTTP_CONNECTION_ID,
-                record.id() as i64,
-            )],
-        );
-    }
+    let usage = unanswered_use(span, &record, state, reused, request_count, idle);
     if let Some(end) = server_end_of_failure(error_type, record.http2()) {
         ended_by_server(inner, &record, end, now);
         return Some(usage);
@@ -756,29 +736,46 @@ pub(crate) fn attribute_refused_redirect(
     }
     if !span.is_none() {
         set_attributes(span, attributes);
-        if record.trigger_id != Some(state.id) {
-            span.add_link_with_attributes(
-                record.setup_span(),
-                vec![KeyValue::new(
-                    semconv::HTTP_CONNECTION_ID,
-                    record.id() as i64,
-                )],
-            );
-        }
     }
-    let usage = ConnectionUse {
+    let usage = unanswered_use(span, &record, state, reused, request_count, idle);
+    Some((usage, record))
+}
+
+/// The report's view of `record`, the connection a request with no
+/// response to read it from is named on ([`attribute_failure`],
+/// [`attribute_refused_redirect`]): no wait measured, no miss reason of its
+/// own; and on `span` a link to its setup, unless this request's connect
+/// made it (its setup is then the span's child).
+fn unanswered_use(
+    span: &tracing::Span,
+    record: &ConnectionRecord,
+    state: &RequestState,
+    reused: bool,
+    request_count: u64,
+    idle: Option<Duration>,
+) -> ConnectionUse {
+    let paid = record.trigger_id == Some(state.id);
+    if !paid {
+        span.add_link_with_attributes(
+            record.setup_span(),
+            vec![KeyValue::new(
+                semconv::HTTP_CONNECTION_ID,
+                record.id() as i64,
+            )],
+        );
+    }
+    ConnectionUse {
         id: record.id(),
         reused,
         wait: Duration::ZERO,
         request_count,
         age: state.started.saturating_duration_since(record.ready_at()),
         idle,
-        paid_by_this_request: record.trigger_id == Some(state.id),
+        paid_by_this_request: paid,
         miss_reason: None,
         setup: record.setup.clone(),
         settling: None,
-    };
-    Some((usage, record))
+    }
 }
 
 /// How a request failure of type `error_type` shows the server ended the
