@@ -1439,14 +1439,17 @@ impl PoolHistory {
                 previous(ConnectionEnd::IdleTimeout),
             ));
         }
-        // 10. Alive as far as we know: the kernel decides. Unless other
-        //     requests in flight may hold it (the kernel would show it
-        //     established: `all_busy`) and a connection lost in a way known
-        //     without the kernel awaits a miss (row 4's exception): that
-        //     loss is the cause, named now. Named after the kernel's answer
-        //     instead, it would go to misses that came later and were
-        //     decided at once, leaving this one `all_busy`.
+        // 10. Alive as far as we know: the kernel decides. Unless (9b) it
+        //     never finished a response, with other requests in flight: its
+        //     connect's request holds it (the kernel would show it
+        //     established: `all_busy`), and a connection lost in a way known
+        //     without the kernel awaiting a miss (row 4's exception) is the
+        //     cause, named now. Named after the kernel's answer instead, it
+        //     would go to misses that came later and were decided at once,
+        //     leaving this one `all_busy`. A candidate released before may
+        //     be idle and closed by the server: the kernel decides that one.
         if !candidate.http2()
+            && candidate.last_released().is_none()
             && Self::others_in_flight(&hosts, host, in_flight)
             && let Some(ended) = name_next_known_loss(mine)
         {
@@ -2644,11 +2647,11 @@ mod tests {
         assert_eq!(named(&fourth), limit(&c));
     }
 
-    /// Row 10 with other requests in flight: a candidate the model sees
-    /// free (here a connection ready after the loss whose first request
-    /// has no response yet: `in_use` counts from the response) may be held
-    /// by one of them, so an announced close no miss named yet is the
-    /// cause, named at once. Named after the kernel's answer instead, it
+    /// Row 9b: with other requests in flight, a candidate that never
+    /// finished a response (a connection ready after the loss whose first
+    /// request has no response yet: `in_use` counts from the response) is
+    /// held by its connect's request, so an announced close no miss named
+    /// yet is the cause, named at once. Named after the kernel's answer instead, it
     /// went to misses that came later and were decided at once, and this
     /// one read `all_busy` (seen with a server closing after every
     /// response, 8 concurrent requests). With nothing else in flight the
@@ -2677,6 +2680,18 @@ mod tests {
         let (candidate, alive, _) = ask(pools.classify_miss(&host(), &client, at, 3));
         assert_eq!(candidate.id(), fresh.id());
         assert_eq!(alive.reason, MissReason::AllBusy);
+        // A candidate that finished a response may be idle and closed by
+        // the server (an idle close after a pause): the kernel decides it,
+        // even with a loss awaiting a miss.
+        let later = connection(&pools, &client, 3, at, false);
+        let lost_again = connection(&pools, &client, 4, at, false);
+        response(&lost_again, true, at + Duration::from_millis(1));
+        response(&fresh, false, at + Duration::from_millis(2));
+        response(&later, false, at + Duration::from_millis(3));
+        let (candidate, _, _) =
+            ask(pools.classify_miss(&host(), &client, at + Duration::from_secs(2), 3));
+        assert_eq!(candidate.id(), later.id());
+        assert!(!lost_again.is_close_named(), "left for the next miss");
     }
 
     /// Kernel first: a sweep saw the socket closed by the server (its FIN)
