@@ -203,9 +203,7 @@ fn default_connection_close(described: &str) -> bool {
             }
         };
         if name.eq_ignore_ascii_case("connection")
-            && value
-                .split(',')
-                .any(|token| token.trim().eq_ignore_ascii_case("close"))
+            && crate::request::attribution::lists_token(&value, "close")
         {
             return true;
         }

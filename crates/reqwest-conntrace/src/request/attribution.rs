@@ -48,11 +48,7 @@ pub(crate) fn attribute_response(
             let (local, remote) = (info.local_addr(), info.remote_addr());
             if recording {
                 attributes.reserve(9);
-                attributes.extend([
-                    KeyValue::new(semconv::NETWORK_PEER_ADDRESS, ip_text(remote.ip())),
-                    KeyValue::new(semconv::NETWORK_PEER_PORT, i64::from(remote.port())),
-                    KeyValue::new(semconv::NETWORK_LOCAL_PORT, i64::from(local.port())),
-                ]);
+                attributes.extend(socket_attributes(local, remote));
             }
             inner
                 .registry
@@ -229,6 +225,16 @@ pub(crate) fn attribute_response(
         settling,
     };
     Some((usage, record))
+}
+
+/// `network.peer.address`, `network.peer.port` and `network.local.port` of
+/// the socket `local` -> `remote`.
+fn socket_attributes(local: std::net::SocketAddr, remote: std::net::SocketAddr) -> [KeyValue; 3] {
+    [
+        KeyValue::new(semconv::NETWORK_PEER_ADDRESS, ip_text(remote.ip())),
+        KeyValue::new(semconv::NETWORK_PEER_PORT, i64::from(remote.port())),
+        KeyValue::new(semconv::NETWORK_LOCAL_PORT, i64::from(local.port())),
+    ]
 }
 
 /// `ip` as text, in one allocation (`to_string` grows its string as the
@@ -473,7 +479,14 @@ pub(crate) fn connection_token(headers: &http::HeaderMap, token: &str) -> bool {
         .get_all(http::header::CONNECTION)
         .iter()
         .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
+        .any(|v| lists_token(v, token))
+}
+
+/// Whether the comma-separated header value `value` lists `token`
+/// (case-insensitive), as a `Connection` header does (RFC 9110 §7.6.1).
+pub(crate) fn lists_token(value: &str, token: &str) -> bool {
+    value
+        .split(',')
         .any(|t| t.trim().eq_ignore_ascii_case(token))
 }
 
@@ -603,29 +616,7 @@ pub(crate) fn attribute_failure(
     let record = record?;
     let unsent = gave_up && dropped && state.given_up_unwritten(record.runtime);
     let now = Instant::now();
-    let reused = record.ready_at() <= state.started;
-    span.set_attribute(semconv::HTTP_CONNECTION_REUSED, reused);
-    span.set_attribute(semconv::HTTP_CONNECTION_ID, record.id() as i64);
-    // The socket it names, as a response on it would record it
-    // ([`attribute_response`]).
-    if let Some((local, remote)) = record.pair().filter(|_| !span.is_none()) {
-        set_attributes(
-            span,
-            vec![
-                KeyValue::new(semconv::NETWORK_PEER_ADDRESS, ip_text(remote.ip())),
-                KeyValue::new(semconv::NETWORK_PEER_PORT, i64::from(remote.port())),
-                KeyValue::new(semconv::NETWORK_LOCAL_PORT, i64::from(local.port())),
-            ],
-        );
-    }
-    let idle = reused.then(|| {
-        state
-            .started
-            .saturating_duration_since(record.last_activity())
-    });
-    if let Some(idle) = idle {
-        span.set_attribute(semconv::HTTP_CONNECTION_IDLE_TIME, secs(idle));
-    }
+    let (reused, idle) = name_without_response(span, &record, state);
     // Sent and then given up on: the server counted it (a reset or GOAWAY
     // may mean it never saw it, so those count nothing; nor does a
     // request given up before hyper wrote it).
@@ -710,35 +701,45 @@ pub(crate) fn attribute_refused_redirect(
     let record = likely_connection(inner, state)?;
     record.take();
     let request_count = record.count_request();
+    span.set_attribute(semconv::HTTP_CONNECTION_REQUEST_COUNT, request_count as i64);
+    let (reused, idle) = name_without_response(span, &record, state);
+    let usage = unanswered_use(span, &record, state, reused, request_count, idle);
+    Some((usage, record))
+}
+
+/// Names `record` on `span` for a request that read no response from it,
+/// as a response on it would ([`attribute_response`]):
+/// `http.connection.reused`, `.id`, `.idle_time` (when reused) and its
+/// socket. Returns whether it was reused, and its idle time then.
+fn name_without_response(
+    span: &tracing::Span,
+    record: &ConnectionRecord,
+    state: &RequestState,
+) -> (bool, Option<Duration>) {
     let reused = record.ready_at() <= state.started;
     let idle = reused.then(|| {
         state
             .started
             .saturating_duration_since(record.last_activity())
     });
-    let mut attributes = vec![
-        KeyValue::new(semconv::HTTP_CONNECTION_REUSED, reused),
-        KeyValue::new(semconv::HTTP_CONNECTION_ID, record.id() as i64),
-        KeyValue::new(semconv::HTTP_CONNECTION_REQUEST_COUNT, request_count as i64),
-    ];
-    if let Some(idle) = idle {
-        attributes.push(KeyValue::new(
-            semconv::HTTP_CONNECTION_IDLE_TIME,
-            secs(idle),
-        ));
-    }
-    if let Some((local, remote)) = record.pair() {
-        attributes.extend([
-            KeyValue::new(semconv::NETWORK_PEER_ADDRESS, ip_text(remote.ip())),
-            KeyValue::new(semconv::NETWORK_PEER_PORT, i64::from(remote.port())),
-            KeyValue::new(semconv::NETWORK_LOCAL_PORT, i64::from(local.port())),
-        ]);
-    }
     if !span.is_none() {
+        let mut attributes = Vec::with_capacity(6);
+        attributes.extend([
+            KeyValue::new(semconv::HTTP_CONNECTION_REUSED, reused),
+            KeyValue::new(semconv::HTTP_CONNECTION_ID, record.id() as i64),
+        ]);
+        if let Some(idle) = idle {
+            attributes.push(KeyValue::new(
+                semconv::HTTP_CONNECTION_IDLE_TIME,
+                secs(idle),
+            ));
+        }
+        if let Some((local, remote)) = record.pair() {
+            attributes.extend(socket_attributes(local, remote));
+        }
         set_attributes(span, attributes);
     }
-    let usage = unanswered_use(span, &record, state, reused, request_count, idle);
-    Some((usage, record))
+    (reused, idle)
 }
 
 /// The report's view of `record`, the connection a request with no

@@ -251,17 +251,22 @@ impl<M: MakeRequestSpan> Middleware for ConnTraceMiddleware<M> {
         let mut first: Option<Arc<HopSlot>> = None;
         loop {
             let hop = Arc::new(HopSlot::new(&req, followed));
-            let first = first.get_or_insert_with(|| hop.clone());
             let resend_count = Sent::count_one(extensions);
             let response = match self
-                .send_one(req, extensions, next.clone(), hop.clone(), resend_count)
+                .send_one(req, extensions, next.clone(), &hop, resend_count)
                 .await
             {
                 Ok(response) => response,
-                Err(error) if followed > 0 => return Err(first.as_reqwest_reports(error)),
-                Err(error) => return Err(error),
+                Err(error) => {
+                    return Err(match &first {
+                        Some(first) => first.as_reqwest_reports(error),
+                        None => error,
+                    });
+                }
             };
-            let Some(next_request) = hop.next_request(response.status()) else {
+            let next_request = hop.next_request(response.status());
+            first.get_or_insert(hop);
+            let Some(next_request) = next_request else {
                 return Ok(response);
             };
             // Like reqwest: the redirect's body is dropped unread.
@@ -279,7 +284,7 @@ impl<M: MakeRequestSpan> ConnTraceMiddleware<M> {
         req: Request,
         extensions: &mut Extensions,
         next: Next<'_>,
-        hop: Arc<HopSlot>,
+        hop: &Arc<HopSlot>,
         resend_count: usize,
     ) -> Result<Response> {
         let inner = self.trace.inner().clone();
@@ -368,11 +373,10 @@ impl<M: MakeRequestSpan> ConnTraceMiddleware<M> {
         );
         end.resend_count = resend_count as u32;
         end.recording = recording;
-        let refused_hop = hop.clone();
         let result = Scoped {
             inner: next.run(req, extensions),
             state: state.clone(),
-            hop,
+            hop: hop.clone(),
         }
         .instrument(span.clone())
         .await;
@@ -448,27 +452,29 @@ impl<M: MakeRequestSpan> ConnTraceMiddleware<M> {
                 );
                 Ok(wrap_body(response, end))
             }
-            Err(error) if refused_hop.refused_by_limit().is_some() => {
-                // A redirect the limit refused: the hop was answered (its
-                // status is the response's) on a connection, then reqwest
-                // failed the call and dropped the response unread.
-                end.headers_at = Some(Instant::now());
-                let status = refused_hop.refused_by_limit().map(|s| s.as_u16());
-                end.status = status;
-                if let (Some(status), true) = (status, records_http && recording) {
-                    span.set_attribute(semconv::HTTP_RESPONSE_STATUS_CODE, i64::from(status));
-                }
-                let none = tracing::Span::none();
-                end.connection = crate::request::attribution::attribute_refused_redirect(
-                    &inner,
-                    &state,
-                    if recording { &span } else { &none },
-                );
-                end.fail(classify(&error), error_chain_text(&inner.redaction, &error));
-                end.finish(EndKind::Dropped);
-                Err(error)
-            }
             Err(error) => {
+                if let Some(status) = hop.refused_by_limit() {
+                    // A redirect the limit refused: the hop was answered (its
+                    // status is the response's) on a connection, then reqwest
+                    // failed the call and dropped the response unread.
+                    end.headers_at = Some(Instant::now());
+                    end.status = Some(status.as_u16());
+                    if records_http && recording {
+                        span.set_attribute(
+                            semconv::HTTP_RESPONSE_STATUS_CODE,
+                            i64::from(status.as_u16()),
+                        );
+                    }
+                    let none = tracing::Span::none();
+                    end.connection = crate::request::attribution::attribute_refused_redirect(
+                        &inner,
+                        &state,
+                        if recording { &span } else { &none },
+                    );
+                    end.fail(classify(&error), error_chain_text(&inner.redaction, &error));
+                    end.finish(EndKind::Dropped);
+                    return Err(error);
+                }
                 // A proxy that refused the CONNECT is named as such.
                 let error_type = crate::error::proxy_refusal(&error)
                     .map_or_else(|| classify(&error), |r| r.error_type);
