@@ -1814,6 +1814,48 @@ async fn a_proxy_named_by_host_name_shows_every_tunnel() {
     }
 }
 
+/// A proxy named by host name that refuses the CONNECT (502): it was
+/// connected to, so the failed setup names it as the peer, the address its
+/// name resolved to with the port configured for it (the resolver answers
+/// with port 0), as the proxy's CONNECT log shows it answered.
+#[tokio::test]
+async fn a_refusing_proxy_named_by_host_name_is_the_peer_with_its_port() {
+    let t = telemetry();
+    let proxy = conntrace_lab::ConnectProxy::start_refusing(reqwest::StatusCode::BAD_GATEWAY)
+        .await
+        .expect("proxy");
+    let client = t
+        .conntrace()
+        .instrument_client(reqwest::Client::builder())
+        .proxy(format!("http://localhost:{}", proxy.addr().port()))
+        .build_with_middleware()
+        .expect("client");
+    client
+        .get("https://localhost:9/")
+        .send()
+        .await
+        .expect_err("the proxy refuses");
+    let setups = ended(&t, 1, 1);
+    assert_eq!(
+        proxy
+            .connect_log()
+            .iter()
+            .map(|r| r.status)
+            .collect::<Vec<_>>(),
+        vec![502]
+    );
+    assert_eq!(
+        (
+            str_attr(&setups[0], semconv::NETWORK_PEER_ADDRESS),
+            i64_attr(&setups[0], semconv::NETWORK_PEER_PORT),
+        ),
+        (
+            Some(proxy.addr().ip().to_string()),
+            Some(i64::from(proxy.addr().port()))
+        )
+    );
+}
+
 /// A proxy set with reqwest's `Proxy::https(..).no_proxy(NoProxy::from_string("localhost"))`
 /// (the exclusion list is not visible in the client's configuration): one
 /// HTTPS call to localhost goes direct. The proxy's CONNECT log is empty

@@ -320,19 +320,21 @@ pub(crate) fn emit_phases(
     let remote = remote.or_else(|| {
         refusal?;
         let route = route.filter(|r| r.tunnel)?;
-        let port = route.port?;
-        match phases.dns.as_ref() {
+        // The resolver answers with port 0: the proxy's port is configured.
+        let ip = match phases.dns.as_ref() {
             Some(dns) => match dns.connect_order.as_slice() {
-                [only] => Some(*only),
-                _ => None,
+                [only] => only.ip(),
+                _ => return None,
             },
             None => route
                 .host
                 .as_deref()?
+                .trim_start_matches('[')
+                .trim_end_matches(']')
                 .parse::<std::net::IpAddr>()
-                .ok()
-                .map(|ip| SocketAddr::new(ip, port)),
-        }
+                .ok()?,
+        };
+        Some(SocketAddr::new(ip, route.port?))
     });
     let polls = match (phases.tls_started, refusal) {
         (Some(_), _) => [phases.tunnel_started, phases.tls_poll_started],
@@ -343,7 +345,7 @@ pub(crate) fn emit_phases(
         .into_iter()
         .flatten()
         .find(|t| *t >= tcp_start)
-        .or_else(|| polls.into_iter().flatten().next().map(|_| tcp_start))
+        .or_else(|| polls.iter().any(Option::is_some).then_some(tcp_start))
         .filter(|_| tunneled);
     let tunnel_end = phases.tls_started.unwrap_or(end);
     let mut tcp_duration = std::time::Duration::ZERO;
