@@ -58,8 +58,11 @@ const PLAIN_HTTP_TO_TLS_PORT: &[&str] = &[
 /// the plain HTTP request reached its TLS port (one of
 /// [`PLAIN_HTTP_TO_TLS_PORT`], in the body's first 4 KiB).
 fn says_port_speaks_tls(status: u16, body: &[u8]) -> bool {
+    if status != 400 {
+        return false;
+    }
     let head = String::from_utf8_lossy(&body[..body.len().min(4096)]);
-    status == 400 && PLAIN_HTTP_TO_TLS_PORT.iter().any(|t| head.contains(t))
+    PLAIN_HTTP_TO_TLS_PORT.iter().any(|t| head.contains(t))
 }
 
 /// What one GET produced.
