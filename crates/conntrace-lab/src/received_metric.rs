@@ -15,6 +15,10 @@ pub struct ReceivedMetric {
     pub resource: Attributes,
     /// Instrumentation scope (meter) name.
     pub scope_name: String,
+    /// Instrumentation scope attributes (empty when the meter has none):
+    /// they tell apart meters of one name, e.g. `conntrace probe`'s
+    /// `conntrace.probe.mode`.
+    pub scope_attributes: Attributes,
     /// Metric name.
     pub name: String,
     /// Metric description.
@@ -164,7 +168,10 @@ pub(crate) fn flatten_resource_metrics(
     for rm in resource_metrics {
         let resource = Attributes::new(rm.resource.map(|r| r.attributes).unwrap_or_default());
         for sm in rm.scope_metrics {
-            let scope_name = sm.scope.map(|s| s.name).unwrap_or_default();
+            let (scope_name, scope_attributes) = sm
+                .scope
+                .map(|s| (s.name, Attributes::new(s.attributes)))
+                .unwrap_or_default();
             for metric in sm.metrics {
                 let data = match metric.data {
                     Some(Data::Sum(sum)) => MetricData::Sum {
@@ -184,6 +191,7 @@ pub(crate) fn flatten_resource_metrics(
                 out.push(ReceivedMetric {
                     resource: resource.clone(),
                     scope_name: scope_name.clone(),
+                    scope_attributes: scope_attributes.clone(),
                     name: metric.name,
                     description: metric.description,
                     unit: metric.unit,

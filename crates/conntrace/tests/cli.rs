@@ -489,6 +489,100 @@ async fn probe_reuse_against_a_request_limit_names_every_connection() {
     }
 }
 
+/// `conntrace probe --mode both --traces-out T` writes each mode's metrics
+/// apart (scope attribute `conntrace.probe.mode`), each counting what
+/// nginx served in that mode: the fresh mode's connections opened,
+/// requests and connection lifetimes are nginx's 12 connections; the reuse
+/// mode's connections opened are the JSON's and at least nginx's distinct
+/// connections (an extra connect may go unused), not the two modes summed.
+#[tokio::test]
+async fn probe_metrics_file_keeps_each_mode_apart() {
+    let pki = TestPki::localhost().expect("pki");
+    let nginx = Nginx::start(NginxConfig::new(&pki).keepalive_requests(5))
+        .await
+        .expect("nginx starts (installed by scripts/test.sh)");
+    let url = nginx.url(NginxListener::Plain, "/").expect("listener");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let traces = dir.path().join("t.json");
+    let mut cmd = conntrace();
+    cmd.arg("probe")
+        .arg(&url)
+        .args([
+            "--json",
+            "--mode",
+            "both",
+            "-n",
+            "12",
+            "-c",
+            "3",
+            "--traces-out",
+        ])
+        .arg(&traces);
+    let out = run(cmd).await;
+    assert!(out.status.success(), "probe failed: {}", stderr(&out));
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    // The modes run one after the other: nginx logs the fresh mode's 12
+    // requests first.
+    let log = nginx.wait_for_access_log(24, Duration::from_secs(10)).await;
+    assert_eq!(log.len(), 24, "{log:?}");
+    let served = |entries: &[conntrace_lab::nginx::AccessLogEntry]| {
+        let mut c: Vec<u64> = entries.iter().map(|e| e.connection).collect();
+        c.sort_unstable();
+        c.dedup();
+        c.len() as f64
+    };
+    let metrics = conntrace_lab::metrics_from_otlp_json(
+        &std::fs::read_to_string(dir.path().join("t.metrics.json")).expect("metrics file"),
+    )
+    .expect("an OTLP JSON metrics document");
+    let of_mode = |mode: &str, name: &str| {
+        let found: Vec<_> = metrics
+            .iter()
+            .filter(|m| {
+                m.name == name && m.scope_attributes.str("conntrace.probe.mode") == Some(mode)
+            })
+            .collect();
+        assert_eq!(found.len(), 1, "{mode} {name}: {metrics:#?}");
+        found[0].clone()
+    };
+    let fresh = served(&log[..12]);
+    assert_eq!(fresh, 12.0, "{log:?}");
+    assert_eq!(
+        of_mode("fresh", "http.client.connections.opened").total(),
+        fresh
+    );
+    assert_eq!(
+        of_mode("fresh", "http.client.connection.duration").histogram_count(),
+        12
+    );
+    assert_eq!(
+        of_mode("fresh", "http.client.request.duration").histogram_count(),
+        12
+    );
+    let idle_limit = of_mode("fresh", "http.client.pool.idle_limit");
+    assert_eq!(idle_limit.total(), 0.0, "the fresh mode's pool of 0");
+    let reuse_opened = of_mode("reuse", "http.client.connections.opened").total();
+    assert!(reuse_opened >= served(&log[12..]), "{reuse_opened} {log:?}");
+    assert_eq!(
+        Some(reuse_opened as u64),
+        json["modes"][1]["totals"]["connections_opened"].as_u64(),
+        "{}",
+        json["modes"][1]["totals"]
+    );
+    assert_eq!(
+        of_mode("reuse", "http.client.request.duration").histogram_count(),
+        12
+    );
+    // Every metric of the run is one mode's: none is left without the
+    // scope attribute.
+    assert!(
+        metrics
+            .iter()
+            .all(|m| m.scope_attributes.str("conntrace.probe.mode").is_some()),
+        "{metrics:#?}"
+    );
+}
+
 /// TLS 1.2-only nginx: version 1.2 on every setup, as nginx logs it.
 #[tokio::test]
 async fn probe_against_nginx_tls12() {

@@ -14,6 +14,7 @@ use std::time::Instant;
 use anyhow::Context as _;
 use clap::{Args, ValueEnum};
 use futures::future::join_all;
+use opentelemetry::KeyValue;
 use reqwest_conntrace::ConnTrace;
 use reqwest_middleware::ClientWithMiddleware;
 use tracing::Instrument as _;
@@ -70,7 +71,10 @@ pub(crate) struct ProbeArgs {
     pub(crate) json: bool,
 
     /// Write the spans to this OTLP JSON file (ignored when
-    /// OTEL_EXPORTER_OTLP_ENDPOINT is set). [default: no file]
+    /// OTEL_EXPORTER_OTLP_ENDPOINT is set), and the metrics beside it
+    /// (`<stem>.metrics.json`), each mode's apart: its instrumentation
+    /// scope carries the attribute `conntrace.probe.mode` (also sent to a
+    /// collector). [default: no file]
     #[arg(long, value_name = "PATH")]
     pub(crate) traces_out: Option<PathBuf>,
 
@@ -179,8 +183,14 @@ pub(crate) async fn run(args: ProbeArgs) -> anyhow::Result<ExitCode> {
         // A handle per mode: the reuse mode's client is not judged against
         // the fresh mode's (its first request is `cold`, not `new_client`,
         // whose fix "share one client" does not apply to two clients made
-        // on purpose). Connection ids stay unique across modes.
-        let trace = ConnTrace::builder().on_request_end(CaptureReports).build();
+        // on purpose). Connection ids stay unique across modes. Each
+        // handle's metrics carry the mode as a scope attribute (the
+        // span's `conntrace.probe.mode`), so the metrics file holds each
+        // mode's counters and gauges apart.
+        let trace = ConnTrace::builder()
+            .on_request_end(CaptureReports)
+            .meter_scope_attributes([KeyValue::new("conntrace.probe.mode", mode.as_str())])
+            .build();
         let client = match spec.build(&trace) {
             Ok(c) => c,
             Err(e) => {
@@ -208,6 +218,9 @@ pub(crate) async fn run(args: ProbeArgs) -> anyhow::Result<ExitCode> {
             .await;
         let wall = started.elapsed();
         drop(client);
+        // Its connections end with it (`http.client.connection.duration`);
+        // its final gauges are kept for the last metric collection.
+        drop(trace);
         let first_failed = rows.first().filter(|r| r.failed()).map(|first| {
             anyhow::anyhow!(
                 "request 1 ({} mode) failed: {}",

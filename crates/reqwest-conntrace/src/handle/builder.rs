@@ -7,9 +7,10 @@ use std::time::Duration;
 use opentelemetry::global::{BoxedTracer, ObjectSafeTracerProvider};
 use opentelemetry::metrics::{Meter, MeterProvider};
 use opentelemetry::trace::TracerProvider;
+use opentelemetry::{InstrumentationScope, KeyValue};
 
 use super::conn_trace::{ConnTrace, DEFAULT_POOL_ADVICE_INTERVAL, DEFAULT_REGISTRY_CAPACITY};
-use super::inner::{Inner, TracerSource, meter_for_new_handle, scope};
+use super::inner::{Inner, TracerSource, meter_for_new_handle, scope, scope_with};
 use crate::export::clock::Clock;
 use crate::export::metrics::{Metrics, PoolObservations};
 use crate::export::phases::ConnectionPhases;
@@ -20,10 +21,15 @@ use crate::pool::model::PoolHistory;
 use crate::pool::registry::Registry;
 use crate::redact::UrlRedaction;
 
+/// Makes the meter of a handle from its instrumentation scope (the meter
+/// provider set with [`ConnTraceBuilder::meter_provider`]).
+type MeterSource = Box<dyn FnOnce(InstrumentationScope) -> Meter + Send>;
+
 /// Builds a [`ConnTrace`].
 pub struct ConnTraceBuilder {
     tracer: TracerSource,
-    meter: Option<Meter>,
+    meter: Option<MeterSource>,
+    meter_scope_attributes: Vec<KeyValue>,
     advice_interval: Duration,
     advice_hosts: usize,
     history_hosts: usize,
@@ -46,6 +52,7 @@ impl Default for ConnTraceBuilder {
         Self {
             tracer: TracerSource::Global,
             meter: None,
+            meter_scope_attributes: Vec::new(),
             advice_interval: DEFAULT_POOL_ADVICE_INTERVAL,
             advice_hosts: crate::pool::advice::DEFAULT_POOL_ADVICE_HOSTS,
             history_hosts: crate::pool::model::DEFAULT_POOL_HISTORY_HOSTS,
@@ -79,8 +86,32 @@ impl ConnTraceBuilder {
     /// install yours first, or set it here (the `otlp` set-up functions
     /// fail with `OtlpError::BuiltBeforePipeline` when a handle took the
     /// global meter before they installed theirs).
-    pub fn meter_provider<P: MeterProvider>(mut self, provider: &P) -> Self {
-        self.meter = Some(provider.meter_with_scope(scope()));
+    pub fn meter_provider<P>(mut self, provider: &P) -> Self
+    where
+        P: MeterProvider + Clone + Send + 'static,
+    {
+        let provider = provider.clone();
+        self.meter = Some(Box::new(move |scope| provider.meter_with_scope(scope)));
+        self
+    }
+
+    /// Attributes of the instrumentation scope of this handle's metrics
+    /// (the scope stays `reqwest-conntrace` with this crate's version), so
+    /// handles sharing one meter provider export separate series: each
+    /// handle's counters count its own clients only, and each handle's
+    /// gauges (`http.client.open_connections`, `http.client.pool.*`) are
+    /// not overwritten by another's for the same host. OpenTelemetry tells
+    /// meters with different scope attributes apart (metrics API,
+    /// *Get a Meter*); OTLP carries them as
+    /// `InstrumentationScope.attributes`, and the collector's Prometheus
+    /// exporter as `otel_scope_*` labels. Use a few fixed values (a client
+    /// role, `conntrace probe`'s `conntrace.probe.mode`), never per-request
+    /// data. Spans are unaffected. Default: none.
+    pub fn meter_scope_attributes<I>(mut self, attributes: I) -> Self
+    where
+        I: IntoIterator<Item = KeyValue>,
+    {
+        self.meter_scope_attributes = attributes.into_iter().collect();
         self
     }
 
@@ -173,7 +204,11 @@ impl ConnTraceBuilder {
 
     /// The handle.
     pub fn build(self) -> ConnTrace {
-        let meter = meter_for_new_handle(self.meter);
+        let scope = scope_with(self.meter_scope_attributes);
+        let meter = match self.meter {
+            Some(make) => make(scope),
+            None => meter_for_new_handle(scope),
+        };
         ConnTrace {
             inner: Arc::new_cyclic(|weak| Inner {
                 registry: Registry::new(self.capacity),

@@ -56,17 +56,15 @@ pub(crate) fn global_meter_installed() {
     GLOBAL_METER_SET.store(true, Ordering::Relaxed);
 }
 
-/// The meter of a handle being built: `meter`, the one set on its builder,
-/// else the global meter provider's as installed now (counted when no
+/// The meter of a handle built without a meter provider of its own: the
+/// global meter provider's as installed now, for `scope` (counted when no
 /// pipeline of this crate installed it yet, see
 /// [`handles_on_global_meter`]).
-pub(super) fn meter_for_new_handle(meter: Option<Meter>) -> Meter {
-    meter.unwrap_or_else(|| {
-        if !GLOBAL_METER_SET.load(Ordering::Relaxed) {
-            BUILT_ON_NOOP_METER.fetch_add(1, Ordering::Relaxed);
-        }
-        opentelemetry::global::meter_with_scope(scope())
-    })
+pub(super) fn meter_for_new_handle(scope: InstrumentationScope) -> Meter {
+    if !GLOBAL_METER_SET.load(Ordering::Relaxed) {
+        BUILT_ON_NOOP_METER.fetch_add(1, Ordering::Relaxed);
+    }
+    opentelemetry::global::meter_with_scope(scope)
 }
 
 pub(crate) enum TracerSource {
@@ -114,9 +112,15 @@ impl PoolObservations for Inner {
 /// The instrumentation scope of every span and metric of this crate: its
 /// name and version, and the semantic conventions' schema URL.
 pub(super) fn scope() -> InstrumentationScope {
+    scope_with(Vec::new())
+}
+
+/// [`scope`] with `attributes` (`ConnTraceBuilder::meter_scope_attributes`).
+pub(super) fn scope_with(attributes: Vec<KeyValue>) -> InstrumentationScope {
     InstrumentationScope::builder(env!("CARGO_PKG_NAME"))
         .with_version(env!("CARGO_PKG_VERSION"))
         .with_schema_url(opentelemetry_semantic_conventions::SCHEMA_URL)
+        .with_attributes(attributes)
         .build()
 }
 
