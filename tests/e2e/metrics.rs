@@ -157,7 +157,7 @@ async fn metrics_count_hits_misses_and_connections_with_bounded_attributes() {
 
     // The idle limit kept one connection; the others were closed at release
     // (the server saw those closes) and their lifetimes counted.
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    server_saw_closes(&server, accepted as u64 - 2).await;
     let open = t.metric(semconv::HTTP_CLIENT_OPEN_CONNECTIONS);
     let server_port = server.addr().port().to_string();
     let to_server: Vec<Point> = open
@@ -235,12 +235,12 @@ async fn metrics_count_hits_misses_and_connections_with_bounded_attributes() {
             .contains("suggested pool_max_idle_per_host >= 4")
     );
 
-    // Dropping the client closes its pool: the kernel sees the sockets go,
-    // and the host's open-connection series reports 0 rather than vanishing.
+    // Dropping the client closes its pool: once the server saw the last
+    // connection close, the very next collection counts it closed (the
+    // collection waits for the kernel's answer), and the host's
+    // open-connection series reports 0 rather than vanishing.
     drop(client);
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    let _ = t.metric(semconv::HTTP_CLIENT_OPEN_CONNECTIONS); // kernel sweep
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    server_saw_closes(&server, accepted as u64).await;
     let after = t.metric(semconv::HTTP_CLIENT_OPEN_CONNECTIONS);
     let idle_after: Vec<&Point> = after
         .iter()
@@ -252,6 +252,15 @@ async fn metrics_count_hits_misses_and_connections_with_bounded_attributes() {
         .collect();
     assert_eq!(idle_after.len(), 1, "the series is still reported");
     assert_eq!(idle_after[0].value, 0.0, "no connection open any more");
+}
+
+/// Waits until `server` has seen `closes` connections end (polled, at
+/// most 10 s; the assertions after it fail if they never do).
+async fn server_saw_closes(server: &TestServer, closes: u64) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while server.closed_connections() < closes && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
 }
 
 /// No span records (a sampler that drops everything, no OpenTelemetry

@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use opentelemetry::global::BoxedTracer;
 use opentelemetry::metrics::Meter;
@@ -414,6 +414,42 @@ impl Inner {
     /// Asks the kernel about `record`'s socket, off the request path; the
     /// answer applies when it arrives (see
     /// [`apply_kernel_view`](Self::apply_kernel_view)).
+    /// Checks each of `records` with the kernel as
+    /// [`check_with_kernel`](Self::check_with_kernel) does, and waits until
+    /// every answer is applied or `wait` has passed.
+    fn check_with_kernel_and_wait(
+        self: &Arc<Self>,
+        records: &[Arc<ConnectionRecord>],
+        wait: Duration,
+    ) {
+        let pending = Arc::new((std::sync::Mutex::new(0usize), std::sync::Condvar::new()));
+        for record in records {
+            let (Some(l), Some(r)) = (record.setup.local_addr, record.setup.peer_addr) else {
+                continue;
+            };
+            *pending.0.lock().unwrap_or_else(|e| e.into_inner()) += 1;
+            let weak = Arc::downgrade(self);
+            let record = record.clone();
+            let answered = pending.clone();
+            let asked_at = Instant::now();
+            self.kernel.lookup_then(l, r, move |lookup| {
+                if let Some(inner) = weak.upgrade() {
+                    inner.apply_kernel_view(&record, &lookup, asked_at);
+                }
+                let (left, done) = &*answered;
+                let mut left = left.lock().unwrap_or_else(|e| e.into_inner());
+                *left = left.saturating_sub(1);
+                if *left == 0 {
+                    done.notify_all();
+                }
+            });
+        }
+        let (left, done) = &*pending;
+        let left = left.lock().unwrap_or_else(|e| e.into_inner());
+        // Poisoning cannot lose an answer: the count is read either way.
+        let _ = done.wait_timeout_while(left, wait, |left| *left > 0);
+    }
+
     pub(super) fn check_with_kernel(self: &Arc<Self>, record: Arc<ConnectionRecord>) {
         if let (Some(l), Some(r)) = (record.setup.local_addr, record.setup.peer_addr) {
             let weak = Arc::downgrade(self);
@@ -460,9 +496,13 @@ impl Inner {
     /// Open connections by attribute set, for `http.client.open_connections`.
     /// Connections idle past their client's idle timeout are closed here
     /// (hyper-util's pool drops them then); every other one is checked with
-    /// the kernel, whose answers apply from the next collection on.
+    /// the kernel first, and the collection waits for the answers (at most
+    /// [`COLLECTION_KERNEL_WAIT`], on the metric reader's thread, never a
+    /// request's), so a connection the server or the pool closed since the
+    /// last collection is not counted open. An answer later than that
+    /// applies from the next collection on.
     pub(crate) fn open_connections(self: &Arc<Self>, now: Instant) -> Vec<(Vec<KeyValue>, i64)> {
-        let mut counts: Vec<(Vec<KeyValue>, i64)> = Vec::new();
+        let mut open = Vec::new();
         for record in self.registry.snapshot() {
             if record.is_closed() {
                 continue;
@@ -474,8 +514,12 @@ impl Inner {
                 self.connection_closed(&record, record.last_activity() + t);
                 continue;
             }
-            self.check_with_kernel(record.clone());
-            if record.is_over_idle_limit() {
+            open.push(record);
+        }
+        self.check_with_kernel_and_wait(&open, COLLECTION_KERNEL_WAIT);
+        let mut counts: Vec<(Vec<KeyValue>, i64)> = Vec::new();
+        for record in open {
+            if record.is_closed() || record.is_over_idle_limit() {
                 continue;
             }
             let mut attributes = connection_attributes(&record);
@@ -542,6 +586,12 @@ impl Drop for Inner {
             .keep_final(crate::export::metrics::FinalObservations { open, hosts });
     }
 }
+
+/// Longest a metric collection waits for the kernel's answers about the
+/// connections it counts (`http.client.open_connections`): 100 ms, well
+/// above a sock_diag lookup's usual sub-millisecond answer on a loaded
+/// machine, well under the SDK's default 30 s export timeout.
+pub(crate) const COLLECTION_KERNEL_WAIT: Duration = Duration::from_millis(100);
 
 /// Most attribute sets remembered for reporting 0 open connections.
 const MAX_OPEN_SETS: usize = 4096;
