@@ -583,6 +583,134 @@ async fn probe_metrics_file_keeps_each_mode_apart() {
     );
 }
 
+/// `conntrace probe URL --mode reuse -n 24 -c 4 --pool-max-idle-per-host 2`
+/// against plain HTTP nginx with `keepalive_requests 3`, eight runs: the
+/// idle pool turns connections away while nginx ends others at its limit.
+/// Every row names nginx's connection and request count; a miss that names
+/// a previous connection as ended (`previous.end`) names one that served
+/// no later request (nginx's log: no request on its port after the miss
+/// started), with nginx's request count for it; and `release_race` ("nothing
+/// else was in flight") is never read while another request was in flight.
+#[tokio::test]
+async fn probe_small_pool_against_a_request_limit_names_only_ended_connections() {
+    let pki = TestPki::localhost().expect("pki");
+    let nginx = Nginx::start(NginxConfig::new(&pki).keepalive_requests(3))
+        .await
+        .expect("nginx starts (installed by scripts/test.sh)");
+    let url = nginx.url(NginxListener::Plain, "/").expect("listener");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut logged = 0;
+    for run_index in 0..8 {
+        let traces = dir.path().join(format!("t{run_index}.json"));
+        let mut cmd = conntrace();
+        cmd.arg("probe").arg(&url).args([
+            "--json",
+            "--mode",
+            "reuse",
+            "-n",
+            "24",
+            "-c",
+            "4",
+            "--pool-max-idle-per-host",
+            "2",
+            "--traces-out",
+        ]);
+        cmd.arg(&traces);
+        let out = run(cmd).await;
+        assert!(out.status.success(), "probe failed: {}", stderr(&out));
+        let json: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+        let rows = json["modes"][0]["requests"]
+            .as_array()
+            .expect("rows")
+            .clone();
+        assert_eq!(rows.len(), 24, "run {run_index}");
+        let log = nginx
+            .wait_for_access_log(logged + 24, Duration::from_secs(10))
+            .await;
+        let this_run = log[logged..].to_vec();
+        assert_eq!(this_run.len(), 24, "run {run_index}");
+        logged = log.len();
+        let spans = conntrace_lab::spans_from_otlp_json(
+            &std::fs::read_to_string(&traces).expect("traces file"),
+        )
+        .expect("OTLP JSON");
+        let ms = |row: &serde_json::Value, key: &str| row[key].as_f64().expect("ms");
+        for row in &rows {
+            let port = row["local_port"].as_u64().expect("local_port");
+            let count = row["connection_request_count"].as_u64().expect("count");
+            assert!(
+                this_run
+                    .iter()
+                    .any(|e| u64::from(e.remote_port) == port && e.connection_requests == count),
+                "run {run_index}: nginx served no request {count} on port {port}: {row}"
+            );
+            let start = ms(row, "start_ms");
+            if row["miss_reason"] == semconv::MISS_REASON_RELEASE_RACE {
+                let others: Vec<&serde_json::Value> = rows
+                    .iter()
+                    .filter(|o| o["index"] != row["index"])
+                    .filter(|o| {
+                        ms(o, "start_ms") <= start && start < ms(o, "start_ms") + ms(o, "total_ms")
+                    })
+                    .collect();
+                assert!(
+                    others.is_empty(),
+                    "run {run_index}: release_race while others were in flight: {row} {others:?}"
+                );
+            }
+            let span = requests(&spans)
+                .into_iter()
+                .find(|s| {
+                    s.attr_i64(semconv::NETWORK_LOCAL_PORT) == Some(port as i64)
+                        && s.attr_i64(semconv::HTTP_CONNECTION_REQUEST_COUNT) == Some(count as i64)
+                })
+                .unwrap_or_else(|| panic!("run {run_index}: no span for {row}"));
+            if span
+                .attr_str(semconv::HTTP_CONNECTION_PREVIOUS_END)
+                .is_none()
+            {
+                continue;
+            }
+            let previous = span
+                .attr_i64(semconv::HTTP_CONNECTION_PREVIOUS_ID)
+                .expect("previous id");
+            let previous_count = span
+                .attr_i64(semconv::HTTP_CONNECTION_PREVIOUS_REQUEST_COUNT)
+                .expect("previous count");
+            let previous_port = rows
+                .iter()
+                .find(|o| o["connection_id"].as_i64() == Some(previous))
+                .and_then(|o| o["local_port"].as_u64());
+            // A connection that carried no row (pooled unused) has no port
+            // in the rows: nginx served nothing on it, as its count says.
+            let Some(previous_port) = previous_port else {
+                assert_eq!(previous_count, 0, "run {run_index}: {row}");
+                continue;
+            };
+            let served: Vec<u64> = this_run
+                .iter()
+                .filter(|e| u64::from(e.remote_port) == previous_port)
+                .map(|e| e.connection_requests)
+                .collect();
+            assert_eq!(
+                Some(previous_count as u64),
+                served.iter().copied().max(),
+                "run {run_index}: {row} names connection {previous} ended after {previous_count} requests; nginx served {served:?} on it"
+            );
+            let later: Vec<&serde_json::Value> = rows
+                .iter()
+                .filter(|o| {
+                    o["connection_id"].as_i64() == Some(previous) && ms(o, "start_ms") > start
+                })
+                .collect();
+            assert!(
+                later.is_empty(),
+                "run {run_index}: {row} names connection {previous} as ended, yet it served {later:?}"
+            );
+        }
+    }
+}
+
 /// TLS 1.2-only nginx: version 1.2 on every setup, as nginx logs it.
 #[tokio::test]
 async fn probe_against_nginx_tls12() {

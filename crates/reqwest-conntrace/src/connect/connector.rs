@@ -522,6 +522,7 @@ fn on_connected<T: Connection>(
             }) {
                 let in_flight = unused.host.as_ref().map_or(0, |h| inner.load.in_flight(h));
                 inner.pools.on_pooled_unused(&unused, now, in_flight);
+                inner.confirm_unsure_release(&unused);
             }
         }
         None => match setup_end {

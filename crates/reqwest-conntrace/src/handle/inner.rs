@@ -411,9 +411,61 @@ impl Inner {
         }
     }
 
+    /// A release only maybe over the idle limit
+    /// ([`ConnectionRecord::is_over_idle_limit_unsure`]): the kernel is
+    /// asked [`UNSURE_RELEASE_CHECK`] later, off the request path.
+    /// hyper-util closes a connection its full idle pool turns away at once
+    /// (the pool drops it, its connection task ends), so a socket closed by
+    /// then was turned away (its close applies as any the kernel shows), and
+    /// one still established, not taken or released again meanwhile, was
+    /// kept: no longer in doubt, the next release counts it idle. Without
+    /// it, a connection turned away long ago would stay counted as maybe
+    /// idle, and one kept would never count as surely idle.
+    pub(crate) fn confirm_unsure_release(self: &Arc<Self>, record: &Arc<ConnectionRecord>) {
+        if !record.is_over_idle_limit_unsure() {
+            return;
+        }
+        let (Some(l), Some(r)) = (record.setup.local_addr, record.setup.peer_addr) else {
+            return;
+        };
+        let weak = Arc::downgrade(self);
+        let record = Arc::clone(record);
+        let released = record.last_released();
+        let asked_at = Instant::now() + UNSURE_RELEASE_CHECK;
+        self.kernel.lookup_at(l, r, asked_at, move |lookup| {
+            let Some(inner) = weak.upgrade() else {
+                return;
+            };
+            let untouched = record.in_use() == 0 && record.last_released() == released;
+            if !untouched || record.is_closed() {
+                return;
+            }
+            match &lookup {
+                KernelLookup::Found(facts) if facts.state == crate::TcpState::Established => {
+                    if record.is_over_idle_limit_unsure() {
+                        record.set_over_idle_limit_unsure(false);
+                    }
+                }
+                _ => inner.apply_kernel_view(&record, &lookup, asked_at),
+            }
+        });
+    }
+
     /// Asks the kernel about `record`'s socket, off the request path; the
     /// answer applies when it arrives (see
     /// [`apply_kernel_view`](Self::apply_kernel_view)).
+    pub(super) fn check_with_kernel(self: &Arc<Self>, record: Arc<ConnectionRecord>) {
+        if let (Some(l), Some(r)) = (record.setup.local_addr, record.setup.peer_addr) {
+            let weak = Arc::downgrade(self);
+            let asked_at = Instant::now();
+            self.kernel.lookup_batched(l, r, move |lookup| {
+                if let Some(inner) = weak.upgrade() {
+                    inner.apply_kernel_view(&record, &lookup, asked_at);
+                }
+            });
+        }
+    }
+
     /// Checks each of `records` with the kernel as
     /// [`check_with_kernel`](Self::check_with_kernel) does, and waits until
     /// every answer is applied or `wait` has passed.
@@ -448,18 +500,6 @@ impl Inner {
         let left = left.lock().unwrap_or_else(|e| e.into_inner());
         // Poisoning cannot lose an answer: the count is read either way.
         let _ = done.wait_timeout_while(left, wait, |left| *left > 0);
-    }
-
-    pub(super) fn check_with_kernel(self: &Arc<Self>, record: Arc<ConnectionRecord>) {
-        if let (Some(l), Some(r)) = (record.setup.local_addr, record.setup.peer_addr) {
-            let weak = Arc::downgrade(self);
-            let asked_at = Instant::now();
-            self.kernel.lookup_batched(l, r, move |lookup| {
-                if let Some(inner) = weak.upgrade() {
-                    inner.apply_kernel_view(&record, &lookup, asked_at);
-                }
-            });
-        }
     }
 
     /// Classifies the miss of a connect `client` is starting to `host` now
@@ -586,6 +626,13 @@ impl Drop for Inner {
             .keep_final(crate::export::metrics::FinalObservations { open, hosts });
     }
 }
+
+/// How long after a release only maybe over the idle limit the kernel is
+/// asked whether the pool kept it ([`Inner::confirm_unsure_release`]):
+/// 20 ms, long enough for hyper-util's connection task to close a
+/// connection its pool turned away (it does so on its next poll), short
+/// enough to settle before most later releases of a burst.
+pub(crate) const UNSURE_RELEASE_CHECK: Duration = Duration::from_millis(20);
 
 /// Longest a metric collection waits for the kernel's answers about the
 /// connections it counts (`http.client.open_connections`): 100 ms, well

@@ -232,15 +232,17 @@ fn close_after_miss(
 ) -> PoolClose {
     let client = &record.client;
     if client.max_idle_known {
-        // The idle limit is ours to count: a release within it was kept
-        // (one that may have been over it, with requests in flight, was
-        // not surely within it). With nothing else in flight the pool held
-        // no idle connection at the miss (the checkout would have had it),
-        // so none at the release: within any limit.
-        return if !alone && (record.is_over_idle_limit() || record.is_over_idle_limit_unsure()) {
-            PoolClose::AtRelease { idle_others }
-        } else {
+        // With nothing else in flight the pool held no idle connection at
+        // the miss (the checkout would have had it), so none at the
+        // release: within any limit, the release race. With other requests
+        // in flight the count at the release is no proof that it was
+        // within the limit (connections pooled unused by connects that
+        // lost to a freed one, checkouts served by a release, are seen
+        // late): the idle limit closed it.
+        return if alone {
             PoolClose::CheckoutDropped
+        } else {
+            PoolClose::AtRelease { idle_others }
         };
     }
     let Some(k) = idle_others else {

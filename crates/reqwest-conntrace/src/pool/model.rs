@@ -1701,8 +1701,10 @@ impl PoolHistory {
     /// to its waiting checkout (then its own went to the pool unused). A
     /// request in flight whose response has not come yet may hold a
     /// connection counted idle (hyper-util hands it out at the request's
-    /// start, we learn which at its response). So the count is sure only
-    /// above those requests, and below those connections: when the limit
+    /// start, we learn which at its response). A connection whose own
+    /// release was only maybe over the limit (unsure, below) may be closed
+    /// already. So the count is sure only above those requests and those
+    /// unsure connections, and below the connections never released: when the limit
     /// lies between, the release is marked unsure
     /// ([`ConnectionRecord::is_over_idle_limit_unsure`]) and the kernel's
     /// view of the socket decides at a miss ([`decide_from_kernel`]).
@@ -1766,6 +1768,9 @@ impl PoolHistory {
         let Some(limit) = limit else {
             return false;
         };
+        // A connection whose own release was only maybe over the limit
+        // may be closed: idle maybe, not surely.
+        let unsure = idle().filter(|r| r.is_over_idle_limit_unsure()).count();
         let idle = counted.unwrap_or_else(|| idle().count());
         // Requests to the host in flight, other than this one, whose
         // response has not shown their connection yet: each may hold one
@@ -1786,7 +1791,9 @@ impl PoolHistory {
             }
         }
         let holding = in_flight.saturating_sub(1 + attributed);
-        let surely_idle = idle.saturating_sub(usize::try_from(holding).unwrap_or(usize::MAX));
+        let surely_idle = idle
+            .saturating_sub(unsure)
+            .saturating_sub(usize::try_from(holding).unwrap_or(usize::MAX));
         let maybe_idle = idle.saturating_add(never_released);
         record.set_over_idle_limit_unsure(maybe_idle >= limit && surely_idle < limit);
         if surely_idle >= limit {
@@ -2357,7 +2364,8 @@ mod tests {
     /// hyper-util keeps the first two connections put back in each wave.
     /// A connection carrying the request that opened it is not counted
     /// idle, but may be (its request may ride another); one handed to a
-    /// request whose response has not come yet may look idle. A release is
+    /// request whose response has not come yet may look idle; one whose
+    /// own release was in doubt may have been turned away. A release is
     /// over the limit only when it is so without those, unsure when only
     /// with them.
     #[test]
@@ -2379,10 +2387,18 @@ mod tests {
             .iter()
             .map(|c| c.is_over_idle_limit_unsure())
             .collect();
-        assert_eq!(marked, [false, false, false, true]);
-        assert_eq!(unsure, [true, true, true, false]);
+        // The 4th release: 1, 2 and 3 look idle, but each may have been
+        // turned away itself (unsure): in doubt too, not surely over.
+        assert_eq!(marked, [false, false, false, false]);
+        assert_eq!(unsure, [true, true, true, true]);
+        // The kernel's confirmation (`Inner::confirm_unsure_release`): the
+        // pool kept 1 and 2 (still established), turned 3 and 4 away.
+        first[0].set_over_idle_limit_unsure(false);
+        first[1].set_over_idle_limit_unsure(false);
+        first[2].mark_closed();
+        first[3].mark_closed();
         // Wave 2: hyper-util hands 2 and 1 to two requests, two others
-        // connect (5, 6). 5's response comes first: 1, 2 and 3 look idle,
+        // connect (5, 6). 5's response comes first: 1 and 2 look idle,
         // but the three other requests in flight may hold them.
         let (c5, c6) = (
             connection(&pools, &client, 5, t0, false),
@@ -2390,7 +2406,8 @@ mod tests {
         );
         assert!(!release(&pools, &c5, t0, 10, 4));
         assert!(c5.is_over_idle_limit_unsure());
-        // The last response of the wave: nothing else in flight, 4 idle.
+        // The last response of the wave: nothing else in flight; 1 and 2
+        // surely idle (5 maybe).
         first[1].take();
         first[1].clear_over_idle_limit();
         first[1].give_back();

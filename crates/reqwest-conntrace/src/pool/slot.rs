@@ -70,23 +70,32 @@ impl Miss {
     }
 
     /// This miss as the request it was for can tell it once its response
-    /// came on connection `served_by`: a miss that named that very
-    /// connection as ended (the idle limit, the pool's close) was wrong
-    /// about it. The checkout found it missing, yet hyper-util handed it to
-    /// the waiting checkout as it came back (its `put` serves a waiting
-    /// checkout before it counts the idle limit): it was alive and on its
-    /// way back, hyper-util's release race (REFERENCE section 14). Any
-    /// other miss is returned as it is.
-    pub(crate) fn served_by(self, served_by: u64) -> Self {
+    /// came on connection `served_by`, as that connection's
+    /// `request_count`th request: a miss that named that very connection
+    /// as ended (the idle limit, the pool's close) was wrong about it. The
+    /// checkout found it missing, yet hyper-util handed it to the waiting
+    /// checkout as it came back (its `put` serves a waiting checkout
+    /// before it counts the idle limit). When this request is the first
+    /// it carried after the one the miss counted, it was alive and on its
+    /// way back: hyper-util's release race (REFERENCE section 14). When it
+    /// carried another request in between, it was busy at the miss (the
+    /// belief in its close was wrong): every connection was in use,
+    /// `all_busy`, and no connection ended. Any other miss is returned as
+    /// it is.
+    pub(crate) fn served_by(self, served_by: u64, request_count: u64) -> Self {
         match self.previous {
             Some(previous) if previous.id == served_by && previous.end.is_some() => {
-                Self::caused_by(
-                    MissReason::ReleaseRace,
-                    Previous {
-                        end: None,
-                        ..previous
-                    },
-                )
+                if request_count == previous.request_count + 1 {
+                    Self::caused_by(
+                        MissReason::ReleaseRace,
+                        Previous {
+                            end: None,
+                            ..previous
+                        },
+                    )
+                } else {
+                    Self::new(MissReason::AllBusy)
+                }
             }
             _ => self,
         }
@@ -259,8 +268,10 @@ mod tests {
     }
 
     /// A miss that named as ended the connection that then served its own
-    /// request was hyper-util's release race, naming that connection alive
-    /// (no limit behind it); any other miss stays as it was.
+    /// request as the next one it carried was hyper-util's release race,
+    /// naming that connection alive (no limit behind it); one that served
+    /// another request first was busy at the miss (`all_busy`, nothing
+    /// ended); any other miss stays as it was.
     #[test]
     fn a_miss_naming_its_serving_connection_as_ended_was_the_release_race() {
         let previous = Previous {
@@ -270,7 +281,7 @@ mod tests {
             end: Some(ConnectionEnd::IdleLimit),
         };
         let miss = Miss::caused_by(MissReason::AllBusy, previous).limits_inferred();
-        let served = miss.served_by(7);
+        let served = miss.served_by(7, 4);
         assert_eq!(served.reason, MissReason::ReleaseRace);
         assert_eq!(
             served.previous,
@@ -280,7 +291,11 @@ mod tests {
             })
         );
         assert_eq!(served.limits, None);
-        assert_eq!(miss.served_by(8), miss, "served by another connection");
+        let busy = miss.served_by(7, 5);
+        assert_eq!(busy.reason, MissReason::AllBusy);
+        assert_eq!(busy.previous, None, "no connection ended");
+        assert_eq!(busy.limits, None);
+        assert_eq!(miss.served_by(8, 4), miss, "served by another connection");
         let race = Miss::caused_by(
             MissReason::ReleaseRace,
             Previous {
@@ -288,6 +303,6 @@ mod tests {
                 ..previous
             },
         );
-        assert_eq!(race.served_by(7), race);
+        assert_eq!(race.served_by(7, 4), race);
     }
 }

@@ -110,7 +110,9 @@ pub(crate) fn attribute_response(
     // before the caller has read it.
     // A miss that named this very connection as ended was wrong about it
     // (it came back to this request's checkout): said as it was.
-    let own_miss = state.miss().map(|m| m.get().served_by(record.id()));
+    let own_miss = state
+        .miss()
+        .map(|m| m.get().served_by(record.id(), request_count));
     let idle_hit = reused && own_miss.is_none();
     // An HTTP/1.1 connection serving again went through the pool (an idle
     // hit, or handed to a waiting checkout): the pool is on.
@@ -211,6 +213,7 @@ pub(crate) fn attribute_response(
         inner
             .pools
             .on_pooled_unused(&unused, now, inner.load.in_flight(&state.host));
+        inner.confirm_unsure_release(&unused);
     }
     let usage = ConnectionUse {
         id: record.id(),
@@ -1061,11 +1064,14 @@ impl RequestEnd {
                 .as_ref()
                 .and_then(|(_, record)| record.client.idle_limit());
             let pending = crate::export::pending::PendingEnd::new();
-            let served_by = self.connection.as_ref().map(|(usage, _)| usage.id);
+            let served_by = self
+                .connection
+                .as_ref()
+                .map(|(usage, _)| (usage.id, usage.request_count));
             // The report's reason is the one the span records, whenever
             // that is (after the kernel's answer, maybe after responses in
             // flight too); until then the fallback, as the span's would be.
-            let fallback = served_by.map_or(slot.get(), |id| slot.get().served_by(id));
+            let fallback = served_by.map_or(slot.get(), |(id, n)| slot.get().served_by(id, n));
             let deciding = DecidingMiss::new((!fallback.untracked).then_some(fallback.reason));
             let late = deciding.late();
             // The kernel's answer comes on the kernel view's thread: a wait
@@ -1077,7 +1083,7 @@ impl RequestEnd {
                 .ok()
                 .filter(|r| r.runtime_flavor() != tokio::runtime::RuntimeFlavor::CurrentThread);
             slot.when_settled(move |miss| {
-                let miss = served_by.map_or(miss, |id| miss.served_by(id));
+                let miss = served_by.map_or(miss, |(id, n)| miss.served_by(id, n));
                 let runtime = runtime.as_ref();
                 // The report's side was handed out with `deciding`.
                 let _ = record_miss(&inner, &state, &span, &miss, Some(deciding), runtime);
@@ -1256,7 +1262,7 @@ impl RequestEnd {
     /// hyper-util closes it. That stays a belief (the release order hyper
     /// saw may differ) until the kernel confirms it or a response proves it
     /// wrong.
-    fn released_to_pool(&self, record: &ConnectionRecord, now: Instant) {
+    fn released_to_pool(&self, record: &Arc<ConnectionRecord>, now: Instant) {
         if record.in_use() == 0
             && let Some(host) = &record.host
         {
@@ -1267,6 +1273,7 @@ impl RequestEnd {
                 self.state.started,
                 self.inner.load.in_flight(&self.state.host),
             );
+            self.inner.confirm_unsure_release(record);
         }
     }
 
