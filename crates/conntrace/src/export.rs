@@ -178,6 +178,19 @@ impl SpanStore {
 }
 
 impl SpanStore {
+    /// Appends `spans` after the spans collected so far (spans this
+    /// process did not end itself, e.g. a child process's).
+    pub(crate) fn extend(&self, spans: impl IntoIterator<Item = SpanData>) {
+        if let Ok(mut c) = self.inner.lock() {
+            c.spans.extend(spans);
+        }
+    }
+
+    /// Whether `self` and `other` are handles to the same spans.
+    pub(crate) fn same_as(&self, other: &SpanStore) -> bool {
+        Arc::ptr_eq(&self.inner, &other.inner)
+    }
+
     /// Every collected span (kept), decoded as an OTLP receiver would see it.
     pub(crate) fn received(&self) -> Vec<conntrace_lab::ReceivedSpan> {
         let Ok(c) = self.inner.lock() else {
@@ -213,9 +226,7 @@ impl MemoryExporter {
 
 impl SpanExporter for MemoryExporter {
     async fn export(&self, batch: Vec<SpanData>) -> OTelSdkResult {
-        if let Ok(mut c) = self.store.inner.lock() {
-            c.spans.extend(batch);
-        }
+        self.store.extend(batch);
         Ok(())
     }
 

@@ -19,6 +19,7 @@ mod help;
 mod lab;
 mod probe;
 mod progress;
+mod relay;
 mod resolve;
 mod row;
 mod serve;

@@ -47,7 +47,9 @@ pub(crate) struct RequestRow {
     pub(crate) mode: &'static str,
     /// Start of the request, ms after the start of its mode.
     pub(crate) start_ms: f64,
-    /// HTTP status; `null` when the request failed.
+    /// HTTP status the server sent; `null` when no response arrived. A
+    /// request that failed after the headers (its body cut or timed out)
+    /// keeps it: [`error`](Self::error) says whether a request failed.
     pub(crate) status: Option<u16>,
     /// Why the request failed (one line); `null` on success.
     pub(crate) error: Option<String>,
@@ -59,7 +61,7 @@ pub(crate) struct RequestRow {
     /// [`pool_outcome`](Self::pool_outcome)).
     pub(crate) reused: Option<bool>,
     /// Why the request was not an idle hit (`http.connection.miss_reason`);
-    /// `null` on an idle hit or a failed request.
+    /// `null` on an idle hit or when no response arrived.
     pub(crate) miss_reason: Option<&'static str>,
     /// The serving connection's id (`http.connection.id`); for a failed
     /// request, the connection it was sent on, when its span names one.
@@ -67,9 +69,9 @@ pub(crate) struct RequestRow {
     /// This request's own pool miss opened the connection that served it.
     pub(crate) paid_for_connection: Option<bool>,
     /// Requests the serving connection has carried, this one included;
-    /// `null` on a failed request.
+    /// `null` when no response arrived.
     pub(crate) connection_request_count: Option<u64>,
-    /// Time waited for a connection; `null` on a failed request.
+    /// Time waited for a connection; `null` when no response arrived.
     pub(crate) wait_ms: Option<f64>,
     /// Connection setup total (misses only).
     pub(crate) connect_ms: Option<f64>,
@@ -232,9 +234,10 @@ impl RequestRow {
             row.miss_reason = conn.miss_reason.map(|m| m.as_str());
             row.connection_id = Some(conn.id);
             row.paid_for_connection = Some(conn.paid_by_this_request);
-            // A failed request names the connection it was sent on, but it
-            // got no response: no count or wait of its own, and no pool
-            // outcome (see `pool_outcome`).
+            // A request without a response names the connection it was
+            // sent on, but no count or wait of its own, and no pool outcome
+            // (see `pool_outcome`). One that failed after its headers (the
+            // body cut) did take its connection: it keeps them.
             if row.status.is_some() {
                 row.connection_request_count = Some(conn.request_count);
                 row.wait_ms = Some(ms(conn.wait));
@@ -276,7 +279,8 @@ impl RequestRow {
     /// it (that connection may serve later requests from the idle pool); a
     /// new connection that carried another request first counts here too),
     /// `new_connection` (it was a new connection's first request); `None` when
-    /// unknown (failed request).
+    /// unknown (no response arrived; a request that failed after the
+    /// headers has its outcome).
     pub(crate) fn pool_outcome(&self) -> Option<&'static str> {
         match (self.reused?, self.wait_ms?) {
             // A new connection that had carried another request first (a
@@ -296,7 +300,8 @@ impl RequestRow {
         self.pool_outcome().map(|o| o != "idle_hit")
     }
 
-    /// Whether the request failed (no response).
+    /// Whether the request failed: no response, or one whose body failed
+    /// (then [`status`](Self::status) is still set).
     pub(crate) fn failed(&self) -> bool {
         self.error.is_some()
     }

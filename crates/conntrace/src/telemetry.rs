@@ -111,8 +111,24 @@ pub(crate) struct Telemetry {
     /// Every exported span, kept in memory for the command to read back
     /// (`conntrace lab` prints its conclusions from them).
     capture: Option<SpanStore>,
-    /// The first failure of an intermediate flush, reported at the end.
+    /// The first failure of an intermediate flush (or of an export of
+    /// received spans), reported at the end.
     flush_error: Option<String>,
+    /// Spans other processes exported, taken in with
+    /// [`add_received`](Self::add_received).
+    received: ReceivedDelivery,
+}
+
+/// What became of the spans taken in from other processes (added to the
+/// pipeline's own counts in [`Delivery`]).
+#[derive(Debug, Default, Clone, Copy)]
+struct ReceivedDelivery {
+    /// Spans taken in while a sink was set up.
+    ended: u64,
+    /// Of those, spans the sink accepted.
+    exported: u64,
+    /// Of those, spans in exports to the collector that failed.
+    failed: u64,
 }
 
 /// What became of the spans, for output.
@@ -138,7 +154,8 @@ pub(crate) struct TelemetryReport {
 /// Counts of what reached the sink and what was lost (`otlp::ExportStats`).
 #[derive(Debug, Clone, Serialize)]
 pub(crate) struct Delivery {
-    /// Spans handed to the pipeline.
+    /// Spans handed to the pipeline (with those taken in from child
+    /// processes, [`Telemetry::add_received`]).
     pub(crate) spans_ended: u64,
     /// Spans the sink accepted.
     pub(crate) spans_exported: u64,
@@ -175,6 +192,7 @@ impl Telemetry {
                 metrics_file: None,
                 capture: None,
                 flush_error: None,
+                received: ReceivedDelivery::default(),
             });
         }
         if let Some(path) = traces_out {
@@ -193,6 +211,7 @@ impl Telemetry {
                 metrics_file: Some((metrics, metric_store)),
                 capture: None,
                 flush_error: None,
+                received: ReceivedDelivery::default(),
             });
         }
         Ok(Self {
@@ -202,6 +221,7 @@ impl Telemetry {
             metrics_file: None,
             capture: None,
             flush_error: None,
+            received: ReceivedDelivery::default(),
         })
     }
 
@@ -230,6 +250,7 @@ impl Telemetry {
                 metrics_file: None,
                 capture: Some(store),
                 flush_error: None,
+                received: ReceivedDelivery::default(),
             });
         }
         let tee = Tee { memory, otlp: None };
@@ -261,6 +282,7 @@ impl Telemetry {
             metrics_file,
             capture: Some(store),
             flush_error: None,
+            received: ReceivedDelivery::default(),
         })
     }
 
@@ -285,6 +307,49 @@ impl Telemetry {
             .as_ref()
             .map(SpanStore::received)
             .unwrap_or_default()
+    }
+
+    /// Takes spans another process exported (`conntrace lab env-proxy`'s
+    /// `conntrace probe` children, received by the scenario's own OTLP
+    /// receiver) into this run's outputs, their ids unchanged (their trees
+    /// and links stay whole): the traces file and the in-memory capture
+    /// (the `--html` page) hold them after the spans collected so far, and
+    /// with an OTLP endpoint they are exported to the collector now, under
+    /// this pipeline's resource. They count in the report as this
+    /// process's spans do (`spans_written`, `delivery`); a failed export
+    /// is reported by [`finish`](Self::finish). Without a sink (no file,
+    /// no endpoint, no capture) they go nowhere, as this process's spans do.
+    pub(crate) async fn add_received(&mut self, spans: &[conntrace_lab::ReceivedSpan]) {
+        let batch: Vec<SpanData> = spans.iter().filter_map(crate::relay::span_data).collect();
+        if batch.is_empty() {
+            return;
+        }
+        let n = batch.len() as u64;
+        // With a capture, the file writes the capture's spans: one store.
+        let file = self
+            .file
+            .as_ref()
+            .map(|(_, store)| store)
+            .filter(|store| !self.capture.as_ref().is_some_and(|c| c.same_as(store)));
+        for store in self.capture.iter().chain(file) {
+            store.extend(batch.iter().cloned());
+        }
+        if self.guard.is_none() {
+            return;
+        }
+        self.received.ended += n;
+        if self.endpoint.is_none() {
+            // The file takes them all.
+            self.received.exported += n;
+            return;
+        }
+        match export_received(batch).await {
+            Ok(()) => self.received.exported += n,
+            Err(detail) => {
+                self.received.failed += n;
+                self.flush_error.get_or_insert(detail);
+            }
+        }
     }
 
     /// Flushes and shuts the pipeline down, then writes the traces file.
@@ -322,10 +387,11 @@ impl Telemetry {
             Err(join) => (Some(format!("the flush task failed: {join}")), None),
         };
         if let Some(stats) = &stats {
+            let received = self.received;
             report.delivery = Some(Delivery {
-                spans_ended: stats.spans_ended,
-                spans_exported: stats.spans_exported,
-                spans_failed: stats.spans_failed,
+                spans_ended: stats.spans_ended + received.ended,
+                spans_exported: stats.spans_exported + received.exported,
+                spans_failed: stats.spans_failed + received.failed,
                 spans_dropped: stats.spans_dropped,
                 metric_exports: stats.metric_exports,
                 metric_exports_failed: stats.metric_exports_failed,
@@ -343,11 +409,17 @@ impl Telemetry {
         // The first failure says most: once an intermediate flush failed,
         // the final one only reports a generic "Failed to flush".
         let flush_error = self.flush_error.clone().or(final_error);
-        let losses = stats
+        let mut losses = stats
             .as_ref()
             .filter(|s| s.has_losses())
             .map(|s| format!(" ({})", s.summary()))
             .unwrap_or_default();
+        if self.received.failed > 0 {
+            losses.push_str(&format!(
+                " ({} span(s) taken in from child processes not delivered)",
+                self.received.failed
+            ));
+        }
         if let Some(detail) = flush_error {
             report.error = Some(match &self.endpoint {
                 Some(endpoint) => crate::error::one_line(&format!(
@@ -481,6 +553,45 @@ fn resource() -> Resource {
 /// [`DEFAULT_EXPORT_TIMEOUT`].
 fn export_timeout(signal: otlp::Signal) -> Duration {
     otlp::export_timeout_from_env(signal).unwrap_or(DEFAULT_EXPORT_TIMEOUT)
+}
+
+/// How long past the export timeout an export of received spans may run
+/// before it is given up (room for the exporter's own timeout to fire
+/// first, with its more telling error).
+const RECEIVED_EXPORT_SLACK: Duration = Duration::from_millis(250);
+
+/// Exports `batch` (spans received from another process) to the collector
+/// the environment names, as [`otlp_exporters`] would (its protocol, its
+/// timeout), under the pipeline's [`resource`]; gives up after the export
+/// timeout plus [`RECEIVED_EXPORT_SLACK`].
+///
+/// # Errors
+/// Why the exporter could not be built or the export failed, one line.
+async fn export_received(batch: Vec<SpanData>) -> Result<(), String> {
+    let timeout = export_timeout(otlp::Signal::Traces);
+    let mut exporter = otlp::span_exporter_with_timeout(timeout).map_err(|e| e.to_string())?;
+    exporter.set_resource(&resource());
+    // The http/protobuf exporter's client blocks: run it off the runtime's
+    // workers (a blocking-pool thread still has the runtime's timers and
+    // I/O, which the gRPC exporter uses).
+    let exported = tokio::task::spawn_blocking(move || {
+        let result = futures::executor::block_on(tokio::time::timeout(
+            timeout + RECEIVED_EXPORT_SLACK,
+            exporter.export(batch),
+        ));
+        let _ = exporter.shutdown_with_timeout(timeout);
+        result
+    })
+    .await;
+    match exported {
+        Ok(Ok(Ok(()))) => Ok(()),
+        Ok(Ok(Err(e))) => Err(crate::error::export_failure(&e.to_string())),
+        Ok(Err(_elapsed)) => Err(format!(
+            "no answer from the collector within {:.1} s",
+            timeout.as_secs_f64()
+        )),
+        Err(join) => Err(format!("the export task failed: {join}")),
+    }
 }
 
 /// The OTLP span and metric exporters the environment describes, with the

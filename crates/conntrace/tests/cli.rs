@@ -433,7 +433,8 @@ async fn probe_fanout_agrees_with_nginx_access_log() {
 /// HTTP nginx with `keepalive_requests 5`, six runs: every request names
 /// the connection nginx served it on, with nginx's request count (also
 /// the 5th, whose socket nginx closed right after answering); the probe's
-/// documented `pool_hits + pool_misses = succeeded` holds; and no miss
+/// documented `pool_hits + pool_misses = succeeded + failed_after_response`
+/// holds (nothing failed: 40); and no miss
 /// blames the peer or the client's pool for closes that were nginx's
 /// request limit (`closed_by_peer`, `pool_closed`).
 #[tokio::test]
@@ -456,10 +457,14 @@ async fn probe_reuse_against_a_request_limit_names_every_connection() {
         let totals = &mode["totals"];
         assert_eq!(totals["succeeded"], 40, "run {run_index}: {totals}");
         assert_eq!(
+            totals["failed_after_response"], 0,
+            "run {run_index}: {totals}"
+        );
+        assert_eq!(
             totals["pool_hits"].as_u64().expect("hits")
                 + totals["pool_misses"].as_u64().expect("misses"),
             40,
-            "run {run_index}: pool_hits + pool_misses = succeeded: {totals}"
+            "run {run_index}: pool_hits + pool_misses = succeeded + failed_after_response: {totals}"
         );
         let log = nginx
             .wait_for_access_log(logged + 40, Duration::from_secs(10))

@@ -2,7 +2,9 @@
 //! deployments set one (`HTTPS_PROXY`, which reqwest reads by default). The
 //! environment must be set before the process starts, so each run is a
 //! `conntrace probe` child process with `HTTPS_PROXY` pointing at the lab's
-//! CONNECT proxy, exporting its spans to the lab's OTLP receiver:
+//! CONNECT proxy, exporting its spans to the scenario's OTLP receiver,
+//! which hands them on to the lab's own outputs (traces file, page,
+//! collector):
 //! - a working tunnel: the setup span is proxied, names the proxy
 //!   (`http.connection.proxy.address` / `.port`), has a `proxy.connect`
 //!   phase, and no false `dns_skipped = override`;
@@ -41,8 +43,9 @@ const CHILD_DEADLINE: Duration = Duration::from_secs(30);
 
 /// Runs `conntrace probe url -n 1 --mode reuse` with `HTTPS_PROXY=proxy`
 /// and every other proxy variable removed, exporting to `receiver`; returns
-/// the spans it exported.
+/// the spans it exported, once taken into the lab's outputs.
 async fn probe_through(
+    lab: &mut Lab,
     receiver: &OtlpReceiver,
     proxy: &str,
     url: &str,
@@ -84,7 +87,9 @@ async fn probe_through(
         .await
         .context("the conntrace probe child did not finish in 30 s")?
         .context("cannot run conntrace probe")?;
-    Ok(Spans::new(receiver.spans()))
+    let spans = receiver.spans();
+    lab.add_child_spans(&spans).await;
+    Ok(Spans::new(spans))
 }
 
 /// The probe child's requests as a run named `name`.
@@ -99,7 +104,7 @@ fn dead_port() -> anyhow::Result<u16> {
 }
 
 /// Runs the scenario.
-pub(super) async fn run(_lab: &mut Lab) -> anyhow::Result<Outcome> {
+pub(super) async fn run(lab: &mut Lab) -> anyhow::Result<Outcome> {
     let pki: TestPki = net::pki(HOST)?;
     let server = net::start(net::https_server(&pki)).await?;
     let receiver = OtlpReceiver::start()
@@ -113,18 +118,18 @@ pub(super) async fn run(_lab: &mut Lab) -> anyhow::Result<Outcome> {
         .await
         .context("cannot start the CONNECT proxy")?;
     let mut tunnel = view(
-        &probe_through(&receiver, &open.url(), &url, &cacert.0).await?,
+        &probe_through(lab, &receiver, &open.url(), &url, &cacert.0).await?,
         RUN_TUNNEL,
     );
     let auth = ConnectProxy::start_refusing(reqwest::StatusCode::PROXY_AUTHENTICATION_REQUIRED)
         .await
         .context("cannot start the refusing proxy")?;
     let mut refused_407 = view(
-        &probe_through(&receiver, &auth.url(), &url, &cacert.0).await?,
+        &probe_through(lab, &receiver, &auth.url(), &url, &cacert.0).await?,
         RUN_407,
     );
     let mut refused_502 = view(
-        &probe_through(&receiver, &open.url(), &dead_url, &cacert.0).await?,
+        &probe_through(lab, &receiver, &open.url(), &dead_url, &cacert.0).await?,
         RUN_502,
     );
 

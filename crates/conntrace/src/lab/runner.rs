@@ -121,6 +121,14 @@ impl Lab {
         }
     }
 
+    /// Takes spans a child process exported (received by the scenario's
+    /// own OTLP receiver) into the lab's outputs, as if the lab had ended
+    /// them: the traces file, the `--html` page and the OTLP collector
+    /// ([`Telemetry::add_received`]).
+    pub(crate) async fn add_child_spans(&mut self, spans: &[conntrace_lab::ReceivedSpan]) {
+        self.telemetry.add_received(spans).await;
+    }
+
     /// Every span ended so far, exported and read back, once the connects
     /// still finishing in the background have ended their spans
     /// ([`connects_done`](Self::connects_done); the flush waits for the

@@ -16,16 +16,24 @@ use crate::telemetry::TelemetryReport;
 pub(crate) struct ModeTotals {
     /// Requests sent.
     pub(crate) requests: usize,
-    /// Requests that got a response.
+    /// Requests that got their whole response (any status).
     pub(crate) succeeded: usize,
-    /// Requests that failed.
+    /// Requests that failed: without a response, or after its headers
+    /// ([`failed_after_response`](Self::failed_after_response)).
     pub(crate) failed: usize,
+    /// Of the failed requests, those that got the response headers first
+    /// (a status): the body cut by the server (FIN or RST) or timed out,
+    /// or plain HTTP answered by a TLS port. A connection served them, so
+    /// they count as pool hits or misses too.
+    pub(crate) failed_after_response: usize,
     /// Idle hits: requests served at once by an idle pooled connection
-    /// (no miss reason, no wait).
+    /// (no miss reason, no wait). With [`pool_misses`](Self::pool_misses),
+    /// counted over the requests that got a response on a connection:
+    /// `pool_hits + pool_misses = succeeded + failed_after_response`.
     pub(crate) pool_hits: usize,
     /// Requests that found no idle connection (they have a miss reason):
     /// those that waited for a new connection and those that waited for a
-    /// busy one.
+    /// busy one (see [`pool_hits`](Self::pool_hits)).
     pub(crate) pool_misses: usize,
     /// Of the misses, those served by a connection another request was
     /// using or setting up (`reused = true` with a wait or a miss reason).
@@ -74,6 +82,10 @@ impl ModeTotals {
             requests: rows.len(),
             succeeded: rows.iter().filter(|r| !r.failed()).count(),
             failed: rows.iter().filter(|r| r.failed()).count(),
+            failed_after_response: rows
+                .iter()
+                .filter(|r| r.failed() && r.status.is_some())
+                .count(),
             pool_hits: rows.iter().filter(|r| r.pool_miss() == Some(false)).count(),
             pool_misses: rows.iter().filter(|r| r.pool_miss() == Some(true)).count(),
             misses_waited_for_busy: rows
@@ -176,7 +188,7 @@ pub(crate) struct ProbeReport {
     pub(crate) comparison: Option<Comparison>,
     /// Requests sent over all modes.
     pub(crate) total_requests: usize,
-    /// Requests that failed over all modes.
+    /// Requests that failed over all modes (with or without a response).
     pub(crate) failed_requests: usize,
     /// Where the spans went.
     pub(crate) telemetry: TelemetryReport,

@@ -58,6 +58,19 @@ fn dns_cell(r: &RequestRow) -> String {
     }
 }
 
+/// The `status` cell: the status, or the `error.type` when no response
+/// arrived; a request that failed after its headers shows both, `200,
+/// then incomplete_body` (`200, then failed` when the type is the status).
+fn status_cell(r: &RequestRow) -> String {
+    match (r.status, &r.error_type) {
+        (Some(s), Some(t)) if r.failed() && *t != s.to_string() => format!("{s}, then {t}"),
+        (Some(s), _) if r.failed() => format!("{s}, then failed"),
+        (Some(s), _) => s.to_string(),
+        (None, Some(t)) => t.clone(),
+        (None, None) => "error".to_owned(),
+    }
+}
+
 /// Prints one mode's table and totals.
 fn print_mode(mode: &ModeReport) {
     let what = match mode.mode {
@@ -94,11 +107,7 @@ fn print_mode(mode: &ModeReport) {
             r.connection_id.map_or("-".to_owned(), |c| format!("#{c}")),
             r.tls_version.unwrap_or("-").to_owned(),
             fmt_bool(r.tls_resumed).to_owned(),
-            match (r.status, &r.error_type) {
-                (Some(s), _) => s.to_string(),
-                (None, Some(t)) => t.clone(),
-                (None, None) => "error".to_owned(),
-            },
+            status_cell(r),
         ]);
     }
     println!("{table}");
@@ -112,9 +121,17 @@ fn print_mode(mode: &ModeReport) {
         .connections_opened
         .saturating_sub(t.new_connections as u64);
     println!(
-        "totals: {} request(s), {} failed; {} new connection(s){} ({} TLS resumed); {} idle pool hit(s), {} miss(es){}",
+        "totals: {} request(s), {} failed{}; {} new connection(s){} ({} TLS resumed); {} idle pool hit(s), {} miss(es){}",
         t.requests,
         t.failed,
+        if t.failed_after_response > 0 {
+            format!(
+                " ({} after the response headers: counted as pool hits or misses)",
+                t.failed_after_response
+            )
+        } else {
+            String::new()
+        },
         t.new_connections,
         if unused > 0 {
             format!(

@@ -918,6 +918,167 @@ async fn lab_env_proxy() {
         );
     }
     assert_eq!(ran.json["reproduced"], true);
+    // The children's spans reached the lab's collector too, whole.
+    assert_child_runs_whole(&ran.spans, &ran.json);
+    let delivery = &ran.json["telemetry"]["delivery"];
+    assert_eq!(
+        delivery["spans_exported"],
+        ran.spans.len(),
+        "every span the collector got is counted: {delivery}"
+    );
+    assert_eq!(delivery["spans_ended"], ran.spans.len(), "{delivery}");
+    assert_eq!(delivery["spans_failed"], 0, "{delivery}");
+}
+
+/// The env-proxy runs, in order: each is one `conntrace probe` child.
+const ENV_PROXY_RUNS: [&str; 3] = [
+    "HTTPS_PROXY, tunnel open",
+    "HTTPS_PROXY answering 407",
+    "HTTPS_PROXY answering 502",
+];
+
+/// `span`'s ancestors in `spans`, nearest first.
+fn ancestors<'a>(spans: &'a [ReceivedSpan], span: &ReceivedSpan) -> Vec<&'a ReceivedSpan> {
+    let mut out: Vec<&ReceivedSpan> = Vec::new();
+    let mut parent = span.parent_span_id_hex();
+    while let Some(id) = parent {
+        let Some(p) = spans.iter().find(|s| s.span_id_hex() == id) else {
+            break;
+        };
+        out.push(p);
+        parent = p.parent_span_id_hex();
+    }
+    out
+}
+
+/// `spans` (a sink of `conntrace lab env-proxy`) hold its three child
+/// probes' spans as the children exported them: every parent present, one
+/// `probe reuse` root per run with its request under it (the request's
+/// error.type as the lab's `--json` run says), and the one `proxy.connect`
+/// the refusing proxy's log says it answered 407, with that status, under
+/// the 407 run's setup span and request.
+fn assert_child_runs_whole(spans: &[ReceivedSpan], json: &Value) {
+    for s in spans {
+        if let Some(parent) = s.parent_span_id_hex() {
+            assert!(
+                spans
+                    .iter()
+                    .any(|p| p.span_id_hex() == parent && p.trace_id_hex() == s.trace_id_hex()),
+                "{} has its parent in its trace",
+                s.name()
+            );
+        }
+    }
+    let mut roots: Vec<&ReceivedSpan> = spans
+        .iter()
+        .filter(|s| s.attr_str("conntrace.probe.mode") == Some("reuse"))
+        .collect();
+    roots.sort_by_key(|s| s.start_unix_nanos());
+    assert_eq!(roots.len(), ENV_PROXY_RUNS.len(), "one probe per run");
+    for (root, run) in roots.iter().zip(ENV_PROXY_RUNS) {
+        let requests: Vec<&ReceivedSpan> = children(spans, root)
+            .into_iter()
+            .filter(|s| s.attr_str(semconv::HTTP_REQUEST_METHOD).is_some())
+            .collect();
+        assert_eq!(requests.len(), 1, "{run}");
+        let in_json = json["runs"]
+            .as_array()
+            .and_then(|runs| runs.iter().find(|r| r["name"] == run))
+            .map(|r| r["requests"][0]["error_type"].as_str().map(str::to_owned))
+            .unwrap_or_else(|| panic!("no run {run:?}"));
+        assert_eq!(
+            requests[0].attr_str(semconv::ERROR_TYPE).map(str::to_owned),
+            in_json,
+            "{run}"
+        );
+    }
+    let answered_407: Vec<&ReceivedSpan> = spans
+        .iter()
+        .filter(|s| {
+            s.name() == semconv::PROXY_CONNECT_SPAN
+                && s.attr_i64(semconv::HTTP_RESPONSE_STATUS_CODE) == Some(407)
+        })
+        .collect();
+    let logged = json["runs"]
+        .as_array()
+        .and_then(|runs| runs.iter().find(|r| r["name"] == ENV_PROXY_RUNS[1]))
+        .and_then(|r| r["counters"]["proxy_connects_answered_407"].as_u64())
+        .expect("the refusing proxy's count");
+    assert_eq!(answered_407.len() as u64, logged, "as the proxy's log");
+    let phase = answered_407[0];
+    assert_eq!(
+        phase.attr_str(semconv::ERROR_TYPE),
+        Some(semconv::ERROR_TYPE_PROXY_AUTH_REQUIRED)
+    );
+    let chain = ancestors(spans, phase);
+    let names: Vec<&str> = chain.iter().map(|s| s.name()).collect();
+    assert_eq!(chain.len(), 3, "setup, request, probe: {names:?}");
+    assert_eq!(names[0], semconv::CONNECTION_SETUP_SPAN, "{names:?}");
+    assert_eq!(
+        chain[1].attr_str(semconv::ERROR_TYPE),
+        Some(semconv::ERROR_TYPE_PROXY_AUTH_REQUIRED),
+        "the request"
+    );
+    assert_eq!(
+        chain[2].span_id_hex(),
+        roots[1].span_id_hex(),
+        "the 407 run's probe"
+    );
+}
+
+/// `conntrace lab env-proxy --json --traces-out T --html P` without a
+/// collector: the file holds the child probes' spans whole (as
+/// [`assert_child_runs_whole`] checks), `spans_written` counts them, `conntrace
+/// view T` draws them, and the lab's page holds each child's trace.
+#[tokio::test]
+async fn lab_env_proxy_writes_its_child_runs_to_the_traces_file_and_page() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let traces = dir.path().join("ep.json");
+    let page = dir.path().join("ep.html");
+    let mut cmd = conntrace();
+    cmd.args(["lab", "env-proxy", "--json", "--traces-out"])
+        .arg(&traces)
+        .arg("--html")
+        .arg(&page);
+    let out = run(cmd).await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    let json: Value = serde_json::from_slice(&out.stdout).expect("--json output is JSON");
+    assert_eq!(json["reproduced"], true);
+    let spans =
+        conntrace_lab::spans_from_otlp_json(&std::fs::read_to_string(&traces).expect("traces"))
+            .expect("OTLP JSON");
+    assert_child_runs_whole(&spans, &json);
+    let t = &json["telemetry"];
+    assert_eq!(t["sink"], "file", "{t}");
+    assert_eq!(t["spans_written"], spans.len(), "{t}");
+    assert_eq!(t["delivery"]["spans_exported"], spans.len(), "{t}");
+    // The lab's page: every child's trace, from all the spans.
+    assert!(
+        stderr(&out).contains(&format!("drawn from {} span(s)", spans.len())),
+        "{}",
+        stderr(&out)
+    );
+    let html = std::fs::read_to_string(&page).expect("page");
+    for root in spans
+        .iter()
+        .filter(|s| s.attr_str("conntrace.probe.mode").is_some())
+    {
+        let id = format!("\"trace_id\":\"{}\"", root.trace_id_hex());
+        assert!(html.contains(&id), "the page draws trace {id}");
+    }
+    // `conntrace view` takes the file.
+    let mut cmd = conntrace();
+    cmd.arg("view")
+        .arg(&traces)
+        .arg("--html")
+        .arg(dir.path().join("view.html"));
+    let out = run(cmd).await;
+    assert!(out.status.success(), "view: {}", stderr(&out));
+    let line = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        line.contains(&format!("3 trace(s) drawn from {} span(s)", spans.len())),
+        "{line}"
+    );
 }
 
 /// `conntrace probe URL --requests 1` with `HTTPS_PROXY=proxy` the only

@@ -4,11 +4,13 @@
 //! validation, atomic trace files, Ctrl-C, one-line argument errors.
 
 use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use reqwest_conntrace::semconv;
 use serde_json::Value;
-use tokio::io::{AsyncBufReadExt as _, BufReader};
+use tokio::io::{AsyncBufReadExt as _, AsyncWriteExt as _, BufReader};
+use tokio::net::{TcpListener, TcpStream};
 
 use super::{assert_one_line_error, conntrace, named, run, stderr};
 
@@ -167,6 +169,208 @@ async fn probe_resolve_goes_through_the_instrumented_resolver() {
     assert!(r["address_fallback"].is_null(), "{r}");
 }
 
+/// One request as the cutting server answered it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Answered {
+    /// The client's port: which connection.
+    client_port: u16,
+    /// The request's number on its connection, from 1.
+    nth: u64,
+    /// Its response was cut mid-body.
+    cut: bool,
+}
+
+/// The body length every response announces (a cut one sends half of it).
+const BODY_LEN: usize = 2000;
+
+/// An HTTP/1.1 server on 127.0.0.1 that answers the first two requests of
+/// each connection with `200` and a whole body, and the third with the
+/// headers and half the body, then closes the connection: with a FIN, or
+/// with an RST when `reset`. Returns its port and its log of what it did.
+async fn cutting_server(reset: bool) -> (u16, Arc<Mutex<Vec<Answered>>>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let port = listener.local_addr().expect("address").port();
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let answers = Arc::clone(&log);
+    tokio::spawn(async move {
+        while let Ok((stream, peer)) = listener.accept().await {
+            tokio::spawn(answer(stream, peer.port(), reset, Arc::clone(&answers)));
+        }
+    });
+    (port, log)
+}
+
+/// Serves one connection of [`cutting_server`].
+async fn answer(stream: TcpStream, client_port: u16, reset: bool, log: Arc<Mutex<Vec<Answered>>>) {
+    let mut stream = BufReader::new(stream);
+    for nth in 1.. {
+        // A GET's head, up to its empty line (no body follows).
+        let mut line = String::new();
+        loop {
+            line.clear();
+            match stream.read_line(&mut line).await {
+                Ok(0) | Err(_) => return,
+                Ok(_) if line == "\r\n" => break,
+                Ok(_) => {}
+            }
+        }
+        let cut = nth == 3;
+        log.lock().expect("log").push(Answered {
+            client_port,
+            nth,
+            cut,
+        });
+        let mut response =
+            format!("HTTP/1.1 200 OK\r\nContent-Length: {BODY_LEN}\r\n\r\n").into_bytes();
+        response.resize(
+            response.len() + if cut { BODY_LEN / 2 } else { BODY_LEN },
+            b'x',
+        );
+        if stream.get_mut().write_all(&response).await.is_err() {
+            return;
+        }
+        if cut {
+            if reset {
+                stream.get_ref().set_zero_linger().expect("SO_LINGER 0");
+            }
+            // Dropped: closed with the body half sent.
+            return;
+        }
+    }
+}
+
+/// A response body the server cuts after the headers (FIN, then RST):
+/// `conntrace probe -n 9 --mode both` against a server that answers two
+/// requests per connection and cuts the third's body. Every row matches
+/// what the server did with that request (its connection by port, its
+/// number there: reused and connection_request_count), a cut one is failed
+/// with the server's 200 kept and error_type incomplete_body /
+/// connection_reset; the totals count the cut requests as failed after the
+/// response and as pool hits or misses, so pool_hits + pool_misses =
+/// succeeded + failed_after_response; the text table marks each cut row
+/// "200, then <error_type>" and the totals line says how they count.
+#[tokio::test]
+async fn probe_counts_a_body_cut_after_the_headers_as_failed_on_its_connection() {
+    for (reset, error_type) in [(false, "incomplete_body"), (true, "connection_reset")] {
+        let (port, log) = cutting_server(reset).await;
+        let url = format!("http://127.0.0.1:{port}/");
+        let mut cmd = conntrace();
+        cmd.args(["probe", &url, "-n", "9", "--mode", "both", "--json"]);
+        let out = run(cmd).await;
+        // Requests failed: exit 1, the document printed all the same.
+        assert_eq!(out.status.code(), Some(1), "{error_type}: {}", stderr(&out));
+        let json: Value = serde_json::from_slice(&out.stdout).expect("--json output is JSON");
+        let answered = log.lock().expect("log").clone();
+        let mut seen = 0;
+        for mode in json["modes"].as_array().expect("modes") {
+            let name = mode["mode"].as_str().expect("mode name");
+            let rows = mode["requests"].as_array().expect("rows");
+            assert_eq!(rows.len(), 9, "{error_type} {name}");
+            // The server answered this mode's requests in order: its log
+            // from here on is this mode's, one entry per row.
+            let this_mode = &answered[seen..seen + rows.len()];
+            seen += rows.len();
+            for (row, a) in rows.iter().zip(this_mode) {
+                let what = format!("{error_type} {name}: {row} vs {a:?}");
+                assert_eq!(row["local_port"], a.client_port, "{what}");
+                assert_eq!(row["status"], 200, "the status the server sent: {what}");
+                assert_eq!(row["reused"], a.nth > 1, "{what}");
+                assert_eq!(row["connection_request_count"], a.nth, "{what}");
+                if a.cut {
+                    assert!(row["error"].is_string(), "{what}");
+                    assert_eq!(row["error_type"], error_type, "{what}");
+                    assert!(
+                        row["body_bytes"]
+                            .as_u64()
+                            .is_some_and(|n| n < BODY_LEN as u64),
+                        "part of the body: {what}"
+                    );
+                } else {
+                    assert!(row["error"].is_null(), "{what}");
+                    assert_eq!(row["body_bytes"], BODY_LEN, "{what}");
+                }
+            }
+            let cut = this_mode.iter().filter(|a| a.cut).count();
+            let firsts = this_mode.iter().filter(|a| a.nth == 1).count();
+            let t = &mode["totals"];
+            let what = format!("{error_type} {name}: {t}");
+            assert_eq!(t["requests"], 9, "{what}");
+            assert_eq!(t["succeeded"], 9 - cut, "{what}");
+            assert_eq!(t["failed"], cut, "{what}");
+            assert_eq!(t["failed_after_response"], cut, "{what}");
+            assert_eq!(t["pool_misses"], firsts, "{what}");
+            assert_eq!(t["pool_hits"], 9 - firsts, "{what}");
+            assert_eq!(t["new_connections"], firsts, "{what}");
+            assert_eq!(
+                t["pool_hits"].as_u64().expect("hits") + t["pool_misses"].as_u64().expect("misses"),
+                t["succeeded"].as_u64().expect("succeeded")
+                    + t["failed_after_response"]
+                        .as_u64()
+                        .expect("failed after response"),
+                "{what}"
+            );
+        }
+        assert_eq!(
+            seen,
+            answered.len(),
+            "{error_type}: every request answered once"
+        );
+        // Fresh: a connection per request, none reaches a third; reuse:
+        // three connections of three requests, each third cut.
+        assert_eq!(json["modes"][1]["totals"]["failed"], 3, "{error_type}");
+        assert_eq!(json["failed_requests"], 3, "{error_type}");
+
+        // The text table marks the cut rows, and the totals say how they count.
+        let (port, log) = cutting_server(reset).await;
+        let mut cmd = conntrace();
+        cmd.args([
+            "probe",
+            &format!("http://127.0.0.1:{port}/"),
+            "-n",
+            "9",
+            "--mode",
+            "reuse",
+        ]);
+        let out = run(cmd).await;
+        assert_eq!(out.status.code(), Some(1), "{error_type}: {}", stderr(&out));
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        let answered = log.lock().expect("log").clone();
+        let status_cells: Vec<String> = text
+            .lines()
+            .filter_map(|l| {
+                // │ # ┆ ... ┆ status │: a request row starts with its number.
+                let cells: Vec<&str> = l
+                    .trim()
+                    .trim_matches('│')
+                    .split('┆')
+                    .map(str::trim)
+                    .collect();
+                (cells.len() > 2 && cells[0].parse::<u32>().is_ok())
+                    .then(|| cells[cells.len() - 1].to_owned())
+            })
+            .collect();
+        let expected: Vec<String> = answered
+            .iter()
+            .map(|a| {
+                if a.cut {
+                    format!("200, then {error_type}")
+                } else {
+                    "200".to_owned()
+                }
+            })
+            .collect();
+        assert_eq!(status_cells, expected, "{error_type}: {text}");
+        assert!(
+            text.contains("9 request(s), 3 failed (3 after the response headers: counted as pool hits or misses)"),
+            "{error_type}: {text}"
+        );
+        assert!(
+            text.contains("6 idle pool hit(s), 3 miss(es)"),
+            "{error_type}: {text}"
+        );
+    }
+}
+
 /// Hits and misses: a request served by a busy connection it waited for
 /// (reused = true with a miss reason) is a miss, not a hit. Waves of 4 over
 /// HTTP/1.1 with one idle connection kept, through a 50 ms RTT: in the
@@ -223,6 +427,9 @@ async fn probe_counts_a_wait_for_a_busy_connection_as_a_miss() {
         totals["pool_hits"].as_u64().expect("hits")
             + totals["pool_misses"].as_u64().expect("misses"),
         totals["succeeded"].as_u64().expect("succeeded")
+            + totals["failed_after_response"]
+                .as_u64()
+                .expect("failed after response")
     );
     // The table shows each miss reason and the same counts.
     let mut cmd = conntrace();
