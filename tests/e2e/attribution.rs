@@ -1728,6 +1728,107 @@ async fn server_keep_alive_is_recorded_and_a_longer_client_idle_timeout_flagged(
     }
 }
 
+/// A burst of 8 over an idle pool of 4, a pause past nginx's
+/// `keepalive_timeout 1s` (nginx closes the kept idle connections that
+/// carried a request), then another burst of 8, two rounds: each miss of
+/// the second burst names a connection of its own (one ended connection
+/// explains one miss; before, up to every miss blamed one connection the
+/// pool had closed at its release), no named connection served a request
+/// of the second burst (nginx's access log), one named closed at the idle
+/// limit is one nginx saw the client close (its error log: `client ...
+/// closed keepalive connection`), and one named `closed_by_peer` is one it
+/// did not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_after_nginx_closed_the_idle_pool_names_each_lost_connection_once() {
+    let pki = TestPki::localhost().expect("pki");
+    let nginx = Nginx::start(NginxConfig::new(&pki).keepalive_timeout(Duration::from_secs(1)))
+        .await
+        .unwrap_or_else(|e| panic!("nginx must start (a missing nginx is a failure): {e}"));
+    let url = nginx.url(NginxListener::Plain, "/").expect("url");
+    let mut logged = 0;
+    for round in 0..2 {
+        let t = telemetry();
+        let client = t
+            .conntrace()
+            .instrument_client(reqwest::Client::builder())
+            .pool_max_idle_per_host(4)
+            .pool_idle_timeout(Some(Duration::from_secs(90)))
+            .build_with_middleware()
+            .expect("client");
+        let burst = || futures::future::join_all((0..8).map(|_| get(&client, &url)));
+        burst().await;
+        // nginx's keepalive_timeout (1 s) must pass: a physical wait.
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        burst().await;
+        logged += 16;
+        let log = nginx
+            .wait_for_access_log(logged, Duration::from_secs(5))
+            .await;
+        let second: Vec<u16> = log[logged - 8..logged]
+            .iter()
+            .map(|e| e.remote_port)
+            .collect();
+        let spans: Vec<Seen> = requests(&t, 16).iter().map(seen).collect();
+        let port_of = |id: i64| {
+            spans
+                .iter()
+                .find(|s| s.id == Some(id))
+                .and_then(|s| s.local_port)
+        };
+        let misses: Vec<&Seen> = spans
+            .iter()
+            .filter(|s| s.local_port.is_some_and(|p| second.contains(&(p as u16))))
+            .filter(|s| s.reason.is_some())
+            .collect();
+        let named: Vec<i64> = misses.iter().filter_map(|s| s.previous_id).collect();
+        let mut distinct = named.clone();
+        distinct.sort_unstable();
+        distinct.dedup();
+        assert_eq!(distinct.len(), named.len(), "round {round}: {misses:#?}");
+        let error_log = nginx.error_log();
+        let client_closed = |port: u16| {
+            log.iter().find(|e| e.remote_port == port).is_some_and(|e| {
+                error_log.contains(&format!(
+                    "*{} client 127.0.0.1 closed keepalive connection",
+                    e.connection
+                ))
+            })
+        };
+        for miss in &misses {
+            let Some(port) = miss.previous_id.and_then(port_of) else {
+                continue;
+            };
+            match miss.previous_end.as_deref() {
+                Some(semconv::CONNECTION_END_IDLE_LIMIT) => assert!(
+                    client_closed(port as u16),
+                    "round {round}: nginx saw no client close of {miss:#?}\n{error_log}"
+                ),
+                Some(semconv::CONNECTION_END_PEER_CLOSED) => assert!(
+                    !client_closed(port as u16),
+                    "round {round}: nginx saw the client close {miss:#?}\n{error_log}"
+                ),
+                _ => {}
+            }
+        }
+        for id in named {
+            // One that carried no request (a connect that lost to a freed
+            // connection, pooled unused) served none of the second burst.
+            let Some(port) = port_of(id) else {
+                let count = misses
+                    .iter()
+                    .find(|s| s.previous_id == Some(id))
+                    .and_then(|s| s.previous_count);
+                assert_eq!(count, Some(0), "round {round}: {misses:#?}");
+                continue;
+            };
+            assert!(
+                !second.contains(&(port as u16)),
+                "round {round}: connection {id} named as ended served the second burst: {misses:#?}"
+            );
+        }
+    }
+}
+
 /// A real nginx with `keepalive_requests 5`, HTTP/1.1 and HTTP/2 (where
 /// nginx sends GOAWAY at the limit): 21 sequential requests, each compared
 /// with nginx's access log (`$remote_port`, `$connection`,

@@ -491,7 +491,7 @@ fn render_config(
 master_process off;
 worker_processes 1;
 pid {d}/nginx.pid;
-error_log {d}/error.log notice;
+error_log {d}/error.log info;
 events {{ worker_connections 1024; }}
 http {{
     client_body_temp_path {d}/client_body;

@@ -415,8 +415,9 @@ impl Inner {
     /// ([`ConnectionRecord::is_over_idle_limit_unsure`]): the kernel is
     /// asked [`UNSURE_RELEASE_CHECK`] later, off the request path.
     /// hyper-util closes a connection its full idle pool turns away at once
-    /// (the pool drops it, its connection task ends), so a socket closed by
-    /// then was turned away (its close applies as any the kernel shows), and
+    /// (the pool drops it, its connection task ends), so a socket our side
+    /// closed by then was turned away (over the limit, when the limit is
+    /// ours to count; its close applies as any the kernel shows), and
     /// one still established, not taken or released again meanwhile, was
     /// kept: no longer in doubt, the next release counts it idle. Without
     /// it, a connection turned away long ago would stay counted as maybe
@@ -445,6 +446,15 @@ impl Inner {
                     if record.is_over_idle_limit_unsure() {
                         record.set_over_idle_limit_unsure(false);
                     }
+                }
+                // Our side closed it right after its release: the pool
+                // turned it away, over the limit (no longer in doubt).
+                KernelLookup::Found(facts) if facts.state.closed_by_us() => {
+                    if record.client.max_idle_known && record.is_over_idle_limit_unsure() {
+                        record.set_over_idle_limit_unsure(false);
+                        record.mark_over_idle_limit();
+                    }
+                    inner.apply_kernel_view(&record, &lookup, asked_at);
                 }
                 _ => inner.apply_kernel_view(&record, &lookup, asked_at),
             }

@@ -219,6 +219,8 @@ pub(crate) fn decide_from_kernel(
         };
         if closed {
             candidate.set_end(ConnectionEnd::Discarded);
+            // This miss tells the loss: no later one names it again.
+            candidate.name_close();
             return Miss::caused_by(
                 MissReason::Discarded,
                 Previous::of(candidate, now, Some(ConnectionEnd::Discarded)),
@@ -478,6 +480,14 @@ fn known_loss(record: &ConnectionRecord) -> Option<ConnectionEnd> {
     } else {
         None
     }
+}
+
+/// Whether a miss named `record` (HTTP/1.1) since it was last used (its
+/// release, or its ready time): that miss accounts for it.
+fn named_since_use(record: &ConnectionRecord) -> bool {
+    record
+        .named_by_miss_at()
+        .is_some_and(|named| named >= record.last_activity())
 }
 
 /// A known loss some miss named already: no candidate any more (its loss
@@ -1317,12 +1327,29 @@ impl PoolHistory {
         // announced close an earlier miss named is gone, its loss told.
         // HTTP/2: a spare connection (see `http2_spare`) was never the
         // pool's, and one that never carried a request is none either.
+        // Concurrent misses (others in flight), HTTP/1.1: one connection,
+        // one miss. A connection a miss named since its last use (that miss
+        // is asking the kernel about it, or took its idle-limit close)
+        // explains no further miss: a burst after the server closed the
+        // idle ones names each once, and the misses beyond them find every
+        // connection busy (row 4). A connection believed closed at its
+        // release over the idle limit was never in hyper-util's idle list:
+        // a kept one is the candidate first, and only when none is left
+        // does such a close (row 8). Alone, the belief is in doubt (row 8)
+        // and the most recent release is the candidate.
+        let concurrent = in_flight > 1;
+        let eligible = |r: &&Arc<ConnectionRecord>| {
+            (r.http2() || r.in_use() == 0)
+                && (!r.http2() || r.in_use() > 0 || r.last_released().is_some())
+                && !http2_spare(r, mine)
+                && !loss_told(r)
+                && (!concurrent || r.http2() || !named_since_use(r))
+        };
         let candidate = mine()
-            .filter(|r| r.http2() || r.in_use() == 0)
-            .filter(|r| !r.http2() || r.in_use() > 0 || r.last_released().is_some())
-            .filter(|r| !http2_spare(r, mine))
-            .filter(|r| !loss_told(r))
-            .max_by_key(|r| r.last_activity());
+            .filter(eligible)
+            .filter(|r| !concurrent || !r.is_over_idle_limit())
+            .max_by_key(|r| r.last_activity())
+            .or_else(|| mine().filter(eligible).max_by_key(|r| r.last_activity()));
         // 3b. An idle pool inferred off (an idle limit of 0 from the pool's
         //     closes at release, never a connection handed out again): no
         //     connection is ever idle in it, so neither busy connections
@@ -1418,15 +1445,20 @@ impl PoolHistory {
         //    on its way back to this very checkout (hyper-util's `put`
         //    serves a waiting checkout before it counts the limit): the
         //    kernel decides (row 10).
-        if candidate.is_over_idle_limit() && in_flight > 1 {
-            return MissVerdict::Decided(if client.max_idle_known {
-                Miss::caused_by(MissReason::AllBusy, previous(ConnectionEnd::IdleLimit))
-            } else {
-                Miss::caused_by(
-                    over_limit_reason(candidate.idle_others_at_release(), &client.inferred),
-                    previous(ConnectionEnd::IdleLimit),
-                )
-                .limits_inferred()
+        //    With the limit inferred and no bound on it yet, a close that
+        //    would read `all_busy` may be a pool that keeps none: the kernel
+        //    path waits for that to show (row 10, *A pool that keeps none*).
+        let inferred_reason = (!client.max_idle_known)
+            .then(|| over_limit_reason(candidate.idle_others_at_release(), &client.inferred));
+        let limit_unbounded =
+            inferred_reason == Some(MissReason::AllBusy) && client.inferred.idle_limit().is_none();
+        if candidate.is_over_idle_limit() && in_flight > 1 && !limit_unbounded {
+            candidate.mark_named_by_miss(now);
+            return MissVerdict::Decided(match inferred_reason {
+                None => Miss::caused_by(MissReason::AllBusy, previous(ConnectionEnd::IdleLimit)),
+                Some(reason) => {
+                    Miss::caused_by(reason, previous(ConnectionEnd::IdleLimit)).limits_inferred()
+                }
             });
         }
         // 9. Idle past the client's idle timeout.
@@ -1662,27 +1694,35 @@ impl PoolHistory {
     /// most likely went out on: hyper-util hands out the most recently
     /// released idle connection of the host, so the one (of any client of
     /// this handle) with the latest release before `start`, not in use and
-    /// not known closed.
+    /// not known closed. One whose body was dropped before its end (hyper
+    /// closes it unless it had read the whole body) or believed closed over
+    /// the idle limit at its release is most likely not in the pool: taken
+    /// only when no other one is left.
     pub(crate) fn likely_pooled(
         &self,
         host: &HostKey,
         start: Instant,
     ) -> Option<Arc<ConnectionRecord>> {
         let hosts = self.hosts();
-        hosts
-            .get(host)?
-            .connections
-            .iter()
-            .filter(|r| {
-                !r.http2()
-                    && r.in_use() == 0
-                    && !r.is_closed()
-                    && !r.is_discarded()
-                    && r.end().is_none()
-                    && !r.said_connection_close()
-                    && r.last_released().is_some_and(|t| t <= start)
-            })
+        let free = || {
+            hosts
+                .get(host)
+                .into_iter()
+                .flat_map(|h| h.connections.iter())
+                .filter(|r| {
+                    !r.http2()
+                        && r.in_use() == 0
+                        && !r.is_closed()
+                        && !r.is_discarded()
+                        && r.end().is_none()
+                        && !r.said_connection_close()
+                        && r.last_released().is_some_and(|t| t <= start)
+                })
+        };
+        free()
+            .filter(|r| !r.is_dropped_early() && !r.is_over_idle_limit())
             .max_by_key(|r| r.last_activity())
+            .or_else(|| free().max_by_key(|r| r.last_activity()))
             .cloned()
     }
 
@@ -2693,10 +2733,10 @@ mod tests {
                 Some((lost.id(), Some(ConnectionEnd::ConnectionClose)))
             )
         );
-        // Named once: the next miss with others in flight asks the kernel.
-        let (candidate, alive, _) = ask(pools.classify_miss(&host(), &client, at, 3));
-        assert_eq!(candidate.id(), fresh.id());
-        assert_eq!(alive.reason, MissReason::AllBusy);
+        // Named once; and the first miss is asking the kernel about
+        // `fresh`: the next concurrent miss finds every connection busy.
+        let miss = decided(pools.classify_miss(&host(), &client, at, 3));
+        assert_eq!((miss.reason, miss.previous), (MissReason::AllBusy, None));
         // A candidate that finished a response may be idle and closed by
         // the server (an idle close after a pause): the kernel decides it,
         // even with a loss awaiting a miss.
@@ -3102,7 +3142,11 @@ mod tests {
         })
     }
 
-    /// Row 8 holds only with another request in flight. With nothing else
+    /// Row 8 holds only with another request in flight, and once no
+    /// connection the pool kept is left to explain the miss: with `b`
+    /// (kept) free, the kernel decides about `b` first (alive: busy with
+    /// the other request, `all_busy`). With `b` named by a concurrent miss,
+    /// `a`'s close over the limit is the cause. With nothing else
     /// in flight, the pool held nothing idle at the miss (the checkout
     /// would have had it), so the release counted over the idle limit (the
     /// count included a connection closed unbeknown to us) was not: the
@@ -3116,12 +3160,35 @@ mod tests {
         // The idle limit set through our builder (1); the idle timeout not.
         let client = Arc::new(ClientState::new(None, Some(1)));
         let at = t0 + ms(3);
+        {
+            let pools = PoolHistory::default();
+            let b = connection(&pools, &client, 1, t0, false);
+            response(&b, false, t0 + ms(1));
+            let a = connection(&pools, &client, 2, t0, false);
+            response(&a, false, t0 + ms(2));
+            assert!(pools.on_released(&host(), &a, t0 + ms(2), t0 + ms(1), 1));
+            let (candidate, alive, seen) = ask(pools.classify_miss(&host(), &client, at, 2));
+            assert_eq!(candidate.id(), b.id());
+            let miss = decide_from_kernel(
+                &candidate,
+                &state(TcpState::Established),
+                at + ms(1),
+                alive,
+                seen,
+                at,
+            );
+            assert_eq!((miss.reason, miss.previous), (MissReason::AllBusy, None));
+            // A concurrent miss: `b` is being decided, `a`'s close explains it.
+            let miss = decided(pools.classify_miss(&host(), &client, at, 3));
+            assert_eq!(
+                (miss.reason, miss.previous.map(|p| (p.id, p.end))),
+                (
+                    MissReason::AllBusy,
+                    Some((a.id(), Some(ConnectionEnd::IdleLimit)))
+                )
+            );
+        }
         for (lookup, in_flight, expected) in [
-            (
-                None,
-                2,
-                (MissReason::AllBusy, Some(ConnectionEnd::IdleLimit)),
-            ),
             (
                 Some(state(TcpState::Established)),
                 1,
