@@ -475,14 +475,7 @@ async fn probe_reuse_against_a_request_limit_names_every_connection() {
         let rows = mode["requests"].as_array().expect("rows");
         for row in rows {
             assert!(row["connection_id"].is_u64(), "run {run_index}: {row}");
-            let port = row["local_port"].as_u64().expect("local_port");
-            let count = row["connection_request_count"].as_u64().expect("count");
-            assert!(
-                this_run
-                    .iter()
-                    .any(|e| u64::from(e.remote_port) == port && e.connection_requests == count),
-                "run {run_index}: nginx served no request {count} on port {port}: {row}\n{this_run:?}"
-            );
+            assert_nginx_served(row, this_run, &format!("run {run_index}"));
             assert!(
                 !matches!(
                     row["miss_reason"].as_str(),
@@ -641,14 +634,7 @@ async fn probe_small_pool_against_a_request_limit_names_only_ended_connections()
         .expect("OTLP JSON");
         let ms = |row: &serde_json::Value, key: &str| row[key].as_f64().expect("ms");
         for row in &rows {
-            let port = row["local_port"].as_u64().expect("local_port");
-            let count = row["connection_request_count"].as_u64().expect("count");
-            assert!(
-                this_run
-                    .iter()
-                    .any(|e| u64::from(e.remote_port) == port && e.connection_requests == count),
-                "run {run_index}: nginx served no request {count} on port {port}: {row}"
-            );
+            let (port, count) = assert_nginx_served(row, &this_run, &format!("run {run_index}"));
             let start = ms(row, "start_ms");
             if row["miss_reason"] == semconv::MISS_REASON_RELEASE_RACE {
                 let others: Vec<&serde_json::Value> = rows
@@ -714,6 +700,24 @@ async fn probe_small_pool_against_a_request_limit_names_only_ended_connections()
             );
         }
     }
+}
+
+/// Asserts that nginx's access log `log` holds the request `row` (a probe
+/// JSON row) says it was: its client port and its count on the connection
+/// (`$remote_port`, `$connection_requests`); returns the port and count.
+fn assert_nginx_served(
+    row: &serde_json::Value,
+    log: &[conntrace_lab::nginx::AccessLogEntry],
+    context: &str,
+) -> (u64, u64) {
+    let port = row["local_port"].as_u64().expect("local_port");
+    let count = row["connection_request_count"].as_u64().expect("count");
+    assert!(
+        log.iter()
+            .any(|e| u64::from(e.remote_port) == port && e.connection_requests == count),
+        "{context}: nginx served no request {count} on port {port}: {row}\n{log:?}"
+    );
+    (port, count)
 }
 
 /// TLS 1.2-only nginx: version 1.2 on every setup, as nginx logs it.
@@ -1847,14 +1851,7 @@ async fn probe_json_miss_reasons_are_the_spans_under_an_http2_request_limit() {
         );
         logged = log.len();
         for row in answered {
-            let port = row["local_port"].as_u64().expect("local_port");
-            let count = row["connection_request_count"].as_u64().expect("count");
-            assert!(
-                this_run
-                    .iter()
-                    .any(|e| u64::from(e.remote_port) == port && e.connection_requests == count),
-                "run {run_index}: nginx served no request {count} on port {port}: {row}"
-            );
+            let (_, count) = assert_nginx_served(row, this_run, &format!("run {run_index}"));
             let id = row["connection_id"].as_i64().expect("connection_id");
             let span = spans
                 .iter()

@@ -3160,13 +3160,18 @@ mod tests {
         // The idle limit set through our builder (1); the idle timeout not.
         let client = Arc::new(ClientState::new(None, Some(1)));
         let at = t0 + ms(3);
-        {
+        // `b` released, then `a`, believed over the limit of 1 (`b` idle).
+        let released = || {
             let pools = PoolHistory::default();
             let b = connection(&pools, &client, 1, t0, false);
             response(&b, false, t0 + ms(1));
             let a = connection(&pools, &client, 2, t0, false);
             response(&a, false, t0 + ms(2));
             assert!(pools.on_released(&host(), &a, t0 + ms(2), t0 + ms(1), 1));
+            (pools, b, a)
+        };
+        {
+            let (pools, b, a) = released();
             let (candidate, alive, seen) = ask(pools.classify_miss(&host(), &client, at, 2));
             assert_eq!(candidate.id(), b.id());
             let miss = decide_from_kernel(
@@ -3197,13 +3202,7 @@ mod tests {
             (Some(closed_ago(ms(1))), 1, (MissReason::ReleaseRace, None)),
             (Some(gone()), 1, (MissReason::ReleaseRace, None)),
         ] {
-            let pools = PoolHistory::default();
-            let b = connection(&pools, &client, 1, t0, false);
-            response(&b, false, t0 + ms(1));
-            let a = connection(&pools, &client, 2, t0, false);
-            response(&a, false, t0 + ms(2));
-            // `b` believed idle at `a`'s release: over the limit of 1.
-            assert!(pools.on_released(&host(), &a, t0 + ms(2), t0 + ms(1), 1));
+            let (pools, _, a) = released();
             let verdict = pools.classify_miss(&host(), &client, at, in_flight);
             let miss = match lookup {
                 None => decided(verdict),
