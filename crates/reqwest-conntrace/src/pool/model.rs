@@ -1329,7 +1329,8 @@ impl PoolHistory {
         // pool's, and one that never carried a request is none either.
         // Concurrent misses (others in flight), HTTP/1.1: one connection,
         // one miss. A connection a miss named since its last use (that miss
-        // is asking the kernel about it, or took its idle-limit close)
+        // is asking the kernel about it, or named its end: the server's, the
+        // idle timeout's, the idle limit's)
         // explains no further miss: a burst after the server closed the
         // idle ones names each once, and the misses beyond them find every
         // connection busy (row 4). A connection believed closed at its
@@ -1430,6 +1431,8 @@ impl PoolHistory {
             {
                 return Self::ask_kernel(&hosts, host, candidate, in_flight, now, requests_seen);
             }
+            // Named once by a burst (see the candidate above).
+            candidate.mark_named_by_miss(now);
             return MissVerdict::Decided(Miss::caused_by(
                 server_end_reason(candidate, Some(end)),
                 previous(end),
@@ -1466,6 +1469,7 @@ impl PoolHistory {
             .idle_timeout
             .is_some_and(|t| now.saturating_duration_since(candidate.last_activity()) >= t)
         {
+            candidate.mark_named_by_miss(now);
             return MissVerdict::Decided(Miss::caused_by(
                 MissReason::IdleExpired,
                 previous(ConnectionEnd::IdleTimeout),
