@@ -443,9 +443,7 @@ impl Inner {
             }
             match &lookup {
                 KernelLookup::Found(facts) if facts.state == crate::TcpState::Established => {
-                    if record.is_over_idle_limit_unsure() {
-                        record.set_over_idle_limit_unsure(false);
-                    }
+                    record.set_over_idle_limit_unsure(false);
                 }
                 // Our side closed it right after its release: the pool
                 // turned it away, over the limit (no longer in doubt).
@@ -484,32 +482,31 @@ impl Inner {
         records: &[Arc<ConnectionRecord>],
         wait: Duration,
     ) {
-        let pending = Arc::new((std::sync::Mutex::new(0usize), std::sync::Condvar::new()));
+        let deadline = Instant::now() + wait;
+        let (answered, answers) = std::sync::mpsc::channel();
+        let mut asked = 0;
         for record in records {
             let (Some(l), Some(r)) = (record.setup.local_addr, record.setup.peer_addr) else {
                 continue;
             };
-            *pending.0.lock().unwrap_or_else(|e| e.into_inner()) += 1;
+            asked += 1;
             let weak = Arc::downgrade(self);
             let record = record.clone();
-            let answered = pending.clone();
+            let answered = answered.clone();
             let asked_at = Instant::now();
             self.kernel.lookup_then(l, r, move |lookup| {
                 if let Some(inner) = weak.upgrade() {
                     inner.apply_kernel_view(&record, &lookup, asked_at);
                 }
-                let (left, done) = &*answered;
-                let mut left = left.lock().unwrap_or_else(|e| e.into_inner());
-                *left = left.saturating_sub(1);
-                if *left == 0 {
-                    done.notify_all();
-                }
+                let _ = answered.send(());
             });
         }
-        let (left, done) = &*pending;
-        let left = left.lock().unwrap_or_else(|e| e.into_inner());
-        // Poisoning cannot lose an answer: the count is read either way.
-        let _ = done.wait_timeout_while(left, wait, |left| *left > 0);
+        for _ in 0..asked {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if answers.recv_timeout(left).is_err() {
+                break;
+            }
+        }
     }
 
     /// Classifies the miss of a connect `client` is starting to `host` now
