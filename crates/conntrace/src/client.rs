@@ -12,6 +12,26 @@ use url::Url;
 
 use crate::resolve::{self, PinnedResolver, ResolveEntry};
 
+/// How long [`wait_for_connects`] waits at most (longer than any connect
+/// the lab makes: its 3 s SYN retransmission).
+const CONNECTS_DEADLINE: Duration = Duration::from_secs(10);
+/// How often [`wait_for_connects`] looks.
+const CONNECTS_POLL: Duration = Duration::from_millis(2);
+
+/// Waits until `in_flight()` (connects started and not finished, e.g.
+/// [`ConnTrace::connects_in_flight`]) is 0, at most [`CONNECTS_DEADLINE`]:
+/// a run's requests can be done while connects they started still finish
+/// in the background (a pool race's losers: hyper-util hands a waiting
+/// request a connection released meanwhile and lets its own connect go
+/// on; every connect after the first HTTP/2 one). Their setup spans end
+/// when they finish: a command that ends its telemetry first loses them.
+pub(crate) async fn wait_for_connects(in_flight: impl Fn() -> usize) {
+    let deadline = tokio::time::Instant::now() + CONNECTS_DEADLINE;
+    while in_flight() > 0 && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(CONNECTS_POLL).await;
+    }
+}
+
 /// HTTP version policy.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum HttpPolicy {

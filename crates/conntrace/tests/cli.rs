@@ -581,6 +581,89 @@ async fn probe_metrics_file_keeps_each_mode_apart() {
     );
 }
 
+/// `conntrace probe https://127.0.0.1:PORT/ -n 2 -c 2 --mode reuse`
+/// through a front that holds the second connection 800 ms before passing
+/// it to the TLS server: the second request is served on the first
+/// connection (released meanwhile), and the second connect finishes its
+/// handshake in the background after both requests are done. The probe
+/// waits for it: the traces file holds one setup span per connection the
+/// front accepted, each ended without error, and the metrics file counts
+/// them all.
+#[tokio::test]
+async fn probe_keeps_a_connect_that_finishes_after_the_last_request() {
+    let pki = TestPki::localhost().expect("pki");
+    let server = conntrace_lab::TestServer::builder()
+        .tls(&pki)
+        .http_versions(conntrace_lab::HttpVersions::Http1Only)
+        .start()
+        .await
+        .expect("server");
+    let front = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let port = front.local_addr().expect("addr").port();
+    let upstream = server.addr();
+    let accepted = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let counted = accepted.clone();
+    let front_task = tokio::spawn(async move {
+        while let Ok((mut client, _)) = front.accept().await {
+            let n = counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
+            tokio::spawn(async move {
+                if n == 2 {
+                    tokio::time::sleep(Duration::from_millis(800)).await;
+                }
+                if let Ok(mut up) = tokio::net::TcpStream::connect(upstream).await {
+                    let _ = tokio::io::copy_bidirectional(&mut client, &mut up).await;
+                }
+            });
+        }
+    });
+    let dir = tempfile::tempdir().expect("tempdir");
+    let ca = dir.path().join("ca.pem");
+    std::fs::write(&ca, pki.ca_cert_pem()).expect("ca");
+    let traces = dir.path().join("t.json");
+    let mut cmd = conntrace();
+    cmd.args(["probe", &format!("https://127.0.0.1:{port}/")])
+        .args([
+            "-n", "2", "-c", "2", "--mode", "reuse", "--json", "--cacert",
+        ])
+        .arg(&ca)
+        .arg("--traces-out")
+        .arg(&traces);
+    let out = run(cmd).await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    front_task.abort();
+    let accepted = accepted.load(std::sync::atomic::Ordering::SeqCst);
+    assert_eq!(accepted, 2, "both requests connected at once");
+    // Both requests on one connection: the other one was the late one.
+    let served: std::collections::HashSet<u64> =
+        server.requests().iter().map(|r| r.connection_id).collect();
+    assert_eq!(served.len(), 1, "{:?}", server.requests());
+    let spans = conntrace_lab::spans_from_otlp_json(
+        &std::fs::read_to_string(&traces).expect("traces file"),
+    )
+    .expect("OTLP JSON");
+    let setups = named(&spans, semconv::CONNECTION_SETUP_SPAN);
+    assert_eq!(setups.len() as u64, accepted, "{setups:#?}");
+    for setup in &setups {
+        assert_ne!(
+            setup.status_code(),
+            opentelemetry_proto::tonic::trace::v1::status::StatusCode::Error,
+            "{setup:#?}"
+        );
+    }
+    let metrics = conntrace_lab::metrics_from_otlp_json(
+        &std::fs::read_to_string(dir.path().join("t.metrics.json")).expect("metrics file"),
+    )
+    .expect("an OTLP JSON metrics document");
+    let opened: f64 = metrics
+        .iter()
+        .filter(|m| m.name == "http.client.connections.opened")
+        .map(|m| m.total())
+        .sum();
+    assert_eq!(opened, accepted as f64, "{metrics:#?}");
+}
+
 /// `conntrace probe URL --mode reuse -n 24 -c 4 --pool-max-idle-per-host 2`
 /// against plain HTTP nginx with `keepalive_requests 3`, eight runs: the
 /// idle pool turns connections away while nginx ends others at its limit.

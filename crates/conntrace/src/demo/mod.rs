@@ -340,8 +340,9 @@ async fn run_phases(
         };
         let mut run = run_phase(target, name, pool, load, bar.clone()).await;
         bar.finish_and_clear();
-        // Let connects still in flight (pool race losers) reach the server.
-        tokio::time::sleep(Duration::from_millis(args.rtt_ms * 3 + 50)).await;
+        // Connects still in flight (pool race losers) reach the server, and
+        // end their setup spans, before the phase is counted.
+        crate::client::wait_for_connects(|| trace.connects_in_flight()).await;
         let accepted = server
             .accepted_connections()
             .saturating_sub(run.accepted_at_start);

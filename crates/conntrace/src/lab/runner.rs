@@ -16,13 +16,8 @@ use super::{
     dns_queue, env_proxy, far_server, goaway, idle_expired, ipv6_blackhole, new_client,
     redirect_chain, request_limit, server_closed, stalled, text,
 };
+use crate::client::wait_for_connects;
 use crate::telemetry::Telemetry;
-
-/// How long [`Lab::connects_done`] waits at most for connects to finish
-/// (longer than any scenario's connect: the 3 s SYN retransmission).
-const CONNECTS_DEADLINE: Duration = Duration::from_secs(10);
-/// How often [`Lab::connects_done`] looks.
-const CONNECTS_POLL: Duration = Duration::from_millis(2);
 
 /// The `--json` schema id.
 pub(crate) const SCHEMA: &str = "conntrace.lab/v1";
@@ -107,18 +102,12 @@ impl Lab {
         )
     }
 
-    /// Waits until no connect is in flight
-    /// ([`reqwest_conntrace::connects_in_flight`]), at most
-    /// [`CONNECTS_DEADLINE`]: a run's requests can be done while connects
-    /// they started still finish in the background (a pool race's losers,
-    /// e.g. every connect after the first HTTP/2 one). Call it before
-    /// counting a server's accepted connections for a run.
+    /// Waits until no connect is in flight in the process
+    /// ([`reqwest_conntrace::connects_in_flight`]; see
+    /// [`wait_for_connects`]). Call it before counting a server's accepted
+    /// connections for a run.
     pub(crate) async fn connects_done() {
-        let deadline = tokio::time::Instant::now() + CONNECTS_DEADLINE;
-        while reqwest_conntrace::connects_in_flight() > 0 && tokio::time::Instant::now() < deadline
-        {
-            tokio::time::sleep(CONNECTS_POLL).await;
-        }
+        wait_for_connects(reqwest_conntrace::connects_in_flight).await;
     }
 
     /// Takes spans a child process exported (received by the scenario's

@@ -217,6 +217,10 @@ pub(crate) async fn run(args: ProbeArgs) -> anyhow::Result<ExitCode> {
             .instrument(span)
             .await;
         let wall = started.elapsed();
+        // Connects the run started that lost the pool race finish in the
+        // background: their setup spans and connection counts belong to
+        // this mode (and the process must not end before they do).
+        crate::client::wait_for_connects(|| trace.connects_in_flight()).await;
         drop(client);
         // Its connections end with it (`http.client.connection.duration`);
         // its final gauges are kept for the last metric collection.
