@@ -44,6 +44,8 @@ use crate::{LabError, ReceivedMetric, ReceivedSpan};
 struct Store {
     spans: Mutex<Vec<ReceivedSpan>>,
     metrics: Mutex<Vec<ReceivedMetric>>,
+    /// The last metrics export as received (see `OtlpReceiver::last_metrics_export`).
+    last_metrics_export: Mutex<Option<ExportMetricsServiceRequest>>,
     trace_exports: AtomicU64,
     metric_exports: AtomicU64,
     http_exports: AtomicU64,
@@ -61,6 +63,9 @@ impl Store {
     }
 
     fn add_metrics(&self, request: ExportMetricsServiceRequest) {
+        if let Ok(mut last) = self.last_metrics_export.lock() {
+            *last = Some(request.clone());
+        }
         let metrics = flatten_resource_metrics(request.resource_metrics);
         if let Ok(mut all) = self.metrics.lock() {
             all.extend(metrics);
@@ -213,6 +218,18 @@ impl OtlpReceiver {
             .unwrap_or_default()
     }
 
+    /// The last metrics export received since the start or the last
+    /// [`clear`](Self::clear), as the exporter sent it (resources, scopes
+    /// and data points unflattened): what a process that exports
+    /// cumulative metrics at its shutdown last knew. `None` when none came.
+    pub fn last_metrics_export(&self) -> Option<ExportMetricsServiceRequest> {
+        self.store
+            .last_metrics_export
+            .lock()
+            .ok()
+            .and_then(|last| last.clone())
+    }
+
     /// Trace export calls received (gRPC and HTTP).
     pub fn trace_exports(&self) -> u64 {
         self.store.trace_exports.load(Ordering::SeqCst)
@@ -264,6 +281,9 @@ impl OtlpReceiver {
         }
         if let Ok(mut metrics) = self.store.metrics.lock() {
             metrics.clear();
+        }
+        if let Ok(mut last) = self.store.last_metrics_export.lock() {
+            *last = None;
         }
     }
 }

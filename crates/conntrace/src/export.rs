@@ -16,6 +16,7 @@ use std::sync::{Arc, Mutex};
 use anyhow::Context as _;
 use opentelemetry_proto::tonic::collector::metrics::v1::ExportMetricsServiceRequest;
 use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
+use opentelemetry_proto::tonic::metrics::v1::ResourceMetrics as ResourceMetricsProto;
 use opentelemetry_proto::transform::common::tonic::ResourceAttributesWithSchema;
 use opentelemetry_proto::transform::trace::tonic::group_spans_by_resource_and_scope;
 use opentelemetry_sdk::Resource;
@@ -238,26 +239,48 @@ impl SpanExporter for MemoryExporter {
 }
 
 /// The latest metric collection (cumulative, so the latest holds every
-/// value), as OTLP; written out with [`MetricStore::write_json`].
+/// value), as OTLP, and the collections other processes exported (taken in
+/// with [`add_received`](Self::add_received)); written out with
+/// [`MetricStore::write_json`].
 #[derive(Debug, Clone, Default)]
 pub(crate) struct MetricStore {
     /// The latest collection, already converted.
     latest: Arc<Mutex<Option<ExportMetricsServiceRequest>>>,
+    /// Other processes' last collections, each under its own resource.
+    received: Arc<Mutex<Vec<ResourceMetricsProto>>>,
 }
 
 impl MetricStore {
-    /// Writes the latest collection to `out` as one JSON document and a
-    /// newline (an empty request when nothing was collected).
+    /// Takes in the last collection another process exported (its
+    /// resources, scopes and points as it sent them): written after this
+    /// process's own, each under its own resource.
+    pub(crate) fn add_received(&self, request: ExportMetricsServiceRequest) {
+        if let Ok(mut received) = self.received.lock() {
+            received.extend(request.resource_metrics);
+        }
+    }
+
+    /// Writes the latest collection, then the collections taken in from
+    /// other processes, to `out` as one JSON document and a newline (an
+    /// empty request when nothing was collected).
     ///
     /// # Errors
     /// When the file cannot be written.
     pub(crate) fn write_json(&self, out: &mut OutputFile) -> anyhow::Result<()> {
-        let request = self
+        let poisoned = || anyhow::anyhow!("metric store poisoned");
+        let mut request = self
             .latest
             .lock()
-            .map_err(|_| anyhow::anyhow!("metric store poisoned"))?
+            .map_err(|_| poisoned())?
             .clone()
             .unwrap_or_default();
+        request.resource_metrics.extend(
+            self.received
+                .lock()
+                .map_err(|_| poisoned())?
+                .iter()
+                .cloned(),
+        );
         out.write(&request)
     }
 }

@@ -352,6 +352,21 @@ impl Telemetry {
         }
     }
 
+    /// Takes the last metrics collection another process exported
+    /// (`conntrace lab env-proxy`'s `conntrace probe` children, received by
+    /// the scenario's OTLP receiver when this run has no collector) into the
+    /// metrics file beside the traces file, after this process's own. With
+    /// a collector the children export their metrics to it themselves; with
+    /// no file they go nowhere, as this process's metrics do.
+    pub(crate) fn add_received_metrics(
+        &self,
+        request: opentelemetry_proto::tonic::collector::metrics::v1::ExportMetricsServiceRequest,
+    ) {
+        if let Some((_, store)) = &self.metrics_file {
+            store.add_received(request);
+        }
+    }
+
     /// Flushes and shuts the pipeline down, then writes the traces file.
     pub(crate) async fn finish(self) -> TelemetryReport {
         let mut report = TelemetryReport {

@@ -4,7 +4,8 @@
 //! `conntrace probe` child process with `HTTPS_PROXY` pointing at the lab's
 //! CONNECT proxy, exporting its spans to the scenario's OTLP receiver,
 //! which hands them on to the lab's own outputs (traces file, page,
-//! collector):
+//! collector), and its metrics to the lab's collector (without one: to the
+//! receiver, and from there into the lab's metrics file):
 //! - a working tunnel: the setup span is proxied, names the proxy
 //!   (`http.connection.proxy.address` / `.port`), has a `proxy.connect`
 //!   phase, and no false `dns_skipped = override`;
@@ -42,8 +43,10 @@ const RUN_502: &str = "HTTPS_PROXY answering 502";
 const CHILD_DEADLINE: Duration = Duration::from_secs(30);
 
 /// Runs `conntrace probe url -n 1 --mode reuse` with `HTTPS_PROXY=proxy`
-/// and every other proxy variable removed, exporting to `receiver`; returns
-/// the spans it exported, once taken into the lab's outputs.
+/// and every other proxy variable removed, exporting its spans to
+/// `receiver` (its metrics to the lab's collector, or without one to
+/// `receiver` too); returns the spans it exported, once taken into the
+/// lab's outputs with its last metrics collection.
 async fn probe_through(
     lab: &mut Lab,
     receiver: &OtlpReceiver,
@@ -71,22 +74,33 @@ async fn probe_through(
         "https_proxy",
         "NO_PROXY",
         "no_proxy",
-        "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
-        "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT",
-        "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL",
     ] {
         command.env_remove(name);
     }
+    // Its spans go to the receiver: the lab reads them, then hands them on
+    // to its own outputs.
     command
         .env("HTTPS_PROXY", proxy)
-        .env("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.endpoint())
-        .env("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc");
+        .env("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", receiver.endpoint())
+        .env("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "grpc");
+    // Its metrics go to the lab's collector directly when there is one
+    // (the child reads the variables the lab read), else to the receiver,
+    // for the lab's metrics file.
+    let collector = crate::telemetry::otlp_endpoint().is_some();
+    if !collector {
+        command
+            .env("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT", receiver.endpoint())
+            .env("OTEL_EXPORTER_OTLP_METRICS_PROTOCOL", "grpc");
+    }
     // Its exit status is the probe's verdict on the request (1 when it
     // failed, as it must here); the spans are what the lab reads.
     tokio::time::timeout(CHILD_DEADLINE, command.status())
         .await
         .context("the conntrace probe child did not finish in 30 s")?
         .context("cannot run conntrace probe")?;
+    if let Some(metrics) = receiver.last_metrics_export().filter(|_| !collector) {
+        lab.add_child_metrics(metrics);
+    }
     let spans = receiver.spans();
     lab.add_child_spans(&spans).await;
     Ok(Spans::new(spans))

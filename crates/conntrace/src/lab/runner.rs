@@ -118,6 +118,15 @@ impl Lab {
         self.telemetry.add_received(spans).await;
     }
 
+    /// Takes a child process's last metrics collection into the run's
+    /// metrics file (see `Telemetry::add_received_metrics`).
+    pub(crate) fn add_child_metrics(
+        &self,
+        request: opentelemetry_proto::tonic::collector::metrics::v1::ExportMetricsServiceRequest,
+    ) {
+        self.telemetry.add_received_metrics(request);
+    }
+
     /// Every span ended so far, exported and read back, once the connects
     /// still finishing in the background have ended their spans
     /// ([`connects_done`](Self::connects_done); the flush waits for the

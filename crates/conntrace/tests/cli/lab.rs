@@ -8,7 +8,7 @@
 use std::process::Output;
 use std::time::Duration;
 
-use conntrace_lab::{OtlpReceiver, ReceivedEvent, ReceivedSpan};
+use conntrace_lab::{OtlpReceiver, ReceivedEvent, ReceivedMetric, ReceivedSpan};
 use reqwest_conntrace::semconv;
 use serde_json::Value;
 
@@ -41,6 +41,8 @@ const SCENARIOS: [&str; 16] = [
 struct Ran {
     json: Value,
     spans: Vec<ReceivedSpan>,
+    /// Every metric the collector got (the lab's and its children's).
+    metrics: Vec<ReceivedMetric>,
 }
 
 impl Ran {
@@ -127,6 +129,7 @@ async fn lab(args: &[&str]) -> Ran {
     Ran {
         json,
         spans: receiver.spans(),
+        metrics: receiver.metrics(),
     }
 }
 
@@ -928,6 +931,38 @@ async fn lab_env_proxy() {
     );
     assert_eq!(delivery["spans_ended"], ran.spans.len(), "{delivery}");
     assert_eq!(delivery["spans_failed"], 0, "{delivery}");
+    // And the children's metrics (each exports its own to the collector).
+    assert_child_request_metrics(&ran.metrics);
+}
+
+/// `metrics` hold the env-proxy children's request durations
+/// (`http.client.request.duration` under the probe's scope attribute
+/// `conntrace.probe.mode = reuse`): one request answered 200 through the
+/// tunnel, one failed with each refusing proxy's error.type. Returns how
+/// many requests they count in all.
+fn assert_child_request_metrics(metrics: &[ReceivedMetric]) -> u64 {
+    let points: Vec<_> = metrics
+        .iter()
+        .filter(|m| {
+            m.name == "http.client.request.duration"
+                && m.scope_attributes.str("conntrace.probe.mode") == Some("reuse")
+        })
+        .flat_map(|m| m.histogram_points())
+        .collect();
+    let has = |error_type: Option<&str>, status: Option<i64>| {
+        points.iter().any(|p| {
+            p.attributes.str("error.type") == error_type
+                && p.attributes.i64("http.response.status_code") == status
+        })
+    };
+    assert!(has(None, Some(200)), "the tunnel's request: {points:#?}");
+    for error_type in [
+        semconv::ERROR_TYPE_PROXY_AUTH_REQUIRED,
+        semconv::ERROR_TYPE_PROXY_CONNECT_REFUSED,
+    ] {
+        assert!(has(Some(error_type), None), "{error_type}: {points:#?}");
+    }
+    points.iter().map(|p| p.count).sum()
 }
 
 /// The env-proxy runs, in order: each is one `conntrace probe` child.
@@ -1028,7 +1063,8 @@ fn assert_child_runs_whole(spans: &[ReceivedSpan], json: &Value) {
 
 /// `conntrace lab env-proxy --json --traces-out T --html P` without a
 /// collector: the file holds the child probes' spans whole (as
-/// [`assert_child_runs_whole`] checks), `spans_written` counts them, `conntrace
+/// [`assert_child_runs_whole`] checks), the metrics file beside it each
+/// child's requests once, `spans_written` counts the spans, `conntrace
 /// view T` draws them, and the lab's page holds each child's trace.
 #[tokio::test]
 async fn lab_env_proxy_writes_its_child_runs_to_the_traces_file_and_page() {
@@ -1051,6 +1087,13 @@ async fn lab_env_proxy_writes_its_child_runs_to_the_traces_file_and_page() {
     let t = &json["telemetry"];
     assert_eq!(t["sink"], "file", "{t}");
     assert_eq!(t["spans_written"], spans.len(), "{t}");
+    // The metrics file beside it holds each child's last collection once:
+    // three requests.
+    let metrics = conntrace_lab::metrics_from_otlp_json(
+        &std::fs::read_to_string(dir.path().join("ep.metrics.json")).expect("metrics file"),
+    )
+    .expect("an OTLP JSON metrics document");
+    assert_eq!(assert_child_request_metrics(&metrics), 3, "{metrics:#?}");
     assert_eq!(t["delivery"]["spans_exported"], spans.len(), "{t}");
     // The lab's page: every child's trace, from all the spans.
     assert!(
