@@ -190,9 +190,13 @@ pub(crate) fn decide_from_kernel(
     {
         // Another request held it (`alive` is `all_busy`), and the response
         // it carried announced its close: that close is why the pool had
-        // it no more (named once; see `name_next_known_loss`).
+        // it no more (named once; see `name_next_known_loss`). Not when it
+        // carried more than that one response since the miss: the close
+        // came with a request that started after the miss, on a
+        // connection then alive and busy.
         if alive.reason == MissReason::AllBusy
             && alive.previous.is_none()
+            && candidate.requests.load(Ordering::Relaxed) <= requests_seen + 1
             && candidate.said_connection_close()
             && candidate.name_close()
         {
@@ -2591,6 +2595,37 @@ mod tests {
         // Named once: a second such miss is busy.
         let again = decide_from_kernel(&candidate, &gone(), at, alive, seen, at);
         assert_eq!(again, alive);
+    }
+
+    /// The close announced by a request that started after the miss is not
+    /// its cause: at the miss the candidate was alive and busy with the
+    /// request before it (seen with nginx `keepalive_requests 3`, 7
+    /// concurrent requests over TLS: the miss named the connection's 3rd
+    /// request's close, which came two responses after the miss).
+    #[test]
+    fn a_close_announced_by_a_request_after_the_miss_is_not_its_cause() {
+        let pools = PoolHistory::default();
+        let client = client();
+        let t0 = Instant::now();
+        let a = connection(&pools, &client, 1, t0, false);
+        response(&a, false, t0 + Duration::from_millis(1));
+        let at = t0 + Duration::from_millis(2);
+        let (candidate, alive, seen) = ask(pools.classify_miss(&host(), &client, at, 2));
+        assert_eq!(alive.reason, MissReason::AllBusy);
+        // The request holding it at the miss ends without a close; the
+        // next one on it announces the close.
+        response(&a, false, t0 + Duration::from_millis(3));
+        response(&a, true, t0 + Duration::from_millis(4));
+        assert_eq!(a.requests.load(Ordering::Relaxed), seen + 2);
+        let miss = decide_from_kernel(&candidate, &gone(), at, alive, seen, at);
+        assert_eq!(miss, alive);
+        // The close is still told, by the next miss.
+        let next = decided(pools.classify_miss(&host(), &client, at, 1));
+        assert_eq!(next.reason, MissReason::RequestLimit);
+        assert_eq!(
+            next.previous.map(|p| (p.id, p.request_count)),
+            Some((a.id(), 3))
+        );
     }
 
     /// The kernel shows an HTTP/1.1 candidate closed (either side, or
