@@ -521,8 +521,11 @@ fn on_connected<T: Connection>(
                 setup_end,
             }) {
                 let in_flight = unused.host.as_ref().map_or(0, |h| inner.load.in_flight(h));
-                inner.pools.on_pooled_unused(&unused, now, in_flight);
+                let release = inner.pools.on_pooled_unused(&unused, now, in_flight);
                 inner.confirm_unsure_release(&unused);
+                for other in &release.made_unsure {
+                    inner.confirm_unsure_release(other);
+                }
             }
         }
         None => match setup_end {

@@ -210,10 +210,13 @@ pub(crate) fn attribute_response(
         connection_id: record.id(),
         http2: record.http2(),
     }) {
-        inner
+        let release = inner
             .pools
             .on_pooled_unused(&unused, now, inner.load.in_flight(&state.host));
         inner.confirm_unsure_release(&unused);
+        for other in &release.made_unsure {
+            inner.confirm_unsure_release(other);
+        }
     }
     let usage = ConnectionUse {
         id: record.id(),
@@ -1266,7 +1269,7 @@ impl RequestEnd {
         if record.in_use() == 0
             && let Some(host) = &record.host
         {
-            self.inner.pools.on_released(
+            let release = self.inner.pools.on_released(
                 host,
                 record,
                 now,
@@ -1274,6 +1277,9 @@ impl RequestEnd {
                 self.inner.load.in_flight(&self.state.host),
             );
             self.inner.confirm_unsure_release(record);
+            for other in &release.made_unsure {
+                self.inner.confirm_unsure_release(other);
+            }
         }
     }
 
