@@ -373,6 +373,7 @@ fn record_miss(
     let later = RecordedWhenDropped {
         inner: Arc::clone(inner),
         host: state.host.clone(),
+        dispatch: tracing::dispatcher::get_default(|d| d.clone()),
         span: span.clone(),
         miss: *miss,
         ended,
@@ -396,6 +397,9 @@ fn record_miss(
 struct RecordedWhenDropped {
     inner: Arc<Inner>,
     host: HostKey,
+    /// The request's default subscriber: the span may close on a runtime
+    /// worker, and its parents close through that thread's default.
+    dispatch: tracing::Dispatch,
     span: tracing::Span,
     miss: Miss,
     ended: Option<Arc<ConnectionRecord>>,
@@ -407,6 +411,7 @@ struct RecordedWhenDropped {
 
 impl Drop for RecordedWhenDropped {
     fn drop(&mut self) {
+        let _default = tracing::dispatcher::set_default(&self.dispatch);
         let reason = record_reason(
             &self.inner,
             &self.host,
@@ -417,6 +422,8 @@ impl Drop for RecordedWhenDropped {
         if let Some(deciding) = self.deciding.take() {
             deciding.decide(Some(reason));
         }
+        // Closed under the request's subscriber (see `dispatch`).
+        drop(std::mem::replace(&mut self.span, tracing::Span::none()));
     }
 }
 
@@ -1085,7 +1092,13 @@ impl RequestEnd {
             let runtime = tokio::runtime::Handle::try_current()
                 .ok()
                 .filter(|r| r.runtime_flavor() != tokio::runtime::RuntimeFlavor::CurrentThread);
+            // The span may close there: its parents close through the
+            // thread's default subscriber (tracing-subscriber's registry),
+            // which must be the request's (a scoped one is not the kernel
+            // thread's).
+            let dispatch = tracing::dispatcher::get_default(|d| d.clone());
             slot.when_settled(move |miss| {
+                let _default = tracing::dispatcher::set_default(&dispatch);
                 let miss = served_by.map_or(miss, |(id, n)| miss.served_by(id, n));
                 let runtime = runtime.as_ref();
                 // The report's side was handed out with `deciding`.
