@@ -3167,6 +3167,75 @@ async fn tls_server_idle_close_is_closed_by_peer() {
     }
 }
 
+// A lab server closing connections idle for 300 ms (plain, then TLS), a
+// client with reqwest's defaults, waves of two concurrent GETs,
+// `/delay/100` and `/delay/800` (both on the wire before either is
+// answered, however late a loaded runtime polls the second), 50 ms apart.
+// Each wave's fast request leaves its
+// connection idle while the slow one runs, and the server closes it; the
+// next wave's first request takes the slow one's connection, just put back,
+// and the other finds the closed one gone. Every miss after the cold wave
+// reads `closed_by_peer`, naming the connection the server's records show
+// ended by its idle timeout. The candidate at the miss (the most recently
+// released connection) is the busy one: alive in the kernel, held by the
+// other request; the miss must look past it to the next idle one. Found by
+// a tester against nginx (`keepalive_timeout 1s`): every such miss read
+// `all_busy` naming nothing ("raise the idle pool"), every run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_close_behind_a_busy_candidate_is_closed_by_peer() {
+    const WAVES: usize = 4;
+    let pki = TestPki::localhost().expect("pki");
+    for (round, tls) in [false, false, true, true].into_iter().enumerate() {
+        let t = telemetry();
+        let mut builder = plain_h1().idle_timeout(Some(Duration::from_millis(300)));
+        if tls {
+            builder = builder.tls(&pki);
+        }
+        let server = RemoteServer::start(builder).await;
+        let client = t.client(reqwest::Client::builder(), tls.then_some(&pki));
+        let (fast, slow) = (
+            server.get().url("/delay/100"),
+            server.get().url("/delay/800"),
+        );
+        for _ in 0..WAVES {
+            futures::future::join(get(&client, &fast), get(&client, &slow)).await;
+            // hyper-util puts the slow one's connection back on a task of
+            // its own: let it land before the next wave checks out.
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let spans: Vec<Seen> = requests(&t, 2 * WAVES).iter().map(seen).collect();
+        compare_with_server(&spans, &server.get().requests());
+        // A miss may ride a connection freed meanwhile (its own connect
+        // then goes to the pool unused): a miss all the same.
+        let warm_misses: Vec<&Seen> = spans[2..].iter().filter(|s| s.reason.is_some()).collect();
+        assert!(
+            !warm_misses.is_empty(),
+            "round {round} (tls {tls}): the server's idle closes force misses:\n{}",
+            compact(&spans)
+        );
+        for miss in &warm_misses {
+            assert!(
+                miss.previous_id.is_some(),
+                "round {round} (tls {tls}): a miss naming no connection: {miss:?}\n{}",
+                compact(&spans)
+            );
+        }
+        let named = server_ends_read_closed_by_peer(
+            &t,
+            &spans,
+            &server.get().connections(),
+            ConnectionEnd::IdleTimeout,
+            round,
+        );
+        assert_eq!(
+            named,
+            warm_misses.len(),
+            "round {round} (tls {tls}): every warm miss names a connection the server closed idle:\n{}",
+            compact(&spans)
+        );
+    }
+}
+
 /// nginx (HTTP/2, `keepalive_requests 5`) proxying `/delay/100` to a lab
 /// server: a GET of `/` opens connection A; 150 ms later four concurrent
 /// GETs of `/delay/100` are its requests 2 to 5 (nginx sends GOAWAY as the

@@ -418,21 +418,32 @@ impl Inner {
     /// (the pool drops it, its connection task ends), so a socket our side
     /// closed by then was turned away (over the limit, when the limit is
     /// ours to count; its close applies as any the kernel shows), and
-    /// one still established, not taken or released again meanwhile, was
-    /// kept: no longer in doubt, the next release counts it idle. Without
-    /// it, a connection turned away long ago would stay counted as maybe
-    /// idle, and one kept would never count as surely idle.
+    /// one still established then and again [`UNSURE_RELEASE_KEPT`] after
+    /// the release, not taken or released again meanwhile, was kept: no
+    /// longer in doubt, the next release counts it idle. Without it, a
+    /// connection turned away long ago would stay counted as maybe idle,
+    /// and one kept would never count as surely idle.
     pub(crate) fn confirm_unsure_release(self: &Arc<Self>, record: &Arc<ConnectionRecord>) {
-        if !record.is_over_idle_limit_unsure() {
-            return;
+        if record.is_over_idle_limit_unsure() {
+            self.look_at_unsure_release(record, Instant::now() + UNSURE_RELEASE_CHECK, false);
         }
+    }
+
+    /// [`confirm_unsure_release`](Self::confirm_unsure_release)'s lookup
+    /// at `asked_at`; `last`: the second look, after which a socket still
+    /// established was kept.
+    fn look_at_unsure_release(
+        self: &Arc<Self>,
+        record: &Arc<ConnectionRecord>,
+        asked_at: Instant,
+        last: bool,
+    ) {
         let (Some(l), Some(r)) = (record.setup.local_addr, record.setup.peer_addr) else {
             return;
         };
         let weak = Arc::downgrade(self);
         let record = Arc::clone(record);
         let released = record.last_released();
-        let asked_at = Instant::now() + UNSURE_RELEASE_CHECK;
         self.kernel.lookup_at(l, r, asked_at, move |lookup| {
             let Some(inner) = weak.upgrade() else {
                 return;
@@ -442,8 +453,21 @@ impl Inner {
                 return;
             }
             match &lookup {
+                // hyper-util's task may not have closed a connection its
+                // pool turned away yet (a starved runtime): kept only if
+                // still established well after (seen beside two
+                // CPU-burning processes: a turned-away connection taken for
+                // kept was counted idle, and a later release that the pool
+                // kept read as over the limit).
                 KernelLookup::Found(facts) if facts.state == crate::TcpState::Established => {
-                    record.set_over_idle_limit_unsure(false);
+                    match released.filter(|_| !last) {
+                        Some(released) => inner.look_at_unsure_release(
+                            &record,
+                            released + UNSURE_RELEASE_KEPT,
+                            true,
+                        ),
+                        None => record.set_over_idle_limit_unsure(false),
+                    }
                 }
                 // Our side closed it right after its release: the pool
                 // turned it away, over the limit (no longer in doubt).
@@ -640,6 +664,14 @@ impl Drop for Inner {
 /// connection its pool turned away (it does so on its next poll), short
 /// enough to settle before most later releases of a burst.
 pub(crate) const UNSURE_RELEASE_CHECK: Duration = Duration::from_millis(20);
+
+/// How long after a release only maybe over the idle limit a socket
+/// still established shows the pool kept it
+/// ([`Inner::confirm_unsure_release`]'s second look): 250 ms, well above
+/// the scheduling delay of a runtime sharing two cores with two
+/// CPU-bound processes (tens of milliseconds), well under a server's idle
+/// timeout (whole seconds).
+pub(crate) const UNSURE_RELEASE_KEPT: Duration = Duration::from_millis(250);
 
 /// Longest a metric collection waits for the kernel's answers about the
 /// connections it counts (`http.client.open_connections`): 100 ms, well

@@ -13,8 +13,12 @@
 //!    may explain the close the kernel shows (see
 //!    [`response_may_explain_end`]).
 //!
-//! Then [`KernelAsk::decide`] settles it (see [`decide_from_kernel`]).
+//! Then [`KernelAsk::decide`] settles it (see [`decide_from_kernel`]), or,
+//! when the candidate was alive and another request in flight may hold it,
+//! asks about the connection the miss would have had instead
+//! ([`KernelAsk::ask_next`]).
 
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
@@ -27,6 +31,7 @@ use crate::pool::model::{
     KernelQuestion, PoolOff, RESPONSE_IN_FLIGHT_WAIT, decide_from_kernel, look_again_at,
     may_wait_for_pool_off, response_may_explain_end,
 };
+use crate::pool::registry::ConnectionRecord;
 use crate::pool::slot::PendingMiss;
 
 /// How often a miss whose candidate its pool closed at release asks again
@@ -270,6 +275,40 @@ impl KernelAsk {
         self.ask_again_at(inner, now + RESPONSE_IN_FLIGHT_WAIT)
     }
 
+    /// The candidate was alive at the miss, held by another request in
+    /// flight (row 10e): the miss would have had `next`
+    /// ([`PoolHistory::next_candidate`](crate::pool::model::PoolHistory::next_candidate)),
+    /// which the kernel is asked about now, its answer settling the miss as
+    /// the first did (with one request fewer that may hold it). A server's
+    /// idle close of `next` while the candidate served is then named
+    /// (`closed_by_peer`), not `all_busy`.
+    fn ask_next(mut self, inner: &Arc<Inner>, next: Arc<ConnectionRecord>) {
+        let (Some(local), Some(remote)) = (next.setup.local_addr, next.setup.peer_addr) else {
+            self.slot.set(self.question.alive);
+            return;
+        };
+        let question = &self.question;
+        self.question = KernelQuestion {
+            local,
+            remote,
+            requests_seen: next.requests.load(Ordering::Relaxed),
+            candidate: next,
+            alive: question.alive,
+            classified_at: question.classified_at,
+            others_in_flight: question.others_in_flight,
+            may_hold: question.may_hold.saturating_sub(1),
+        };
+        self.waited_for_response = false;
+        self.waited_for_pool_off = false;
+        self.first_answer = None;
+        self.pool_off_wait_over = false;
+        self.asked_at = Instant::now();
+        let weak = Arc::downgrade(inner);
+        inner.kernel.lookup_then(local, remote, move |lookup| {
+            settle_miss(&weak, self, &lookup)
+        });
+    }
+
     /// Settles the miss from `lookup` (as of `now`): `alive` after a wait
     /// for a pool that keeps none that did not show it (`pool_off` false),
     /// else [`decide_from_kernel`]; then applies the kernel's view (when
@@ -298,6 +337,21 @@ impl KernelAsk {
         };
         if let Some(inner) = inner {
             inner.apply_kernel_view(candidate, lookup, self.asked_at);
+            if miss == self.question.alive
+                && miss.reason == MissReason::AllBusy
+                && miss.previous.is_none()
+                && self.question.may_hold > 0
+                && !candidate.http2()
+                && let Some(next) = inner.pools.next_candidate(
+                    &self.host,
+                    candidate,
+                    self.question.classified_at,
+                    now,
+                )
+            {
+                self.ask_next(inner, next);
+                return;
+            }
             if miss.reason == MissReason::AllBusy
                 && miss.previous.is_none()
                 && let Some(ended) = inner.pools.name_known_loss(

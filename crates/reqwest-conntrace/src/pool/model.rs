@@ -151,6 +151,12 @@ pub(crate) struct KernelQuestion {
     /// yet: one of them may hold the candidate (see
     /// [`response_may_explain_end`]).
     pub(crate) others_in_flight: bool,
+    /// How many of those requests may hold the candidate or, each, another
+    /// connection released before the miss: when the kernel shows the
+    /// candidate alive, one of them holds it, and the miss would have had
+    /// the next one ([`PoolHistory::next_candidate`]), asked about with one
+    /// fewer.
+    pub(crate) may_hold: u64,
 }
 
 /// The reason for a miss whose candidate (the most recently released idle
@@ -379,6 +385,25 @@ pub(crate) fn decide_from_kernel(
                 && !unsure_pool_closed_at_release(candidate, closed)
             {
                 return alive;
+            }
+            // Believed closed at its release over an idle limit ours to
+            // count (row 8, asked as 8b: others in flight), and the kernel
+            // dates our close there: the idle limit's (an idle timeout
+            // closes no sooner than hyper-util's idle check, 90 ms at
+            // least). Alone, row 8 does not hold (see there).
+            if !alone
+                && candidate.is_over_idle_limit()
+                && candidate.client.max_idle_known
+                && closed
+                    .zip(candidate.last_released())
+                    .is_some_and(|(closed, released)| {
+                        closed.saturating_duration_since(released) <= CLOSED_AT_RELEASE
+                    })
+            {
+                return Miss::caused_by(
+                    MissReason::AllBusy,
+                    Previous::of(candidate, now, Some(ConnectionEnd::IdleLimit)),
+                );
             }
             own_close_miss(candidate, pool_close(candidate, facts, now, alone), now)
         }
@@ -1472,6 +1497,19 @@ impl PoolHistory {
         let limit_unbounded =
             inferred_reason == Some(MissReason::AllBusy) && client.inferred.idle_limit().is_none();
         if candidate.is_over_idle_limit() && in_flight > 1 && !limit_unbounded {
+            // 8b. The limit is ours to count, but the count is a belief: a
+            //     request in flight whose response has not shown its
+            //     connection yet may hold this one, kept after all (a
+            //     release counted against a connection hyper-util had
+            //     turned away unbeknown to us). The kernel tells: alive is
+            //     `all_busy` naming nothing (and the miss looks past it),
+            //     closed by us is the idle limit's close (row 10).
+            if inferred_reason.is_none()
+                && candidate.setup.local_addr.is_some()
+                && Self::others_in_flight(&hosts, host, in_flight)
+            {
+                return Self::ask_kernel(&hosts, host, candidate, in_flight, now, requests_seen);
+            }
             candidate.mark_named_by_miss(now);
             return MissVerdict::Decided(match inferred_reason {
                 None => Miss::caused_by(MissReason::AllBusy, previous(ConnectionEnd::IdleLimit)),
@@ -1548,7 +1586,8 @@ impl PoolHistory {
         now: Instant,
         requests_seen: u64,
     ) -> MissVerdict {
-        let others_unattributed = Self::others_in_flight(hosts, host, in_flight);
+        let unattributed = Self::others_in_flight_count(hosts, host, in_flight);
+        let others_unattributed = unattributed > 1;
         let alive = if others_unattributed || candidate.http2() {
             Miss::new(MissReason::AllBusy)
         } else {
@@ -1565,6 +1604,7 @@ impl PoolHistory {
                     requests_seen,
                     classified_at: now,
                     others_in_flight: others_unattributed,
+                    may_hold: unattributed.saturating_sub(1),
                 })
             }
             // No socket to ask about: a dropped body is believed to have
@@ -1578,6 +1618,45 @@ impl PoolHistory {
             },
             _ => MissVerdict::Decided(alive),
         }
+    }
+
+    /// The connection a miss to `host` classified at `missed_at` would have
+    /// had when another request holds `held`, its candidate (row 10e: the
+    /// kernel shows `held` alive while requests without a response are in
+    /// flight): hyper-util hands out the most recently released idle
+    /// connection first, so that request took `held` and this one found the
+    /// next: the most recently released HTTP/1.1 connection of the client
+    /// before `held`, idle since before the miss (its request count is the
+    /// one at the miss), not named by another miss since its last use, and
+    /// not believed closed over the idle limit at its release (never in
+    /// hyper-util's idle list). Marked named by this miss, as a candidate is.
+    pub(crate) fn next_candidate(
+        &self,
+        host: &HostKey,
+        held: &ConnectionRecord,
+        missed_at: Instant,
+        now: Instant,
+    ) -> Option<Arc<ConnectionRecord>> {
+        let hosts = self.hosts();
+        let next = hosts
+            .get(host)?
+            .connections
+            .iter()
+            .filter(|r| {
+                r.client.id == held.client.id
+                    && r.id() != held.id()
+                    && !r.http2()
+                    && r.in_use() == 0
+                    && r.last_released().is_some()
+                    && r.last_activity() <= missed_at
+                    && r.last_activity() <= held.last_activity()
+                    && !r.is_over_idle_limit()
+                    && !loss_told(r)
+                    && !named_since_use(r)
+            })
+            .max_by_key(|r| r.last_activity())?;
+        next.mark_named_by_miss(now);
+        Some(Arc::clone(next))
     }
 
     /// An `all_busy` miss of `client` to `host` classified at `missed_at`
@@ -2039,15 +2118,19 @@ impl PoolHistory {
     }
 
     /// An HTTP/1.1 connection whose connect lost to a connection freed for
-    /// its trigger request went into hyper-util's pool unused at `now` (the
-    /// later of its ready time and its trigger's response): a release like
-    /// a response's end ([`on_released`](Self::on_released); `in_flight`:
-    /// requests to the host in flight now), so a full idle pool closes it
-    /// at once (and the history can forget it) and an unknown idle limit
-    /// counts it.
+    /// its trigger request went into hyper-util's pool unused at its ready
+    /// time (hyper-util's connect task puts it there as its handshake
+    /// ends), learned at `now` (its trigger's response, or its ready time
+    /// when the trigger was served first): a release like a response's end
+    /// ([`on_released`](Self::on_released); `in_flight`: requests to the
+    /// host in flight now), so a full idle pool closes it at once (and the
+    /// history can forget it) and an unknown idle limit counts it. Its idle
+    /// time counts from its ready time: learned at a slow trigger's
+    /// response, a server's idle close since read as our pool's close at
+    /// release (`pool_closed`).
     ///
-    /// hyper-util put it back at its ready time, learned here only at
-    /// `now`: a connection of the client released in between may have
+    /// Learned only at `now`, a connection of the client released in
+    /// between may have
     /// gone back after it, and then that one was the one turned away. So a
     /// release counted over the limit is only maybe over it then (the
     /// kernel's view decides at a miss, [`decide_from_kernel`]): taken as
@@ -2068,12 +2151,13 @@ impl PoolHistory {
         if record.requests.load(Ordering::Relaxed) != 0 || record.in_use() != 0 {
             return Release::default();
         }
-        record.mark_released(now);
+        let put_at = record.ready_at().min(now);
+        record.mark_released(put_at);
         // No request of its own releases it: every request in flight may
         // hold a connection (`on_released` counts the releasing one in
         // `in_flight`).
-        let mut release = self.on_released(host, record, now, record.ready_at(), in_flight + 1);
-        if release.over_limit && self.released_between(host, record, record.ready_at(), now) {
+        let mut release = self.on_released(host, record, put_at, put_at, in_flight + 1);
+        if release.over_limit && self.released_between(host, record, put_at, now) {
             record.clear_over_idle_limit();
             record.set_over_idle_limit_unsure(true);
             release.over_limit = false;
@@ -3394,15 +3478,32 @@ mod tests {
                 at,
             );
             assert_eq!((miss.reason, miss.previous), (MissReason::AllBusy, None));
-            // A concurrent miss: `b` is being decided, `a`'s close explains it.
-            let miss = decided(pools.classify_miss(&host(), &client, at, 3));
+            // A concurrent miss: `b` is being decided, `a`'s close over the
+            // limit may explain it, but a request in flight may hold `a`
+            // (kept after all: the count is a belief): the kernel tells.
+            // Closed by us at its release: that close explains it; alive:
+            // busy, naming nothing.
+            let (candidate, alive, seen) = ask(pools.classify_miss(&host(), &client, at, 3));
+            assert_eq!(candidate.id(), a.id());
+            let named = |m: Miss| (m.reason, m.previous.map(|p| (p.id, p.end)));
+            let miss =
+                decide_from_kernel(&candidate, &closed_ago(ms(2)), at + ms(1), alive, seen, at);
             assert_eq!(
-                (miss.reason, miss.previous.map(|p| (p.id, p.end))),
+                named(miss),
                 (
                     MissReason::AllBusy,
                     Some((a.id(), Some(ConnectionEnd::IdleLimit)))
                 )
             );
+            let miss = decide_from_kernel(
+                &candidate,
+                &state(TcpState::Established),
+                at + ms(1),
+                alive,
+                seen,
+                at,
+            );
+            assert_eq!(named(miss), (MissReason::AllBusy, None));
         }
         for (lookup, in_flight, expected) in [
             (
