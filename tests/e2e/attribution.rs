@@ -615,6 +615,67 @@ async fn http2_goaway_after_n_streams_names_the_previous_connection() {
     }
 }
 
+/// Every setup span of a connect a request's pool miss started carries the
+/// miss reason that request's span records, however late that is. HTTP/2,
+/// GOAWAY after 5 streams, 20 requests one at a time and 24 three at a
+/// time, three rounds each: the next miss after a GOAWAY reads
+/// `closed_by_peer` when the connect ends and `request_limit` once the
+/// responses the connection carried are counted; the request span records
+/// the latter. Found by a tester: the setup spans said `all_busy` or the
+/// first reading while their requests said `request_limit` (7 of 30 misses
+/// one at a time, 10 of 30 three at a time), and a sampler that keeps
+/// setup spans without their requests (`KeepConnectionSetups`) shows only
+/// the setup span.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn setup_spans_carry_the_miss_reason_their_request_records() {
+    let pki = TestPki::localhost().expect("pki");
+    let mut compared = 0;
+    for (round, concurrency) in [1, 1, 1, 3, 3, 3].into_iter().enumerate() {
+        let t = telemetry();
+        let server = RemoteServer::start(tls_h2(&pki).max_requests_per_connection(Some(5))).await;
+        let client = t.client(reqwest::Client::builder(), Some(&pki));
+        let url = server.get().url("/");
+        let n = if concurrency == 1 { 20 } else { 24 };
+        for _ in 0..n / concurrency {
+            futures::future::join_all((0..concurrency).map(|_| get(&client, &url))).await;
+        }
+        let requests = requests(&t, n);
+        let by_id: HashMap<_, _> = requests
+            .iter()
+            .map(|r| (r.span_context.span_id(), r))
+            .collect();
+        let mut misses = 0;
+        for setup in t.setups() {
+            let Some(trigger) = by_id.get(&setup.parent_span_id) else {
+                continue;
+            };
+            let outcome = str_attr(&setup, semconv::HTTP_CONNECTION_SETUP_OUTCOME);
+            if !matches!(
+                outcome.as_deref(),
+                Some(semconv::SETUP_OUTCOME_USED | semconv::SETUP_OUTCOME_POOLED)
+            ) {
+                continue;
+            }
+            let reason = str_attr(&setup, semconv::HTTP_CONNECTION_MISS_REASON);
+            assert_eq!(
+                reason,
+                str_attr(trigger, semconv::HTTP_CONNECTION_MISS_REASON),
+                "round {round} (concurrency {concurrency}): setup span {:?} vs its request",
+                i64_attr(&setup, semconv::HTTP_CONNECTION_ID)
+            );
+            if reason.as_deref() == Some(semconv::MISS_REASON_REQUEST_LIMIT) {
+                misses += 1;
+            }
+            compared += 1;
+        }
+        assert!(
+            misses >= 2,
+            "round {round}: 20 or more requests over 5-stream connections: {misses} request_limit setups"
+        );
+    }
+    assert!(compared >= 6 * 4, "{compared} setup spans compared");
+}
+
 /// HTTP/1.1 response dropped unread: a small body (already received) keeps
 /// the connection, and the next request is attributed to it as the server
 /// saw; a large one closes it, and the next request is `discarded`, naming

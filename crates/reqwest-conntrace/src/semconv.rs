@@ -202,7 +202,9 @@ pub const HTTP_CONNECTION_TLS_VERIFICATION_SKIPPED: &str =
 /// was not served by an idle pooled connection; one of the `MISS_REASON_*`
 /// values (see [`MissReason`](crate::MissReason) for each value's fix).
 /// Present on every request that was not an idle hit: misses, and hits that
-/// waited for a busy connection.
+/// waited for a busy connection. Also on the setup span of the connect a
+/// miss started: the value its trigger's span records (docs/REFERENCE.md,
+/// setup span attributes).
 pub const HTTP_CONNECTION_MISS_REASON: &str = "http.connection.miss_reason";
 /// `http.connection.untracked` (string, request span): present when a
 /// bounded table of the handle was full, so this request's pool facts are

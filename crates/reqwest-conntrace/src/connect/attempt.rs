@@ -26,6 +26,10 @@ pub(crate) struct ConnectAttempt {
     pub(crate) client: Arc<ClientState>,
     /// Why the trigger's pool checkout failed.
     pub(crate) miss: Option<MissSlot>,
+    /// `miss` is the one the trigger's span records (its first connect's):
+    /// the setup span then carries the reason that span records
+    /// ([`SetupReason`](crate::request::pending_setup::SetupReason)).
+    pub(crate) trigger_miss: bool,
     /// The client's connect timeout (hyper-util splits it among addresses).
     pub(crate) connect_timeout: Option<std::time::Duration>,
     /// The proxies the client's rules name for the target (which one, if
@@ -107,6 +111,7 @@ impl ConnectAttempt {
             trigger,
             client,
             miss,
+            trigger_miss: false,
             connect_timeout,
             proxies,
             phases: Mutex::new(Phases::default()),

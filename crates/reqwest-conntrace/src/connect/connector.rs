@@ -27,7 +27,8 @@ use crate::error::{
 use crate::handle::{ConnTrace, Inner};
 use crate::pool::client::ClientState;
 use crate::pool::registry::ConnectionRecord;
-use crate::request::state::{self as request, PendingSetup};
+use crate::request::pending_setup::PendingSetup;
+use crate::request::state::{self as request};
 use crate::semconv;
 
 /// Tower layer for `reqwest::ClientBuilder::connector_layer`: wraps reqwest's
@@ -158,23 +159,26 @@ where
         let trigger = request::current();
         // reqwest calls the connector when hyper-util's pool checkout found
         // no usable idle connection: classify that miss now.
+        let mut trigger_miss = false;
         let miss = trigger.as_ref().map(|t| {
             let slot = inner.miss_slot(&t.host, &shared.client);
-            t.note_miss(slot.clone());
+            trigger_miss = t.note_miss(slot.clone());
             slot
         });
         let proxies = match (shared.proxy.get(), &trigger) {
             (Some(rules), Some(t)) => rules.candidates(&t.host),
             _ => crate::connect::proxy::Candidates::unknown(),
         };
-        let attempt = Arc::new(ConnectAttempt::new(
+        let mut attempt = ConnectAttempt::new(
             inner.next_connection_id(),
             trigger,
             shared.client.clone(),
             miss,
             shared.connect_timeout,
             proxies,
-        ));
+        );
+        attempt.trigger_miss = trigger_miss;
+        let attempt = Arc::new(attempt);
         // reqwest calls the connector inside the request's poll, so the
         // current span is the request span the middleware instrumented.
         let parent = tracing::Span::current().context();
@@ -519,6 +523,7 @@ fn on_connected<T: Connection>(
                 cx,
                 end,
                 setup_end,
+                trigger_miss: attempt.trigger_miss,
             }) {
                 let in_flight = unused.host.as_ref().map_or(0, |h| inner.load.in_flight(h));
                 let release = inner.pools.on_pooled_unused(&unused, now, in_flight);

@@ -275,10 +275,19 @@ pub(crate) fn emit_phases(
         dns_duration = Some(dns_end.saturating_duration_since(dns.asked));
         tcp_start = dns_end;
     }
-    if let Some(miss) = attempt.miss.as_ref().filter(|_| recording) {
+    // A ready connect of a request through our middleware: its span ends
+    // once that request's fate is known, with the reason then known
+    // (`request::state::finish_setup`). Any other ends now.
+    let ends_with_trigger = established.is_some() && attempt.trigger.is_some();
+    if let Some(miss) = attempt
+        .miss
+        .as_ref()
+        .map(|m| m.get())
+        .filter(|m| recording && !m.untracked && !ends_with_trigger)
+    {
         setup_span.set_attribute(KeyValue::new(
             semconv::HTTP_CONNECTION_MISS_REASON,
-            miss.get().reason.as_str(),
+            miss.reason.as_str(),
         ));
     }
     let local_transport = established.is_some_and(|e| e.local_transport());

@@ -17,6 +17,7 @@ use crate::miss::{ConnectionEnd, MissReason};
 use crate::pool::host::HostKey;
 use crate::pool::registry::ConnectionRecord;
 use crate::pool::slot::Miss;
+use crate::request::pending_setup::SetupReason;
 use crate::request::state::{Fate, RequestState};
 use crate::semconv;
 
@@ -177,7 +178,13 @@ pub(crate) fn attribute_response(
             }
             MissRecorded::Later(late) => Some(late),
         },
-        _ => None,
+        // An idle hit: no reason of its own (a setup span it held, not
+        // expected, carries its own).
+        None => {
+            state.miss_recorded(None);
+            None
+        }
+        Some(_) => None,
     };
     record_server_keep_alive(span, &record, headers);
     if reused && record.is_dns_stale() {
@@ -327,6 +334,7 @@ fn record_miss(
         if let Some(deciding) = deciding {
             deciding.decide(None);
         }
+        state.miss_recorded(None);
         return MissRecorded::Now(None);
     }
     if let Some(source) = miss.limits {
@@ -365,6 +373,7 @@ fn record_miss(
             if let Some(deciding) = deciding {
                 deciding.decide(Some(reason));
             }
+            state.miss_recorded(Some(reason));
             return MissRecorded::Now(Some(reason));
         }
     };
@@ -378,6 +387,7 @@ fn record_miss(
         miss: *miss,
         ended,
         deciding: Some(deciding),
+        setup_reason: state.setup_reason(),
         _pending: crate::export::pending::PendingEnd::new(),
     };
     let deadline = Instant::now() + crate::pool::model::RESPONSE_IN_FLIGHT_WAIT;
@@ -404,6 +414,8 @@ struct RecordedWhenDropped {
     miss: Miss,
     ended: Option<Arc<ConnectionRecord>>,
     deciding: Option<DecidingMiss>,
+    /// The request's setup spans held for the reason.
+    setup_reason: Arc<SetupReason>,
     /// Dropped after `span` (fields drop in order): a flush waiting for
     /// the pending ends then finds the span exported.
     _pending: crate::export::pending::PendingEnd,
@@ -422,6 +434,7 @@ impl Drop for RecordedWhenDropped {
         if let Some(deciding) = self.deciding.take() {
             deciding.decide(Some(reason));
         }
+        self.setup_reason.record(Some(reason));
         // Closed under the request's subscriber (see `dispatch`).
         drop(std::mem::replace(&mut self.span, tracing::Span::none()));
     }

@@ -4,6 +4,7 @@
 //! - `middleware`: [`ConnTraceMiddleware`](crate::ConnTraceMiddleware), the request span and the hand-off to reqwest;
 //! - `method`: the `http.request.method` value and the known-method set that names the span;
 //! - `state`: one request in flight, the thread-local current request, its pending setup spans;
+//! - `pending_setup`: setup spans held open until their trigger's fate and its miss reason are known;
 //! - `redirect`: redirect hops sent as physical requests of their own;
 //! - `attribution`: pool attribution of a response and the guard that ends a request once;
 //! - `body`: the response body wrapper that ends the request at end of stream, error or drop;
@@ -14,5 +15,6 @@ pub(crate) mod body;
 pub(crate) mod fanout;
 pub(crate) mod method;
 pub(crate) mod middleware;
+pub(crate) mod pending_setup;
 pub(crate) mod redirect;
 pub(crate) mod state;

@@ -6,15 +6,16 @@ use std::cell::RefCell;
 use std::mem;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
-use std::time::{Instant, SystemTime};
+use std::time::Instant;
 
+use opentelemetry::KeyValue;
 use opentelemetry::trace::{Status, TraceContextExt};
-use opentelemetry::{Context, KeyValue};
 
-use crate::export::phases::SetupSpanEnd;
+use crate::miss::MissReason;
 use crate::pool::host::HostKey;
 use crate::pool::registry::ConnectionRecord;
 use crate::pool::slot::MissSlot;
+use crate::request::pending_setup::{PendingSetup, SetupReason, end_setup};
 use crate::semconv;
 
 /// One request going through the middleware.
@@ -46,6 +47,9 @@ pub(crate) struct RequestState {
     /// The current-thread tokio runtime the first poll ran on (none on a
     /// multi-thread runtime or outside tokio).
     first_poll_runtime: OnceLock<tokio::runtime::Id>,
+    /// The setup span of the connect its miss started, held open until its
+    /// span records that miss's reason.
+    setup_reason: Arc<SetupReason>,
 }
 
 #[derive(Debug, Default)]
@@ -61,19 +65,6 @@ pub(crate) enum Fate {
     ServedBy { connection_id: u64, http2: bool },
     /// The request failed or was cancelled before any response.
     NoResponse,
-}
-
-/// A connection-setup span whose connect succeeded but whose triggering
-/// request has not been served yet: whether it served its trigger is not
-/// known, so the span stays open (its end time is already fixed).
-#[derive(Debug)]
-pub(crate) struct PendingSetup {
-    pub(crate) record: Arc<ConnectionRecord>,
-    pub(crate) cx: Context,
-    pub(crate) end: SystemTime,
-    /// Shared with the kernel's answer when a `tcp.connect` event waits
-    /// for it ([`ConnectionPhases::Events`](crate::ConnectionPhases::Events)): the span ends when both are done.
-    pub(crate) setup_end: Option<Arc<SetupSpanEnd>>,
 }
 
 impl RequestState {
@@ -92,6 +83,7 @@ impl RequestState {
             failed_connect: Mutex::new(None),
             polls: AtomicU32::new(0),
             first_poll_runtime: OnceLock::new(),
+            setup_reason: Arc::default(),
         }
     }
 
@@ -158,13 +150,30 @@ impl RequestState {
             .clone()
     }
 
-    /// Records why a connect this request triggered was needed (first one wins).
-    pub(crate) fn note_miss(&self, slot: MissSlot) {
+    /// Records why a connect this request triggered was needed (first one
+    /// wins: the miss its span records). Returns whether it was the first.
+    pub(crate) fn note_miss(&self, slot: MissSlot) -> bool {
         self.connects.fetch_add(1, Ordering::Relaxed);
         let mut m = self.miss.lock().unwrap_or_else(|e| e.into_inner());
-        if m.is_none() {
+        let first = m.is_none();
+        if first {
             *m = Some(slot);
         }
+        first
+    }
+
+    /// The miss reason this request's span recorded (`None`: none, an idle
+    /// hit or an untracked miss; the setup spans then carry their own):
+    /// the setup span of the connect its miss started carries it too,
+    /// ended now if it was held for it ([`SetupReason`]).
+    pub(crate) fn miss_recorded(&self, reason: Option<MissReason>) {
+        self.setup_reason.record(reason);
+    }
+
+    /// Where [`RecordedWhenDropped`](crate::request::attribution) hands the
+    /// reason recorded after the request's response.
+    pub(crate) fn setup_reason(&self) -> Arc<SetupReason> {
+        Arc::clone(&self.setup_reason)
     }
 
     /// Connects this request triggered so far: one per pool checkout that
@@ -190,7 +199,7 @@ impl RequestState {
         match t.finished {
             Some(fate) => {
                 drop(t);
-                finish_setup(pending, fate, self.connects() > 1)
+                finish_setup(pending, fate, self.connects() > 1, &self.setup_reason)
             }
             None => {
                 t.pending.push(pending);
@@ -219,7 +228,7 @@ impl RequestState {
         let unseen = self.connects() > 1;
         pending
             .into_iter()
-            .filter_map(|p| finish_setup(p, fate, unseen))
+            .filter_map(|p| finish_setup(p, fate, unseen, &self.setup_reason))
             .collect()
     }
 }
@@ -230,17 +239,25 @@ impl Drop for RequestState {
         // (not expected: the middleware's guard finishes it) ends them here.
         let pending = mem::take(&mut self.trigger().pending);
         for p in pending {
-            finish_setup(p, Fate::NoResponse, false);
+            finish_setup(p, Fate::NoResponse, false, &self.setup_reason);
         }
     }
 }
 
 /// Sets the trigger-related attributes on a successful setup span and ends
-/// it. Returns the connection when it is HTTP/1.1 and its trigger was
-/// served by another one: it went into the pool unused. `unseen`: the
-/// trigger opened more than one connection, so one it was not answered on
-/// may have carried a request sent by a middleware after ours.
-fn finish_setup(p: PendingSetup, fate: Fate, unseen: bool) -> Option<Arc<ConnectionRecord>> {
+/// it: with the miss reason its trigger's span records when its connect's
+/// miss is that one and the trigger got a response (held in `reason` until
+/// then), else with its own miss's reason. Returns the connection when it
+/// is HTTP/1.1 and its trigger was served by another one: it went into the
+/// pool unused. `unseen`: the trigger opened more than one connection, so
+/// one it was not answered on may have carried a request sent by a
+/// middleware after ours.
+fn finish_setup(
+    p: PendingSetup,
+    fate: Fate,
+    unseen: bool,
+    reason: &SetupReason,
+) -> Option<Arc<ConnectionRecord>> {
     let span = p.cx.span();
     let mut pooled_unused = None;
     match fate {
@@ -294,9 +311,9 @@ fn finish_setup(p: PendingSetup, fate: Fate, unseen: bool) -> Option<Arc<Connect
         }
         Fate::NoResponse => {}
     }
-    match &p.setup_end {
-        Some(setup_end) => setup_end.arrive(),
-        None => span.end_with_timestamp(p.end),
+    match fate {
+        Fate::ServedBy { .. } if p.trigger_miss => reason.hold(p),
+        _ => end_setup(p, None),
     }
     pooled_unused
 }
