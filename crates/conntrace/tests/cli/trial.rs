@@ -459,19 +459,10 @@ async fn probe_counts_a_body_cut_after_the_headers_as_failed_on_its_connection()
         assert_eq!(out.status.code(), Some(1), "{error_type}: {}", stderr(&out));
         let text = String::from_utf8_lossy(&out.stdout).into_owned();
         let answered = log.lock().expect("log").clone();
-        let status_cells: Vec<String> = text
-            .lines()
-            .filter_map(|l| {
-                // │ # ┆ ... ┆ status │: a request row starts with its number.
-                let cells: Vec<&str> = l
-                    .trim()
-                    .trim_matches('│')
-                    .split('┆')
-                    .map(str::trim)
-                    .collect();
-                (cells.len() > 2 && cells[0].parse::<u32>().is_ok())
-                    .then(|| cells[cells.len() - 1].to_owned())
-            })
+        let table = table_rows(&text);
+        let status_cells: Vec<String> = table
+            .iter()
+            .map(|cells| cells[cells.len() - 1].clone())
             .collect();
         let expected: Vec<String> = answered
             .iter()
@@ -489,18 +480,10 @@ async fn probe_counts_a_body_cut_after_the_headers_as_failed_on_its_connection()
             text.contains(&format!("9 request(s), {cuts} failed ({cuts} after the response headers: counted as pool hits or misses)")),
             "{error_type}: {text}"
         );
-        // The miss column names a reason on each miss.
-        let misses = text
-            .lines()
-            .filter(|l| {
-                let cells: Vec<&str> = l
-                    .trim()
-                    .trim_matches('│')
-                    .split('┆')
-                    .map(str::trim)
-                    .collect();
-                cells.len() > 8 && cells[0].parse::<u32>().is_ok() && cells[8] != "-"
-            })
+        // The miss column (the 9th) names a reason on each miss.
+        let misses = table
+            .iter()
+            .filter(|cells| cells.len() > 8 && cells[8] != "-")
             .count();
         assert!(misses >= 3, "{error_type}: {text}");
         assert!(
@@ -1003,4 +986,19 @@ async fn probe_https_to_a_plain_http_port_says_to_use_http() {
     let r = &json["modes"][0]["requests"][0];
     assert_eq!(r["status"], 200, "{r}");
     assert!(r["body_bytes"].as_u64().is_some(), "{r}");
+}
+
+/// The request rows of the probe's text table, each as its cells (`│ # ┆
+/// ... ┆ status │`: a request row starts with its number).
+fn table_rows(text: &str) -> Vec<Vec<String>> {
+    text.lines()
+        .map(|l| {
+            l.trim()
+                .trim_matches('│')
+                .split('┆')
+                .map(|c| c.trim().to_owned())
+                .collect::<Vec<String>>()
+        })
+        .filter(|cells| cells.len() > 2 && cells[0].parse::<u32>().is_ok())
+        .collect()
 }
