@@ -2954,6 +2954,48 @@ mod tests {
         assert_eq!(miss.previous.map(|p| p.id), Some(b.id()));
     }
 
+    /// Row 10e's look past a busy candidate: the connection the miss would
+    /// have had is the most recently released HTTP/1.1 one before the
+    /// candidate, idle since before the miss, not believed closed over the
+    /// idle limit, not named by another miss; each is named once (a
+    /// concurrent miss gets the next), and none is left after that.
+    #[test]
+    fn the_next_candidate_is_the_latest_idle_one_no_miss_named() {
+        let pools = PoolHistory::default();
+        let client = Arc::new(ClientState::new(Some(None), Some(4)));
+        let t0 = Instant::now();
+        let ms = |n| t0 + Duration::from_millis(n);
+        let older = connection(&pools, &client, 1, t0, false);
+        let next = connection(&pools, &client, 2, t0, false);
+        let over = connection(&pools, &client, 3, t0, false);
+        let h2 = connection(&pools, &client, 4, t0, true);
+        let held = connection(&pools, &client, 5, t0, false);
+        let after = connection(&pools, &client, 6, t0, false);
+        response(&older, false, ms(1));
+        response(&next, false, ms(2));
+        response(&over, false, ms(3));
+        over.mark_over_idle_limit();
+        response(&h2, false, ms(4));
+        response(&held, false, ms(5));
+        // Released after the miss: not in the pool at its checkout.
+        response(&after, false, ms(7));
+        let missed_at = ms(6);
+        let id = |r: Option<Arc<ConnectionRecord>>| r.map(|r| r.id());
+        assert_eq!(
+            id(pools.next_candidate(&host(), &held, missed_at, ms(8))),
+            Some(next.id())
+        );
+        assert_eq!(
+            id(pools.next_candidate(&host(), &held, missed_at, ms(8))),
+            Some(older.id()),
+            "the first one is named: a concurrent miss gets the next"
+        );
+        assert_eq!(
+            id(pools.next_candidate(&host(), &held, missed_at, ms(8))),
+            None
+        );
+    }
+
     /// Row 4's exception and row 6 under a burst: each connection ended by
     /// the server's announced close names one miss, the most recently
     /// released first; with every such close named, a miss whose
