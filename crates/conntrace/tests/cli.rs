@@ -583,7 +583,10 @@ async fn probe_metrics_file_keeps_each_mode_apart() {
 
 /// `conntrace probe https://127.0.0.1:PORT/ -n 2 -c 2 --mode reuse`
 /// through a front that holds the second connection 800 ms before passing
-/// it to the TLS server: the second request is served on the first
+/// it to the TLS server, which answers after 300 ms (so the second request
+/// starts while the first is in flight, however loaded the machine: it
+/// failed once in a CI run beside CPU burners, the first request done
+/// before the second began): the second request is served on the first
 /// connection (released meanwhile), and the second connect finishes its
 /// handshake in the background after both requests are done. The probe
 /// waits for it: the traces file holds one setup span per connection the
@@ -595,6 +598,7 @@ async fn probe_keeps_a_connect_that_finishes_after_the_last_request() {
     let server = conntrace_lab::TestServer::builder()
         .tls(&pki)
         .http_versions(conntrace_lab::HttpVersions::Http1Only)
+        .delay(Duration::from_millis(300))
         .start()
         .await
         .expect("server");
