@@ -1627,9 +1627,13 @@ impl PoolHistory {
     /// connection first, so that request took `held` and this one found the
     /// next: the most recently released HTTP/1.1 connection of the client
     /// before `held`, idle since before the miss (its request count is the
-    /// one at the miss), not named by another miss since its last use, and
-    /// not believed closed over the idle limit at its release (never in
-    /// hyper-util's idle list). Marked named by this miss, as a candidate is.
+    /// one at the miss), not named by another miss since its last use, not
+    /// believed closed over the idle limit at its release (never in
+    /// hyper-util's idle list), and not lost in a way known without the
+    /// kernel (an announced close, a request that gave up on it, a failed
+    /// body: row 4's exception names those, [`name_known_loss`](Self::name_known_loss),
+    /// when the look finds nothing). Marked named by this miss, as a
+    /// candidate is.
     pub(crate) fn next_candidate(
         &self,
         host: &HostKey,
@@ -1651,7 +1655,7 @@ impl PoolHistory {
                     && r.last_activity() <= missed_at
                     && r.last_activity() <= held.last_activity()
                     && !r.is_over_idle_limit()
-                    && !loss_told(r)
+                    && known_loss(r).is_none()
                     && !named_since_use(r)
             })
             .max_by_key(|r| r.last_activity())?;
