@@ -674,8 +674,10 @@ async fn probe_keeps_a_connect_that_finishes_after_the_last_request() {
 /// Every row names nginx's connection and request count; a miss that names
 /// a previous connection as ended (`previous.end`) names one that served
 /// no later request (nginx's log: no request on its port after the miss
-/// started), with nginx's request count for it; and `release_race` ("nothing
-/// else was in flight") is never read while another request was in flight.
+/// started), with nginx's request count for it; and `release_race` is read
+/// while another request was in flight only when the connection it names
+/// served its next request (nginx's port and count) to a request that
+/// started after the miss (none in flight took it: it was on its way back).
 #[tokio::test]
 async fn probe_small_pool_against_a_request_limit_names_only_ended_connections() {
     small_pool_against_a_request_limit(NginxListener::Plain, 24, 4, 8).await;
@@ -744,6 +746,13 @@ async fn small_pool_against_a_request_limit(
         for row in &rows {
             let (port, count) = assert_nginx_served(row, &this_run, &format!("run {run_index}"));
             let start = ms(row, "start_ms");
+            let span = requests(&spans)
+                .into_iter()
+                .find(|s| {
+                    s.attr_i64(semconv::NETWORK_LOCAL_PORT) == Some(port as i64)
+                        && s.attr_i64(semconv::HTTP_CONNECTION_REQUEST_COUNT) == Some(count as i64)
+                })
+                .unwrap_or_else(|| panic!("run {run_index}: no span for {row}"));
             if row["miss_reason"] == semconv::MISS_REASON_RELEASE_RACE {
                 let others: Vec<&serde_json::Value> = rows
                     .iter()
@@ -752,18 +761,26 @@ async fn small_pool_against_a_request_limit(
                         ms(o, "start_ms") <= start && start < ms(o, "start_ms") + ms(o, "total_ms")
                     })
                     .collect();
-                assert!(
-                    others.is_empty(),
-                    "run {run_index}: release_race while others were in flight: {row} {others:?}"
-                );
+                if !others.is_empty() {
+                    // With others in flight, only a connection none of them
+                    // took was on its way back to the pool: the request
+                    // nginx served next on it (by port and count) started
+                    // after this one.
+                    let previous = span.attr_i64(semconv::HTTP_CONNECTION_PREVIOUS_ID);
+                    let previous_count =
+                        span.attr_i64(semconv::HTTP_CONNECTION_PREVIOUS_REQUEST_COUNT);
+                    let next_row = rows.iter().find(|o| {
+                        o["connection_id"].as_i64() == previous
+                            && o["connection_request_count"].as_i64()
+                                == previous_count.map(|c| c + 1)
+                    });
+                    let next_start = next_row.map(|o| ms(o, "start_ms"));
+                    assert!(
+                        next_start.is_some_and(|s| s > start),
+                        "run {run_index}: release_race while others were in flight, naming connection {previous:?} (count {previous_count:?}), whose next request {next_row:?} did not start after it: {row} {others:?}"
+                    );
+                }
             }
-            let span = requests(&spans)
-                .into_iter()
-                .find(|s| {
-                    s.attr_i64(semconv::NETWORK_LOCAL_PORT) == Some(port as i64)
-                        && s.attr_i64(semconv::HTTP_CONNECTION_REQUEST_COUNT) == Some(count as i64)
-                })
-                .unwrap_or_else(|| panic!("run {run_index}: no span for {row}"));
             if span
                 .attr_str(semconv::HTTP_CONNECTION_PREVIOUS_END)
                 .is_none()

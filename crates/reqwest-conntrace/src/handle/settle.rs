@@ -1,5 +1,5 @@
 //! A miss whose reason waits for the kernel's view of its candidate
-//! ([`KernelAsk`]): the kernel's answer decides it, after up to three
+//! ([`KernelAsk`]): the kernel's answer decides it, after up to four
 //! waits, each of which asks the kernel again (off the request path: only
 //! the miss's span waits, see [`PendingMiss`]):
 //!
@@ -11,7 +11,11 @@
 //!    cannot tell yet (see [`look_again_at`]);
 //! 3. **for a response in flight** ([`KernelAsk::wait_for_response`]) that
 //!    may explain the close the kernel shows (see
-//!    [`response_may_explain_end`]).
+//!    [`response_may_explain_end`]);
+//! 4. **for the candidate's next request** ([`KernelAsk::may_wait_for_rider`]):
+//!    alive, released just before the miss, with other requests in flight,
+//!    it was held by one of them or on its way back to the pool (row 10e's
+//!    release race, see [`rider_since`]).
 //!
 //! Then [`KernelAsk::decide`] settles it (see [`decide_from_kernel`]), or,
 //! when the candidate was alive and another request in flight may hold it,
@@ -28,16 +32,29 @@ use crate::miss::{ConnectionEnd, MissReason};
 use crate::pool::host::HostKey;
 use crate::pool::inferred::{CLOSED_AT_RELEASE, LimitSource, PoolClose};
 use crate::pool::model::{
-    KernelQuestion, PoolOff, RESPONSE_IN_FLIGHT_WAIT, decide_from_kernel, look_again_at,
-    may_wait_for_pool_off, response_may_explain_end,
+    KernelQuestion, PoolOff, RESPONSE_IN_FLIGHT_WAIT, Rider, decide_from_kernel, look_again_at,
+    may_wait_for_pool_off, response_may_explain_end, rider_since,
 };
 use crate::pool::registry::ConnectionRecord;
-use crate::pool::slot::PendingMiss;
+use crate::pool::slot::{Miss, PendingMiss, Previous};
 
 /// How often a miss whose candidate its pool closed at release asks again
 /// while the client's other connections released just before are not
 /// seen closed yet (see [`PoolHistory::pool_off_evidence`](crate::pool::model::PoolHistory::pool_off_evidence)).
 const POOL_OFF_LOOK_EVERY: Duration = Duration::from_millis(5);
+
+/// How often a miss waiting for the request that takes its candidate
+/// next looks at the candidate's request count ([`KernelAsk::may_wait_for_rider`]).
+const RIDER_LOOK_EVERY: Duration = Duration::from_millis(10);
+
+/// Wait 4's state: the miss decided from the kernel's answer as of
+/// `answered`, kept while the miss waits for its candidate's next request
+/// until `until`.
+struct RiderWait {
+    miss: Miss,
+    answered: Instant,
+    until: Instant,
+}
 
 /// A miss whose reason waits for the kernel's view of its candidate.
 pub(super) struct KernelAsk {
@@ -61,6 +78,9 @@ pub(super) struct KernelAsk {
     /// That wait is over (it is taken once, for at most
     /// [`CLOSED_AT_RELEASE`] after the miss).
     pool_off_wait_over: bool,
+    /// Wait 4 ([`KernelAsk::may_wait_for_rider`]) is on: the miss decided
+    /// from the kernel's answer, when it came, and until when it waits.
+    rider_wait: Option<RiderWait>,
     slot: Arc<PendingMiss>,
 }
 
@@ -97,6 +117,7 @@ impl KernelAsk {
             first_answer: None,
             asked_at,
             pool_off_wait_over: false,
+            rider_wait: None,
             slot,
         };
         let weak = Arc::downgrade(inner);
@@ -292,6 +313,7 @@ impl KernelAsk {
             local,
             remote,
             requests_seen: next.requests.load(Ordering::Relaxed),
+            released: next.last_released(),
             candidate: next,
             alive: question.alive,
             classified_at: question.classified_at,
@@ -316,14 +338,14 @@ impl KernelAsk {
     /// leaves out (a connection its announced close ended, the client's
     /// other idle connections for an inferred idle limit).
     fn decide(
-        self,
+        mut self,
         inner: Option<&Arc<Inner>>,
         lookup: &KernelLookup,
         now: Instant,
         pool_off: bool,
     ) {
         let candidate = &self.question.candidate;
-        let mut miss = if self.waited_for_pool_off && !pool_off {
+        let miss = if self.waited_for_pool_off && !pool_off {
             self.question.alive
         } else {
             decide_from_kernel(
@@ -337,6 +359,99 @@ impl KernelAsk {
         };
         if let Some(inner) = inner {
             inner.apply_kernel_view(candidate, lookup, self.asked_at);
+            if self.may_wait_for_rider(&miss, lookup) {
+                let until = self.question.classified_at + RESPONSE_IN_FLIGHT_WAIT;
+                if now < until {
+                    self.rider_wait = Some(RiderWait {
+                        miss,
+                        answered: now,
+                        until,
+                    });
+                    let due = (now + RIDER_LOOK_EVERY).min(until);
+                    self.ask_again_at(inner, due);
+                    return;
+                }
+            }
+        }
+        self.settle(inner, miss, now);
+    }
+
+    /// Wait 4: a candidate the kernel showed alive, released just before
+    /// the miss, with other requests in flight (row 10e's release race):
+    /// whether one of them held it shows when the next request on it is
+    /// counted ([`rider_since`]). The miss waits for that (looking every
+    /// [`RIDER_LOOK_EVERY`], up to [`RESPONSE_IN_FLIGHT_WAIT`] after it),
+    /// then settles as decided from the kernel's answer it kept.
+    fn may_wait_for_rider(&self, miss: &Miss, lookup: &KernelLookup) -> bool {
+        let question = &self.question;
+        self.rider_wait.is_none()
+            && *miss == question.alive
+            && miss.reason == MissReason::AllBusy
+            && miss.previous.is_none()
+            && matches!(lookup, KernelLookup::Found(facts) if facts.state == crate::TcpState::Established)
+            && rider_since(
+                &question.candidate,
+                question.requests_seen,
+                question.released,
+                question.classified_at,
+            ) == Rider::NoneYet
+    }
+
+    /// A look during wait 4 (as of `now`): waits on while no request was
+    /// counted on the candidate and time is left (and the handle is still
+    /// there), else settles the miss as decided from the answer kept.
+    fn look_for_rider(mut self, weak: &Weak<Inner>, now: Instant) {
+        let question = &self.question;
+        let rider = rider_since(
+            &question.candidate,
+            question.requests_seen,
+            question.released,
+            question.classified_at,
+        );
+        let inner = weak.upgrade();
+        if let (Some(inner), Some(wait)) = (&inner, &self.rider_wait)
+            && rider == Rider::NoneYet
+            && now < wait.until
+        {
+            let due = (now + RIDER_LOOK_EVERY).min(wait.until);
+            self.ask_again_at(inner, due);
+            return;
+        }
+        if let Some(RiderWait { miss, answered, .. }) = self.rider_wait.take() {
+            self.settle(inner.as_ref(), miss, answered);
+        }
+    }
+
+    /// Settles the miss as `miss`, decided from the kernel's answer as of
+    /// `now`: a candidate taken first by a request that started after the
+    /// miss was on its way back to the pool (`release_race`, naming it
+    /// alive); a busy candidate may send the miss to the next one
+    /// ([`KernelAsk::ask_next`]); and names what the decision leaves out.
+    fn settle(self, inner: Option<&Arc<Inner>>, mut miss: Miss, now: Instant) {
+        let candidate = &self.question.candidate;
+        if miss == self.question.alive
+            && miss.reason == MissReason::AllBusy
+            && miss.previous.is_none()
+            && let Some(released) = self.question.released
+            && rider_since(
+                candidate,
+                self.question.requests_seen,
+                self.question.released,
+                self.question.classified_at,
+            ) == Rider::AfterMiss
+        {
+            miss = Miss::caused_by(
+                MissReason::ReleaseRace,
+                Previous {
+                    id: candidate.id(),
+                    // Up to `now`: trimmed to the miss below.
+                    idle: now.saturating_duration_since(released),
+                    request_count: self.question.requests_seen,
+                    end: None,
+                },
+            );
+        }
+        if let Some(inner) = inner {
             if miss == self.question.alive
                 && miss.reason == MissReason::AllBusy
                 && miss.previous.is_none()
@@ -402,6 +517,10 @@ fn settle_miss(weak: &Weak<Inner>, ask: KernelAsk, lookup: &KernelLookup) {
 /// [`settle_miss`] with the kernel's answer `lookup` as of `now`. A handle
 /// dropped meanwhile (`weak` gone) decides from the answer alone.
 fn settle_miss_at(weak: &Weak<Inner>, ask: KernelAsk, lookup: &KernelLookup, now: Instant) {
+    if ask.rider_wait.is_some() {
+        ask.look_for_rider(weak, now);
+        return;
+    }
     let Some(inner) = weak.upgrade() else {
         ask.decide(None, lookup, now, false);
         return;

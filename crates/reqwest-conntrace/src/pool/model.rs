@@ -145,6 +145,8 @@ pub(crate) struct KernelQuestion {
     pub(crate) alive: Miss,
     /// The candidate's request count when the miss was classified.
     pub(crate) requests_seen: u64,
+    /// The candidate's latest release when the miss was classified.
+    pub(crate) released: Option<Instant>,
     /// When the miss was classified.
     pub(crate) classified_at: Instant,
     /// Other requests to the host were in flight without a response
@@ -487,6 +489,55 @@ pub(crate) fn response_may_explain_end(
         && !candidate.is_dropped_early()
         && !candidate.said_connection_close()
         && candidate.requests.load(Ordering::Relaxed) == requests_seen
+}
+
+/// Who took an HTTP/1.1 candidate that was alive at a miss, as far as its
+/// request count since the miss (`requests_seen` then) shows (row 10e's
+/// release race, [`rider_since`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Rider {
+    /// No request has been counted on it since the miss.
+    NoneYet,
+    /// The first request after the miss started before it: a request in
+    /// flight at the miss held it (or waited and was handed it).
+    InFlightAtMiss,
+    /// The only request counted since started after the miss: nothing in
+    /// flight at the miss took it, so it was on its way back to the pool
+    /// (hyper-util returns a connection on a task of its own), idle and
+    /// alive, when the miss connected.
+    AfterMiss,
+    /// More than one request counted since, the latest started after the
+    /// miss: the first one's start is not kept.
+    Unknown,
+}
+
+/// Row 10e's release race: whether the request that took `candidate`
+/// after the miss classified at `missed_at` (its request count
+/// `requests_seen` and its latest release `released` then) was in flight
+/// at the miss. Only a candidate released at most [`CLOSED_AT_RELEASE`]
+/// before the miss is asked about (an older release was back in the pool
+/// by the miss, so a request in flight held it); others are
+/// [`Rider::Unknown`].
+pub(crate) fn rider_since(
+    candidate: &ConnectionRecord,
+    requests_seen: u64,
+    released: Option<Instant>,
+    missed_at: Instant,
+) -> Rider {
+    let recent = released.is_some_and(|released| {
+        released <= missed_at && missed_at.saturating_duration_since(released) <= CLOSED_AT_RELEASE
+    });
+    if candidate.http2() || !recent {
+        return Rider::Unknown;
+    }
+    let count = candidate.requests.load(Ordering::Acquire);
+    let started = candidate.latest_request_started();
+    match count.saturating_sub(requests_seen) {
+        0 => Rider::NoneYet,
+        _ if started.is_some_and(|s| s <= missed_at) => Rider::InFlightAtMiss,
+        1 => Rider::AfterMiss,
+        _ => Rider::Unknown,
+    }
 }
 
 /// The miss `record`'s announced close caused (row 6): its last exchange
@@ -1602,6 +1653,7 @@ impl PoolHistory {
                     candidate: Arc::clone(candidate),
                     alive,
                     requests_seen,
+                    released: candidate.last_released(),
                     classified_at: now,
                     others_in_flight: others_unattributed,
                     may_hold: unattributed.saturating_sub(1),
@@ -2282,7 +2334,7 @@ mod tests {
     fn response(record: &ConnectionRecord, close: bool, end: Instant) {
         record.take();
         record.set_connection_close(close);
-        record.count_request();
+        record.count_request(Instant::now());
         record.give_back();
         record.mark_released(end);
         if close {
@@ -2417,7 +2469,7 @@ mod tests {
             decided(pools.classify_miss(&host(), &client, at, 2)).reason,
             MissReason::Cold
         );
-        a.count_request();
+        a.count_request(Instant::now());
         a.give_back();
         a.mark_released(at);
         assert_eq!(
@@ -2576,7 +2628,7 @@ mod tests {
     ) -> bool {
         let at = t0 + Duration::from_millis(ms);
         record.take();
-        record.count_request();
+        record.count_request(Instant::now());
         record.give_back();
         record.mark_released(at);
         pools
@@ -2672,7 +2724,7 @@ mod tests {
             let later = connection(&pools, &client, 3, t0, false);
             for (record, at) in [(&kept, 1), (&earlier, earlier_at), (&later, 41)] {
                 record.take();
-                record.count_request();
+                record.count_request(Instant::now());
                 record.give_back();
                 record.mark_released(ms(at));
             }
@@ -3106,7 +3158,7 @@ mod tests {
         assert_eq!(a.closed_by_server(true), ConnectionEnd::PeerFin);
         a.take();
         a.set_connection_close(true);
-        a.count_request();
+        a.count_request(Instant::now());
         // The socket is gone before the body ends.
         assert_eq!(a.closed_by_server(false), ConnectionEnd::ConnectionClose);
         a.give_back();
@@ -3363,7 +3415,7 @@ mod tests {
         let t0 = Instant::now();
         let a = connection(&pools, &client, 1, t0, false);
         a.take();
-        a.count_request();
+        a.count_request(Instant::now());
         a.give_back();
         a.mark_dropped_early(t0 + Duration::from_millis(1));
         let at = t0 + Duration::from_millis(2);
@@ -3908,5 +3960,81 @@ mod tests {
             };
             assert_eq!(miss.previous.and_then(|p| p.end), Some(end), "{report:?}");
         }
+    }
+
+    /// Row 10e's release race: a candidate released just before a miss is
+    /// told held (its next request started before the miss) from on its
+    /// way back to the pool (the only request since started after it); an
+    /// older release, HTTP/2, or two requests since are not told.
+    #[test]
+    fn the_request_that_took_a_candidate_after_a_miss_tells_held_from_returning() {
+        let pools = PoolHistory::default();
+        let client = client();
+        let t0 = Instant::now();
+        let candidate = connection(&pools, &client, 1, t0, false);
+        response(&candidate, false, t0 + Duration::from_millis(5));
+        let seen = candidate.requests.load(Ordering::Relaxed);
+        let released = candidate.last_released();
+        let missed_at = t0 + Duration::from_millis(6);
+        assert_eq!(
+            rider_since(&candidate, seen, released, missed_at),
+            Rider::NoneYet
+        );
+
+        // Started after the miss: it was not held at the miss.
+        candidate.count_request(missed_at + Duration::from_millis(1));
+        assert_eq!(
+            rider_since(&candidate, seen, released, missed_at),
+            Rider::AfterMiss
+        );
+        // A second one since: the first one's start is not kept.
+        candidate.count_request(missed_at + Duration::from_millis(2));
+        assert_eq!(
+            rider_since(&candidate, seen, released, missed_at),
+            Rider::Unknown
+        );
+
+        // Started before the miss (handed the candidate by its release).
+        let held = connection(&pools, &client, 2, t0, false);
+        response(&held, false, t0 + Duration::from_millis(5));
+        let seen = held.requests.load(Ordering::Relaxed);
+        let released = held.last_released();
+        held.count_request(t0 + Duration::from_millis(4));
+        assert_eq!(
+            rider_since(&held, seen, released, missed_at),
+            Rider::InFlightAtMiss
+        );
+
+        // Released long before the miss: back in the pool by then.
+        let long_ago = missed_at + CLOSED_AT_RELEASE + Duration::from_millis(1);
+        let old = connection(&pools, &client, 3, t0, false);
+        response(&old, false, t0 + Duration::from_millis(5));
+        let seen = old.requests.load(Ordering::Relaxed);
+        old.count_request(long_ago + Duration::from_millis(1));
+        assert_eq!(
+            rider_since(&old, seen, old.last_released(), long_ago),
+            Rider::Unknown
+        );
+        // Released after the miss, or never: not told.
+        assert_eq!(
+            rider_since(
+                &old,
+                seen,
+                Some(missed_at + Duration::from_millis(1)),
+                missed_at
+            ),
+            Rider::Unknown
+        );
+        assert_eq!(rider_since(&old, seen, None, missed_at), Rider::Unknown);
+
+        // HTTP/2: multiplexed, no one-at-a-time rider.
+        let h2 = connection(&pools, &client, 4, t0, true);
+        h2.mark_released(t0 + Duration::from_millis(5));
+        let seen = h2.requests.load(Ordering::Relaxed);
+        h2.count_request(missed_at + Duration::from_millis(1));
+        assert_eq!(
+            rider_since(&h2, seen, h2.last_released(), missed_at),
+            Rider::Unknown
+        );
     }
 }

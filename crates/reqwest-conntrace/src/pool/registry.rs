@@ -101,6 +101,11 @@ pub(crate) struct ConnectionRecord {
     /// race's: see [`pool::inferred`](crate::pool::inferred)), as
     /// [`instant_nanos`]; 0 when never.
     named_by_miss: AtomicU64,
+    /// When the latest request counted on it started (its own start, as
+    /// [`instant_nanos`]; 0 when none): whether the request that took it
+    /// after a miss was already in flight at the miss (see
+    /// [`rider_since`](crate::pool::model::rider_since)).
+    latest_request_started: AtomicU64,
     /// HTTP/2: the latest instant by which the server's end of it (GOAWAY,
     /// then its close) had reached this client, the earliest one seen: a
     /// request on it refused by the GOAWAY, a miss that found it unusable
@@ -199,6 +204,7 @@ impl ConnectionRecord {
             newest_answer: None,
             idle_others_at_release: AtomicUsize::new(usize::MAX),
             named_by_miss: AtomicU64::new(0),
+            latest_request_started: AtomicU64::new(0),
             server_end_by: AtomicU64::new(0),
             shared: AtomicBool::new(false),
             end_watched: AtomicBool::new(false),
@@ -584,9 +590,19 @@ impl ConnectionRecord {
             .fetch_max(instant_nanos(at), Ordering::AcqRel);
     }
 
-    /// Counts one more request on this connection; returns the new total.
-    pub(crate) fn count_request(&self) -> u64 {
-        self.requests.fetch_add(1, Ordering::Relaxed) + 1
+    /// Counts one more request on this connection, one that started at
+    /// `started`; returns the new total.
+    pub(crate) fn count_request(&self, started: Instant) -> u64 {
+        // Its start first: whoever sees the count grow sees this start
+        // (or a later request's).
+        self.latest_request_started
+            .fetch_max(instant_nanos(started), Ordering::Release);
+        self.requests.fetch_add(1, Ordering::AcqRel) + 1
+    }
+
+    /// When the latest request counted on it started (`None`: none yet).
+    pub(crate) fn latest_request_started(&self) -> Option<Instant> {
+        instant_of(self.latest_request_started.load(Ordering::Acquire))
     }
 
     /// The end of the latest response on this connection, or its ready

@@ -90,7 +90,7 @@ pub(crate) fn attribute_response(
     }
     // Counted before its close is announced: a miss that reads the close
     // names it with this request counted.
-    let request_count = record.count_request();
+    let request_count = record.count_request(state.started);
     // A `Connection: close` either side sent ends an HTTP/1.1 connection
     // with this response (RFC 9112 §9.6); whose it was names the fix.
     let asked_close = state.asked_close(&record.client);
@@ -650,7 +650,7 @@ pub(crate) fn attribute_failure(
         span.set_attribute(semconv::HTTP_CONNECTION_UNSENT, true);
     }
     let request_count = if gave_up && !unsent {
-        let count = record.count_request();
+        let count = record.count_request(state.started);
         span.set_attribute(semconv::HTTP_CONNECTION_REQUEST_COUNT, count as i64);
         count
     } else {
@@ -726,7 +726,7 @@ pub(crate) fn attribute_refused_redirect(
 ) -> Option<(ConnectionUse, Arc<ConnectionRecord>)> {
     let record = likely_connection(inner, state)?;
     record.take();
-    let request_count = record.count_request();
+    let request_count = record.count_request(state.started);
     span.set_attribute(semconv::HTTP_CONNECTION_REQUEST_COUNT, request_count as i64);
     let (reused, idle) = name_without_response(span, &record, state);
     let usage = unanswered_use(span, &record, state, reused, request_count, idle);
