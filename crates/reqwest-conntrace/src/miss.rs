@@ -65,7 +65,9 @@ pub enum MissReason {
     /// its pool: it does that on a background task once the connection has
     /// read the end of the body, and a request sent in that instant
     /// (typically the next one of a sequential loop on a busy runtime) opens
-    /// a connection instead.
+    /// a connection instead. With other requests in flight, told from
+    /// `all_busy` by the first request the connection carries next: it
+    /// started after the miss (docs/REFERENCE.md row 10e).
     ReleaseRace,
     /// `pool_closed`: the client's own pool closed the most recent idle
     /// connection (the kernel shows our side closed it), and which limit
