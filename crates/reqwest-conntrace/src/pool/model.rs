@@ -228,8 +228,8 @@ pub(crate) fn decide_from_kernel(
     let alone = alive.reason == MissReason::ReleaseRace;
     // Its body was dropped before the end: closed by our side (gone at
     // once when unread data was left: RST), or still established with
-    // unread bytes in the socket (hyper closes it next), means hyper had
-    // not read it all; established with nothing unread means it had, and
+    // unread bytes in the socket once hyper's task had time to read what
+    // had arrived (see `look_again_at`), means hyper had not read it all; established with nothing unread means it had, and
     // the pool was putting it back. No answer: the model's belief.
     if candidate.is_dropped_early() {
         let closed = match lookup {
@@ -970,6 +970,19 @@ pub(crate) fn look_again_at(
         KernelLookup::Found(facts) => facts,
         _ => return None,
     };
+    if candidate.is_dropped_early()
+        && facts.state == crate::TcpState::Established
+        && facts.receive_queue > 0
+        && !candidate.http2()
+    {
+        // Row 5b: a body dropped with its rest still unread in the socket.
+        // hyper reads what has arrived once its task sees the drop, and
+        // keeps the connection if that was the whole body (a redirect's
+        // small 3xx body, dropped by the middleware), else closes it: the
+        // kernel shows which once that task ran.
+        let until = classified_at + UNDATED_CLOSE_WAIT;
+        return (now < until).then(|| (now + LOOK_AGAIN_EVERY).min(until));
+    }
     // In TIME_WAIT past the wait: as any close of ours below.
     if facts.state == crate::TcpState::TimeWait && report_on_its_way && wait_for_report.is_some() {
         return wait_for_report;
