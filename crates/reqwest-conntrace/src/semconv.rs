@@ -788,14 +788,23 @@ pub const EVENT_STREAM_RESET: &str = "http.connection.stream_reset";
 /// `retry_canceled_requests`; that request reached no server), which opens
 /// a second one only if the first checkout had also started a connect. So
 /// 2 or more mean the call sent requests this span does not show: a
-/// middleware placed after `ConnTraceMiddleware` (a retry) resent it.
+/// middleware placed after `ConnTraceMiddleware` (a retry) resent it, or
+/// hyper-util resent a request an HTTP/2 connection refused as its server
+/// ended it (GOAWAY), which opens a new connection when the first checkout
+/// had started a connect too ([`EVENT_UNSEEN_REQUESTS`] tells which).
 /// Requests such a middleware sent on pooled connections open none and are
 /// not counted. Comes with [`EVENT_UNSEEN_REQUESTS`].
 pub const HTTP_CONNECTION_CONNECTS: &str = "http.connection.connects";
 /// Event on a request span with [`HTTP_CONNECTION_CONNECTS`]: the call
-/// sent more physical requests than this span shows; its
-/// `exception.message` says how many connections were opened and that
-/// `ConnTraceMiddleware` belongs after (inside) any retry middleware.
+/// sent more physical requests than this span shows. When the server ended
+/// a connection of the host during the call (a later connect's miss names
+/// it, or an HTTP/2 connection's GOAWAY reached us then), hyper-util resent
+/// a request that connection refused unprocessed: the event carries
+/// [`HTTP_CONNECTION_PREVIOUS_ID`] naming it, and its `exception.message`
+/// says so. Otherwise the message says how many connections were opened
+/// and that `ConnTraceMiddleware` belongs after (inside) any retry
+/// middleware; answered over HTTP/2, it names both causes (the GOAWAY may
+/// not be known yet when the call returns).
 pub const EVENT_UNSEEN_REQUESTS: &str = "http.connection.unseen_requests";
 /// `http.connection.stalled` (bool, request span, only ever `true`): the
 /// request gave up on its response (timed out, or its future was dropped)

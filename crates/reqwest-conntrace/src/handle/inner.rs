@@ -550,7 +550,8 @@ impl Inner {
                 MissSlot::Decided(miss)
             }
             MissVerdict::AskKernel(question) => {
-                let slot = Arc::new(PendingMiss::new(question.alive));
+                let http2 = question.candidate.http2().then(|| question.candidate.id());
+                let slot = Arc::new(PendingMiss::asking_about(question.alive, http2));
                 if !question.candidate.client.max_idle_known {
                     // The client's other connections believed idle first
                     // (answered in order, before the candidate): one closed

@@ -1799,6 +1799,21 @@ impl PoolHistory {
             .cloned()
     }
 
+    /// The HTTP/2 connection to `host` whose end by the server (GOAWAY)
+    /// reached this client at or after `since` (the latest, by id), as the
+    /// history knows it: hyper-util resends a request such a connection
+    /// refused unprocessed on another one.
+    pub(crate) fn http2_ended_since(&self, host: &HostKey, since: Instant) -> Option<u64> {
+        let hosts = self.hosts();
+        hosts
+            .get(host)?
+            .connections
+            .iter()
+            .rev()
+            .find(|r| r.http2() && r.server_end_by().is_some_and(|by| by >= since))
+            .map(|r| r.id())
+    }
+
     /// Requests to `host` in flight (`in_flight`) whose response has not
     /// shown their connection yet.
     pub(crate) fn unattributed(&self, host: &HostKey, in_flight: u64) -> u64 {

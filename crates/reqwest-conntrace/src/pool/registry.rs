@@ -821,6 +821,34 @@ impl Registry {
         shard.closed.push_back((pair, removed));
     }
 
+    /// The HTTP/2 connection to `host` among the recently closed (see
+    /// [`CLOSED_PER_SHARD`]) that its server ended (GOAWAY, or another end
+    /// of the server's) with the end reaching this client at or after
+    /// `since`, or, undated, with traffic at or after it: hyper-util
+    /// resends a request such a connection refused unprocessed. Walks every
+    /// shard's closed list (1,024 at most): for the rare call that opened
+    /// two connections, never per request.
+    pub(crate) fn closed_http2_ended_since(&self, host: &HostKey, since: Instant) -> Option<u64> {
+        let ended = |r: &ConnectionRecord| {
+            r.http2()
+                && r.host.as_ref() == Some(host)
+                && match r.server_end_by() {
+                    Some(by) => by >= since,
+                    None => r.end().is_some_and(|e| e.by_server()) && r.last_activity() >= since,
+                }
+        };
+        self.shards.iter().find_map(|shard| {
+            shard
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .closed
+                .iter()
+                .rev()
+                .find(|(_, r)| ended(r))
+                .map(|(_, r)| r.id())
+        })
+    }
+
     /// Every connection currently remembered.
     pub(crate) fn snapshot(&self) -> Vec<Arc<ConnectionRecord>> {
         let mut all = Vec::with_capacity(self.len());

@@ -132,6 +132,17 @@ impl MissSlot {
         }
     }
 
+    /// The HTTP/2 connection a miss asked the kernel about: the host's
+    /// shared one, which hyper-util's checkout found unusable (it checks
+    /// out a shared HTTP/2 connection whatever its streams, so its server
+    /// was refusing new ones after GOAWAY, or it had closed).
+    pub(crate) fn http2_candidate(&self) -> Option<u64> {
+        match self {
+            MissSlot::Pending(pending) => pending.http2_candidate,
+            MissSlot::Decided(_) => None,
+        }
+    }
+
     /// Whether the miss is known (decided at once, or the kernel answered).
     pub(crate) fn is_settled(&self) -> bool {
         match self {
@@ -172,6 +183,10 @@ pub(crate) struct PendingMiss {
     fallback: Miss,
     /// Run once the miss is known ([`when_settled`](Self::when_settled)).
     waiters: Mutex<Vec<Waiter>>,
+    /// The id of the HTTP/2 connection the kernel is asked about: the
+    /// pool's shared one for the host, which hyper-util found unusable
+    /// (see [`http2_candidate`](MissSlot::http2_candidate)).
+    http2_candidate: Option<u64>,
 }
 
 impl std::fmt::Debug for PendingMiss {
@@ -184,8 +199,18 @@ impl std::fmt::Debug for PendingMiss {
 }
 
 impl PendingMiss {
+    /// A miss asked about an HTTP/2 candidate whose id is
+    /// `http2_candidate` (`None`: HTTP/1.1), `fallback` until it is known.
+    pub(crate) fn asking_about(fallback: Miss, http2_candidate: Option<u64>) -> Self {
+        Self {
+            http2_candidate,
+            ..Self::new(fallback)
+        }
+    }
+
     pub(crate) fn new(fallback: Miss) -> Self {
         Self {
+            http2_candidate: None,
             miss: OnceLock::new(),
             fallback,
             waiters: Mutex::new(Vec::new()),

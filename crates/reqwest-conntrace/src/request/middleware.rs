@@ -19,7 +19,10 @@ use tracing_opentelemetry::OpenTelemetrySpanExt;
 
 use crate::error::{classify, error_chain_text};
 use crate::handle::ConnTrace;
+use crate::handle::Inner;
+use crate::miss::ConnectionEnd;
 use crate::pool::host::HostKey;
+use crate::pool::slot::MissSlot;
 use crate::request::attribution::{EndKind, RequestEnd, attribute_failure, attribute_response};
 use crate::request::body::TracedBody;
 use crate::request::method::{is_known_method, method_attribute};
@@ -391,14 +394,10 @@ impl<M: MakeRequestSpan> ConnTraceMiddleware<M> {
                 semconv::HTTP_CONNECTION_CONNECTS,
                 i64::from(connects),
             ));
+            let http2 = matches!(&result, Ok(r) if r.version() == http::Version::HTTP_2);
             cx.span().add_event(
                 semconv::EVENT_UNSEEN_REQUESTS,
-                vec![KeyValue::new(
-                    semconv::EXCEPTION_MESSAGE,
-                    format!(
-                        "this call opened {connects} connections; one physical request opens at most one: a middleware placed after ConnTraceMiddleware sent more requests than this span shows (add ConnTraceMiddleware after any retry middleware)"
-                    ),
-                )],
+                unseen_requests(&inner, &state, connects, http2),
             );
         }
 
@@ -531,4 +530,69 @@ fn wrap_body(response: Response, mut end: RequestEnd) -> Response {
     }
     let body = reqwest::Body::wrap(TracedBody::new(body, end));
     Response::from(http::Response::from_parts(parts, body))
+}
+
+/// The `http.connection.unseen_requests` event's attributes for a call
+/// that opened `connects` connections: a later connect whose miss named a
+/// connection the server ended (or an HTTP/2 connection of the host whose
+/// GOAWAY reached us during the call) is hyper-util's resend of a request
+/// that connection refused unprocessed (`http.connection.previous.id`
+/// names it); otherwise, answered over HTTP/2 (`http2`), either (that end
+/// not known yet); else a middleware after this one sent the request again.
+fn unseen_requests(
+    inner: &Inner,
+    state: &RequestState,
+    connects: u32,
+    http2: bool,
+) -> Vec<KeyValue> {
+    let later = state.later_miss();
+    let ended = later
+        .as_ref()
+        .and_then(|slot| slot.get().previous)
+        .filter(|p| p.end.is_some_and(ConnectionEnd::by_server))
+        .map(|p| (p.id, p.end))
+        .or_else(|| {
+            // The kernel was asked about the host's HTTP/2 connection:
+            // hyper-util's checkout found it unusable, so its server ended
+            // it (GOAWAY; the kernel tells when, row 10d).
+            later
+                .as_ref()
+                .and_then(MissSlot::http2_candidate)
+                .map(|id| (id, Some(ConnectionEnd::GoAway)))
+        })
+        .or_else(|| {
+            inner
+                .pools
+                .http2_ended_since(&state.host, state.started)
+                .or_else(|| {
+                    inner
+                        .registry
+                        .closed_http2_ended_since(&state.host, state.started)
+                })
+                .map(|id| (id, Some(ConnectionEnd::GoAway)))
+        });
+    match ended {
+        Some((id, end)) => vec![
+            KeyValue::new(
+                semconv::EXCEPTION_MESSAGE,
+                format!(
+                    "this call opened {connects} connections: the server ended connection {id} ({}) during it, and hyper-util resent a request that connection refused unprocessed; no span shows that first send",
+                    end.map_or("ended", ConnectionEnd::as_str)
+                ),
+            ),
+            KeyValue::new(semconv::HTTP_CONNECTION_PREVIOUS_ID, id as i64),
+        ],
+        None if http2 => vec![KeyValue::new(
+            semconv::EXCEPTION_MESSAGE,
+            format!(
+                "this call opened {connects} connections: either hyper-util resent a request that an HTTP/2 connection refused unprocessed as its server ended it (GOAWAY), or a middleware placed after ConnTraceMiddleware sent it again; which one is not known"
+            ),
+        )],
+        None => vec![KeyValue::new(
+            semconv::EXCEPTION_MESSAGE,
+            format!(
+                "this call opened {connects} connections; one physical request opens at most one: a middleware placed after ConnTraceMiddleware sent more requests than this span shows (add ConnTraceMiddleware after any retry middleware)"
+            ),
+        )],
+    }
 }

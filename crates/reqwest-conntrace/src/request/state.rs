@@ -28,6 +28,9 @@ pub(crate) struct RequestState {
     trigger: Mutex<TriggerState>,
     /// Why the first connect this request triggered was needed.
     miss: Mutex<Option<MissSlot>>,
+    /// Why the latest connect after the first was needed (see
+    /// [`later_miss`](Self::later_miss)).
+    later_miss: Mutex<Option<MissSlot>>,
     /// Connects this request triggered (pool checkouts that found no
     /// usable connection).
     connects: AtomicU32,
@@ -77,6 +80,7 @@ impl RequestState {
             host,
             trigger: Mutex::new(TriggerState::default()),
             miss: Mutex::new(None),
+            later_miss: Mutex::new(None),
             connects: AtomicU32::new(0),
             batch: crate::request::fanout::current(),
             connection_close_header,
@@ -158,8 +162,23 @@ impl RequestState {
         let first = m.is_none();
         if first {
             *m = Some(slot);
+        } else {
+            drop(m);
+            *self.later_miss.lock().unwrap_or_else(|e| e.into_inner()) = Some(slot);
         }
         first
+    }
+
+    /// Why the latest connect after this request's first was needed: a
+    /// second connect comes from a resend, hyper-util's own (a request the
+    /// server refused unprocessed as it ended its connection) or a
+    /// middleware's after this crate's, and this miss names the connection
+    /// that ended when the server ended it.
+    pub(crate) fn later_miss(&self) -> Option<MissSlot> {
+        self.later_miss
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 
     /// The miss reason this request's span recorded (`None`: none, an idle
