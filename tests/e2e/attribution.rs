@@ -673,7 +673,9 @@ async fn setup_spans_carry_the_miss_reason_their_request_records() {
             "round {round}: 20 or more requests over 5-stream connections: {misses} request_limit setups"
         );
     }
-    assert!(compared >= 6 * 4, "{compared} setup spans compared");
+    // Each round compared at least its two `request_limit` setups (asserted
+    // above); more when the machine lets the connects race less.
+    assert!(compared >= 6 * 2, "{compared} setup spans compared");
 }
 
 /// HTTP/1.1 response dropped unread: a small body (already received) keeps
