@@ -276,7 +276,11 @@ impl Inner {
         asked_at: Instant,
     ) {
         let client = &record.client;
-        if client.max_idle_known || client.inferred.keeps_idle() || record.is_closed_at_release() {
+        if client.max_idle_known
+            || client.inferred.keeps_idle()
+            || record.is_closed_at_release()
+            || record.pooled_unused_to_waiter()
+        {
             return;
         }
         let at_release = match lookup {

@@ -136,6 +136,14 @@ pub(crate) enum PoolClose {
     Unsure,
     /// After sitting idle for `idle`: the idle timeout is at most this.
     Expired { idle: Duration },
+    /// At its put-back, never having carried a request (its connect lost
+    /// to another connection), while a request to the host may have been
+    /// waiting for one ([`ConnectionRecord::pooled_unused_to_waiter`]):
+    /// hyper-util's pool hands a put-back connection to a waiting checkout
+    /// before it counts the idle limit, and drops it when that checkout's
+    /// own connect had won. It was never idle in the pool: no bound, and no
+    /// miss names it.
+    DroppedAtPutBack,
 }
 
 impl PoolClose {
@@ -149,6 +157,10 @@ impl PoolClose {
             }
             PoolClose::Expired { .. } => record.infer_end(ConnectionEnd::IdleTimeout),
             PoolClose::Unsure => record.infer_end(ConnectionEnd::PoolClosed),
+            PoolClose::DroppedAtPutBack => {
+                record.infer_end(ConnectionEnd::PoolClosed);
+                record.name_close();
+            }
             // Alive when the miss named it: no end that caused a miss.
             PoolClose::CheckoutDropped => {}
         }
@@ -209,7 +221,20 @@ fn pool_close_at(record: &ConnectionRecord, closed_at: Instant, alone: bool) -> 
         let after_miss = record
             .named_by_miss_at()
             .is_some_and(|named| named >= released && closed_at + CLOSE_DATING_SLACK >= named);
-        Some(if after_miss {
+        // Within a known limit the pool did not turn it away; with the
+        // limit unknown nothing tells, and a bound taken from a close that
+        // may be the hand-back's would be wrong (seen under load: a
+        // connection pooled unused during a concurrent wave read as closed
+        // at the idle limit of a pool that had none).
+        let within_limit = !record.client.max_idle_known
+            || record
+                .client
+                .max_idle_per_host
+                .zip(idle_others)
+                .is_none_or(|(limit, others)| others < limit);
+        Some(if record.pooled_unused_to_waiter() && within_limit {
+            PoolClose::DroppedAtPutBack
+        } else if after_miss {
             close_after_miss(record, idle_others, alone)
         } else {
             PoolClose::AtRelease { idle_others }
@@ -324,7 +349,7 @@ impl InferredLimits {
                 let ms = u64::try_from(idle.as_millis()).unwrap_or(u64::MAX - 1);
                 self.idle_timeout_ms.fetch_min(ms, Ordering::Relaxed);
             }
-            PoolClose::CheckoutDropped | PoolClose::Unsure => {}
+            PoolClose::CheckoutDropped | PoolClose::Unsure | PoolClose::DroppedAtPutBack => {}
         }
     }
 

@@ -314,7 +314,12 @@ pub(crate) fn decide_from_kernel(
             {
                 return alive;
             }
-            own_close_miss(candidate, pool_close_after(candidate, idle, alone), now)
+            own_close_miss(
+                candidate,
+                pool_close_after(candidate, idle, alone),
+                alive,
+                now,
+            )
         }
         // Gone, but our side closed it first: the server answered our FIN
         // with data (a TLS server's close_notify) and the kernel reset the
@@ -407,7 +412,12 @@ pub(crate) fn decide_from_kernel(
                     Previous::of(candidate, now, Some(ConnectionEnd::IdleLimit)),
                 );
             }
-            own_close_miss(candidate, pool_close(candidate, facts, now, alone), now)
+            own_close_miss(
+                candidate,
+                pool_close(candidate, facts, now, alone),
+                alive,
+                now,
+            )
         }
         // Alive and free, yet the checkout failed. HTTP/2: the server sent
         // GOAWAY and has not closed the socket yet. HTTP/1.1: `alive`
@@ -426,10 +436,22 @@ pub(crate) fn decide_from_kernel(
 /// [`pool_close`]): the release race's dropped checkout (alive at the
 /// miss), a limit not set through our builder (inferred), or else with the
 /// idle timeout known (and not reached, row 9) the idle limit (`all_busy`),
-/// and with it unknown, or the close unsure, `pool_closed`.
-fn own_close_miss(candidate: &ConnectionRecord, close: Option<PoolClose>, now: Instant) -> Miss {
+/// and with it unknown, or the close unsure, `pool_closed`. A connection
+/// hyper-util dropped at its put-back, never having carried a request
+/// ([`PoolClose::DroppedAtPutBack`]), was never idle in the pool: the miss
+/// names nothing, its reason as classified (`alive`).
+fn own_close_miss(
+    candidate: &ConnectionRecord,
+    close: Option<PoolClose>,
+    alive: Miss,
+    now: Instant,
+) -> Miss {
     let client = &candidate.client;
     match close {
+        Some(PoolClose::DroppedAtPutBack) => {
+            PoolClose::DroppedAtPutBack.mark(candidate);
+            return alive;
+        }
         // Alive at the miss; hyper-util closed it on its way back.
         Some(PoolClose::CheckoutDropped) => {
             return Miss::caused_by(MissReason::ReleaseRace, Previous::of(candidate, now, None));
@@ -2237,6 +2259,11 @@ impl PoolHistory {
         }
         let put_at = record.ready_at().min(now);
         record.mark_released(put_at);
+        // Requests in flight with no connection shown yet: one may be a
+        // checkout waiting in hyper-util's pool, handed this one first.
+        if self.requests_without_connection(host, in_flight) > 0 {
+            record.mark_pooled_unused_with_waiters();
+        }
         // No request of its own releases it: every request in flight may
         // hold a connection (`on_released` counts the releasing one in
         // `in_flight`).
@@ -2247,6 +2274,21 @@ impl PoolHistory {
             release.over_limit = false;
         }
         release
+    }
+
+    /// How many of `in_flight` requests to `host` hold no connection this
+    /// crate knows of: waiting for one, or holding one their response has
+    /// not shown yet.
+    fn requests_without_connection(&self, host: &HostKey, in_flight: u64) -> u64 {
+        let hosts = self.hosts();
+        let attributed: u64 = hosts.get(host).map_or(0, |history| {
+            history
+                .connections
+                .iter()
+                .map(|r| u64::from(r.in_use()))
+                .sum()
+        });
+        in_flight.saturating_sub(attributed)
     }
 
     /// Whether a connection to `host` of `record`'s client other than
@@ -2810,6 +2852,44 @@ mod tests {
                 format!("second released after the unused one was ready: {released_after_ready}");
             assert_eq!(unused.is_over_idle_limit(), sure, "{case}");
             assert_eq!(unused.is_over_idle_limit_unsure(), !sure, "{case}");
+        }
+    }
+
+    /// A connection pooled unused (its connect lost to another one) while
+    /// a request to the host held no connection yet, and closed by our side
+    /// at that put-back, was handed by hyper-util's pool to a waiting
+    /// checkout whose own connect had won, and dropped: never idle in the
+    /// pool, so a later miss names nothing and infers no limit from it
+    /// (seen under load: a pool with no idle limit read as closing it at
+    /// its idle limit). With every request in flight holding a connection
+    /// nothing waited, and the close at the put-back is the pool's limit,
+    /// as for any release.
+    #[test]
+    fn a_connection_dropped_at_its_put_back_to_a_waiter_is_named_by_no_miss() {
+        let t0 = Instant::now();
+        let ms = |n| Duration::from_millis(n);
+        for waiting in [true, false] {
+            let pools = PoolHistory::default();
+            let client = Arc::new(ClientState::unknown_settings());
+            let busy = connection(&pools, &client, 1, t0, false);
+            busy.take();
+            let unused = connection(&pools, &client, 2, t0, false);
+            // In flight: the request on `busy`, and one still waiting.
+            let in_flight = if waiting { 2 } else { 1 };
+            pools.on_pooled_unused(&unused, t0 + ms(5), in_flight);
+            assert_eq!(unused.pooled_unused_to_waiter(), waiting);
+            let at = t0 + ms(1000);
+            let alive = Miss::new(MissReason::AllBusy);
+            // Our close 995 ms before the miss: at the put-back.
+            let miss = decide_from_kernel(&unused, &closed_ago(ms(995)), at, alive, 0, at);
+            let named = miss.previous.map(|p| (p.id, p.end));
+            if waiting {
+                assert_eq!((miss.reason, named), (MissReason::AllBusy, None));
+                assert_eq!(unused.end(), Some(ConnectionEnd::PoolClosed));
+                assert!(unused.is_close_named(), "no later miss names it");
+            } else {
+                assert_eq!(named, Some((unused.id(), Some(ConnectionEnd::IdleLimit))));
+            }
         }
     }
 

@@ -49,6 +49,11 @@ pub(crate) struct ConnectionRecord {
     /// not yet attributed, may hold connections our count saw idle). The
     /// kernel's view or a later response tells.
     over_idle_limit_unsure: AtomicBool,
+    /// Pooled unused (its connect lost to another connection) while
+    /// requests to the host were in flight with no connection shown yet:
+    /// one of them may have been a checkout waiting in hyper-util's pool,
+    /// which hands it the connection first.
+    pooled_unused_with_waiters: AtomicBool,
     /// The kernel showed its client's pool closing it within
     /// [`CLOSED_AT_RELEASE`](crate::pool::inferred::CLOSED_AT_RELEASE) of
     /// its release (a limit this crate could not read): evidence that pool
@@ -189,6 +194,7 @@ impl ConnectionRecord {
             discarded: AtomicBool::new(false),
             over_idle_limit: AtomicBool::new(false),
             over_idle_limit_unsure: AtomicBool::new(false),
+            pooled_unused_with_waiters: AtomicBool::new(false),
             closed_at_release: AtomicBool::new(false),
             closed: AtomicBool::new(false),
             close_named: AtomicBool::new(false),
@@ -519,6 +525,23 @@ impl ConnectionRecord {
 
     pub(crate) fn is_over_idle_limit_unsure(&self) -> bool {
         self.over_idle_limit_unsure.load(Ordering::Relaxed)
+    }
+
+    /// Records that it was pooled unused while requests to the host may
+    /// have been waiting for a connection (see
+    /// [`PoolHistory::on_pooled_unused`](crate::pool::model::PoolHistory::on_pooled_unused)).
+    pub(crate) fn mark_pooled_unused_with_waiters(&self) {
+        self.pooled_unused_with_waiters
+            .store(true, Ordering::Relaxed);
+    }
+
+    /// Whether it never carried a request and was pooled unused while a
+    /// checkout may have been waiting: a close of ours at that put-back is
+    /// hyper-util's hand-back to a checkout whose own connect had won, not
+    /// a limit (see [`PoolClose::DroppedAtPutBack`](crate::pool::inferred::PoolClose::DroppedAtPutBack)).
+    pub(crate) fn pooled_unused_to_waiter(&self) -> bool {
+        self.pooled_unused_with_waiters.load(Ordering::Relaxed)
+            && self.requests.load(Ordering::Relaxed) == 0
     }
 
     /// The kernel showed its client's pool closing it at its release (see
