@@ -3935,6 +3935,70 @@ fn server_ends_read_closed_by_peer(
     named
 }
 
+/// `waves` waves of `size` concurrent GETs to `server`, `pause_ms` apart,
+/// then the request spans (checked against the server's records), after
+/// checking the server closed no connection: every one that ended, the
+/// client closed.
+async fn waves_the_server_closes_none_of(
+    t: &Telemetry,
+    server: &RemoteServer,
+    client: &reqwest_middleware::ClientWithMiddleware,
+    waves: usize,
+    size: usize,
+    pause_ms: u64,
+) -> (Vec<SpanData>, Vec<Seen>) {
+    let url = server.get().url("/");
+    for _ in 0..waves {
+        futures::future::join_all((0..size).map(|_| get(client, &url))).await;
+        tokio::time::sleep(Duration::from_millis(pause_ms)).await;
+    }
+    let raw = requests(t, waves * size);
+    let spans: Vec<Seen> = raw.iter().map(seen).collect();
+    compare_with_server(&spans, &server.get().requests());
+    let records = server.get().connections();
+    assert!(
+        records
+            .iter()
+            .all(|r| matches!(r.end, None | Some(ConnectionEnd::Closed))),
+        "the server closed nothing: {records:?}"
+    );
+    (raw, spans)
+}
+
+/// Asserts every request span that names a previous connection reads
+/// `idle_expired` / `idle_timeout`, and what `check` asserts of its span
+/// (given the context to print); returns how many named one.
+fn each_named_miss_is_idle_expired(
+    raw: &[SpanData],
+    spans: &[Seen],
+    label: &str,
+    check: impl Fn(&SpanData, &str),
+) -> usize {
+    let mut named = 0;
+    for (i, (s, span)) in spans.iter().zip(raw).enumerate() {
+        let Some(previous) = s.previous_id else {
+            continue;
+        };
+        named += 1;
+        let context = format!(
+            "{label}, request {i} (previous {previous}):\n{}",
+            compact(spans)
+        );
+        assert_eq!(
+            s.reason.as_deref(),
+            Some(semconv::MISS_REASON_IDLE_EXPIRED),
+            "{context}"
+        );
+        assert_eq!(
+            s.previous_end.as_deref(),
+            Some(semconv::CONNECTION_END_IDLE_TIMEOUT),
+            "{context}"
+        );
+        check(span, &context);
+    }
+    named
+}
+
 /// Each connection's local port by its id, from the setup spans (every
 /// connection has one, also one that carried no request).
 fn local_ports(t: &Telemetry) -> HashMap<i64, i64> {
@@ -3973,40 +4037,10 @@ async fn a_clients_own_idle_timeout_over_tls_is_idle_expired_as_over_plain() {
                 reqwest::Client::builder().pool_idle_timeout(Duration::from_millis(300)),
                 tls.then_some(&pki),
             );
-            let url = server.get().url("/");
-            for _ in 0..4 {
-                futures::future::join_all((0..4).map(|_| get(&client, &url))).await;
-                tokio::time::sleep(Duration::from_millis(1000)).await;
-            }
-            let raw = requests(&t, 16);
-            let spans: Vec<Seen> = raw.iter().map(seen).collect();
-            compare_with_server(&spans, &server.get().requests());
-            // The server closed nothing: every connection that ended, the
-            // client closed.
-            let records = server.get().connections();
-            assert!(
-                records
-                    .iter()
-                    .all(|r| matches!(r.end, None | Some(ConnectionEnd::Closed))),
-                "{records:?}"
-            );
-            let mut named = 0;
-            for (i, (s, span)) in spans.iter().zip(&raw).enumerate() {
-                if s.previous_id.is_none() {
-                    continue;
-                }
-                named += 1;
-                let context = format!("tls={tls} round {round}, request {i}:\n{}", compact(&spans));
-                assert_eq!(
-                    s.reason.as_deref(),
-                    Some(semconv::MISS_REASON_IDLE_EXPIRED),
-                    "{context}"
-                );
-                assert_eq!(
-                    s.previous_end.as_deref(),
-                    Some(semconv::CONNECTION_END_IDLE_TIMEOUT),
-                    "{context}"
-                );
+            let (raw, spans) =
+                waves_the_server_closes_none_of(&t, &server, &client, 4, 4, 1000).await;
+            let label = format!("tls={tls} round {round}");
+            let named = each_named_miss_is_idle_expired(&raw, &spans, &label, |span, context| {
                 assert_eq!(
                     str_attr(span, semconv::HTTP_CONNECTION_POOL_LIMITS).as_deref(),
                     Some(semconv::POOL_LIMITS_INFERRED),
@@ -4023,10 +4057,45 @@ async fn a_clients_own_idle_timeout_over_tls_is_idle_expired_as_over_plain() {
                     (0.25..=0.75).contains(&inferred),
                     "inferred {inferred} s: {context}"
                 );
-            }
+            });
             // Each later wave found the previous one's connections closed.
             assert!(named >= 3, "tls={tls} round {round}:\n{}", compact(&spans));
         }
+    }
+}
+
+// The client's idle timeout set through our builder (400 ms, so the crate
+// knows it), waves of two concurrent requests 700 ms apart to a lab server
+// that keeps idle connections: every miss naming a connection reads
+// `idle_expired` / `idle_timeout`, with the connection idle past the
+// timeout, and names one the server's records show the client closed.
+// A tester saw against nginx (plain HTTP, 11 of 20 runs) the second miss
+// of a wave, which looks past the first miss's new connection (busy, row
+// 10e) to an expired one, read `all_busy` naming it closed at the idle
+// limit, as if row 9 did not hold; the lab server's timing rarely gives
+// that order (the unit test
+// `a_candidate_idle_past_a_known_idle_timeout_is_idle_expired` pins the
+// rule), so this checks the whole path against the server's records.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_timeout_set_through_our_builder_names_every_expired_connection() {
+    for round in 0..3 {
+        let t = telemetry();
+        let server = RemoteServer::start(plain_h1().idle_timeout(None)).await;
+        let client = t
+            .conntrace()
+            .instrument_client(reqwest::Client::builder())
+            .pool_idle_timeout(Some(Duration::from_millis(400)))
+            .build_with_middleware()
+            .expect("client");
+        let (raw, spans) = waves_the_server_closes_none_of(&t, &server, &client, 5, 2, 700).await;
+        let label = format!("round {round}");
+        let named = each_named_miss_is_idle_expired(&raw, &spans, &label, |span, context| {
+            let idle =
+                f64_attr(span, semconv::HTTP_CONNECTION_PREVIOUS_IDLE_TIME).expect("idle time");
+            assert!(idle >= 0.4, "idle {idle} s: {context}");
+        });
+        // Each later wave found the previous one's connections expired.
+        assert!(named >= 4, "round {round}:\n{}", compact(&spans));
     }
 }
 

@@ -224,6 +224,21 @@ pub(crate) fn decide_from_kernel(
         }
         return alive;
     }
+    // Row 9 for a candidate the miss reached past a busy one (row 10e's
+    // look, [`PoolHistory::next_candidate`]): idle past the client's idle
+    // timeout (set through our builder) at the miss, hyper-util's checkout
+    // dropped it expired, whatever the kernel shows of it since.
+    if !candidate.http2()
+        && !candidate.is_dropped_early()
+        && candidate.client.idle_timeout.is_some_and(|t| {
+            classified_at.saturating_duration_since(candidate.last_activity()) >= t
+        })
+    {
+        return Miss::caused_by(
+            MissReason::IdleExpired,
+            Previous::of(candidate, now, Some(ConnectionEnd::IdleTimeout)),
+        );
+    }
     // Nothing else to the host was in flight at the miss (HTTP/1.1).
     let alone = alive.reason == MissReason::ReleaseRace;
     // Its body was dropped before the end: closed by our side (gone at
@@ -312,7 +327,10 @@ pub(crate) fn decide_from_kernel(
             if closed.is_some_and(|at| at > classified_at + CLOSE_DATING_SLACK)
                 && !unsure_pool_closed_at_release(candidate, closed)
             {
-                return alive;
+                return expired_at_checkout(candidate, alone, classified_at)
+                    .map_or(alive, |idle| {
+                        own_close_miss(candidate, Some(PoolClose::Expired { idle }), alive, now)
+                    });
             }
             own_close_miss(
                 candidate,
@@ -391,7 +409,10 @@ pub(crate) fn decide_from_kernel(
             if closed_after(facts, now, classified_at)
                 && !unsure_pool_closed_at_release(candidate, closed)
             {
-                return alive;
+                return expired_at_checkout(candidate, alone, classified_at)
+                    .map_or(alive, |idle| {
+                        own_close_miss(candidate, Some(PoolClose::Expired { idle }), alive, now)
+                    });
             }
             // Believed closed at its release over an idle limit ours to
             // count (row 8, asked as 8b: others in flight), and the kernel
@@ -464,6 +485,22 @@ fn own_close_miss(
         }
         None => {}
     }
+    // Dated at least the idle timeout set through our builder after its
+    // release (to within the timer's dating): that timeout closed it (row
+    // 9; a close at release on a starved task can come later than
+    // `CLOSED_AT_RELEASE`, never that late).
+    if let Some(PoolClose::Expired { idle }) = close
+        && client.idle_timeout_known
+        && client
+            .idle_timeout
+            .is_some_and(|t| idle + CLOSE_DATING_SLACK >= t)
+    {
+        candidate.infer_end(ConnectionEnd::IdleTimeout);
+        return Miss::caused_by(
+            MissReason::IdleExpired,
+            Previous::of(candidate, now, Some(ConnectionEnd::IdleTimeout)),
+        );
+    }
     let (reason, end) = if client.idle_timeout_known && close != Some(PoolClose::Unsure) {
         (MissReason::AllBusy, ConnectionEnd::IdleLimit)
     } else {
@@ -475,6 +512,30 @@ fn own_close_miss(
     } else {
         miss.limits_unknown()
     }
+}
+
+/// How long `candidate` (HTTP/1.1) had sat idle at a miss classified at
+/// `classified_at` with nothing else to the host in flight (`alone`), when
+/// that is long enough that the miss's checkout found it expired, the
+/// close of ours the kernel dates after the miss being that checkout's
+/// drop (hyper-util's checkout drops an expired idle connection itself,
+/// whenever its idle check last ran): with nothing else in flight, an idle
+/// connection alive at the miss would have served it, so the checkout
+/// passed it over. Long enough: [`OWN_CLOSE_WINDOW`] (1 s) or more, which
+/// no put-back of hyper-util's takes, or at least the idle timeout
+/// inferred so far. Below that the release race (the put-back still on
+/// its way) is not ruled out: `None`.
+fn expired_at_checkout(
+    candidate: &ConnectionRecord,
+    alone: bool,
+    classified_at: Instant,
+) -> Option<std::time::Duration> {
+    if !alone || candidate.http2() || candidate.in_use() > 0 {
+        return None;
+    }
+    let idle = classified_at.saturating_duration_since(candidate.last_released()?);
+    let inferred = candidate.client.inferred.idle_timeout();
+    (idle >= OWN_CLOSE_WINDOW || inferred.is_some_and(|t| idle >= t)).then_some(idle)
 }
 
 /// How long a miss whose HTTP/1.1 candidate the kernel shows closed waits
@@ -2261,7 +2322,7 @@ impl PoolHistory {
         record.mark_released(put_at);
         // Requests in flight with no connection shown yet: one may be a
         // checkout waiting in hyper-util's pool, handed this one first.
-        if self.requests_without_connection(host, in_flight) > 0 {
+        if self.unattributed(host, in_flight) > 0 {
             record.mark_pooled_unused_with_waiters();
         }
         // No request of its own releases it: every request in flight may
@@ -2274,21 +2335,6 @@ impl PoolHistory {
             release.over_limit = false;
         }
         release
-    }
-
-    /// How many of `in_flight` requests to `host` hold no connection this
-    /// crate knows of: waiting for one, or holding one their response has
-    /// not shown yet.
-    fn requests_without_connection(&self, host: &HostKey, in_flight: u64) -> u64 {
-        let hosts = self.hosts();
-        let attributed: u64 = hosts.get(host).map_or(0, |history| {
-            history
-                .connections
-                .iter()
-                .map(|r| u64::from(r.in_use()))
-                .sum()
-        });
-        in_flight.saturating_sub(attributed)
     }
 
     /// Whether a connection to `host` of `record`'s client other than
@@ -2852,6 +2898,88 @@ mod tests {
                 format!("second released after the unused one was ready: {released_after_ready}");
             assert_eq!(unused.is_over_idle_limit(), sure, "{case}");
             assert_eq!(unused.is_over_idle_limit_unsure(), !sure, "{case}");
+        }
+    }
+
+    /// Row 9 with the idle timeout set through our builder: a candidate
+    /// idle past it at the miss was expired, whatever the kernel shows of
+    /// it since (the miss reached it past a busy one, row 10e, so the
+    /// classification did not look). Found by a tester against nginx: the
+    /// expiry's close, dated by the kernel, read `all_busy` / `idle_limit`
+    /// (11 of 20 runs). Idle a little less than the timeout by our clock,
+    /// a close the kernel dates at the miss and past the timeout still
+    /// reads the timeout's.
+    #[test]
+    fn a_candidate_idle_past_a_known_idle_timeout_is_idle_expired() {
+        let t0 = Instant::now();
+        let ms = |n| Duration::from_millis(n);
+        let expired = (MissReason::IdleExpired, Some(ConnectionEnd::IdleTimeout));
+        for (miss_after, lookup) in [
+            (700, gone()),
+            (700, closed_ago(ms(250))),
+            (700, state(TcpState::Established)),
+            // Our clock says 398 ms idle at the miss (hyper-util's put-back
+            // came after our release); the kernel dates the close 405 ms
+            // after the release, at the miss to within its dating.
+            (398, closed_ago(ms(0))),
+        ] {
+            let pools = PoolHistory::default();
+            let client = Arc::new(ClientState::new(Some(Some(ms(400))), None));
+            let candidate = connection(&pools, &client, 1, t0, false);
+            release(&pools, &candidate, t0, 0, 1);
+            let at = t0 + ms(miss_after);
+            let now = if miss_after < 400 { t0 + ms(405) } else { at };
+            let alive = Miss::new(MissReason::AllBusy);
+            let miss = decide_from_kernel(&candidate, &lookup, now, alive, 1, at);
+            let named = (miss.reason, miss.previous.and_then(|p| p.end));
+            assert_eq!(named, expired, "miss after {miss_after} ms, {lookup:?}");
+        }
+    }
+
+    /// hyper-util's checkout drops an expired idle connection itself: with
+    /// nothing else in flight at the miss, a candidate alive then (our
+    /// close dated after the miss) and idle 1.5 s was passed over as
+    /// expired, not held by the release race (no put-back takes that
+    /// long), and bounds the inferred idle timeout. Idle 200 ms, the
+    /// release race is not ruled out; with another request in flight, it
+    /// may have held the candidate.
+    #[test]
+    fn a_close_dated_after_a_lone_miss_long_after_the_release_is_the_checkouts_expiry() {
+        let t0 = Instant::now();
+        let ms = |n| Duration::from_millis(n);
+        for (idle, alone, expired) in [(1500, true, true), (200, true, false), (1500, false, false)]
+        {
+            let pools = PoolHistory::default();
+            let client = Arc::new(ClientState::unknown_settings());
+            let candidate = connection(&pools, &client, 1, t0, false);
+            release(&pools, &candidate, t0, 0, 1);
+            let at = t0 + ms(idle);
+            let alive = if alone {
+                Miss::new(MissReason::ReleaseRace)
+            } else {
+                Miss::new(MissReason::AllBusy)
+            };
+            // Our close 20 ms after the miss, asked about 10 ms later.
+            let miss =
+                decide_from_kernel(&candidate, &closed_ago(ms(10)), at + ms(30), alive, 1, at);
+            let named = (miss.reason, miss.previous.and_then(|p| p.end));
+            let case = format!("idle {idle} ms, alone {alone}");
+            if expired {
+                assert_eq!(
+                    named,
+                    (MissReason::IdleExpired, Some(ConnectionEnd::IdleTimeout)),
+                    "{case}"
+                );
+                assert_eq!(
+                    miss.limits,
+                    Some(crate::pool::inferred::LimitSource::Inferred),
+                    "{case}"
+                );
+                assert_eq!(client.inferred.idle_timeout(), Some(ms(idle)), "{case}");
+            } else {
+                assert_eq!(named, (alive.reason, None), "{case}");
+                assert_eq!(client.inferred.idle_timeout(), None, "{case}");
+            }
         }
     }
 
