@@ -1871,15 +1871,8 @@ impl PoolHistory {
         if !previous.end.is_some_and(|e| e.by_server()) {
             return None;
         }
-        let hosts = self.hosts();
-        hosts
-            .get(host)?
-            .connections
-            .iter()
-            .rev()
-            .find(|r| r.id() == previous.id)
+        self.newest_connection(host, |r| r.id() == previous.id)
             .filter(|r| r.http2())
-            .cloned()
     }
 
     /// The HTTP/2 connection to `host` whose end by the server (GOAWAY)
@@ -1887,14 +1880,27 @@ impl PoolHistory {
     /// history knows it: hyper-util resends a request such a connection
     /// refused unprocessed on another one.
     pub(crate) fn http2_ended_since(&self, host: &HostKey, since: Instant) -> Option<u64> {
+        self.newest_connection(host, |r| {
+            r.http2() && r.server_end_by().is_some_and(|by| by >= since)
+        })
+        .map(|r| r.id())
+    }
+
+    /// The newest connection to `host` (the history keeps them in the
+    /// order they were made) that `matches`.
+    fn newest_connection(
+        &self,
+        host: &HostKey,
+        matches: impl Fn(&ConnectionRecord) -> bool,
+    ) -> Option<Arc<ConnectionRecord>> {
         let hosts = self.hosts();
         hosts
             .get(host)?
             .connections
             .iter()
             .rev()
-            .find(|r| r.http2() && r.server_end_by().is_some_and(|by| by >= since))
-            .map(|r| r.id())
+            .find(|r| matches(r))
+            .cloned()
     }
 
     /// Requests to `host` in flight (`in_flight`) whose response has not
@@ -1910,14 +1916,7 @@ impl PoolHistory {
         host: &HostKey,
         request_id: u64,
     ) -> Option<Arc<ConnectionRecord>> {
-        let hosts = self.hosts();
-        hosts
-            .get(host)?
-            .connections
-            .iter()
-            .rev()
-            .find(|r| r.trigger_id == Some(request_id))
-            .cloned()
+        self.newest_connection(host, |r| r.trigger_id == Some(request_id))
     }
 
     /// The HTTP/2 connection a request that called no connector was
