@@ -51,6 +51,20 @@ fn stderr(out: &Output) -> String {
     String::from_utf8_lossy(&out.stderr).into_owned()
 }
 
+/// nginx started with `config` (installed by scripts/test.sh).
+async fn start_nginx(config: NginxConfig) -> Nginx {
+    Nginx::start(config)
+        .await
+        .expect("nginx starts (installed by scripts/test.sh)")
+}
+
+/// nginx started with `config`, and the URL of `/` on its `listener`.
+async fn nginx_serving(config: NginxConfig, listener: NginxListener) -> (Nginx, String) {
+    let nginx = start_nginx(config).await;
+    let url = nginx.url(listener, "/").expect("listener");
+    (nginx, url)
+}
+
 struct Lab {
     nginx: Nginx,
     receiver: OtlpReceiver,
@@ -59,9 +73,7 @@ struct Lab {
 
 async fn lab() -> Lab {
     let pki = TestPki::localhost().expect("pki");
-    let nginx = Nginx::start(NginxConfig::new(&pki))
-        .await
-        .expect("nginx starts (installed by scripts/test.sh)");
+    let nginx = start_nginx(NginxConfig::new(&pki)).await;
     let receiver = OtlpReceiver::start().await.expect("receiver");
     let ca = nginx.pki_files().ca.clone();
     Lab {
@@ -440,10 +452,11 @@ async fn probe_fanout_agrees_with_nginx_access_log() {
 #[tokio::test]
 async fn probe_reuse_against_a_request_limit_names_every_connection() {
     let pki = TestPki::localhost().expect("pki");
-    let nginx = Nginx::start(NginxConfig::new(&pki).keepalive_requests(5))
-        .await
-        .expect("nginx starts (installed by scripts/test.sh)");
-    let url = nginx.url(NginxListener::Plain, "/").expect("listener");
+    let (nginx, url) = nginx_serving(
+        NginxConfig::new(&pki).keepalive_requests(5),
+        NginxListener::Plain,
+    )
+    .await;
     let mut logged = 0;
     for run_index in 0..6 {
         let mut cmd = conntrace();
@@ -496,10 +509,11 @@ async fn probe_reuse_against_a_request_limit_names_every_connection() {
 #[tokio::test]
 async fn probe_metrics_file_keeps_each_mode_apart() {
     let pki = TestPki::localhost().expect("pki");
-    let nginx = Nginx::start(NginxConfig::new(&pki).keepalive_requests(5))
-        .await
-        .expect("nginx starts (installed by scripts/test.sh)");
-    let url = nginx.url(NginxListener::Plain, "/").expect("listener");
+    let (nginx, url) = nginx_serving(
+        NginxConfig::new(&pki).keepalive_requests(5),
+        NginxListener::Plain,
+    )
+    .await;
     let dir = tempfile::tempdir().expect("tempdir");
     let traces = dir.path().join("t.json");
     let mut cmd = conntrace();
@@ -705,10 +719,7 @@ async fn small_pool_against_a_request_limit(
     runs: usize,
 ) {
     let pki = TestPki::localhost().expect("pki");
-    let nginx = Nginx::start(NginxConfig::new(&pki).keepalive_requests(3))
-        .await
-        .expect("nginx starts (installed by scripts/test.sh)");
-    let url = nginx.url(listener, "/").expect("listener");
+    let (nginx, url) = nginx_serving(NginxConfig::new(&pki).keepalive_requests(3), listener).await;
     let dir = tempfile::tempdir().expect("tempdir");
     let mut logged = 0;
     for run_index in 0..runs {
@@ -1806,10 +1817,11 @@ async fn demo_keeps_every_miss_attributed_for_its_whole_run() {
 #[tokio::test]
 async fn h2_resends_after_goaway_name_the_ended_connection_not_a_middleware() {
     let pki = TestPki::localhost().expect("pki");
-    let nginx = Nginx::start(NginxConfig::new(&pki).keepalive_requests(5))
-        .await
-        .expect("nginx starts (installed by scripts/test.sh)");
-    let url = nginx.url(NginxListener::H2, "/").expect("listener");
+    let (nginx, url) = nginx_serving(
+        NginxConfig::new(&pki).keepalive_requests(5),
+        NginxListener::H2,
+    )
+    .await;
     let dir = tempfile::tempdir().expect("tempdir");
     let (mut logged, mut resent) = (0, 0);
     for run_index in 0..3 {
@@ -1906,10 +1918,11 @@ async fn h2_resends_after_goaway_name_the_ended_connection_not_a_middleware() {
 /// refused by nginx's GOAWAY: the JSON and the failed request spans.
 async fn h2_burst_with_a_refused_stream() -> (serde_json::Value, Vec<ReceivedSpan>) {
     let pki = TestPki::localhost().expect("pki");
-    let nginx = Nginx::start(NginxConfig::new(&pki).keepalive_requests(5))
-        .await
-        .expect("nginx starts (installed by scripts/test.sh)");
-    let url = nginx.url(NginxListener::H2, "/").expect("listener");
+    let (nginx, url) = nginx_serving(
+        NginxConfig::new(&pki).keepalive_requests(5),
+        NginxListener::H2,
+    )
+    .await;
     for _ in 0..10 {
         let receiver = OtlpReceiver::start().await.expect("receiver");
         let mut cmd = conntrace();
@@ -2022,10 +2035,11 @@ async fn probe_error_hint_does_not_blame_http2_support_for_a_goaway() {
 #[tokio::test]
 async fn probe_json_miss_reasons_are_the_spans_under_an_http2_request_limit() {
     let pki = TestPki::localhost().expect("pki");
-    let nginx = Nginx::start(NginxConfig::new(&pki).keepalive_requests(5))
-        .await
-        .expect("nginx starts (installed by scripts/test.sh)");
-    let url = nginx.url(NginxListener::H2, "/").expect("listener");
+    let (nginx, url) = nginx_serving(
+        NginxConfig::new(&pki).keepalive_requests(5),
+        NginxListener::H2,
+    )
+    .await;
     let (mut logged, mut compared) = (0, 0);
     for run_index in 0..3 {
         let receiver = OtlpReceiver::start().await.expect("receiver");

@@ -144,9 +144,7 @@ async fn protocol_mismatches_name_cause_and_fix() {
 #[tokio::test]
 async fn nginxs_400_for_plain_http_on_its_tls_port_names_the_fix() {
     let pki = TestPki::localhost().expect("pki");
-    let nginx = conntrace_lab::Nginx::start(conntrace_lab::NginxConfig::new(&pki))
-        .await
-        .expect("nginx starts (installed by scripts/test.sh)");
+    let nginx = super::start_nginx(conntrace_lab::NginxConfig::new(&pki)).await;
     let url = nginx
         .url(conntrace_lab::NginxListener::Tls13, "/")
         .expect("url")
