@@ -1356,32 +1356,11 @@ async fn requests_timing_out_on_a_stalled_connection_name_it() {
     let url = server.get().url("/");
     get(&client, &url).await;
     for _ in 0..2 {
-        let error = client
-            .get(&url)
-            .timeout(Duration::from_millis(300))
-            .send()
-            .await
-            .expect_err("stalled");
-        assert!(error.is_timeout(), "{error:?}");
+        get_timing_out(&client, &url).await;
     }
     let spans = requests(&t, 3);
-    let first_id = i64_attr(&spans[0], semconv::HTTP_CONNECTION_ID).expect("id");
     for failed in &spans[1..] {
-        assert_eq!(
-            str_attr(failed, semconv::ERROR_TYPE).as_deref(),
-            Some(semconv::ERROR_TYPE_TIMEOUT)
-        );
-        assert_eq!(
-            i64_attr(failed, semconv::HTTP_CONNECTION_ID),
-            Some(first_id)
-        );
-        assert_eq!(
-            bool_attr(failed, semconv::HTTP_CONNECTION_STALLED),
-            Some(true)
-        );
-        let quiet =
-            f64_attr(failed, semconv::HTTP_CONNECTION_TCP_SINCE_LAST_RECEIVE).expect("evidence");
-        assert!(quiet >= 0.29, "nothing received for the 300 ms: {quiet}");
+        assert_stalled_timeout_on(failed, &spans[0], "HTTP/2");
         assert_eq!(
             str_attr(failed, semconv::HTTP_CONNECTION_TCP_STATE).as_deref(),
             Some("established")
@@ -1413,6 +1392,79 @@ async fn requests_timing_out_on_a_stalled_connection_name_it() {
     }
     let idle = idle_open_connections(&t);
     assert_eq!(idle, 0.0, "a stalled connection is not idle");
+}
+
+/// HTTP/1.1 connection whose peer stops answering, plain and over TLS:
+/// hyper closes the connection as the timed-out request's future is
+/// dropped, so the kernel may be asked about a socket already closed (no
+/// `tcp_info` left, or gone: a tester saw `tcp.state = gone` and no
+/// evidence), or still established when it answers first (as here, most
+/// runs). Either way the request names the connection, with nothing
+/// received for its 300 ms (`stalled`): from the socket's `tcp_info`, or
+/// from the kernel's report of its end (pinned by the unit test
+/// `a_closed_sockets_end_report_keeps_a_stalls_evidence`); the server saw
+/// two requests on one connection and answered one.
+#[tokio::test]
+async fn an_http1_timeout_on_a_stalled_connection_keeps_the_kernels_evidence() {
+    let pki = TestPki::localhost().expect("pki");
+    for tls in [false, true] {
+        let t = telemetry();
+        let server = plain_h1().stall_after(Some(1));
+        let server = RemoteServer::start(if tls { server.tls(&pki) } else { server }).await;
+        let client = t.client(reqwest::Client::builder(), tls.then_some(&pki));
+        let url = server.get().url("/");
+        get(&client, &url).await;
+        get_timing_out(&client, &url).await;
+        let spans = requests(&t, 2);
+        assert_stalled_timeout_on(&spans[1], &spans[0], &format!("HTTP/1.1, tls={tls}"));
+        let records = server.get().requests();
+        assert_eq!(records.len(), 2, "tls={tls}");
+        assert_eq!(
+            records[0].connection_id, records[1].connection_id,
+            "tls={tls}"
+        );
+    }
+}
+
+/// A GET to `url` that times out after 300 ms (the server stalls it).
+async fn get_timing_out(client: &reqwest_middleware::ClientWithMiddleware, url: &str) {
+    let error = client
+        .get(url)
+        .timeout(Duration::from_millis(300))
+        .send()
+        .await
+        .expect_err("stalled");
+    assert!(error.is_timeout(), "{error:?}");
+}
+
+/// Asserts `failed` timed out on the connection `answered` was served by,
+/// stalled, with nothing received for its 300 ms, and the socket's state
+/// as found (any: a closed one's evidence comes from its end's report).
+fn assert_stalled_timeout_on(failed: &SpanData, answered: &SpanData, context: &str) {
+    assert_eq!(
+        str_attr(failed, semconv::ERROR_TYPE).as_deref(),
+        Some(semconv::ERROR_TYPE_TIMEOUT),
+        "{context}"
+    );
+    let id = i64_attr(answered, semconv::HTTP_CONNECTION_ID).expect("id");
+    assert_eq!(
+        i64_attr(failed, semconv::HTTP_CONNECTION_ID),
+        Some(id),
+        "{context}"
+    );
+    let state = str_attr(failed, semconv::HTTP_CONNECTION_TCP_STATE);
+    assert!(state.is_some(), "{context}: the socket's state as found");
+    assert_eq!(
+        bool_attr(failed, semconv::HTTP_CONNECTION_STALLED),
+        Some(true),
+        "{context}, found {state:?}"
+    );
+    let quiet =
+        f64_attr(failed, semconv::HTTP_CONNECTION_TCP_SINCE_LAST_RECEIVE).expect("evidence");
+    assert!(
+        quiet >= 0.29,
+        "{context}, found {state:?}: nothing received for the 300 ms: {quiet}"
+    );
 }
 
 /// A resolver whose answer can be changed.

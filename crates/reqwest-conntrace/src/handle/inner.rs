@@ -242,7 +242,7 @@ impl Inner {
                     }
                 } else if !record.is_discarded()
                     && !record.is_over_idle_limit()
-                    && !record.awaits_socket_end()
+                    && (record.setup.tls.is_none() || !record.awaits_socket_end())
                     && !crate::pool::model::gone_after_own_close(record, Instant::now())
                 {
                     record.closed_by_server(false);
@@ -323,13 +323,15 @@ impl Inner {
                 Err(_) => inner.sweep(now),
             }
         }
-        if record.setup.tls.is_some()
-            && !record.http2()
+        if !record.http2()
             && let (Some(l), Some(r)) = (record.setup.local_addr, record.setup.peer_addr)
         {
             // Over TLS a socket found gone may be a close of ours the
             // server's close_notify reset: the kernel's report of its end
-            // tells (see `pool::model::reported_end`).
+            // tells (see `pool::model::reported_end`). Over either, a
+            // request that gave up on its response leaves hyper closing
+            // the socket: the report keeps the stall's evidence
+            // (`request::attribution::FailureEvidence`).
             let sink: std::sync::Weak<dyn crate::kernel::SocketEndSink> =
                 Arc::downgrade(&record) as _;
             if crate::kernel::watch_end(l, r, sink) {

@@ -5,7 +5,9 @@
 //! carries the socket's last `tcp_info`. A socket found gone at a miss
 //! leaves nothing else behind: this report says when it ended relative to
 //! its last data each way, which tells a close of ours from the server's
-//! over TLS (see `pool::model`).
+//! over TLS (see `pool::model`), and keeps the evidence of a stall for a
+//! request that gave up on a connection hyper closed before the kernel
+//! was asked (see `request::attribution`).
 //!
 //! One `conntrace-tcp-ends` thread per process listens while sockets are
 //! watched (it exits after [`IDLE_EXIT`] with none); a socket's report goes
@@ -46,6 +48,11 @@ pub(crate) struct SocketEnd {
     pub(crate) unread: u32,
     /// The smoothed round-trip time at the end (`tcpi_rtt`, µs).
     pub(crate) rtt: Duration,
+    /// Segments sent and not acknowledged at the end (`tcpi_unacked`).
+    pub(crate) unacked: u32,
+    /// Segments retransmitted over the socket's life
+    /// (`tcpi_total_retrans`).
+    pub(crate) retransmits: u32,
 }
 
 impl SocketEnd {
@@ -328,6 +335,8 @@ fn listen() {
                         acknowledged,
                         unread: response.header.recv_queue,
                         rtt: decoded.rtt,
+                        unacked: decoded.unacked,
+                        retransmits: decoded.total_retransmits,
                     },
                 );
             }

@@ -3671,10 +3671,16 @@ mod tests {
         // Established is looked at again until hyper's task had time to
         // see the drop, unread bytes or none.
         let (candidate, alive, seen) = ask(pools.classify_miss(&host(), &client, at, 1));
-        for lookup in [state(TcpState::Established), unread(TcpState::Established, 4096)] {
+        for lookup in [
+            state(TcpState::Established),
+            unread(TcpState::Established, 4096),
+        ] {
             assert!(look_again_at(&candidate, &lookup, at, &alive, seen, at).is_some());
             let late = at + UNDATED_CLOSE_WAIT;
-            assert_eq!(look_again_at(&candidate, &lookup, late, &alive, seen, at), None);
+            assert_eq!(
+                look_again_at(&candidate, &lookup, late, &alive, seen, at),
+                None
+            );
         }
         response(&a, false, t0 + Duration::from_millis(3));
         let miss = decide_from_kernel(&candidate, &gone(), at, alive, seen, at);
@@ -4054,6 +4060,8 @@ mod tests {
             acknowledged,
             unread: 0,
             rtt: Duration::ZERO,
+            unacked: 0,
+            retransmits: 0,
         };
         // A TLS 1.3 close_notify record (24 bytes) and a FIN never read.
         let unread = |end: SocketEnd| SocketEnd { unread: 25, ..end };
@@ -4139,6 +4147,8 @@ mod tests {
             // The server's FIN, never read.
             unread: 1,
             rtt: Duration::ZERO,
+            unacked: 0,
+            retransmits: 0,
         };
         // (closed how long before the miss, by the TIME_WAIT timer; the
         // report; the reason)

@@ -124,11 +124,12 @@ pub(crate) struct ConnectionRecord {
     /// made while another one was pooled serves only that request (the
     /// pool's `put` keeps one HTTP/2 connection per host), then closes.
     shared: AtomicBool,
-    /// Its socket's end is watched (HTTP/1.1 over TLS, see
+    /// Its socket's end is watched (HTTP/1.1, see
     /// [`kernel::watch_end`](crate::kernel::watch_end)).
     end_watched: AtomicBool,
-    /// The kernel's report of its socket's end, once it came (boxed: most
-    /// connections never get one).
+    /// The kernel's report of its socket's end, once it came (boxed: it
+    /// is read only over TLS, to tell who closed, and for a request that
+    /// failed on a socket already closed).
     socket_end: OnceLock<Box<SocketEnd>>,
     /// The tokio runtime it was made on, whose task serves it (hyper-util
     /// spawns the connection's task there): see
