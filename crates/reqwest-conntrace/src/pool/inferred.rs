@@ -86,6 +86,16 @@ pub(crate) const RELEASE_ORDER_UNSURE: Duration = Duration::from_millis(20);
 /// the state begins one round trip after our FIN.
 pub(crate) const CLOSE_DATING_SLACK: Duration = Duration::from_millis(10);
 
+/// How soon after its release an HTTP/1.1 connection found gone at a miss
+/// is taken as closed by its client's pool, when that release may have
+/// been over the idle limit ([`ConnectionRecord::is_over_idle_limit_unsure`]).
+/// The pool closes it at release; a server closes an idle keep-alive
+/// connection only after its keep-alive timeout, which servers set in
+/// whole seconds (nginx `keepalive_timeout`, 75 s by default; Apache
+/// `KeepAliveTimeout`, 5 s; Node.js `keepAliveTimeout`, 5 s). Later, a gone
+/// socket is the server's close, as without the doubt.
+pub(crate) const OWN_CLOSE_WINDOW: Duration = Duration::from_secs(1);
+
 /// Where a pool limit a miss reason depended on came from
 /// (`http.connection.pool.limits`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -216,7 +226,8 @@ fn pool_close_at(record: &ConnectionRecord, closed_at: Instant, alone: bool) -> 
         return None;
     }
     let released = record.last_released()?;
-    if closed_at <= released + CLOSED_AT_RELEASE {
+    let idle = closed_at.saturating_duration_since(released);
+    if closed_at <= released + CLOSED_AT_RELEASE || put_back_late(record, idle) {
         let idle_others = record.idle_others_at_release();
         let after_miss = record
             .named_by_miss_at()
@@ -239,11 +250,50 @@ fn pool_close_at(record: &ConnectionRecord, closed_at: Instant, alone: bool) -> 
         } else {
             PoolClose::AtRelease { idle_others }
         })
+    } else if never_used_unsure_expiry(record, idle) {
+        Some(PoolClose::Unsure)
     } else {
-        Some(PoolClose::Expired {
-            idle: closed_at.saturating_duration_since(released),
-        })
+        Some(PoolClose::Expired { idle })
     }
+}
+
+/// Whether a close of `record` dated `idle` after its release, later than
+/// [`CLOSED_AT_RELEASE`], came at hyper-util's put-back all the same: it
+/// never carried a request (its ready time stands for the put-back, which
+/// hyper-util's background connect task makes once the connection's task
+/// has run, later on a starved runtime), the client's idle timeout is set
+/// through our builder, and the close came before it (so no expiry).
+fn put_back_late(record: &ConnectionRecord, idle: Duration) -> bool {
+    let client = &record.client;
+    never_used(record)
+        && idle < OWN_CLOSE_WINDOW
+        && client.idle_timeout_known
+        && client
+            .idle_timeout
+            .is_none_or(|t| idle + CLOSE_DATING_SLACK < t)
+}
+
+/// Whether a close of `record` dated `idle` after its release, later than
+/// [`CLOSED_AT_RELEASE`], is not known to be an expiry: it never carried a
+/// request (its put-back may have come that late, and been the close: over
+/// the idle limit, or handed to a checkout that dropped it; seen beside two
+/// burners, a fan-out of 100 over an idle limit of 10 read `idle_expired`
+/// for such closes), less than [`OWN_CLOSE_WINDOW`]
+/// after its ready time, under an idle timeout not set through our builder
+/// that no close of a connection with a known release has bounded at or
+/// below `idle`. Such a close bounds nothing (`pool_closed`).
+fn never_used_unsure_expiry(record: &ConnectionRecord, idle: Duration) -> bool {
+    let client = &record.client;
+    never_used(record)
+        && idle < OWN_CLOSE_WINDOW
+        && !client.idle_timeout_known
+        && client.inferred.idle_timeout().is_none_or(|t| idle < t)
+}
+
+/// Whether `record` never carried a request (pooled unused by a connect
+/// that lost to another connection).
+fn never_used(record: &ConnectionRecord) -> bool {
+    record.requests.load(Ordering::Relaxed) == 0
 }
 
 /// What closed `record` at its release, `idle_others` other connections

@@ -23,8 +23,8 @@ use crate::miss::{ConnectionEnd, MissReason};
 use crate::pool::client::{ClientState, NEW_CLIENT_WINDOW};
 use crate::pool::host::HostKey;
 use crate::pool::inferred::{
-    CLOSE_DATING_SLACK, CLOSED_AT_RELEASE, PoolClose, RELEASE_ORDER_UNSURE, over_limit_reason,
-    pool_close, pool_close_after,
+    CLOSE_DATING_SLACK, CLOSED_AT_RELEASE, OWN_CLOSE_WINDOW, PoolClose, RELEASE_ORDER_UNSURE,
+    over_limit_reason, pool_close, pool_close_after,
 };
 use crate::pool::registry::ConnectionRecord;
 use crate::pool::slot::{Miss, Previous};
@@ -802,16 +802,6 @@ pub(crate) fn ended_http2_reason(record: &ConnectionRecord, decided: MissReason)
         decided
     }
 }
-
-/// How soon after its release an HTTP/1.1 connection found gone at a miss
-/// is taken as closed by its client's pool, when that release may have
-/// been over the idle limit ([`ConnectionRecord::is_over_idle_limit_unsure`]).
-/// The pool closes it at release; a server closes an idle keep-alive
-/// connection only after its keep-alive timeout, which servers set in
-/// whole seconds (nginx `keepalive_timeout`, 75 s by default; Apache
-/// `KeepAliveTimeout`, 5 s; Node.js `keepAliveTimeout`, 5 s). Later, a gone
-/// socket is the server's close, as without the doubt.
-pub(crate) const OWN_CLOSE_WINDOW: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// Whether `record`'s socket, found gone (no `TIME_WAIT` or `FIN_WAIT2`
 /// left) at `now`, was closed by our side first: an HTTP/1.1 connection
@@ -2983,6 +2973,67 @@ mod tests {
                 assert_eq!(client.inferred.idle_timeout(), None, "{case}");
             }
         }
+    }
+
+    /// A connection that never carried a request stands for its put-back
+    /// with its ready time, which hyper-util's background connect task can
+    /// follow late on a loaded machine: a close of ours dated 200 ms after
+    /// it, under an idle timeout not set through our builder, is no proof
+    /// of an expiry (a fan-out over an idle limit read `idle_expired` for
+    /// its closes at put-back beside two burners) and bounds nothing,
+    /// unless a connection with a known release bounded the timeout at or
+    /// below it; a used connection's is an expiry. Under an idle timeout
+    /// set through our builder, a never-used connection's close before the
+    /// timeout came at its put-back; after it, the timeout's.
+    #[test]
+    fn a_never_used_connections_late_close_is_an_expiry_only_when_something_bounds_it() {
+        let t0 = Instant::now();
+        let ms = |n| Duration::from_millis(n);
+        let now = t0 + ms(1000);
+        // Our close 200 ms (or 405 ms) after the ready time / release.
+        let closed = |at: u64| closed_ago(ms(1000 - at));
+        let close = |record: &ConnectionRecord, at| {
+            crate::pool::inferred::pool_close(
+                record,
+                match &closed(at) {
+                    KernelLookup::Found(facts) => facts,
+                    _ => unreachable!(),
+                },
+                now,
+                false,
+            )
+        };
+        let pools = PoolHistory::default();
+        let client = Arc::new(ClientState::unknown_settings());
+        let unused = connection(&pools, &client, 1, t0, false);
+        pools.on_pooled_unused(&unused, t0, 0);
+        assert_eq!(close(&unused, 200), Some(PoolClose::Unsure));
+        let used = connection(&pools, &client, 2, t0, false);
+        release(&pools, &used, t0, 0, 1);
+        assert_eq!(
+            close(&used, 200),
+            Some(PoolClose::Expired { idle: ms(200) })
+        );
+        client
+            .inferred
+            .observe(PoolClose::Expired { idle: ms(150) });
+        assert_eq!(
+            close(&unused, 200),
+            Some(PoolClose::Expired { idle: ms(200) })
+        );
+
+        let pools = PoolHistory::default();
+        let client = Arc::new(ClientState::new(Some(Some(ms(400))), None));
+        let unused = connection(&pools, &client, 1, t0, false);
+        pools.on_pooled_unused(&unused, t0, 0);
+        assert!(matches!(
+            close(&unused, 200),
+            Some(PoolClose::AtRelease { .. })
+        ));
+        assert_eq!(
+            close(&unused, 405),
+            Some(PoolClose::Expired { idle: ms(405) })
+        );
     }
 
     /// A connection pooled unused (its connect lost to another one) while
