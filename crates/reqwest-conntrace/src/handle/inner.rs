@@ -267,7 +267,9 @@ impl Inner {
     /// release). Once the client's connections
     /// to the host show its pool keeps none
     /// ([`PoolHistory::shows_pool_off`]), its idle limit is inferred as 0
-    /// (row 3b).
+    /// (row 3b). A connection that never carried a request shows nothing
+    /// of the kind: hyper-util pools a connect's connection unused only
+    /// when its pool is on (`Pool::is_enabled`: an idle limit above 0).
     pub(super) fn note_close_at_release(
         &self,
         record: &ConnectionRecord,
@@ -279,7 +281,7 @@ impl Inner {
         if client.max_idle_known
             || client.inferred.keeps_idle()
             || record.is_closed_at_release()
-            || record.pooled_unused_to_waiter()
+            || record.requests.load(Ordering::Relaxed) == 0
         {
             return;
         }
