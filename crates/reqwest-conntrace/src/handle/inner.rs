@@ -281,7 +281,7 @@ impl Inner {
         if client.max_idle_known
             || client.inferred.keeps_idle()
             || record.is_closed_at_release()
-            || record.requests.load(Ordering::Relaxed) == 0
+            || record.never_used()
         {
             return;
         }

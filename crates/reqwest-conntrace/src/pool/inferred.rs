@@ -265,7 +265,7 @@ fn pool_close_at(record: &ConnectionRecord, closed_at: Instant, alone: bool) -> 
 /// through our builder, and the close came before it (so no expiry).
 fn put_back_late(record: &ConnectionRecord, idle: Duration) -> bool {
     let client = &record.client;
-    never_used(record)
+    record.never_used()
         && idle < OWN_CLOSE_WINDOW
         && client.idle_timeout_known
         && client
@@ -284,16 +284,10 @@ fn put_back_late(record: &ConnectionRecord, idle: Duration) -> bool {
 /// below `idle`. Such a close bounds nothing (`pool_closed`).
 fn never_used_unsure_expiry(record: &ConnectionRecord, idle: Duration) -> bool {
     let client = &record.client;
-    never_used(record)
+    record.never_used()
         && idle < OWN_CLOSE_WINDOW
         && !client.idle_timeout_known
         && client.inferred.idle_timeout().is_none_or(|t| idle < t)
-}
-
-/// Whether `record` never carried a request (pooled unused by a connect
-/// that lost to another connection).
-fn never_used(record: &ConnectionRecord) -> bool {
-    record.requests.load(Ordering::Relaxed) == 0
 }
 
 /// What closed `record` at its release, `idle_others` other connections

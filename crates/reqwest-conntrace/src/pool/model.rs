@@ -327,10 +327,13 @@ pub(crate) fn decide_from_kernel(
             if closed.is_some_and(|at| at > classified_at + CLOSE_DATING_SLACK)
                 && !unsure_pool_closed_at_release(candidate, closed)
             {
-                return expired_at_checkout(candidate, alone, classified_at)
-                    .map_or(alive, |idle| {
-                        own_close_miss(candidate, Some(PoolClose::Expired { idle }), alive, now)
-                    });
+                return alive_unless_expired_at_checkout(
+                    candidate,
+                    alone,
+                    alive,
+                    classified_at,
+                    now,
+                );
             }
             own_close_miss(
                 candidate,
@@ -409,10 +412,13 @@ pub(crate) fn decide_from_kernel(
             if closed_after(facts, now, classified_at)
                 && !unsure_pool_closed_at_release(candidate, closed)
             {
-                return expired_at_checkout(candidate, alone, classified_at)
-                    .map_or(alive, |idle| {
-                        own_close_miss(candidate, Some(PoolClose::Expired { idle }), alive, now)
-                    });
+                return alive_unless_expired_at_checkout(
+                    candidate,
+                    alone,
+                    alive,
+                    classified_at,
+                    now,
+                );
             }
             // Believed closed at its release over an idle limit ours to
             // count (row 8, asked as 8b: others in flight), and the kernel
@@ -536,6 +542,21 @@ fn expired_at_checkout(
     let idle = classified_at.saturating_duration_since(candidate.last_released()?);
     let inferred = candidate.client.inferred.idle_timeout();
     (idle >= OWN_CLOSE_WINDOW || inferred.is_some_and(|t| idle >= t)).then_some(idle)
+}
+
+/// `alive` for a candidate whose close of ours the kernel dates after the
+/// miss, unless the miss's checkout found it expired
+/// ([`expired_at_checkout`]): then the expiry's miss.
+fn alive_unless_expired_at_checkout(
+    candidate: &ConnectionRecord,
+    alone: bool,
+    alive: Miss,
+    classified_at: Instant,
+    now: Instant,
+) -> Miss {
+    expired_at_checkout(candidate, alone, classified_at).map_or(alive, |idle| {
+        own_close_miss(candidate, Some(PoolClose::Expired { idle }), alive, now)
+    })
 }
 
 /// How long a miss whose HTTP/1.1 candidate the kernel shows closed waits
@@ -2307,7 +2328,7 @@ impl PoolHistory {
         let Some(host) = &record.host else {
             return Release::default();
         };
-        if record.requests.load(Ordering::Relaxed) != 0 || record.in_use() != 0 {
+        if !record.never_used() || record.in_use() != 0 {
             return Release::default();
         }
         let put_at = record.ready_at().min(now);

@@ -541,8 +541,13 @@ impl ConnectionRecord {
     /// hyper-util's hand-back to a checkout whose own connect had won, not
     /// a limit (see [`PoolClose::DroppedAtPutBack`](crate::pool::inferred::PoolClose::DroppedAtPutBack)).
     pub(crate) fn pooled_unused_to_waiter(&self) -> bool {
-        self.pooled_unused_with_waiters.load(Ordering::Relaxed)
-            && self.requests.load(Ordering::Relaxed) == 0
+        self.pooled_unused_with_waiters.load(Ordering::Relaxed) && self.never_used()
+    }
+
+    /// Whether it never carried a request (pooled unused by a connect that
+    /// lost to another connection, or not yet used).
+    pub(crate) fn never_used(&self) -> bool {
+        self.requests.load(Ordering::Relaxed) == 0
     }
 
     /// The kernel showed its client's pool closing it at its release (see
