@@ -21,12 +21,13 @@ use crate::export::report::OnRequestEnd;
 use crate::kernel::{KernelLookup, KernelView};
 use crate::pool::advice::PoolLoad;
 use crate::pool::client::ClientState;
+use crate::pool::end_report::{
+    ReportedEnd, reported_closed_at_release, reported_end, tls_closed_at_release,
+};
 use crate::pool::host::HostKey;
 use crate::pool::inferred::{PoolClose, pool_close, pool_close_after};
-use crate::pool::model::{
-    MissVerdict, PoolHistory, ReportedEnd, gone_at_release, reported_closed_at_release,
-    reported_end, tls_closed_at_release,
-};
+use crate::pool::kernel_decision::gone_at_release;
+use crate::pool::model::{MissVerdict, PoolHistory};
 use crate::pool::registry::{ConnectionRecord, Registry};
 use crate::pool::slot::{MissSlot, PendingMiss};
 use crate::redact::UrlRedaction;
@@ -243,7 +244,7 @@ impl Inner {
                 } else if !record.is_discarded()
                     && !record.is_over_idle_limit()
                     && (record.setup.tls.is_none() || !record.awaits_socket_end())
-                    && !crate::pool::model::gone_after_own_close(record, Instant::now())
+                    && !crate::pool::end_report::gone_after_own_close(record, Instant::now())
                 {
                     record.closed_by_server(false);
                 }

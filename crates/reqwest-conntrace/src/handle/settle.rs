@@ -31,10 +31,11 @@ use crate::kernel::KernelLookup;
 use crate::miss::{ConnectionEnd, MissReason};
 use crate::pool::host::HostKey;
 use crate::pool::inferred::{CLOSED_AT_RELEASE, LimitSource, PoolClose};
-use crate::pool::model::{
-    KernelQuestion, PoolOff, RESPONSE_IN_FLIGHT_WAIT, Rider, decide_from_kernel, look_again_at,
+use crate::pool::kernel_decision::{
+    KernelQuestion, RESPONSE_IN_FLIGHT_WAIT, Rider, decide_from_kernel, look_again_at,
     may_wait_for_pool_off, response_may_explain_end, rider_since,
 };
+use crate::pool::model::PoolOff;
 use crate::pool::registry::ConnectionRecord;
 use crate::pool::slot::{Miss, PendingMiss, Previous};
 

@@ -20,7 +20,7 @@
 //! shows no data from the server after the response (a server that
 //! answers our close_notify with its FIN alone, as nginx does); else the
 //! server's close_notify came first and hyper closed on it, and the miss
-//! names the server (`pool::model::decide_from_kernel`). A close of ours
+//! names the server (`pool::kernel_decision::decide_from_kernel`). A close of ours
 //! that the server answers with its close_notify leaves no `TIME_WAIT`
 //! (that data resets the socket). Only HTTP/1.1 connections that were idle in
 //! the pool count: not one with a request on it, one whose body was
@@ -43,7 +43,7 @@
 //! Under load hyper-util's own task closes a connection of a pool that
 //! keeps none after the next request's miss, so the kernel may still show
 //! it alive, or our close undated: the miss looks again
-//! ([`look_again_at`](crate::pool::model::look_again_at)). And a release
+//! ([`look_again_at`](crate::pool::kernel_decision::look_again_at)). And a release
 //! may count as idle a connection already closed that way: a close found at
 //! release is taken out of the later releases' counts
 //! ([`PoolHistory::uncount_closed`](crate::pool::model::PoolHistory::uncount_closed)).

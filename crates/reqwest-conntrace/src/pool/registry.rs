@@ -109,7 +109,7 @@ pub(crate) struct ConnectionRecord {
     /// When the latest request counted on it started (its own start, as
     /// [`instant_nanos`]; 0 when none): whether the request that took it
     /// after a miss was already in flight at the miss (see
-    /// [`rider_since`](crate::pool::model::rider_since)).
+    /// [`rider_since`](crate::pool::kernel_decision::rider_since)).
     latest_request_started: AtomicU64,
     /// HTTP/2: the latest instant by which the server's end of it (GOAWAY,
     /// then its close) had reached this client, the earliest one seen: a

@@ -390,7 +390,7 @@ fn record_miss(
         setup_reason: state.setup_reason(),
         _pending: crate::export::pending::PendingEnd::new(),
     };
-    let deadline = Instant::now() + crate::pool::model::RESPONSE_IN_FLIGHT_WAIT;
+    let deadline = Instant::now() + crate::pool::kernel_decision::RESPONSE_IN_FLIGHT_WAIT;
     runtime.spawn(async move {
         while unattributed() > 0 && Instant::now() < deadline {
             tokio::time::sleep(Duration::from_millis(5)).await;
@@ -453,7 +453,7 @@ fn record_reason(
     ended: Option<&ConnectionRecord>,
 ) -> MissReason {
     let decided = ended.map_or(miss.reason, |record| {
-        crate::pool::model::ended_http2_reason(record, miss.reason)
+        crate::pool::losses::ended_http2_reason(record, miss.reason)
     });
     let reason = decided.as_str();
     span.set_attribute(semconv::HTTP_CONNECTION_MISS_REASON, reason);

@@ -1,0 +1,255 @@
+//! The kernel's report of a TLS connection's socket end (sock_diag's
+//! destroy broadcast, with the socket's last `tcp_info`): whose close it
+//! was, ours or the server's, when the socket itself no longer tells
+//! (gone, or in `TIME_WAIT`). Rows 10b and 10c of the miss-reason decision
+//! table (docs/REFERENCE.md section 14).
+
+use std::time::Instant;
+
+use crate::kernel::{KernelLookup, TcpFacts};
+use crate::pool::inferred::{CLOSED_AT_RELEASE, OWN_CLOSE_WINDOW, PoolClose, pool_close_after};
+use crate::pool::registry::ConnectionRecord;
+
+/// Whether `record`'s socket, found gone (no `TIME_WAIT` or `FIN_WAIT2`
+/// left) at `now`, was closed by our side first: an HTTP/1.1 connection
+/// the kernel already showed closed by us (closed with no end its traffic
+/// showed), or one whose release was (or may have been) over the idle
+/// limit, within [`OWN_CLOSE_WINDOW`] of that release, or one gone no
+/// more than [`CLOSED_AT_RELEASE`] after its release with no end shown
+/// (the time hyper-util's pool takes to close it there, or to drop it with
+/// a checkout whose connect won; a server's idle close comes after its
+/// keep-alive timeout, and a close it announces is an end shown). A server
+/// that writes after reading our FIN (a TLS server sending close_notify, as
+/// rustls-based servers do) makes the kernel reset the socket we had closed
+/// (`TCPAbortOnData`, net/ipv4/tcp_input.c), so it is gone at once, as
+/// after a server's close.
+pub(crate) fn gone_after_own_close(record: &ConnectionRecord, now: Instant) -> bool {
+    if let Some(end) = reported_end(record) {
+        return matches!(end, ReportedEnd::Ours { .. });
+    }
+    !record.http2()
+        && ((record.end().is_none()
+            && (record.is_closed()
+                || record
+                    .last_released()
+                    .is_some_and(|t| now.saturating_duration_since(t) <= CLOSED_AT_RELEASE)))
+            || ((record.is_over_idle_limit_unsure() || record.is_over_idle_limit())
+                && record
+                    .last_released()
+                    .is_some_and(|t| now.saturating_duration_since(t) < OWN_CLOSE_WINDOW)))
+}
+
+/// Who closed an HTTP/1.1 connection over TLS whose socket is gone, as
+/// the kernel's report of the socket's end tells ([`reported_end`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) enum ReportedEnd {
+    /// Our side, `idle` after the last response (the client's pool).
+    Ours { idle: std::time::Duration },
+    /// The server.
+    Server,
+}
+
+/// How soon before its end an HTTP/1.1 socket over TLS whose data, but not
+/// our FIN, the server acknowledged received the server's last data, for
+/// that data to be taken as its answer to our close_notify (see
+/// [`reported_end`]): 100 ms. A server's reset after its idle timeout
+/// comes seconds after the last data it sent (nginx `keepalive_timeout`,
+/// 75 s by default).
+pub(crate) const ANSWERED_CLOSE_WINDOW: std::time::Duration = std::time::Duration::from_millis(100);
+
+/// How much later than the socket's end its report may be read (the
+/// broadcast's work queue, then the watch thread's wake-up on a loaded
+/// machine), and our release time after the response's last data: 100 ms.
+/// Data received more than this after the response is the server's (its
+/// close_notify); a server's idle timeout is seconds (nginx
+/// `keepalive_timeout`, 75 s by default).
+pub(crate) const END_REPORT_SLACK: std::time::Duration = std::time::Duration::from_millis(100);
+
+/// Who closed `record`, an HTTP/1.1 connection over TLS idle in the pool
+/// with no close of hyper's own shown by its traffic, from the kernel's
+/// report of its socket's end (`None` until it came, and for any other
+/// connection). A socket found gone is no evidence either way over TLS: a
+/// server sends close_notify before it closes (RFC 8446 section 6.1), so
+/// after a close of ours its close_notify reaches our socket, and the
+/// kernel resets it (`TCPAbortOnData` once we closed it; unread data when
+/// we close it after), as a server's reset, or our answer to its close
+/// reaching its closed socket, would. The report carries the socket's last
+/// `tcp_info`:
+/// - the server acknowledged our FIN (and all our data), and our last
+///   data came after its last data, or its last data came less than
+///   [`ANSWERED_CLOSE_WINDOW`] after ours (its answer to our
+///   close_notify; within the same jiffy, whose order `tcp_info` does not
+///   keep, only when that data was never read
+///   ([`SocketEnd::unread`](crate::kernel::SocketEnd::unread)) or was the
+///   response: else it is a server's close_notify that hyper read and
+///   answered at once): it was still reading when we closed, so we closed
+///   first (a server that closes first has no socket left to acknowledge
+///   our answer: it resets; its close_notify long after our last data,
+///   with no answer from us, is its close),
+///   unless our close_notify answered data received more than
+///   [`END_REPORT_SLACK`] after the response (the server's close_notify:
+///   its FIN then left our socket in `TIME_WAIT`, since expired);
+/// - it acknowledged our data, not a FIN, and its last data came after
+///   ours, less than [`ANSWERED_CLOSE_WINDOW`] before the end: its answer
+///   to our close_notify (our FIN not acknowledged yet); ours too;
+/// - else (our last data unacknowledged, or nothing sent after the
+///   response and the server's last data long before the end: its reset):
+///   the server's.
+///
+/// Our close came `idle` after the last response: the time between the
+/// last data received and our close_notify when that was the last data
+/// received (the server's answer was refused); else from our release to
+/// our close_notify, as the report's arrival dates it (later than the end
+/// by the broadcast's and the watch thread's delays).
+pub(crate) fn reported_end(record: &ConnectionRecord) -> Option<ReportedEnd> {
+    use crate::kernel::Acknowledged;
+    if !closed_first_by_tls_server(record) {
+        return None;
+    }
+    let end = record.socket_end()?;
+    let received = end.since_last_receive;
+    let sent = end.since_last_send;
+    // Data received more than END_REPORT_SLACK after the response: not
+    // the response (the server's close_notify, or its answer to ours).
+    let after_response = end
+        .seen_at
+        .checked_sub(received)
+        .is_some_and(|at| at > record.last_activity() + END_REPORT_SLACK);
+    // The server's last data came after ours, soon after: its answer to
+    // our close_notify. Within the same jiffy the order is not known: a
+    // server's close_notify that hyper read and answered at once looks the
+    // same, unless the data was never read (hyper stops reading once it
+    // shuts the connection down: data it read is what made it close) or it
+    // was the response itself (a close at release).
+    let answered = sent >= received
+        && sent - received < ANSWERED_CLOSE_WINDOW
+        && (sent > received || end.has_unread_data() || !after_response);
+    let ours = match end.acknowledged {
+        Acknowledged::DataAndFin => sent < received || answered,
+        Acknowledged::Data => answered && received < ANSWERED_CLOSE_WINDOW,
+        Acknowledged::NotAllData => false,
+    };
+    // Our close_notify after data received more than END_REPORT_SLACK
+    // after the response: that data was the server's close_notify, which
+    // we answered (its FIN then left our socket in TIME_WAIT, expired
+    // since).
+    let answered_server = sent < received && after_response;
+    if !ours || answered_server {
+        return Some(ReportedEnd::Server);
+    }
+    let idle = if sent < received {
+        received - sent
+    } else {
+        end.seen_at
+            .checked_sub(sent)
+            .map_or(std::time::Duration::ZERO, |at| {
+                at.saturating_duration_since(record.last_activity())
+            })
+    };
+    Some(ReportedEnd::Ours { idle })
+}
+
+/// Whether `record` (HTTP/1.1 over TLS, idle in the pool), its socket in
+/// `TIME_WAIT` at `now` as `facts` show, was closed by our pool, as the
+/// kernel's report of the socket's end tells: the last data it received
+/// was the response (no later than [`END_REPORT_SLACK`] after our
+/// release), and ours came after it (our close_notify), so the server
+/// answered our close with its FIN alone (nginx sends no close_notify back
+/// to one it read). A server's close_notify before our FIN is data
+/// received after the response (its keep-alive timeout later), which we
+/// answered, often within the same jiffy: the order of the two last data
+/// does not tell, their time does. Data never read
+/// ([`SocketEnd::unread`](crate::kernel::SocketEnd::unread) above one,
+/// the FIN counting one) came after hyper shut the connection down: the
+/// server's answer to our close_notify, so ours whatever the times. The
+/// report's ages count from when the descriptor was closed (the full
+/// socket is freed then), which a starved task can make later than the
+/// close itself (hyper shuts the write side first), so only their
+/// difference is used: the last data received came that long before our
+/// last data (our close_notify, sent as we closed), and our close is dated
+/// by the `TIME_WAIT` timer less the round trip (`tcpi_rtt`: the server's
+/// FIN answers ours a round trip after it), else by when the report was
+/// read. `false` without a report, or when nothing was sent after the last
+/// data received.
+pub(crate) fn tls_time_wait_is_ours(
+    record: &ConnectionRecord,
+    facts: &TcpFacts,
+    now: Instant,
+) -> bool {
+    if !closed_first_by_tls_server(record) {
+        return false;
+    }
+    let Some(end) = record.socket_end() else {
+        return false;
+    };
+    if end.has_unread_data() {
+        // The server's answer to our close_notify.
+        return true;
+    }
+    let Some(sent_after) = end
+        .since_last_receive
+        .checked_sub(end.since_last_send)
+        .filter(|gap| !gap.is_zero())
+    else {
+        return false;
+    };
+    let closed = facts
+        .closed_ago()
+        .and_then(|ago| now.checked_sub(ago + end.rtt))
+        .map_or(end.seen_at, |at| at.min(end.seen_at));
+    closed
+        .checked_sub(sent_after)
+        .is_some_and(|received_at| received_at <= record.last_activity() + END_REPORT_SLACK)
+}
+
+/// Whether `record`, an HTTP/1.1 connection over TLS idle in the pool,
+/// found closed (by either side, or gone) at `now` no more than
+/// [`CLOSED_AT_RELEASE`] after its release, was closed then: a server's
+/// idle close comes after its keep-alive timeout, so this is its client's
+/// pool closing it at release. Over TLS the TCP states do not tell who
+/// closed first: our close_notify draws the server's close_notify and FIN
+/// before our own FIN (`CLOSE_WAIT` / `LAST_ACK`), or resets our closed
+/// socket (gone).
+pub(crate) fn tls_closed_at_release(
+    record: &ConnectionRecord,
+    lookup: &KernelLookup,
+    now: Instant,
+) -> bool {
+    lookup.shows_closed()
+        && closed_first_by_tls_server(record)
+        && record
+            .last_released()
+            .is_some_and(|t| now.saturating_duration_since(t) <= CLOSED_AT_RELEASE)
+}
+
+/// Whether the kernel's report of `record`'s socket end (HTTP/1.1 over
+/// TLS, gone: see [`reported_end`]) dates a close of ours no more than
+/// [`CLOSED_AT_RELEASE`] after its release, idle in the pool: its client's
+/// pool closed it at its release, however late the lookup that found it
+/// gone came (under load the next miss, and the lookups it asks for, can
+/// come long after an early release of a concurrent wave: the report's
+/// own dating does not depend on them).
+pub(crate) fn reported_closed_at_release(record: &ConnectionRecord) -> bool {
+    matches!(
+        reported_end(record),
+        Some(ReportedEnd::Ours { idle })
+            if matches!(
+                pool_close_after(record, idle, false),
+                Some(PoolClose::AtRelease { .. } | PoolClose::Unsure)
+            )
+    )
+}
+
+/// Whether `record`, an HTTP/1.1 connection over TLS idle in the pool,
+/// has nothing but its server's close to explain a close of ours: no
+/// request on it, and no close of hyper's own its traffic showed (a dropped
+/// or failed body, an announced close, a request that gave up on it).
+pub(crate) fn closed_first_by_tls_server(record: &ConnectionRecord) -> bool {
+    record.setup.tls.is_some()
+        && !record.http2()
+        && record.in_use() == 0
+        && !record.is_discarded()
+        && !record.is_dropped_early()
+        && !record.said_connection_close()
+        && record.seen_end().is_none()
+}
