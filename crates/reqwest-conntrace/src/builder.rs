@@ -203,7 +203,7 @@ fn default_connection_close(described: &str) -> bool {
             }
         };
         if name.eq_ignore_ascii_case("connection")
-            && crate::request::attribution::lists_token(&value, "close")
+            && crate::request::connection_headers::lists_token(&value, "close")
         {
             return true;
         }

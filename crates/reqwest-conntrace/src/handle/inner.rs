@@ -334,7 +334,7 @@ impl Inner {
             // tells (see `pool::model::reported_end`). Over either, a
             // request that gave up on its response leaves hyper closing
             // the socket: the report keeps the stall's evidence
-            // (`request::attribution::FailureEvidence`).
+            // (`request::stall_evidence::FailureEvidence`).
             let sink: std::sync::Weak<dyn crate::kernel::SocketEndSink> =
                 Arc::downgrade(&record) as _;
             if crate::kernel::watch_end(l, r, sink) {

@@ -5,9 +5,9 @@
 //! carries the socket's last `tcp_info`. A socket found gone at a miss
 //! leaves nothing else behind: this report says when it ended relative to
 //! its last data each way, which tells a close of ours from the server's
-//! over TLS (see `pool::model`), and keeps the evidence of a stall for a
+//! over TLS (see `pool::end_report`), and keeps the evidence of a stall for a
 //! request that gave up on a connection hyper closed before the kernel
-//! was asked (see `request::attribution`).
+//! was asked (see `request::stall_evidence`).
 //!
 //! One `conntrace-tcp-ends` thread per process listens while sockets are
 //! watched (it exits after [`IDLE_EXIT`] with none); a socket's report goes

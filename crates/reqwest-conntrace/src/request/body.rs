@@ -8,7 +8,7 @@ use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 
 use crate::error::{classify_body, error_chain_text};
-use crate::request::attribution::{EndKind, RequestEnd};
+use crate::request::end::{EndKind, RequestEnd};
 use crate::semconv;
 
 /// A response body that reports its end. Installed by the middleware on

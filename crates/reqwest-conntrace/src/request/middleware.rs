@@ -23,8 +23,10 @@ use crate::handle::Inner;
 use crate::miss::ConnectionEnd;
 use crate::pool::host::HostKey;
 use crate::pool::slot::MissSlot;
-use crate::request::attribution::{EndKind, RequestEnd, attribute_failure, attribute_response};
+use crate::request::attribution::attribute_response;
 use crate::request::body::TracedBody;
+use crate::request::end::{EndKind, RequestEnd};
+use crate::request::failure::attribute_failure;
 use crate::request::method::{is_known_method, method_attribute};
 use crate::request::redirect::{HopScope, HopSlot};
 use crate::request::state::{RequestScope, RequestState};
@@ -365,7 +367,9 @@ impl<M: MakeRequestSpan> ConnTraceMiddleware<M> {
             key,
             req.headers()
                 .contains_key(http::header::CONNECTION)
-                .then(|| crate::request::attribution::connection_token(req.headers(), "close")),
+                .then(|| {
+                    crate::request::connection_headers::connection_token(req.headers(), "close")
+                }),
         ));
         let mut end = RequestEnd::new(
             inner.clone(),
@@ -465,7 +469,7 @@ impl<M: MakeRequestSpan> ConnTraceMiddleware<M> {
                         );
                     }
                     let none = tracing::Span::none();
-                    end.connection = crate::request::attribution::attribute_refused_redirect(
+                    end.connection = crate::request::failure::attribute_refused_redirect(
                         &inner,
                         &state,
                         if recording { &span } else { &none },
