@@ -45,7 +45,11 @@ fn imports() -> BTreeMap<String, BTreeSet<String>> {
             .with_extension("");
         let module = rel.to_string_lossy().trim_end_matches("/mod").to_owned();
         let text = std::fs::read_to_string(&path).expect("source");
-        let code = text.split("#[cfg(test)]\nmod tests").next().unwrap_or("");
+        let code = text
+            .split("#[cfg(test)]\nmod tests")
+            .next()
+            .and_then(|code| code.split("#[cfg(test)]\npub(crate) mod tests").next())
+            .unwrap_or("");
         let mut named = BTreeSet::new();
         for line in code.lines().filter(|l| !l.trim_start().starts_with("//")) {
             for (i, _) in line.match_indices("crate::") {

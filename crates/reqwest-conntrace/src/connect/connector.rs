@@ -26,7 +26,7 @@ use crate::error::{
 };
 use crate::handle::{ConnTrace, Inner};
 use crate::pool::client::ClientState;
-use crate::pool::registry::ConnectionRecord;
+use crate::pool::record::ConnectionRecord;
 use crate::request::pending_setup::PendingSetup;
 use crate::request::state::{self as request};
 use crate::semconv;

@@ -36,7 +36,7 @@ use crate::pool::kernel_decision::{
     may_wait_for_pool_off, response_may_explain_end, rider_since,
 };
 use crate::pool::model::PoolOff;
-use crate::pool::registry::ConnectionRecord;
+use crate::pool::record::ConnectionRecord;
 use crate::pool::slot::{Miss, PendingMiss, Previous};
 
 /// How often a miss whose candidate its pool closed at release asks again

@@ -8,7 +8,7 @@ use std::time::Instant;
 
 use crate::kernel::{KernelLookup, TcpFacts};
 use crate::pool::inferred::{CLOSED_AT_RELEASE, OWN_CLOSE_WINDOW, PoolClose, pool_close_after};
-use crate::pool::registry::ConnectionRecord;
+use crate::pool::record::ConnectionRecord;
 
 /// Whether `record`'s socket, found gone (no `TIME_WAIT` or `FIN_WAIT2`
 /// left) at `now`, was closed by our side first: an HTTP/1.1 connection

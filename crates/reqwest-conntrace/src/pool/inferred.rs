@@ -62,7 +62,7 @@ use std::time::{Duration, Instant};
 
 use crate::kernel::TcpFacts;
 use crate::miss::{ConnectionEnd, MissReason};
-use crate::pool::registry::ConnectionRecord;
+use crate::pool::record::ConnectionRecord;
 use crate::semconv;
 
 /// A close this soon after the release (our release time and hyper-util's

@@ -20,7 +20,7 @@ use crate::pool::inferred::{
     pool_close, pool_close_after,
 };
 use crate::pool::losses::{announced_close_miss, ended_by_server};
-use crate::pool::registry::ConnectionRecord;
+use crate::pool::record::ConnectionRecord;
 use crate::pool::slot::{Miss, Previous};
 
 /// What a miss asks the kernel about its candidate, and what it needs to

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use crate::miss::{ConnectionEnd, MissReason};
-use crate::pool::registry::ConnectionRecord;
+use crate::pool::record::ConnectionRecord;
 use crate::pool::slot::{Miss, Previous};
 
 /// The miss `record`'s announced close caused (row 6): its last exchange

@@ -11,6 +11,7 @@
 //! - `slot`: the miss of one connect (reason, previous connection) and the slot it is decided into;
 //! - `client`: one instrumented client instance and its pool settings;
 //! - `inferred`: pool limits inferred from the closes a client's pool makes;
+//! - `record`: one connection as the handle saw it set up and used;
 //! - `registry`: live connections by socket address pair;
 //! - `advice`: per-host in-flight load and the pool-size advice (Little's law).
 
@@ -24,5 +25,6 @@ pub(crate) mod kernel_decision;
 pub(crate) mod losses;
 pub(crate) mod model;
 pub(crate) mod previous;
+pub(crate) mod record;
 pub(crate) mod registry;
 pub(crate) mod slot;

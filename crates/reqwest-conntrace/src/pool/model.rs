@@ -32,7 +32,7 @@ use crate::pool::losses::{
     closed_on_its_own, http2_spare, known_loss, known_loss_miss, loss_told, name_loss,
     name_next_known_loss, named_since_use, server_end_reason,
 };
-use crate::pool::registry::ConnectionRecord;
+use crate::pool::record::ConnectionRecord;
 use crate::pool::slot::{Miss, Previous};
 use crate::semconv;
 

@@ -6,7 +6,7 @@ use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use crate::miss::ConnectionEnd;
-use crate::pool::registry::ConnectionRecord;
+use crate::pool::record::ConnectionRecord;
 use crate::pool::slot::Previous;
 
 // Read from the registry's record, so it lives here, not in `slot` (which

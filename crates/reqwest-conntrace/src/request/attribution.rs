@@ -17,7 +17,7 @@ use crate::export::report::{ConnectionUse, DecidingMiss, LateMissReason};
 use crate::handle::Inner;
 use crate::miss::MissReason;
 use crate::pool::host::HostKey;
-use crate::pool::registry::ConnectionRecord;
+use crate::pool::record::ConnectionRecord;
 use crate::pool::slot::Miss;
 use crate::request::connection_headers::{record_server_keep_alive, server_closes};
 use crate::request::pending_setup::SetupReason;

@@ -9,7 +9,7 @@ use opentelemetry::KeyValue;
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 
 use crate::export::clock::secs;
-use crate::pool::registry::ConnectionRecord;
+use crate::pool::record::ConnectionRecord;
 use crate::semconv;
 
 /// Whether an HTTP/1.x response says the server closes the connection after

@@ -12,7 +12,7 @@ use tracing_opentelemetry::OpenTelemetrySpanExt;
 use crate::export::report::{ConnectionUse, DecidingMiss, RequestReport};
 use crate::handle::Inner;
 use crate::miss::{ConnectionEnd, MissReason};
-use crate::pool::registry::ConnectionRecord;
+use crate::pool::record::ConnectionRecord;
 use crate::request::attribution::{add_pool_advice_event, record_miss};
 use crate::request::failure::{attribute_failure, ended_by_server, server_end_of_failure};
 use crate::request::stall_evidence::ask_kernel_evidence;

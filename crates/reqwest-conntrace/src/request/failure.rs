@@ -13,7 +13,7 @@ use crate::export::clock::secs;
 use crate::export::report::ConnectionUse;
 use crate::handle::Inner;
 use crate::miss::ConnectionEnd;
-use crate::pool::registry::ConnectionRecord;
+use crate::pool::record::ConnectionRecord;
 use crate::request::attribution::{set_attributes, socket_attributes};
 use crate::request::stall_evidence::ask_kernel_evidence;
 use crate::request::state::RequestState;

@@ -24,7 +24,7 @@ use opentelemetry::{Context, KeyValue};
 
 use crate::export::phases::SetupSpanEnd;
 use crate::miss::MissReason;
-use crate::pool::registry::ConnectionRecord;
+use crate::pool::record::ConnectionRecord;
 use crate::semconv;
 
 /// A connection-setup span whose connect succeeded but whose triggering

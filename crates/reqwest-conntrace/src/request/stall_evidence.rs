@@ -12,7 +12,7 @@ use tracing_opentelemetry::OpenTelemetrySpanExt;
 use crate::export::clock::secs;
 use crate::handle::Inner;
 use crate::kernel::{KernelLookup, SocketEnd};
-use crate::pool::registry::ConnectionRecord;
+use crate::pool::record::ConnectionRecord;
 use crate::semconv;
 
 /// Asks the kernel for the state of `record`'s socket, on which the

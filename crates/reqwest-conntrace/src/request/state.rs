@@ -13,7 +13,7 @@ use opentelemetry::trace::{Status, TraceContextExt};
 
 use crate::miss::MissReason;
 use crate::pool::host::HostKey;
-use crate::pool::registry::ConnectionRecord;
+use crate::pool::record::ConnectionRecord;
 use crate::pool::slot::MissSlot;
 use crate::request::pending_setup::{PendingSetup, SetupReason, end_setup};
 use crate::semconv;
