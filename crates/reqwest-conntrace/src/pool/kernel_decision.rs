@@ -476,7 +476,10 @@ pub(crate) const RESPONSE_IN_FLIGHT_WAIT: std::time::Duration =
 /// `Connection: close` on the last response; then the server's FIN, or
 /// hyper's own close once it has read that response). The miss is then
 /// decided after [`RESPONSE_IN_FLIGHT_WAIT`], once such a response has had
-/// time to show.
+/// time to show. A candidate whose last body was dropped before its end
+/// too: hyper keeps a connection whose body it had read all (a redirect's
+/// small 3xx body the middleware drops), and a request in flight may hold
+/// it; with none, the kernel's view decides as row 5b.
 pub(crate) fn response_may_explain_end(
     candidate: &ConnectionRecord,
     lookup: &KernelLookup,
@@ -486,7 +489,6 @@ pub(crate) fn response_may_explain_end(
     lookup.shows_closed()
         && others_in_flight
         && !candidate.http2()
-        && !candidate.is_dropped_early()
         && !candidate.said_connection_close()
         && candidate.requests.load(Ordering::Relaxed) == requests_seen
 }

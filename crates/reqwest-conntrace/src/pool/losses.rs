@@ -116,6 +116,18 @@ where
     known_loss_miss(ended, now)
 }
 
+/// How much later than a spare HTTP/2 connection the pool's may have been
+/// ready by our clock, and still have gone into hyper-util's pool first:
+/// 75 ms. Our ready time is the connector's end; hyper-util makes the h2
+/// handshake and puts the connection in its pool after it, on tasks a
+/// loaded runtime may poll in the other order. Seen against nginx: of two
+/// connections of one burst, the one ready 0.2 ms earlier served only its
+/// own request and was closed by the client, the later one served the
+/// others (3 of 16 runs of waves of 4 beside two CPU burners, where the
+/// earlier one then read as the pool's, ended by a `request_limit`).
+pub(crate) const HTTP2_POOLED_ORDER_SLACK: std::time::Duration =
+    std::time::Duration::from_millis(75);
+
 /// Whether `record` is a spare HTTP/2 connection of its client: hyper-util's
 /// pool keeps one HTTP/2 connection per host (its `put` drops the pool's
 /// share of a newer one while one is idle) and shares it with every
@@ -123,8 +135,9 @@ where
 /// pooled serves at most the request whose connect made it, then the
 /// client closes it. Told by its traffic: it served no request but that
 /// one, while another connection of `connections()` that served other
-/// requests (the pool's) was ready before it and not known ended then
-/// (its end dated later, or, undated, it served a response after).
+/// requests (the pool's) was ready before it, or no more than
+/// [`HTTP2_POOLED_ORDER_SLACK`] after it, and not known ended then (its end
+/// dated later, or, undated, it served a response after).
 pub(crate) fn http2_spare<'a, I>(record: &ConnectionRecord, connections: impl Fn() -> I) -> bool
 where
     I: Iterator<Item = &'a Arc<ConnectionRecord>>,
@@ -136,7 +149,7 @@ where
             pooled.id() != record.id()
                 && pooled.http2()
                 && pooled.is_shared()
-                && pooled.ready_at() <= ready
+                && pooled.ready_at() <= ready + HTTP2_POOLED_ORDER_SLACK
                 && match pooled.server_end_by() {
                     Some(by) => by > ready,
                     // Ended, undated: alive while it was still serving.
