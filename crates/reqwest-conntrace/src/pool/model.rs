@@ -770,7 +770,10 @@ impl PoolHistory {
     /// not known closed. One whose body was dropped before its end (hyper
     /// closes it unless it had read the whole body) or believed closed over
     /// the idle limit at its release is most likely not in the pool: taken
-    /// only when no other one is left.
+    /// only when no other one is left. Each is named by one such request
+    /// after a release ([`ConnectionRecord::claim_unanswered`]): of
+    /// requests failing at once, the second gets the next most recently
+    /// released, as hyper-util handed them out; none when none is left.
     pub(crate) fn likely_pooled(
         &self,
         host: &HostKey,
@@ -792,11 +795,17 @@ impl PoolHistory {
                         && r.last_released().is_some_and(|t| t <= start)
                 })
         };
-        free()
-            .filter(|r| !r.is_dropped_early() && !r.is_over_idle_limit())
-            .max_by_key(|r| r.last_activity())
-            .or_else(|| free().max_by_key(|r| r.last_activity()))
-            .cloned()
+        let mut likely: Vec<_> = free().collect();
+        // Most likely in the pool first, then the most recently active (of
+        // equals, the later remembered).
+        likely.reverse();
+        likely.sort_by_key(|r| {
+            (
+                r.is_dropped_early() || r.is_over_idle_limit(),
+                std::cmp::Reverse(r.last_activity()),
+            )
+        });
+        likely.into_iter().find(|r| r.claim_unanswered()).cloned()
     }
 
     /// `record` carries no request any more (an HTTP/1.1 body read to its
@@ -2149,6 +2158,35 @@ mod tests {
         // Named once: a later miss finds it told.
         let again = decide_from_kernel(&candidate, &gone(), at, alive, seen, at);
         assert_eq!(again, alive);
+    }
+
+    /// Requests failing at once with no response (a server's idle close
+    /// racing a wave: every request reset) each name a different idle
+    /// HTTP/1.1 connection, most recently released first, as hyper-util
+    /// handed them out; none when every one is named (tester: two of a
+    /// wave's four resets named one connection, the one really reset then
+    /// read `all_busy` / `idle_limit` at the next miss, 2 of 26 runs
+    /// against nginx). A release makes a connection nameable again.
+    #[test]
+    fn requests_failing_at_once_each_name_another_idle_connection() {
+        let t0 = Instant::now();
+        let ms = Duration::from_millis;
+        let pools = PoolHistory::default();
+        let client = client();
+        let a = connection(&pools, &client, 1, t0, false);
+        let b = connection(&pools, &client, 2, t0, false);
+        response(&a, false, t0 + ms(2));
+        response(&b, false, t0 + ms(1));
+        let start = t0 + ms(1000);
+        let named: Vec<_> = (0..3)
+            .map(|_| pools.likely_pooled(&host(), start).map(|r| r.id()))
+            .collect();
+        assert_eq!(named, [Some(a.id()), Some(b.id()), None]);
+        response(&b, false, t0 + ms(3));
+        assert_eq!(
+            pools.likely_pooled(&host(), start).map(|r| r.id()),
+            Some(b.id())
+        );
     }
 
     /// Row 7 with an end only the kernel's view inferred (a metrics or

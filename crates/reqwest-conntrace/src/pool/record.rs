@@ -68,6 +68,10 @@ pub(crate) struct ConnectionRecord {
     /// dropped), as [`instant_nanos`]; 0 when none. An atomic, not a lock:
     /// every miss reads it for each remembered connection of its host.
     last_released: AtomicU64,
+    /// The release (its `last_released` value) after which a request with
+    /// no response of its own last named it as the connection it most
+    /// likely went out on ([`claim_unanswered`](Self::claim_unanswered)).
+    unanswered_claim: AtomicU64,
     /// An HTTP/1.1 response body was dropped before its end: hyper closed
     /// the connection unless it had already read the whole body (then it
     /// went back to the pool). Cleared by a later response on it.
@@ -199,6 +203,7 @@ impl ConnectionRecord {
             closed: AtomicBool::new(false),
             close_named: AtomicBool::new(false),
             last_released: AtomicU64::new(0),
+            unanswered_claim: AtomicU64::new(0),
             dropped_early: AtomicBool::new(false),
             connection_close: AtomicBool::new(false),
             client_asked_close: AtomicBool::new(false),
@@ -340,6 +345,17 @@ impl ConnectionRecord {
 
     pub(crate) fn said_connection_close(&self) -> bool {
         self.connection_close.load(Ordering::Relaxed)
+    }
+
+    /// A request with no response of its own to read its connection from
+    /// (it failed, or its redirect was refused) names this idle HTTP/1.1
+    /// connection as the one hyper-util most likely handed it: `true` for
+    /// the first such request since its latest release only. HTTP/1.1
+    /// carries one request at a time, so a concurrent one that lost the
+    /// claim went out on another connection.
+    pub(crate) fn claim_unanswered(&self) -> bool {
+        let release = self.last_released.load(Ordering::Acquire);
+        self.unanswered_claim.swap(release, Ordering::AcqRel) != release
     }
 
     /// A miss names it as the connection whose announced close caused it;
