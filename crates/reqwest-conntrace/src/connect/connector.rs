@@ -18,9 +18,10 @@ use tower_service::Service;
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 
 use crate::connect::attempt::{AttemptScope, ConnectAttempt};
+use crate::connect::outcome::{Ending, Established, FailureFacts};
 use crate::connect::peer::{Peer, PeerLookup};
 use crate::connect::proxy::ProxyRules;
-use crate::connect::setup::{self, Ending, Established, FailureFacts};
+use crate::connect::setup;
 use crate::error::{
     classify, connect_error_address, error_chain_text, proxy_refusal, tunnel_failed,
 };
