@@ -14,7 +14,14 @@
 //!   1.25.1, `listen ... ssl http2` before);
 //! - plain HTTP (optional, on by default).
 //!
-//! Every listener answers `GET /` (any path) with `200 ok\n`. Stock nginx
+//! Every listener answers `GET /` (any path) with `200 ok\n`, but for a
+//! redirect chain: `/hop/<rest>` answers `302` to `/<rest>`, so
+//! `/hop/hop/hop/` is three redirects, then `200` at `/` (each hop its
+//! own request in the access log, on the connection the client chose);
+//! `/to/127.0.0.<k>/<rest>` answers `302` to `<rest>` on that address, the
+//! same port and scheme (across hosts: see
+//! [`NginxConfig::loopback_hosts`]).
+//! Stock nginx
 //! cannot delay a response, so when [`NginxConfig::upstream`] is set,
 //! `/delay/...` and `/bytes/...` are proxied (new upstream connection per
 //! request) to that server, normally a [`TestServer`](crate::TestServer).
@@ -49,6 +56,7 @@ pub struct NginxConfig {
     keepalive_timeout: Duration,
     keepalive_requests: u32,
     plain_http: bool,
+    loopback_hosts: u8,
     upstream: Option<SocketAddr>,
 }
 
@@ -61,6 +69,7 @@ impl NginxConfig {
             keepalive_timeout: Duration::from_secs(65),
             keepalive_requests: 10_000,
             plain_http: true,
+            loopback_hosts: 1,
             upstream: None,
         }
     }
@@ -81,6 +90,16 @@ impl NginxConfig {
     /// Whether to also serve plain HTTP (default true).
     pub fn plain_http(mut self, on: bool) -> Self {
         self.plain_http = on;
+        self
+    }
+
+    /// The plain HTTP listener also listens on `127.0.0.2` up to
+    /// `127.0.0.<n>`, on the same port (Linux routes all of `127.0.0.0/8`
+    /// to loopback), so a redirect chain can cross hosts (pool keys):
+    /// `/to/127.0.0.2/<rest>` answers `302` to `http://127.0.0.2:<port>/<rest>`.
+    /// Default: 1 (`127.0.0.1` only).
+    pub fn loopback_hosts(mut self, n: u8) -> Self {
+        self.loopback_hosts = n.max(1);
         self
     }
 
@@ -453,7 +472,9 @@ fn render_config(
 ) -> String {
     let d = dir.display();
     let http2_directive = version >= (1, 25, 1);
-    let mut locations = String::from("        location / { return 200 \"ok\\n\"; }\n");
+    let mut locations = String::from(
+        "        location / { return 200 \"ok\\n\"; }\n        location ~ ^/hop/(.*)$ { return 302 /$1; }\n        location ~ ^/to/(127\\.0\\.0\\.[0-9]+)/(.*)$ { return 302 $scheme://$1:$server_port/$2; }\n",
+    );
     if let Some(upstream) = config.upstream {
         let _ = writeln!(
             locations,
@@ -484,7 +505,11 @@ fn render_config(
         );
     }
     if let Some(plain) = plan.plain {
-        servers += &server(plain.to_string(), "");
+        let mut also = String::new();
+        for k in 2..=config.loopback_hosts {
+            let _ = writeln!(also, "        listen 127.0.0.{k}:{};", plain.port());
+        }
+        servers += &server(plain.to_string(), &also);
     }
     format!(
         "daemon off;

@@ -694,7 +694,9 @@ async fn probe_keeps_a_connect_that_finishes_after_the_last_request() {
 /// started after the miss (none in flight took it: it was on its way back).
 #[tokio::test]
 async fn probe_small_pool_against_a_request_limit_names_only_ended_connections() {
-    small_pool_against_a_request_limit(NginxListener::Plain, 24, 4, 8).await;
+    RequestLimitRuns::small_pool(NginxListener::Plain, 24, 4, 8)
+        .check()
+        .await;
 }
 
 /// The same over TLS 1.3 with `-n 28 -c 7`, six runs. The slower connects
@@ -706,141 +708,253 @@ async fn probe_small_pool_against_a_request_limit_names_only_ended_connections()
 /// announced two responses after it.
 #[tokio::test]
 async fn probe_small_pool_over_tls_against_a_request_limit_names_only_ended_connections() {
-    small_pool_against_a_request_limit(NginxListener::Tls13, 28, 7, 6).await;
+    RequestLimitRuns::small_pool(NginxListener::Tls13, 28, 7, 6)
+        .check()
+        .await;
 }
 
-/// `runs` probe runs of `requests` requests, `concurrency` at a time, idle
-/// pool 2, against nginx's `listener` with `keepalive_requests 3`, each
-/// row checked against nginx's log as the plain-HTTP test above says.
-async fn small_pool_against_a_request_limit(
+/// Concurrent redirect chains against nginx's request limit: `conntrace
+/// probe URL --mode reuse -n 9 -c 3` where URL is four redirects on one
+/// host (`/hop/hop/hop/hop/`, five requests a call), nginx
+/// `keepalive_requests 5`, default idle pool, ten runs. The middleware
+/// drops each 3xx body (hyper had read it all and keeps the connection),
+/// so a hop's miss often finds the connection another chain's hop is on,
+/// its 5th request in flight: checked as the small-pool runs above (every
+/// row is nginx's port and count; a named ended connection served no
+/// later request and nginx's count for it). A tester saw such a miss name
+/// the busy connection `discarded` or `closed_by_peer` with 4 requests
+/// (5 of 85 runs of a 5-host chain).
+#[tokio::test]
+async fn probe_redirect_chains_against_a_request_limit_name_only_ended_connections() {
+    RequestLimitRuns {
+        listener: NginxListener::Plain,
+        keepalive_requests: 5,
+        path: "/hop/hop/hop/hop/",
+        hops: 5,
+        calls: 9,
+        concurrency: 3,
+        idle_pool: None,
+        loopback_hosts: 1,
+        runs: 10,
+    }
+    .check()
+    .await;
+}
+
+/// The tester's case itself: the chain crosses five hosts (pool keys,
+/// `127.0.0.1` to `127.0.0.5` on one nginx, `keepalive_requests 5`), three
+/// chains at a time, each request matched to nginx's log by its client
+/// port and the address it reached.
+#[tokio::test]
+async fn probe_redirect_chains_across_hosts_against_a_request_limit_name_only_ended_connections() {
+    RequestLimitRuns {
+        listener: NginxListener::Plain,
+        keepalive_requests: 5,
+        path: "/to/127.0.0.2/to/127.0.0.3/to/127.0.0.4/to/127.0.0.5/",
+        hops: 5,
+        calls: 9,
+        concurrency: 3,
+        idle_pool: None,
+        loopback_hosts: 5,
+        runs: 10,
+    }
+    .check()
+    .await;
+}
+
+/// Probe runs against nginx's request limit, each row checked against
+/// nginx's access log (see the tests above).
+struct RequestLimitRuns {
     listener: NginxListener,
-    requests_per_run: usize,
+    /// nginx's `keepalive_requests`.
+    keepalive_requests: u32,
+    /// The path probed: `/`, or a redirect chain (`/hop/...`).
+    path: &'static str,
+    /// Requests per call: 1, or the chain's hops plus its last request.
+    hops: usize,
+    /// Calls per run (`-n`).
+    calls: usize,
+    /// `-c`.
     concurrency: usize,
+    /// `--pool-max-idle-per-host`; `None`: reqwest's default.
+    idle_pool: Option<u32>,
+    /// nginx's plain listener on `127.0.0.1` up to `127.0.0.<n>`.
+    loopback_hosts: u8,
     runs: usize,
-) {
-    let pki = TestPki::localhost().expect("pki");
-    let (nginx, url) = nginx_serving(NginxConfig::new(&pki).keepalive_requests(3), listener).await;
-    let dir = tempfile::tempdir().expect("tempdir");
-    let mut logged = 0;
-    for run_index in 0..runs {
-        let traces = dir.path().join(format!("t{run_index}.json"));
-        let mut cmd = conntrace();
-        cmd.arg("probe")
-            .arg(&url)
-            .arg("--cacert")
-            .arg(&nginx.pki_files().ca)
-            .args(["--json", "--mode", "reuse", "-n"])
-            .arg(requests_per_run.to_string())
-            .arg("-c")
-            .arg(concurrency.to_string())
-            .args(["--pool-max-idle-per-host", "2", "--traces-out"]);
-        cmd.arg(&traces);
-        let out = run(cmd).await;
-        assert!(out.status.success(), "probe failed: {}", stderr(&out));
-        let json: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
-        let rows = json["modes"][0]["requests"]
-            .as_array()
-            .expect("rows")
-            .clone();
-        assert_eq!(rows.len(), requests_per_run, "run {run_index}");
-        let log = nginx
-            .wait_for_access_log(logged + requests_per_run, Duration::from_secs(10))
-            .await;
-        let this_run = log[logged..].to_vec();
-        assert_eq!(this_run.len(), requests_per_run, "run {run_index}");
-        logged = log.len();
-        let spans = conntrace_lab::spans_from_otlp_json(
-            &std::fs::read_to_string(&traces).expect("traces file"),
+}
+
+impl RequestLimitRuns {
+    /// `runs` probe runs of `calls` requests, `concurrency` at a time,
+    /// idle pool 2, against nginx's `listener` with `keepalive_requests 3`.
+    fn small_pool(listener: NginxListener, calls: usize, concurrency: usize, runs: usize) -> Self {
+        Self {
+            listener,
+            keepalive_requests: 3,
+            path: "/",
+            hops: 1,
+            calls,
+            concurrency,
+            idle_pool: Some(2),
+            loopback_hosts: 1,
+            runs,
+        }
+    }
+
+    async fn check(self) {
+        let Self {
+            listener,
+            keepalive_requests,
+            path,
+            hops,
+            calls,
+            concurrency,
+            idle_pool,
+            loopback_hosts,
+            runs,
+        } = self;
+        let requests_per_run = calls * hops;
+        let pki = TestPki::localhost().expect("pki");
+        let nginx = start_nginx(
+            NginxConfig::new(&pki)
+                .keepalive_requests(keepalive_requests)
+                .loopback_hosts(loopback_hosts),
         )
-        .expect("OTLP JSON");
-        let ms = |row: &serde_json::Value, key: &str| row[key].as_f64().expect("ms");
-        for row in &rows {
-            let (port, count) = assert_nginx_served(row, &this_run, &format!("run {run_index}"));
-            let start = ms(row, "start_ms");
-            let span = requests(&spans)
-                .into_iter()
-                .find(|s| {
-                    s.attr_i64(semconv::NETWORK_LOCAL_PORT) == Some(port as i64)
-                        && s.attr_i64(semconv::HTTP_CONNECTION_REQUEST_COUNT) == Some(count as i64)
-                })
-                .unwrap_or_else(|| panic!("run {run_index}: no span for {row}"));
-            if row["miss_reason"] == semconv::MISS_REASON_RELEASE_RACE {
-                let others: Vec<&serde_json::Value> = rows
+        .await;
+        let url = nginx.url(listener, path).expect("listener");
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut logged = 0;
+        for run_index in 0..runs {
+            let traces = dir.path().join(format!("t{run_index}.json"));
+            let mut cmd = conntrace();
+            cmd.arg("probe")
+                .arg(&url)
+                .arg("--cacert")
+                .arg(&nginx.pki_files().ca)
+                .args(["--json", "--mode", "reuse", "-n"])
+                .arg(calls.to_string())
+                .arg("-c")
+                .arg(concurrency.to_string());
+            if let Some(pool) = idle_pool {
+                cmd.arg("--pool-max-idle-per-host").arg(pool.to_string());
+            }
+            cmd.arg("--traces-out").arg(&traces);
+            let out = run(cmd).await;
+            assert!(out.status.success(), "probe failed: {}", stderr(&out));
+            let json: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+            let rows = json["modes"][0]["requests"]
+                .as_array()
+                .expect("rows")
+                .clone();
+            assert_eq!(rows.len(), requests_per_run, "run {run_index}");
+            let log = nginx
+                .wait_for_access_log(logged + requests_per_run, Duration::from_secs(10))
+                .await;
+            let this_run = log[logged..].to_vec();
+            assert_eq!(this_run.len(), requests_per_run, "run {run_index}");
+            logged = log.len();
+            let spans = conntrace_lab::spans_from_otlp_json(
+                &std::fs::read_to_string(&traces).expect("traces file"),
+            )
+            .expect("OTLP JSON");
+            let ms = |row: &serde_json::Value, key: &str| row[key].as_f64().expect("ms");
+            for row in &rows {
+                let (port, count) =
+                    assert_nginx_served(row, &this_run, &format!("run {run_index}"));
+                let start = ms(row, "start_ms");
+                let server = peer_ip(row).to_string();
+                let span = requests(&spans)
+                    .into_iter()
+                    .find(|s| {
+                        s.attr_i64(semconv::NETWORK_LOCAL_PORT) == Some(port as i64)
+                            && s.attr_i64(semconv::HTTP_CONNECTION_REQUEST_COUNT)
+                                == Some(count as i64)
+                            && s.attr_str(semconv::NETWORK_PEER_ADDRESS) == Some(server.as_str())
+                    })
+                    .unwrap_or_else(|| panic!("run {run_index}: no span for {row}"));
+                if row["miss_reason"] == semconv::MISS_REASON_RELEASE_RACE {
+                    let others: Vec<&serde_json::Value> = rows
+                        .iter()
+                        .filter(|o| o["index"] != row["index"])
+                        .filter(|o| {
+                            ms(o, "start_ms") <= start
+                                && start < ms(o, "start_ms") + ms(o, "total_ms")
+                        })
+                        .collect();
+                    if !others.is_empty() {
+                        // With others in flight, only a connection none of them
+                        // took was on its way back to the pool: the request
+                        // nginx served next on it (by port and count) started
+                        // after this one.
+                        let previous = span.attr_i64(semconv::HTTP_CONNECTION_PREVIOUS_ID);
+                        let previous_count =
+                            span.attr_i64(semconv::HTTP_CONNECTION_PREVIOUS_REQUEST_COUNT);
+                        let next_row = rows.iter().find(|o| {
+                            o["connection_id"].as_i64() == previous
+                                && o["connection_request_count"].as_i64()
+                                    == previous_count.map(|c| c + 1)
+                        });
+                        let next_start = next_row.map(|o| ms(o, "start_ms"));
+                        assert!(
+                            next_start.is_some_and(|s| s > start),
+                            "run {run_index}: release_race while others were in flight, naming connection {previous:?} (count {previous_count:?}), whose next request {next_row:?} did not start after it: {row} {others:?}"
+                        );
+                    }
+                }
+                if span
+                    .attr_str(semconv::HTTP_CONNECTION_PREVIOUS_END)
+                    .is_none()
+                {
+                    continue;
+                }
+                let previous = span
+                    .attr_i64(semconv::HTTP_CONNECTION_PREVIOUS_ID)
+                    .expect("previous id");
+                let previous_count = span
+                    .attr_i64(semconv::HTTP_CONNECTION_PREVIOUS_REQUEST_COUNT)
+                    .expect("previous count");
+                let previous_row = rows
                     .iter()
-                    .filter(|o| o["index"] != row["index"])
+                    .find(|o| o["connection_id"].as_i64() == Some(previous));
+                // A connection that carried no row (pooled unused) has no port
+                // in the rows: nginx served nothing on it, as its count says.
+                let Some(previous_row) = previous_row else {
+                    assert_eq!(previous_count, 0, "run {run_index}: {row}");
+                    continue;
+                };
+                let previous_port = previous_row["local_port"].as_u64().expect("port");
+                let previous_server = peer_ip(previous_row);
+                let served: Vec<u64> = this_run
+                    .iter()
+                    .filter(|e| {
+                        u64::from(e.remote_port) == previous_port
+                            && e.server_addr == previous_server
+                    })
+                    .map(|e| e.connection_requests)
+                    .collect();
+                assert_eq!(
+                    Some(previous_count as u64),
+                    served.iter().copied().max(),
+                    "run {run_index}: {row} names connection {previous} ended after {previous_count} requests; nginx served {served:?} on it"
+                );
+                let later: Vec<&serde_json::Value> = rows
+                    .iter()
                     .filter(|o| {
-                        ms(o, "start_ms") <= start && start < ms(o, "start_ms") + ms(o, "total_ms")
+                        o["connection_id"].as_i64() == Some(previous) && ms(o, "start_ms") > start
                     })
                     .collect();
-                if !others.is_empty() {
-                    // With others in flight, only a connection none of them
-                    // took was on its way back to the pool: the request
-                    // nginx served next on it (by port and count) started
-                    // after this one.
-                    let previous = span.attr_i64(semconv::HTTP_CONNECTION_PREVIOUS_ID);
-                    let previous_count =
-                        span.attr_i64(semconv::HTTP_CONNECTION_PREVIOUS_REQUEST_COUNT);
-                    let next_row = rows.iter().find(|o| {
-                        o["connection_id"].as_i64() == previous
-                            && o["connection_request_count"].as_i64()
-                                == previous_count.map(|c| c + 1)
-                    });
-                    let next_start = next_row.map(|o| ms(o, "start_ms"));
-                    assert!(
-                        next_start.is_some_and(|s| s > start),
-                        "run {run_index}: release_race while others were in flight, naming connection {previous:?} (count {previous_count:?}), whose next request {next_row:?} did not start after it: {row} {others:?}"
-                    );
-                }
+                assert!(
+                    later.is_empty(),
+                    "run {run_index}: {row} names connection {previous} as ended, yet it served {later:?}"
+                );
             }
-            if span
-                .attr_str(semconv::HTTP_CONNECTION_PREVIOUS_END)
-                .is_none()
-            {
-                continue;
-            }
-            let previous = span
-                .attr_i64(semconv::HTTP_CONNECTION_PREVIOUS_ID)
-                .expect("previous id");
-            let previous_count = span
-                .attr_i64(semconv::HTTP_CONNECTION_PREVIOUS_REQUEST_COUNT)
-                .expect("previous count");
-            let previous_port = rows
-                .iter()
-                .find(|o| o["connection_id"].as_i64() == Some(previous))
-                .and_then(|o| o["local_port"].as_u64());
-            // A connection that carried no row (pooled unused) has no port
-            // in the rows: nginx served nothing on it, as its count says.
-            let Some(previous_port) = previous_port else {
-                assert_eq!(previous_count, 0, "run {run_index}: {row}");
-                continue;
-            };
-            let served: Vec<u64> = this_run
-                .iter()
-                .filter(|e| u64::from(e.remote_port) == previous_port)
-                .map(|e| e.connection_requests)
-                .collect();
-            assert_eq!(
-                Some(previous_count as u64),
-                served.iter().copied().max(),
-                "run {run_index}: {row} names connection {previous} ended after {previous_count} requests; nginx served {served:?} on it"
-            );
-            let later: Vec<&serde_json::Value> = rows
-                .iter()
-                .filter(|o| {
-                    o["connection_id"].as_i64() == Some(previous) && ms(o, "start_ms") > start
-                })
-                .collect();
-            assert!(
-                later.is_empty(),
-                "run {run_index}: {row} names connection {previous} as ended, yet it served {later:?}"
-            );
         }
     }
 }
 
 /// Asserts that nginx's access log `log` holds the request `row` (a probe
-/// JSON row) says it was: its client port and its count on the connection
-/// (`$remote_port`, `$connection_requests`); returns the port and count.
+/// JSON row) says it was: its client port, its count on the connection and
+/// the address it reached (`$remote_port`, `$connection_requests`,
+/// `$server_addr`); returns the port and count.
 fn assert_nginx_served(
     row: &serde_json::Value,
     log: &[conntrace_lab::nginx::AccessLogEntry],
@@ -848,12 +962,23 @@ fn assert_nginx_served(
 ) -> (u64, u64) {
     let port = row["local_port"].as_u64().expect("local_port");
     let count = row["connection_request_count"].as_u64().expect("count");
+    let server = peer_ip(row);
     assert!(
-        log.iter()
-            .any(|e| u64::from(e.remote_port) == port && e.connection_requests == count),
-        "{context}: nginx served no request {count} on port {port}: {row}\n{log:?}"
+        log.iter().any(|e| u64::from(e.remote_port) == port
+            && e.connection_requests == count
+            && e.server_addr == server),
+        "{context}: nginx served no request {count} on port {port} at {server}: {row}\n{log:?}"
     );
     (port, count)
+}
+
+/// The server address a probe JSON row's connection reached.
+fn peer_ip(row: &serde_json::Value) -> std::net::IpAddr {
+    row["peer_address"]
+        .as_str()
+        .and_then(|a| a.parse::<std::net::SocketAddr>().ok())
+        .map(|a| a.ip())
+        .unwrap_or_else(|| panic!("peer_address: {row}"))
 }
 
 /// TLS 1.2-only nginx: version 1.2 on every setup, as nginx logs it.

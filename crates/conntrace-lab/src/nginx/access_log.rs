@@ -4,7 +4,7 @@
 /// spaces, empty variables are logged by nginx as `-`.
 pub(crate) const LOG_FORMAT: &str = "$remote_port $connection $connection_requests \
 $ssl_protocol $ssl_session_reused $server_protocol $server_port $request_method $status \
-$request_time $request_uri";
+$request_time $request_uri $server_addr";
 
 /// Which of the fixture's listeners served a request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -46,6 +46,10 @@ pub struct AccessLogEntry {
     pub request_time_secs: f64,
     /// `$request_uri`: path and query as sent.
     pub request_uri: String,
+    /// `$server_addr`: the address that received the request (the plain
+    /// listener also listens on other loopback addresses with
+    /// [`NginxConfig::loopback_hosts`](super::NginxConfig::loopback_hosts)).
+    pub server_addr: std::net::IpAddr,
     /// The fixture listener that served it (filled in by
     /// [`Nginx::access_log`](super::Nginx::access_log); `None` from
     /// [`AccessLogEntry::parse_line`]).
@@ -68,6 +72,7 @@ impl AccessLogEntry {
             status,
             request_time,
             request_uri,
+            server_addr,
         ] = fields.as_slice()
         else {
             return None;
@@ -84,6 +89,7 @@ impl AccessLogEntry {
             status: status.parse().ok()?,
             request_time_secs: request_time.parse().ok()?,
             request_uri: (*request_uri).to_owned(),
+            server_addr: server_addr.parse().ok()?,
             listener: None,
         })
     }
