@@ -51,6 +51,18 @@ fn stderr(out: &Output) -> String {
     String::from_utf8_lossy(&out.stderr).into_owned()
 }
 
+/// `conntrace probe URL --cacert CA --json --mode reuse`: the start of every
+/// reuse-mode check against the test nginx (add `-n`, `-c` and outputs).
+fn probe_reuse_json(url: &str, ca: &std::path::Path) -> tokio::process::Command {
+    let mut cmd = conntrace();
+    cmd.arg("probe")
+        .arg(url)
+        .arg("--cacert")
+        .arg(ca)
+        .args(["--json", "--mode", "reuse"]);
+    cmd
+}
+
 /// nginx started with `config` (installed by scripts/test.sh).
 async fn start_nginx(config: NginxConfig) -> Nginx {
     Nginx::start(config)
@@ -825,12 +837,8 @@ impl RequestLimitRuns {
         let mut logged = 0;
         for run_index in 0..runs {
             let traces = dir.path().join(format!("t{run_index}.json"));
-            let mut cmd = conntrace();
-            cmd.arg("probe")
-                .arg(&url)
-                .arg("--cacert")
-                .arg(&nginx.pki_files().ca)
-                .args(["--json", "--mode", "reuse", "-n"])
+            let mut cmd = probe_reuse_json(&url, &nginx.pki_files().ca);
+            cmd.arg("-n")
                 .arg(calls.to_string())
                 .arg("-c")
                 .arg(concurrency.to_string());
@@ -1951,12 +1959,8 @@ async fn h2_resends_after_goaway_name_the_ended_connection_not_a_middleware() {
     let (mut logged, mut resent) = (0, 0);
     for run_index in 0..3 {
         let traces = dir.path().join(format!("t{run_index}.json"));
-        let mut cmd = conntrace();
-        cmd.arg("probe")
-            .arg(&url)
-            .arg("--cacert")
-            .arg(&nginx.pki_files().ca)
-            .args(["--json", "--mode", "reuse", "-n", "40", "-c", "8"])
+        let mut cmd = probe_reuse_json(&url, &nginx.pki_files().ca);
+        cmd.args(["-n", "40", "-c", "8"])
             .args(["--timeout", "5", "--traces-out"])
             .arg(&traces);
         // hyper-util's own pool fails a few requests under this churn
@@ -2050,12 +2054,8 @@ async fn h2_burst_with_a_refused_stream() -> (serde_json::Value, Vec<ReceivedSpa
     .await;
     for _ in 0..10 {
         let receiver = OtlpReceiver::start().await.expect("receiver");
-        let mut cmd = conntrace();
-        cmd.arg("probe")
-            .arg(&url)
-            .arg("--cacert")
-            .arg(&nginx.pki_files().ca)
-            .args(["--json", "--mode", "reuse", "-c", "16", "-n", "16"])
+        let mut cmd = probe_reuse_json(&url, &nginx.pki_files().ca);
+        cmd.args(["-c", "16", "-n", "16"])
             .env("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.endpoint());
         let out = run(cmd).await;
         let json: serde_json::Value =
@@ -2168,12 +2168,8 @@ async fn probe_json_miss_reasons_are_the_spans_under_an_http2_request_limit() {
     let (mut logged, mut compared) = (0, 0);
     for run_index in 0..3 {
         let receiver = OtlpReceiver::start().await.expect("receiver");
-        let mut cmd = conntrace();
-        cmd.arg("probe")
-            .arg(&url)
-            .arg("--cacert")
-            .arg(&nginx.pki_files().ca)
-            .args(["--json", "--mode", "reuse", "-c", "8", "-n", "40"])
+        let mut cmd = probe_reuse_json(&url, &nginx.pki_files().ca);
+        cmd.args(["-c", "8", "-n", "40"])
             .args(["--timeout", "5"])
             .env("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.endpoint());
         let out = run(cmd).await;

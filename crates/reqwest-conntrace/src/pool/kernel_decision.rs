@@ -220,9 +220,7 @@ pub(crate) fn decide_from_kernel(
                 return ended_by_server(candidate, now, Some(end), classified_at);
             };
             let closed = candidate.last_released().map(|released| released + idle);
-            if closed.is_some_and(|at| at > classified_at + CLOSE_DATING_SLACK)
-                && !unsure_pool_closed_at_release(candidate, closed)
-            {
+            if closed_after_the_miss(candidate, closed, classified_at) {
                 return alive_unless_expired_at_checkout(
                     candidate,
                     alone,
@@ -305,9 +303,7 @@ pub(crate) fn decide_from_kernel(
         // `pool_closed`.
         KernelLookup::Found(facts) if facts.state.closed_by_us() => {
             let closed = facts.closed_ago().and_then(|ago| now.checked_sub(ago));
-            if closed_after(facts, now, classified_at)
-                && !unsure_pool_closed_at_release(candidate, closed)
-            {
+            if closed_after_the_miss(candidate, closed, classified_at) {
                 return alive_unless_expired_at_checkout(
                     candidate,
                     alone,
@@ -762,6 +758,19 @@ pub(crate) fn closed_at_release(record: &ConnectionRecord, facts: &TcpFacts, now
         .and_then(|ago| now.checked_sub(ago))
         .zip(record.last_released())
         .is_some_and(|(closed, released)| closed <= released + CLOSED_AT_RELEASE)
+}
+
+/// Whether our close of `candidate`'s socket, dated `closed`, came after the
+/// miss decided at `classified_at` (beyond [`CLOSE_DATING_SLACK`]) and cannot
+/// be the pool's close at the release ([`unsure_pool_closed_at_release`]):
+/// the candidate was still open when the miss was decided.
+fn closed_after_the_miss(
+    candidate: &ConnectionRecord,
+    closed: Option<Instant>,
+    classified_at: Instant,
+) -> bool {
+    closed.is_some_and(|at| at > classified_at + CLOSE_DATING_SLACK)
+        && !unsure_pool_closed_at_release(candidate, closed)
 }
 
 /// Whether the kernel dates our close of a socket (asked at `now`) after
