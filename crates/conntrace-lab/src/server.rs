@@ -79,6 +79,7 @@ pub struct TestServerBuilder {
     body: Bytes,
     delay: Duration,
     max_requests: Option<u64>,
+    announce_limit: bool,
     idle_reset: bool,
     stall_after: Option<u64>,
     keep_alive_header: Option<u64>,
@@ -97,6 +98,7 @@ impl Default for TestServerBuilder {
             body: Bytes::from_static(b"ok"),
             delay: Duration::ZERO,
             max_requests: None,
+            announce_limit: true,
             idle_reset: false,
             stall_after: None,
             keep_alive_header: None,
@@ -171,6 +173,17 @@ impl TestServerBuilder {
         self
     }
 
+    /// Whether HTTP/1's last response under
+    /// [`max_requests_per_connection`](Self::max_requests_per_connection)
+    /// says `Connection: close`. Off: it does not, and the server closes
+    /// the socket (FIN) as soon as that response is written, unannounced,
+    /// as some servers and load balancers do; the connection's record
+    /// still ends [`ConnectionEnd::RequestLimit`]. Default: on.
+    pub fn announce_request_limit(mut self, on: bool) -> Self {
+        self.announce_limit = on;
+        self
+    }
+
     /// The idle timeout closes connections with a TCP reset (`SO_LINGER`
     /// 0, then close: RST instead of FIN) instead of gracefully. Default: off.
     pub fn idle_close_with_reset(mut self, on: bool) -> Self {
@@ -228,6 +241,7 @@ impl TestServerBuilder {
                 body: self.body,
                 delay: self.delay,
                 max_requests: self.max_requests,
+                announce_limit: self.announce_limit,
                 stall_after: self.stall_after,
                 keep_alive_header: self.keep_alive_header,
             }),
@@ -553,6 +567,7 @@ async fn serve_http<I>(
         requests: AtomicU64::new(0),
         activity: activity.clone(),
         limit_reached: tokio::sync::Notify::new(),
+        limit_reached_unannounced: tokio::sync::Notify::new(),
     });
     let mut builder = auto::Builder::new(TokioExecutor::new());
     builder.http1().keep_alive(settings.keep_alive);
@@ -599,6 +614,17 @@ async fn serve_http<I>(
             }
         }
         () = ctx.limit_reached.notified() => {
+            conn.as_mut().graceful_shutdown();
+            let _ = conn.as_mut().await;
+            ConnectionEnd::RequestLimit
+        }
+        () = async {
+            ctx.limit_reached_unannounced.notified().await;
+            // The last response's body handed to hyper: serve until it is
+            // written (a graceful shutdown of an idle HTTP/1 connection
+            // writes nothing more), then close.
+            ctx.activity.idle_for(Duration::ZERO).await;
+        } => {
             conn.as_mut().graceful_shutdown();
             let _ = conn.as_mut().await;
             ConnectionEnd::RequestLimit

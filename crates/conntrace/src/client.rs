@@ -240,7 +240,8 @@ pub(crate) struct ClientSpec {
     pub(crate) http: HttpPolicy,
     /// Per-request timeout (also the connect timeout).
     pub(crate) timeout: Duration,
-    /// `pool_max_idle_per_host`; `None` keeps reqwest's default (unlimited).
+    /// `pool_max_idle_per_host`; `None` states reqwest's default
+    /// (unlimited, [`REQWEST_DEFAULT_POOL_MAX_IDLE_PER_HOST`]).
     pub(crate) pool_max_idle_per_host: Option<usize>,
     /// The order resolved addresses are tried in.
     pub(crate) address_order: AddressOrder,
@@ -273,15 +274,24 @@ impl ClientSpec {
         if !self.resolve.is_empty() {
             instrumented = instrumented.dns_resolver(PinnedResolver::new(&self.resolve));
         }
-        if let Some(k) = self.pool_max_idle_per_host {
-            instrumented = instrumented.pool_max_idle_per_host(k);
-        }
         instrumented
+            .pool_max_idle_per_host(
+                self.pool_max_idle_per_host
+                    .unwrap_or(REQWEST_DEFAULT_POOL_MAX_IDLE_PER_HOST),
+            )
             .pool_idle_timeout(Some(REQWEST_DEFAULT_POOL_IDLE_TIMEOUT))
             .build_with_middleware()
             .context("cannot build the HTTP client")
     }
 }
+
+/// reqwest's default idle pool size per host (reqwest 0.13
+/// `ClientBuilder`: `usize::MAX`, unlimited), stated on the instrumented
+/// builder by the clients [`ClientSpec`] builds when no size is asked for,
+/// for the same reason as [`REQWEST_DEFAULT_POOL_IDLE_TIMEOUT`]: a pool
+/// known to keep its connections tells a server's close right after a
+/// response from the pool's own close at release.
+pub(crate) const REQWEST_DEFAULT_POOL_MAX_IDLE_PER_HOST: usize = usize::MAX;
 
 /// reqwest's default pool idle timeout (reqwest 0.13 `ClientBuilder`,
 /// 90 s), stated on the instrumented builder by every client of this CLI:

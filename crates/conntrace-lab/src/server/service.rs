@@ -117,6 +117,10 @@ pub(crate) struct ConnCtx {
     /// Signalled (HTTP/2) when the request limit is reached: the connection
     /// task then sends GOAWAY.
     pub(crate) limit_reached: tokio::sync::Notify,
+    /// Signalled (HTTP/1, the limit unannounced) when the request limit is
+    /// reached: the connection task closes the socket once that response
+    /// is written.
+    pub(crate) limit_reached_unannounced: tokio::sync::Notify,
 }
 
 /// Response settings that do not depend on the request.
@@ -126,6 +130,9 @@ pub(crate) struct ResponseConfig {
     pub(crate) delay: Duration,
     /// Requests per connection before the server ends it.
     pub(crate) max_requests: Option<u64>,
+    /// HTTP/1: the last response says `Connection: close` (else the
+    /// server just closes after it).
+    pub(crate) announce_limit: bool,
     /// Requests after this many on a connection are never answered.
     pub(crate) stall_after: Option<u64>,
     /// `Keep-Alive: timeout=N` on HTTP/1 responses.
@@ -172,6 +179,8 @@ pub(crate) async fn handle(
     let last = cfg.max_requests.is_some_and(|n| request_index >= n);
     if last && version == http::Version::HTTP_2 {
         conn.limit_reached.notify_one();
+    } else if last && !cfg.announce_limit {
+        conn.limit_reached_unannounced.notify_one();
     }
     let route = path.split('?').next().unwrap_or("/");
     let mut body = cfg.body.clone();
@@ -240,7 +249,7 @@ pub(crate) async fn handle(
     {
         headers.insert(http::HeaderName::from_static("keep-alive"), value);
     }
-    if last && version != http::Version::HTTP_2 {
+    if last && version != http::Version::HTTP_2 && cfg.announce_limit {
         headers.insert(
             http::header::CONNECTION,
             http::HeaderValue::from_static("close"),

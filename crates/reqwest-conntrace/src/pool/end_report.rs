@@ -30,13 +30,35 @@ pub(crate) fn gone_after_own_close(record: &ConnectionRecord, now: Instant) -> b
     !record.http2()
         && ((record.end().is_none()
             && (record.is_closed()
-                || record
-                    .last_released()
-                    .is_some_and(|t| now.saturating_duration_since(t) <= CLOSED_AT_RELEASE)))
-            || ((record.is_over_idle_limit_unsure() || record.is_over_idle_limit())
+                || gone_may_be_ours(record)
+                    && record
+                        .last_released()
+                        .is_some_and(|t| now.saturating_duration_since(t) <= CLOSED_AT_RELEASE)))
+            || (gone_may_be_ours(record)
+                && (record.is_over_idle_limit_unsure() || record.is_over_idle_limit())
                 && record
                     .last_released()
                     .is_some_and(|t| now.saturating_duration_since(t) < OWN_CLOSE_WINDOW)))
+}
+
+/// Whether `record` was released within its client's idle limit for
+/// sure, so that the pool did not close it at its release: the limit set
+/// through our builder and fewer other connections idle at the release
+/// than it, the release not counted over it. A limit not set through our
+/// builder gives no such certainty, even one a reuse showed above 0: the
+/// idle count at a release is a belief that closes learned late lower (a
+/// fan-out's connections closed over reqwest's `pool_max_idle_per_host`
+/// read as the server's).
+pub(crate) fn released_within_idle_limit(record: &ConnectionRecord) -> bool {
+    let client = &record.client;
+    let others = record.idle_others_at_release();
+    !record.is_over_idle_limit()
+        && !record.is_over_idle_limit_unsure()
+        && client.max_idle_known
+        && client
+            .max_idle_per_host
+            .zip(others)
+            .is_none_or(|(limit, others)| others < limit)
 }
 
 /// Who closed an HTTP/1.1 connection over TLS whose socket is gone, as
@@ -120,10 +142,16 @@ pub(crate) fn reported_end(record: &ConnectionRecord) -> Option<ReportedEnd> {
     // server's close_notify that hyper read and answered at once looks the
     // same, unless the data was never read (hyper stops reading once it
     // shuts the connection down: data it read is what made it close) or it
-    // was the response itself (a close at release).
+    // was the response itself (a close at release), when the pool may have
+    // closed it there (not `released_within_idle_limit`). Within the
+    // limit the pool keeps it: a
+    // server that closes without close_notify just after a response (our
+    // last data the request, in the same jiffy) looks the same, and is
+    // that server's close (a tester's server read `release_race`).
+    let may_close_at_release = !released_within_idle_limit(record);
     let answered = sent >= received
         && sent - received < ANSWERED_CLOSE_WINDOW
-        && (sent > received || end.has_unread_data() || !after_response);
+        && (sent > received || end.has_unread_data() || (!after_response && may_close_at_release));
     let ours = match end.acknowledged {
         Acknowledged::DataAndFin => sent < received || answered,
         Acknowledged::Data => answered && received < ANSWERED_CLOSE_WINDOW,
@@ -238,6 +266,22 @@ pub(crate) fn reported_closed_at_release(record: &ConnectionRecord) -> bool {
                 Some(PoolClose::AtRelease { .. } | PoolClose::Unsure)
             )
     )
+}
+
+/// Whether `record`'s socket, found gone, may have been closed by our side
+/// first: over TLS, or when the kernel showed it closed by our side
+/// before ([`ConnectionRecord::is_closed`]). Otherwise over plain TCP a close of ours leaves the socket
+/// in `TIME_WAIT` for 60 s (`TCP_TIMEWAIT_LEN`, include/net/tcp.h; a plain
+/// HTTP/1.1 server writes nothing after our FIN that could reset it), so a
+/// socket gone is the server's close (its FIN first: our answer from
+/// `CLOSE_WAIT` leaves `LAST_ACK` at once) or a reset: the server's, or
+/// ours over unread data (a body dropped before its end, which the record
+/// tells). A server may close moments after a response without announcing
+/// it, so how soon after the release the socket went does not tell. Over
+/// TLS a server's close_notify after our close makes the kernel reset our
+/// socket ([`gone_after_own_close`]).
+pub(crate) fn gone_may_be_ours(record: &ConnectionRecord) -> bool {
+    record.setup.tls.is_some() || record.is_closed()
 }
 
 /// Whether `record`, an HTTP/1.1 connection over TLS idle in the pool,

@@ -12,8 +12,8 @@ use std::time::Instant;
 use crate::kernel::{KernelLookup, TcpFacts};
 use crate::miss::{ConnectionEnd, MissReason};
 use crate::pool::end_report::{
-    ReportedEnd, closed_first_by_tls_server, gone_after_own_close, reported_end,
-    tls_closed_at_release, tls_time_wait_is_ours,
+    ReportedEnd, closed_first_by_tls_server, gone_after_own_close, gone_may_be_ours,
+    released_within_idle_limit, reported_end, tls_closed_at_release, tls_time_wait_is_ours,
 };
 use crate::pool::inferred::{
     CLOSE_DATING_SLACK, CLOSED_AT_RELEASE, OWN_CLOSE_WINDOW, PoolClose, over_limit_reason,
@@ -188,15 +188,19 @@ pub(crate) fn decide_from_kernel(
             let end = candidate.closed_by_server(true);
             ended_by_server(candidate, now, Some(end), classified_at)
         }
-        // Gone, missed moments after its release with nothing else in
-        // flight and no end shown: hyper-util's own close (a server's idle
-        // close comes after its keep-alive timeout). The pool held nothing
+        // Gone (over TLS: over plain TCP a close of ours leaves
+        // `TIME_WAIT`, see `gone_may_be_ours`), missed moments after its
+        // release with nothing else in flight and no end shown, nor a
+        // report of the socket's end naming the server: hyper-util's own
+        // close. The pool held nothing
         // idle at the miss (the checkout would have had it), so with an
         // idle limit above 0 the candidate was not over it: dropped with
         // this miss's checkout, alive at the miss. A pool that may keep
         // none closes it at release: not known which (`pool_closed`).
         KernelLookup::NotFound
             if alone
+                && gone_may_be_ours(candidate)
+                && reported_end(candidate) != Some(ReportedEnd::Server)
                 && gone_with_no_end_shown(candidate)
                 && released_just_before(candidate, classified_at) =>
         {
@@ -281,13 +285,17 @@ pub(crate) fn decide_from_kernel(
         // close_notify; none, and our close_notify the last data, is our
         // close (below, dated as any), and so is data never read (the
         // server's answer to our close_notify after hyper shut the
-        // connection down). Without a report: the server's.
+        // connection down). Without a report: the server's. Dated within
+        // 75 ms of the release it is the pool's close at release, unless
+        // the release was within an idle limit set through our builder (a
+        // server closing just after a response, unannounced).
         KernelLookup::Found(facts)
             if facts.state == crate::TcpState::TimeWait
                 && closed_first_by_tls_server(candidate)
                 && !tls_time_wait_is_ours(candidate, facts, now)
                 && !closed_after(facts, now, classified_at)
-                && !closed_at_release(candidate, facts, now) =>
+                && (released_within_idle_limit(candidate)
+                    || !closed_at_release(candidate, facts, now)) =>
         {
             let end = candidate.closed_by_server(false);
             ended_by_server(candidate, now, Some(end), classified_at)
@@ -718,7 +726,8 @@ pub(crate) fn gone_with_no_end_shown(record: &ConnectionRecord) -> bool {
 }
 
 /// Whether `record`, found gone at `now`, was closed by its client's pool
-/// at its release: HTTP/1.1, idle in the pool, no end shown or inferred
+/// at its release: HTTP/1.1 over TLS (over plain TCP our close leaves
+/// `TIME_WAIT`: [`gone_may_be_ours`]), idle in the pool, no end shown or inferred
 /// (its traffic showed no close of hyper's own nor the server's; a close
 /// of ours seen before, undated, is none), found gone no more than
 /// [`CLOSED_AT_RELEASE`] after its release. A close of
@@ -727,6 +736,7 @@ pub(crate) fn gone_with_no_end_shown(record: &ConnectionRecord) -> bool {
 /// server's idle close comes after its keep-alive timeout.
 pub(crate) fn gone_at_release(record: &ConnectionRecord, now: Instant) -> bool {
     !record.http2()
+        && gone_may_be_ours(record)
         && record.in_use() == 0
         && record.end().is_none()
         && !record.is_dropped_early()
