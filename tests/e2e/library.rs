@@ -2,6 +2,7 @@
 //! attribution, TLS facts, races, errors and cancellation.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use conntrace_lab::{HttpVersions, TestPki, TestServer, TlsVersions};
@@ -1853,6 +1854,150 @@ async fn a_refusing_proxy_named_by_host_name_is_the_peer_with_its_port() {
             Some(proxy.addr().ip().to_string()),
             Some(i64::from(proxy.addr().port()))
         )
+    );
+}
+
+/// TLS refused inside a tunnel a proxy given by IP opened (our builder's
+/// proxy: hyper-util's matcher, as for `HTTPS_PROXY`): nothing on the wire
+/// reached hyper-util's `HttpInfo`, yet the failed setup is proxied, names
+/// the proxy, has its `proxy.connect` phase, and `tcp.connect`'s peer is
+/// the proxy, as the proxy's CONNECT log shows it opened the tunnel (a
+/// tester saw the proxy vanish from such a failure).
+#[tokio::test]
+async fn tls_refused_inside_a_tunnel_still_names_the_proxy() {
+    let t = telemetry();
+    let pki = TestPki::localhost().expect("pki");
+    let server = tls_server(&pki, TlsVersions::Tls13Only, HttpVersions::Http1Only).await;
+    let proxy = conntrace_lab::ConnectProxy::start().await.expect("proxy");
+    // The server's CA is not trusted: TLS fails once the tunnel is up.
+    let client = t
+        .conntrace()
+        .instrument_client(reqwest::Client::builder())
+        .proxy(proxy.url())
+        .build_with_middleware()
+        .expect("client");
+    client
+        .get(server.url("/"))
+        .send()
+        .await
+        .expect_err("the certificate is not trusted");
+    let setups = ended(&t, 1, 1);
+    assert_eq!(
+        proxy
+            .connect_log()
+            .iter()
+            .map(|r| r.status)
+            .collect::<Vec<_>>(),
+        vec![200],
+        "the proxy opened one tunnel"
+    );
+    let setup = &setups[0];
+    let proxy_ip = proxy.addr().ip().to_string();
+    let proxy_port = i64::from(proxy.addr().port());
+    assert_eq!(
+        (
+            bool_attr(setup, semconv::HTTP_CONNECTION_PROXIED),
+            str_attr(setup, semconv::HTTP_CONNECTION_PROXY_ADDRESS),
+            i64_attr(setup, semconv::HTTP_CONNECTION_PROXY_PORT),
+            str_attr(setup, semconv::ERROR_TYPE).as_deref(),
+        ),
+        (
+            Some(true),
+            Some(proxy_ip.clone()),
+            Some(proxy_port),
+            Some(semconv::ERROR_TYPE_TLS_CERTIFICATE)
+        )
+    );
+    let children = t.children(setup);
+    let phase = |name: &str| {
+        children
+            .iter()
+            .find(|c| c.name == name)
+            .unwrap_or_else(|| panic!("no {name} phase"))
+    };
+    let tcp = phase(semconv::TCP_CONNECT_SPAN);
+    assert_eq!(
+        (
+            str_attr(tcp, semconv::NETWORK_PEER_ADDRESS),
+            i64_attr(tcp, semconv::NETWORK_PEER_PORT)
+        ),
+        (Some(proxy_ip), Some(proxy_port))
+    );
+    phase(semconv::PROXY_CONNECT_SPAN);
+    phase(semconv::TLS_HANDSHAKE_SPAN);
+}
+
+/// A proxy that accepts the TCP connection and never answers `CONNECT`:
+/// the request times out after 1.5 s. The failed setup is proxied and
+/// names the proxy (hyper-util's matcher routes the target through it);
+/// `tcp.connect` claims no SYN retransmit (the socket was accepted at
+/// once, as the listener's accept count shows: the time was the wait for
+/// the answer, which no hook separates from the TCP connect). A tester
+/// saw two SYN retransmits claimed and no proxy named.
+#[tokio::test]
+async fn a_proxy_that_never_answers_connect_is_named_and_no_syn_retransmit_claimed() {
+    let t = telemetry();
+    let listener = tokio::net::TcpListener::bind((std::net::Ipv4Addr::LOCALHOST, 0))
+        .await
+        .expect("bind");
+    let proxy_addr = listener.local_addr().expect("addr");
+    let accepted = Arc::new(AtomicUsize::new(0));
+    let counted = Arc::clone(&accepted);
+    let silent = tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((socket, _)) = listener.accept().await {
+            counted.fetch_add(1, Ordering::SeqCst);
+            held.push(socket);
+        }
+    });
+    let client = t
+        .conntrace()
+        .instrument_client(reqwest::Client::builder().timeout(Duration::from_millis(1500)))
+        .proxy(format!("http://{proxy_addr}"))
+        .build_with_middleware()
+        .expect("client");
+    client
+        .get("https://localhost:9/")
+        .send()
+        .await
+        .expect_err("the proxy never answers");
+    let setups = ended(&t, 1, 1);
+    silent.abort();
+    assert_eq!(
+        accepted.load(Ordering::SeqCst),
+        1,
+        "TCP to the proxy was accepted"
+    );
+    let setup = &setups[0];
+    assert_eq!(
+        (
+            bool_attr(setup, semconv::HTTP_CONNECTION_PROXIED),
+            str_attr(setup, semconv::HTTP_CONNECTION_PROXY_ADDRESS),
+            i64_attr(setup, semconv::HTTP_CONNECTION_PROXY_PORT),
+            str_attr(setup, semconv::HTTP_CONNECTION_DNS_SKIPPED).as_deref(),
+        ),
+        (
+            Some(true),
+            Some(proxy_addr.ip().to_string()),
+            Some(i64::from(proxy_addr.port())),
+            Some("ip_literal")
+        )
+    );
+    let children = t.children(setup);
+    let tcp = children
+        .iter()
+        .find(|c| c.name == semconv::TCP_CONNECT_SPAN)
+        .expect("tcp.connect");
+    assert_eq!(
+        i64_attr(tcp, semconv::HTTP_CONNECTION_TCP_SYN_RETRANSMITS),
+        None
+    );
+    assert!(
+        !tcp.events
+            .iter()
+            .any(|e| e.name == semconv::EVENT_TCP_SYN_RETRANSMIT),
+        "no SYN retransmit event: {:?}",
+        tcp.events
     );
 }
 

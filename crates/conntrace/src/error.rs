@@ -69,7 +69,9 @@ pub(crate) fn request_failure(
         Some("timeout") => Some("timed out"),
         Some("proxy_auth_required") => Some("the proxy asks for credentials (407)"),
         Some("proxy_connect_refused") => Some("the proxy refused the CONNECT tunnel"),
-        Some("proxy_connect_failed") => Some("the proxy closed before answering CONNECT"),
+        Some("proxy_connect_failed") => Some(
+            "the proxy gave no usable answer to CONNECT (it closed first, or its headers passed 8 KiB)",
+        ),
         _ => None,
     };
     let chain = chain_text(err);

@@ -96,8 +96,10 @@ pub(crate) fn emit_tcp_phase(scope: &PhaseScope<'_>, tcp: TcpPhase<'_>) -> TcpOu
     let address_known = choice.is_some();
     let address_fallback = choice.as_ref().is_some_and(|c| c.index > 0);
     // Only a connect that used its first address started its SYN clock
-    // at the phase start.
-    let syn_retransmits = if address_fallback {
+    // at the phase start; through a proxy that neither began TLS nor
+    // refused, the phase's time may be the wait for the proxy's answer
+    // to `CONNECT` as well as the TCP connect: no retransmit is told.
+    let syn_retransmits = if address_fallback || (tcp.tunneled && tcp.tunnel_start.is_none()) {
         0
     } else {
         address::syn_retransmits_by_timing(duration)

@@ -45,15 +45,19 @@ pub(crate) fn tunnel_start(
         .filter(|_| tunneled)
 }
 
-/// The address of a proxy that refused the `CONNECT` (it answered, so it
-/// was connected to), as `tcp.connect`'s peer: known when only one was
-/// possible (an IP literal, or its name's one answer) and its port is.
-pub(crate) fn refusing_proxy_address(
+/// The address of a proxy that answered the `CONNECT` (it refused, or
+/// opened the tunnel: TLS began through it), so was connected to, as
+/// `tcp.connect`'s peer when the connect ended before hyper-util showed
+/// it (the refusal, or TLS failing inside the tunnel): known when only one
+/// was possible (an IP literal, or its name's one answer) and its port is.
+pub(crate) fn answering_proxy_address(
     phases: &Phases,
     route: Option<&ProxyRoute>,
     refusal: Option<ProxyRefusal>,
 ) -> Option<SocketAddr> {
-    refusal?;
+    if refusal.is_none() && phases.tls_started.is_none() {
+        return None;
+    }
     let route = route.filter(|r| r.tunnel)?;
     // The resolver answers with port 0: the proxy's port is configured.
     let ip = match phases.dns.as_ref() {

@@ -17,8 +17,11 @@
 //! an address that is not the target's, or it resolved another host's
 //! name, or reqwest marked it, or the tunnel failed. The client's
 //! configured proxies ([`ProxyRules`], read once after reqwest built the
-//! client) only *name* the proxy the evidence points at, never decide
-//! that a connect was proxied:
+//! client) *name* the proxy the evidence points at, and decide that a
+//! connect was proxied only where nothing on the wire showed an address
+//! and hyper-util's matcher (the one reqwest routes with: the builder's
+//! proxy or the environment's) intercepts the target (a `CONNECT` the
+//! proxy never answered, TLS refused inside the tunnel):
 //! - the instrumented builder's [`proxy`](crate::InstrumentedClientBuilder::proxy):
 //!   every target;
 //! - the environment (`ALL_PROXY`, `HTTPS_PROXY`, `HTTP_PROXY`, `NO_PROXY`,
@@ -95,6 +98,12 @@ pub(crate) struct Candidates {
     /// A proxy the configuration does not show may route it (reqwest's
     /// `Proxy::custom`, or a client whose rules were never read).
     pub(crate) unknown: bool,
+    /// hyper-util's matcher, the very one reqwest routes with (the
+    /// instrumented builder's proxy, or the environment's with its
+    /// `NO_PROXY`), intercepts the target: `known` holds its proxy, and
+    /// the connect went through it even when nothing on the wire showed
+    /// it (a `CONNECT` that hung, TLS refused inside the tunnel).
+    pub(crate) matched: bool,
 }
 
 impl Candidates {
@@ -103,6 +112,7 @@ impl Candidates {
         Self {
             known: Vec::new(),
             unknown: true,
+            matched: false,
         }
     }
 }
@@ -194,8 +204,9 @@ impl ProxyRules {
                     .ok()
                     .and_then(|dst| ProxyCandidate::of(m.intercept(&dst)?.uri()))
                     .into_iter()
-                    .collect();
+                    .collect::<Vec<_>>();
                 Candidates {
+                    matched: !known.is_empty(),
                     known,
                     unknown: false,
                 }
@@ -299,8 +310,10 @@ impl Evidence<'_> {
                 .iter()
                 .find(|c| c.reached(p, resolved_name))
         };
+        // With no address seen, the matcher reqwest routes with decides.
         let proxied = self.forwarded
             || self.tunnel_failed
+            || (self.peer.is_none() && candidates.matched)
             || match self.peer {
                 Some(p) => match self.peer_is_target(p) {
                     Some(is_target) => !is_target,
@@ -393,7 +406,8 @@ mod tests {
                 rules.candidates(&key(scheme, "example.test", 443)),
                 Candidates {
                     known: vec![candidate("127.0.0.1", 3128)],
-                    unknown: false
+                    unknown: false,
+                    matched: true,
                 }
             );
         }
@@ -414,14 +428,16 @@ mod tests {
             rules.candidates(&key("https", "example.test", 443)),
             Candidates {
                 known: vec![candidate("10.1.2.3", 8080)],
-                unknown: true
+                unknown: true,
+                matched: false,
             }
         );
         assert_eq!(
             rules.candidates(&key("http", "example.test", 80)),
             Candidates {
                 known: vec![],
-                unknown: true
+                unknown: true,
+                matched: false,
             }
         );
     }
@@ -464,6 +480,7 @@ mod tests {
         let configured = Candidates {
             known: vec![candidate("127.0.0.1", 3128)],
             unknown: false,
+            matched: false,
         };
         let answers = [addr("127.0.0.1:0"), addr("[::1]:0")];
         let direct = Evidence {
@@ -562,10 +579,41 @@ mod tests {
             answered
                 .route(&Candidates {
                     known: vec![candidate("proxy.test", 3128)],
-                    unknown: false
+                    unknown: false,
+                    matched: false,
                 })
                 .and_then(|r| r.port),
             Some(3128)
         );
+    }
+
+    /// With no address seen and nothing resolved (a proxy given by IP
+    /// whose `CONNECT` hung, or TLS refused inside its tunnel), the
+    /// matcher reqwest routes with decides: a target it intercepts went
+    /// through its proxy; proxies listed on reqwest's builder (their
+    /// exclusions unseen) decide nothing.
+    #[test]
+    fn with_no_address_seen_the_matcher_reqwest_routes_with_decides() {
+        let target = key("https", "localhost", 8443);
+        let nothing_seen = Evidence {
+            target: Some(&target),
+            ..Evidence::default()
+        };
+        let matched =
+            ProxyRules::all(&url::Url::parse("http://127.0.0.1:3128").expect("test value"))
+                .candidates(&target);
+        assert_eq!(
+            nothing_seen.route(&matched),
+            Some(ProxyRoute {
+                host: Some("127.0.0.1".into()),
+                port: Some(3128),
+                tunnel: true,
+            })
+        );
+        let listed = Candidates {
+            matched: false,
+            ..matched
+        };
+        assert_eq!(nothing_seen.route(&listed), None);
     }
 }

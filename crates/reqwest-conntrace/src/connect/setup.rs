@@ -20,7 +20,7 @@ use crate::connect::phase_dns::{dns_skipped, emit_dns_phase};
 use crate::connect::phase_tcp::{TcpOutcome, TcpPhase, emit_tcp_phase};
 use crate::connect::phase_tls::emit_tls_phase;
 use crate::connect::phase_tunnel::{
-    TunnelPhase, emit_tunnel_phase, refusing_proxy_address, tunnel_start,
+    TunnelPhase, answering_proxy_address, emit_tunnel_phase, tunnel_start,
 };
 use crate::connect::proxy::Evidence;
 use crate::connect::setup_attributes::{SetupAttributes, set_setup_attributes};
@@ -172,7 +172,7 @@ pub(crate) fn emit_phases(
     let tunneled = route.is_some_and(|r| r.tunnel);
     // A proxy that answered the CONNECT (a refusal) was connected to: its
     // address, when known, is `tcp.connect`'s peer.
-    let remote = remote.or_else(|| refusing_proxy_address(&phases, route, refusal));
+    let remote = remote.or_else(|| answering_proxy_address(&phases, route, refusal));
     let tunnel_start = tunnel_start(&phases, refusal, tcp_start, tunneled);
     // Kept for the connection's report only: nothing per connection otherwise.
     let tcp_facts = inner
