@@ -581,6 +581,95 @@ async fn server_closing_after_every_response_is_request_limit() {
     runtime.shutdown_background();
 }
 
+/// HTTP/2 over ALPN against a server that sends GOAWAY after 3 streams,
+/// 24 requests in waves of 4: connects made while the pool held no live
+/// HTTP/2 connection are kept by hyper-util's pool and serve later
+/// requests, whoever their trigger was served by; only those it dropped at
+/// once are `coalesced`. Every setup span is compared with the server's
+/// records by local port: `coalesced` only for a connection that carried
+/// no request, and every connection that carried one is `used` or
+/// `pooled` (a tester saw `coalesced`, "closed unused", on connections
+/// that served 3 requests, 8 of 22 runs). 5 rounds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http2_connections_kept_by_the_pool_are_never_called_coalesced() {
+    const REQUESTS: usize = 24;
+    let pki = TestPki::localhost().expect("pki");
+    for round in 0..5 {
+        let t = telemetry();
+        let server = RemoteServer::start(
+            TestServer::builder()
+                .tls(&pki)
+                .http_versions(HttpVersions::Both)
+                .max_requests_per_connection(Some(3)),
+        )
+        .await;
+        let trace = t.conntrace();
+        let client = trace
+            .instrument_client(reqwest::Client::builder())
+            .tls(trust(&pki))
+            .build_with_middleware()
+            .expect("client");
+        let url = server.get().url("/");
+        for _ in 0..REQUESTS / 4 {
+            futures::future::join_all((0..4).map(|_| async {
+                // A stream refused by the GOAWAY may fail: not compared.
+                if let Ok(response) = client.get(&url).send().await {
+                    let _ = response.bytes().await;
+                }
+            }))
+            .await;
+        }
+        let _ = requests(&t, REQUESTS);
+        t.connects_done(&trace).await;
+        let served = server.get().requests();
+        let connections = server.get().connections();
+        // Setup spans end once their connection's fate is known (100 ms
+        // after their trigger was served, for an unused HTTP/2 one).
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        let setups = loop {
+            let setups = t.setups();
+            if setups.len() >= connections.len() || std::time::Instant::now() >= deadline {
+                break setups;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        };
+        assert_eq!(
+            setups.len(),
+            connections.len(),
+            "round {round}: one setup span per accepted connection"
+        );
+        let mut coalesced = 0;
+        for setup in &setups {
+            let port = i64_attr(setup, semconv::NETWORK_LOCAL_PORT).expect("local port");
+            let carried = served
+                .iter()
+                .filter(|r| i64::from(r.peer.port()) == port)
+                .count();
+            let outcome = str_attr(setup, semconv::HTTP_CONNECTION_SETUP_OUTCOME);
+            if outcome.as_deref() == Some(semconv::SETUP_OUTCOME_COALESCED) {
+                coalesced += 1;
+                assert_eq!(
+                    carried, 0,
+                    "round {round}: coalesced, yet the server served {carried} request(s) on port {port}"
+                );
+            } else if carried > 0 {
+                assert!(
+                    matches!(
+                        outcome.as_deref(),
+                        Some(semconv::SETUP_OUTCOME_USED | semconv::SETUP_OUTCOME_POOLED)
+                    ),
+                    "round {round}: port {port} carried {carried}: outcome {outcome:?}"
+                );
+            }
+        }
+        assert!(
+            setups.len() >= REQUESTS / 3,
+            "round {round}: at most 3 requests per connection: {} setups, {coalesced} coalesced",
+            setups.len()
+        );
+    }
+}
+
 /// The server closes idle connections after 100 ms, with FIN or with RST:
 /// the next request 300 ms later is `closed_by_peer`, naming the closed
 /// connection and how it ended. On a loaded machine hyper may not have seen

@@ -519,13 +519,16 @@ fn on_connected<T: Connection>(
     }
     match &attempt.trigger {
         Some(trigger) => {
-            if let Some(unused) = trigger.connect_ready(PendingSetup {
-                record,
-                cx,
-                end,
-                setup_end,
-                trigger_miss: attempt.trigger_miss,
-            }) {
+            if let Some(unused) = trigger.connect_ready(
+                PendingSetup {
+                    record,
+                    cx,
+                    end,
+                    setup_end,
+                    trigger_miss: attempt.trigger_miss,
+                },
+                &inner.kernel,
+            ) {
                 let in_flight = unused.host.as_ref().map_or(0, |h| inner.load.in_flight(h));
                 let release = inner.pools.on_pooled_unused(&unused, now, in_flight);
                 inner.confirm_unsure_release(&unused);

@@ -76,7 +76,7 @@ pub(crate) fn attribute_response(
             // connector layer: one the registry lacks was refused at its
             // cap (or closed before the registry's most recent closes).
             inner.note_untracked(span, &state.host, table);
-            let _ = state.finish(Fate::NoResponse);
+            let _ = state.finish(Fate::NoResponse, None);
             return None;
         }
     };
@@ -218,10 +218,13 @@ pub(crate) fn attribute_response(
             ],
         );
     }
-    for unused in state.finish(Fate::ServedBy {
-        connection_id: record.id(),
-        http2: record.http2(),
-    }) {
+    for unused in state.finish(
+        Fate::ServedBy {
+            connection_id: record.id(),
+            http2: record.http2(),
+        },
+        Some(&inner.kernel),
+    ) {
         let release = inner
             .pools
             .on_pooled_unused(&unused, now, inner.load.in_flight(&state.host));

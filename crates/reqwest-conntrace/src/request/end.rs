@@ -176,7 +176,7 @@ impl RequestEnd {
                     "request dropped before its response arrived".to_owned(),
                 );
             }
-            let _ = self.state.finish(Fate::NoResponse);
+            let _ = self.state.finish(Fate::NoResponse, None);
         } else if self.recording {
             self.span
                 .set_attribute(semconv::HTTP_RESPONSE_BODY_SIZE, self.body_size as i64);

@@ -11,6 +11,7 @@ use std::time::Instant;
 use opentelemetry::KeyValue;
 use opentelemetry::trace::{Status, TraceContextExt};
 
+use crate::kernel::{KernelLookup, KernelView};
 use crate::miss::MissReason;
 use crate::pool::host::HostKey;
 use crate::pool::record::ConnectionRecord;
@@ -213,12 +214,22 @@ impl RequestState {
     /// A connect this request triggered is ready: finish its span now if the
     /// request's fate is known, else when it is. Returns the connection
     /// when it went into the pool unused (see [`finish`](Self::finish)).
-    pub(crate) fn connect_ready(&self, pending: PendingSetup) -> Option<Arc<ConnectionRecord>> {
+    pub(crate) fn connect_ready(
+        &self,
+        pending: PendingSetup,
+        kernel: &KernelView,
+    ) -> Option<Arc<ConnectionRecord>> {
         let mut t = self.trigger();
         match t.finished {
             Some(fate) => {
                 drop(t);
-                finish_setup(pending, fate, self.connects() > 1, &self.setup_reason)
+                finish_setup(
+                    pending,
+                    fate,
+                    self.connects() > 1,
+                    &self.setup_reason,
+                    Some(kernel),
+                )
             }
             None => {
                 t.pending.push(pending);
@@ -233,7 +244,11 @@ impl RequestState {
     /// connection into its pool unused as its connect completes (where
     /// its idle limit may close it at once), so the caller releases it to
     /// the pool model.
-    pub(crate) fn finish(&self, fate: Fate) -> Vec<Arc<ConnectionRecord>> {
+    pub(crate) fn finish(
+        &self,
+        fate: Fate,
+        kernel: Option<&KernelView>,
+    ) -> Vec<Arc<ConnectionRecord>> {
         let pending = {
             let mut t = self.trigger();
             if t.finished.is_some() {
@@ -247,7 +262,7 @@ impl RequestState {
         let unseen = self.connects() > 1;
         pending
             .into_iter()
-            .filter_map(|p| finish_setup(p, fate, unseen, &self.setup_reason))
+            .filter_map(|p| finish_setup(p, fate, unseen, &self.setup_reason, kernel))
             .collect()
     }
 }
@@ -258,7 +273,7 @@ impl Drop for RequestState {
         // (not expected: the middleware's guard finishes it) ends them here.
         let pending = mem::take(&mut self.trigger().pending);
         for p in pending {
-            finish_setup(p, Fate::NoResponse, false, &self.setup_reason);
+            finish_setup(p, Fate::NoResponse, false, &self.setup_reason, None);
         }
     }
 }
@@ -271,11 +286,22 @@ impl Drop for RequestState {
 /// pool unused. `unseen`: the trigger opened more than one connection, so
 /// one it was not answered on may have carried a request sent by a
 /// middleware after ours.
+///
+/// An HTTP/2 connection whose trigger another HTTP/2 connection served,
+/// and that has carried no request yet, is `coalesced` or `pooled` by its
+/// fate in hyper-util's pool: kept when the pool held no HTTP/2
+/// connection to the origin as it was put there (it then serves later
+/// requests), else dropped unused at once (`Pool::put`: "existing idle
+/// HTTP/2 connection"). With the kernel view, its socket is looked at
+/// [`COALESCED_LOOK_AFTER`] later: closed by our side (or gone) with still
+/// no request on it is `coalesced`, anything else `pooled`. Without it,
+/// no request yet is taken for `coalesced`.
 fn finish_setup(
     p: PendingSetup,
     fate: Fate,
     unseen: bool,
-    reason: &SetupReason,
+    reason: &Arc<SetupReason>,
+    kernel: Option<&KernelView>,
 ) -> Option<Arc<ConnectionRecord>> {
     let span = p.cx.span();
     let mut pooled_unused = None;
@@ -301,23 +327,27 @@ fn finish_setup(
                 semconv::HTTP_CONNECTION_USED_BY_TRIGGER,
                 false,
             ));
-            let coalesced = http2
-                && p.record.http2()
-                && p.record.requests.load(std::sync::atomic::Ordering::Relaxed) == 0;
-            if coalesced {
-                span.add_event_with_timestamp(
-                    semconv::EVENT_CONNECTION_COALESCED,
-                    p.end,
-                    vec![KeyValue::new(
-                        semconv::EXCEPTION_MESSAGE,
-                        "another HTTP/2 connection to this origin was ready first; hyper-util closed this one unused (ALPN upgraded to HTTP/2)",
-                    )],
-                );
-                span.set_attribute(KeyValue::new(
-                    semconv::HTTP_CONNECTION_SETUP_OUTCOME,
-                    semconv::SETUP_OUTCOME_COALESCED,
-                ));
-                span.set_status(Status::Ok);
+            let unused_http2 =
+                http2 && p.record.http2() && p.record.requests.load(Ordering::Relaxed) == 0;
+            if unused_http2 {
+                if let Some(((local, remote), kernel)) =
+                    p.record.pair().zip(kernel.filter(|k| k.is_available()))
+                {
+                    let reason = Arc::clone(reason);
+                    let due = Instant::now() + COALESCED_LOOK_AFTER;
+                    kernel.lookup_at(local, remote, due, move |lookup| {
+                        let closed_unused = p.record.requests.load(Ordering::Relaxed) == 0
+                            && match &lookup {
+                                KernelLookup::NotFound => true,
+                                KernelLookup::Found(facts) => facts.state.closed_by_us(),
+                                KernelLookup::Unavailable | KernelLookup::TimedOut => false,
+                            };
+                        label_unused_http2(&p, closed_unused);
+                        end_served_elsewhere(p, &reason);
+                    });
+                    return None;
+                }
+                label_unused_http2(&p, true);
             } else {
                 span.set_attribute(KeyValue::new(
                     semconv::HTTP_CONNECTION_SETUP_OUTCOME,
@@ -331,10 +361,53 @@ fn finish_setup(
         Fate::NoResponse => {}
     }
     match fate {
-        Fate::ServedBy { .. } if p.trigger_miss => reason.hold(p),
-        _ => end_setup(p, None),
+        Fate::ServedBy { .. } => end_served_elsewhere(p, reason),
+        Fate::NoResponse => end_setup(p, None),
     }
     pooled_unused
+}
+
+/// How long after its trigger was served elsewhere an unused HTTP/2
+/// connection's socket is looked at (see [`finish_setup`]): hyper-util
+/// drops a connection its pool did not keep as soon as its background
+/// connect returns, on a loaded machine within tens of milliseconds.
+pub(crate) const COALESCED_LOOK_AFTER: std::time::Duration = std::time::Duration::from_millis(100);
+
+/// Labels `p`, an HTTP/2 connection its trigger did not use: `coalesced`
+/// (closed unused by hyper-util, with its event and status `Ok`) or
+/// `pooled`.
+fn label_unused_http2(p: &PendingSetup, closed_unused: bool) {
+    let span = p.cx.span();
+    if closed_unused {
+        span.add_event_with_timestamp(
+            semconv::EVENT_CONNECTION_COALESCED,
+            p.end,
+            vec![KeyValue::new(
+                semconv::EXCEPTION_MESSAGE,
+                "another HTTP/2 connection to this origin was ready first; hyper-util closed this one unused (ALPN upgraded to HTTP/2)",
+            )],
+        );
+        span.set_attribute(KeyValue::new(
+            semconv::HTTP_CONNECTION_SETUP_OUTCOME,
+            semconv::SETUP_OUTCOME_COALESCED,
+        ));
+        span.set_status(Status::Ok);
+    } else {
+        span.set_attribute(KeyValue::new(
+            semconv::HTTP_CONNECTION_SETUP_OUTCOME,
+            semconv::SETUP_OUTCOME_POOLED,
+        ));
+    }
+}
+
+/// Ends a setup span whose trigger got a response: with the trigger's
+/// reason when its connect's miss is that one, else its own.
+fn end_served_elsewhere(p: PendingSetup, reason: &SetupReason) {
+    if p.trigger_miss {
+        reason.hold(p);
+    } else {
+        end_setup(p, None);
+    }
 }
 
 thread_local! {
