@@ -73,6 +73,33 @@ pub(crate) fn check_endpoints() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The OTLP variables in milliseconds (OpenTelemetry's environment
+/// variable specification: a non-negative integer).
+const MILLISECOND_VARIABLES: [&str; 4] = [
+    "OTEL_EXPORTER_OTLP_TIMEOUT",
+    "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT",
+    "OTEL_EXPORTER_OTLP_METRICS_TIMEOUT",
+    "OTEL_METRIC_EXPORT_INTERVAL",
+];
+
+/// Checks every set OTLP millisecond variable (timeouts, the metric export
+/// interval): a value that is not a whole number of milliseconds would be
+/// ignored silently by the exporters.
+///
+/// # Errors
+/// One line naming the variable and its value.
+pub(crate) fn check_milliseconds() -> anyhow::Result<()> {
+    for key in MILLISECOND_VARIABLES {
+        let Ok(value) = std::env::var(key) else {
+            continue;
+        };
+        if !value.trim().is_empty() && value.trim().parse::<u64>().is_err() {
+            anyhow::bail!("{key} {value:?} is not a whole number of milliseconds (e.g. 3000)");
+        }
+    }
+    Ok(())
+}
+
 /// Checks one endpoint value; see [`check_endpoints`].
 fn check_endpoint(key: &str, value: &str) -> anyhow::Result<()> {
     let valid = url::Url::parse(value.trim()).is_ok_and(|u| {
@@ -177,11 +204,13 @@ impl Telemetry {
     /// stderr (the library's pool advice among them) unless `RUST_LOG` is set.
     ///
     /// # Errors
-    /// When an OTLP endpoint variable is not an http(s) URL, the exporter
+    /// When an OTLP endpoint variable is not an http(s) URL or a
+    /// millisecond variable not a whole number, the exporter
     /// cannot be built or a tracing subscriber exists.
     pub(crate) fn init(traces_out: Option<PathBuf>, quiet: bool) -> anyhow::Result<Self> {
         if let Some(endpoint) = otlp_endpoint() {
             check_endpoints()?;
+            check_milliseconds()?;
             let (spans, metrics) = otlp_exporters()
                 .with_context(|| format!("cannot set up OTLP export to {endpoint}"))?;
             let guard = otlp::init_with_exporters(spans, Some(metrics), pipeline_options(quiet))?;
@@ -236,6 +265,7 @@ impl Telemetry {
         let memory = MemoryExporter::new(store.clone());
         if let Some(endpoint) = otlp_endpoint() {
             check_endpoints()?;
+            check_milliseconds()?;
             let (spans, metrics) = otlp_exporters()
                 .with_context(|| format!("cannot set up OTLP export to {endpoint}"))?;
             let tee = Tee {

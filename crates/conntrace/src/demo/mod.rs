@@ -55,7 +55,7 @@ pub(crate) struct DemoArgs {
     pub(crate) duration: f64,
 
     /// Warm-up seconds before each phase's measurement: same load, traced
-    /// (fanout span attribute demo.warmup = true) but left out of the
+    /// (user_request span attribute demo.warmup = true) but left out of the
     /// numbers, so a cold pool's first connects do not count as steady state.
     #[arg(long, value_name = "SECS", default_value_t = 1.0, value_parser = parse_warmup)]
     pub(crate) warmup: f64,

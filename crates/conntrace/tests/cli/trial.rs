@@ -719,6 +719,29 @@ async fn serve_on_ipv6_prints_a_url_that_reaches_it() {
     );
 }
 
+/// An OTLP timeout or metric interval that is not a whole number of
+/// milliseconds is named in one line before anything runs (the exporters
+/// would ignore it silently: a tester's `OTEL_EXPORTER_OTLP_TIMEOUT=abc`).
+#[tokio::test]
+async fn a_bad_otlp_millisecond_variable_is_named() {
+    for (key, value) in [
+        ("OTEL_EXPORTER_OTLP_TIMEOUT", "abc"),
+        ("OTEL_EXPORTER_OTLP_TRACES_TIMEOUT", "1.5"),
+        ("OTEL_METRIC_EXPORT_INTERVAL", "-1"),
+    ] {
+        let mut cmd = conntrace();
+        cmd.args(["probe", "http://127.0.0.1:1/", "-n", "1"])
+            .env("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:1")
+            .env(key, value);
+        let out = run(cmd).await;
+        assert_one_line_error(&out, "");
+        assert_eq!(
+            stderr(&out).trim(),
+            format!("error: {key} \"{value}\" is not a whole number of milliseconds (e.g. 3000)")
+        );
+    }
+}
+
 /// An OTLP endpoint that is not an http(s) URL is named in one line before
 /// anything runs; an https one says this build exports over http:// only.
 #[tokio::test]
