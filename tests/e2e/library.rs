@@ -1677,6 +1677,11 @@ async fn a_retry_middleware_after_ours_is_recorded_as_unseen_requests() {
     assert!(message.contains("after any retry middleware"), "{message}");
 }
 
+/// The status of each `CONNECT` `proxy` answered, in order.
+fn connect_statuses(proxy: &conntrace_lab::ConnectProxy) -> Vec<u16> {
+    proxy.connect_log().iter().map(|r| r.status).collect()
+}
+
 /// Waits (up to 5 s) until `requests` request spans and `setups` setup
 /// spans have ended; returns the setups.
 fn ended(t: &Telemetry, requests: usize, setups: usize) -> Vec<opentelemetry_sdk::trace::SpanData> {
@@ -1839,14 +1844,7 @@ async fn a_refusing_proxy_named_by_host_name_is_the_peer_with_its_port() {
         .await
         .expect_err("the proxy refuses");
     let setups = ended(&t, 1, 1);
-    assert_eq!(
-        proxy
-            .connect_log()
-            .iter()
-            .map(|r| r.status)
-            .collect::<Vec<_>>(),
-        vec![502]
-    );
+    assert_eq!(connect_statuses(&proxy), vec![502]);
     assert_eq!(
         (
             str_attr(&setups[0], semconv::NETWORK_PEER_ADDRESS),
@@ -1885,11 +1883,7 @@ async fn tls_refused_inside_a_tunnel_still_names_the_proxy() {
         .expect_err("the certificate is not trusted");
     let setups = ended(&t, 1, 1);
     assert_eq!(
-        proxy
-            .connect_log()
-            .iter()
-            .map(|r| r.status)
-            .collect::<Vec<_>>(),
+        connect_statuses(&proxy),
         vec![200],
         "the proxy opened one tunnel"
     );
