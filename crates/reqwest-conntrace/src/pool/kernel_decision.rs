@@ -105,12 +105,16 @@ pub(crate) fn decide_from_kernel(
         // Another request held it (`alive` is `all_busy`), and the response
         // it carried announced its close: that close is why the pool had
         // it no more (named once; see `name_next_known_loss`). Not when it
-        // carried more than that one response since the miss: the close
-        // came with a request that started after the miss, on a
-        // connection then alive and busy.
+        // carried more than that one response since the miss, or when the
+        // request whose response announced it started after the miss: the
+        // close came with a request that started after the miss, on a
+        // connection then alive (busy, or on its way back to the pool).
         if alive.reason == MissReason::AllBusy
             && alive.previous.is_none()
             && candidate.requests.load(Ordering::Relaxed) <= requests_seen + 1
+            && candidate
+                .latest_request_started()
+                .is_none_or(|started| started <= classified_at)
             && candidate.said_connection_close()
             && candidate.name_close()
         {

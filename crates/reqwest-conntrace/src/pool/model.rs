@@ -2078,6 +2078,22 @@ mod tests {
             next.previous.map(|p| (p.id, p.request_count)),
             Some((a.id(), 3))
         );
+        // One response since the miss, but its request started after the
+        // miss: the connection was on its way back to the pool at the miss,
+        // not ended (a redirect chain against nginx's request limit named
+        // a connection whose 5th request started 0.3 ms after the miss).
+        let pools = PoolHistory::default();
+        let b = connection(&pools, &client, 2, t0, false);
+        response(&b, false, t0 + Duration::from_millis(1));
+        let (candidate, alive, seen) = ask(pools.classify_miss(&host(), &client, at, 2));
+        assert_eq!(alive.reason, MissReason::AllBusy);
+        b.take();
+        b.set_connection_close(true);
+        b.count_request(at + Duration::from_millis(1));
+        b.give_back();
+        assert_eq!(b.requests.load(Ordering::Relaxed), seen + 1);
+        let miss = decide_from_kernel(&candidate, &gone(), at, alive, seen, at);
+        assert_eq!(miss, alive);
     }
 
     /// The kernel shows an HTTP/1.1 candidate closed (either side, or
@@ -3185,7 +3201,7 @@ mod tests {
         use crate::kernel::{Acknowledged, SocketEnd, SocketEndSink};
         let t0 = Instant::now();
         let ms = Duration::from_millis;
-        let report = SocketEnd {
+        let same_jiffy = SocketEnd {
             seen_at: t0 + ms(3),
             since_last_receive: ms(2),
             since_last_send: ms(2),
@@ -3195,12 +3211,30 @@ mod tests {
             unacked: 0,
             retransmits: 0,
         };
+        // Our last data 3 ms before the server's, which came with the
+        // response: the request and its response, or our close_notify at
+        // release and the server's answer.
+        let request_then_response = SocketEnd {
+            seen_at: t0 + ms(6),
+            since_last_receive: ms(2),
+            since_last_send: ms(5),
+            ..same_jiffy
+        };
         let ours = Some(ReportedEnd::Ours { idle: ms(1) });
-        // (idle limit set through our builder, release over it, expected)
-        for (limit, over, expected) in [
-            (None, false, ours),
-            (Some(10), false, Some(ReportedEnd::Server)),
-            (Some(10), true, ours),
+        // (report, idle limit set through our builder, release over it,
+        // expected)
+        for (report, limit, over, expected) in [
+            (same_jiffy, None, false, ours),
+            (same_jiffy, Some(10), false, Some(ReportedEnd::Server)),
+            (same_jiffy, Some(10), true, ours),
+            (request_then_response, None, false, ours),
+            (
+                request_then_response,
+                Some(10),
+                false,
+                Some(ReportedEnd::Server),
+            ),
+            (request_then_response, Some(10), true, ours),
         ] {
             let pools = PoolHistory::default();
             let client = Arc::new(ClientState::new(Some(None), limit));
@@ -3211,7 +3245,11 @@ mod tests {
                 b.mark_over_idle_limit();
             }
             b.socket_ended(report);
-            assert_eq!(reported_end(&b), expected, "limit {limit:?}, over {over}");
+            assert_eq!(
+                reported_end(&b),
+                expected,
+                "{report:?}, limit {limit:?}, over {over}"
+            );
             if expected == Some(ReportedEnd::Server) {
                 let at = t0 + ms(5);
                 let (candidate, alive, seen) = ask(pools.classify_miss(&host(), &client, at, 1));
