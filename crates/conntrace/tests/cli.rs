@@ -865,6 +865,7 @@ impl RequestLimitRuns {
             )
             .expect("OTLP JSON");
             let ms = |row: &serde_json::Value, key: &str| row[key].as_f64().expect("ms");
+            let mut unsure_discarded = 0;
             for row in &rows {
                 let (port, count) =
                     assert_nginx_served(row, &this_run, &format!("run {run_index}"));
@@ -941,6 +942,29 @@ impl RequestLimitRuns {
                     })
                     .map(|e| e.connection_requests)
                     .collect();
+                // The one unsure label let through, by its exact shape
+                // (REFERENCE section 11, "A redirect's dropped body can
+                // name a connection its next hop still used"): `discarded`
+                // naming a connection whose next request, a redirect hop
+                // that started after this miss, was its last one. At most
+                // one per run.
+                let next_hop_after = rows.iter().any(|o| {
+                    o["connection_id"].as_i64() == Some(previous)
+                        && o["connection_request_count"].as_i64() == Some(previous_count + 1)
+                        && o["resend_count"].as_i64().is_some_and(|n| n > 0)
+                        && ms(o, "start_ms") > start
+                });
+                if row["miss_reason"] == semconv::MISS_REASON_DISCARDED
+                    && next_hop_after
+                    && served.iter().copied().max() == Some(previous_count as u64 + 1)
+                {
+                    unsure_discarded += 1;
+                    assert!(
+                        unsure_discarded <= 1,
+                        "run {run_index}: a second discarded miss naming a connection its next hop used: {row}"
+                    );
+                    continue;
+                }
                 assert_eq!(
                     Some(previous_count as u64),
                     served.iter().copied().max(),
