@@ -44,7 +44,10 @@ pub(crate) fn gone_after_own_close(record: &ConnectionRecord, now: Instant) -> b
 /// Whether `record` was released within its client's idle limit for
 /// sure, so that the pool did not close it at its release: the limit set
 /// through our builder and fewer other connections idle at the release
-/// than it, the release not counted over it. A limit not set through our
+/// than it, the release not counted over it. Never for a connection that
+/// carried no request: hyper-util may drop one at its put-back, handed to
+/// a checkout whose own connect won, whatever the limit (a tester saw such
+/// a close, at the ready time, read as the server's). A limit not set through our
 /// builder gives no such certainty, even one a reuse showed above 0: the
 /// idle count at a release is a belief that closes learned late lower (a
 /// fan-out's connections closed over reqwest's `pool_max_idle_per_host`
@@ -52,7 +55,8 @@ pub(crate) fn gone_after_own_close(record: &ConnectionRecord, now: Instant) -> b
 pub(crate) fn released_within_idle_limit(record: &ConnectionRecord) -> bool {
     let client = &record.client;
     let others = record.idle_others_at_release();
-    !record.is_over_idle_limit()
+    !record.never_used()
+        && !record.is_over_idle_limit()
         && !record.is_over_idle_limit_unsure()
         && client.max_idle_known
         && client

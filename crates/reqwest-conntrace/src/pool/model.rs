@@ -3265,6 +3265,30 @@ mod tests {
                 );
             }
         }
+        // A connection that never carried a request: hyper-util may drop
+        // it at its put-back whatever the limit, so the same report is our
+        // close (a tester saw it read as the server's).
+        let pools = PoolHistory::default();
+        let client = Arc::new(ClientState::new(Some(None), Some(10)));
+        let plain = connection(&pools, &client, 1, t0, false);
+        let unused = ConnectionRecord::new(
+            Arc::new(ConnectionSetup {
+                tls: Some(ms(1)),
+                ..(*plain.setup).clone()
+            }),
+            SpanContext::empty_context(),
+            None,
+            Arc::clone(&client),
+            Some(host()),
+            None,
+        );
+        unused.mark_end_watched();
+        unused.socket_ended(same_jiffy);
+        assert!(
+            matches!(reported_end(&unused), Some(ReportedEnd::Ours { .. })),
+            "{:?}",
+            reported_end(&unused)
+        );
     }
 
     /// HTTP/1.1 over TLS in `TIME_WAIT` at the miss (our FIN first, the
