@@ -1677,6 +1677,18 @@ async fn a_retry_middleware_after_ours_is_recorded_as_unseen_requests() {
     assert!(message.contains("after any retry middleware"), "{message}");
 }
 
+/// What a setup span says of its proxy: `http.connection.proxied`, and the
+/// proxy's address and port.
+fn named_proxy(
+    setup: &opentelemetry_sdk::trace::SpanData,
+) -> (Option<bool>, Option<String>, Option<i64>) {
+    (
+        bool_attr(setup, semconv::HTTP_CONNECTION_PROXIED),
+        str_attr(setup, semconv::HTTP_CONNECTION_PROXY_ADDRESS),
+        i64_attr(setup, semconv::HTTP_CONNECTION_PROXY_PORT),
+    )
+}
+
 /// The status of each `CONNECT` `proxy` answered, in order.
 fn connect_statuses(proxy: &conntrace_lab::ConnectProxy) -> Vec<u16> {
     proxy.connect_log().iter().map(|r| r.status).collect()
@@ -1892,15 +1904,11 @@ async fn tls_refused_inside_a_tunnel_still_names_the_proxy() {
     let proxy_port = i64::from(proxy.addr().port());
     assert_eq!(
         (
-            bool_attr(setup, semconv::HTTP_CONNECTION_PROXIED),
-            str_attr(setup, semconv::HTTP_CONNECTION_PROXY_ADDRESS),
-            i64_attr(setup, semconv::HTTP_CONNECTION_PROXY_PORT),
+            named_proxy(setup),
             str_attr(setup, semconv::ERROR_TYPE).as_deref(),
         ),
         (
-            Some(true),
-            Some(proxy_ip.clone()),
-            Some(proxy_port),
+            (Some(true), Some(proxy_ip.clone()), Some(proxy_port)),
             Some(semconv::ERROR_TYPE_TLS_CERTIFICATE)
         )
     );
@@ -1967,15 +1975,15 @@ async fn a_proxy_that_never_answers_connect_is_named_and_no_syn_retransmit_claim
     let setup = &setups[0];
     assert_eq!(
         (
-            bool_attr(setup, semconv::HTTP_CONNECTION_PROXIED),
-            str_attr(setup, semconv::HTTP_CONNECTION_PROXY_ADDRESS),
-            i64_attr(setup, semconv::HTTP_CONNECTION_PROXY_PORT),
+            named_proxy(setup),
             str_attr(setup, semconv::HTTP_CONNECTION_DNS_SKIPPED).as_deref(),
         ),
         (
-            Some(true),
-            Some(proxy_addr.ip().to_string()),
-            Some(i64::from(proxy_addr.port())),
+            (
+                Some(true),
+                Some(proxy_addr.ip().to_string()),
+                Some(i64::from(proxy_addr.port()))
+            ),
             Some("ip_literal")
         )
     );

@@ -60,17 +60,30 @@ const ENDPOINT_VARIABLES: [&str; 3] = [
 ///
 /// # Errors
 /// One line naming the variable and its value.
-pub(crate) fn check_endpoints() -> anyhow::Result<()> {
-    for key in ENDPOINT_VARIABLES {
-        let Ok(value) = std::env::var(key) else {
-            continue;
-        };
-        if value.trim().is_empty() {
-            continue;
-        }
+fn check_endpoints() -> anyhow::Result<()> {
+    for (key, value) in set_variables(&ENDPOINT_VARIABLES) {
         check_endpoint(key, &value)?;
     }
     Ok(())
+}
+
+/// The variables among `keys` set to a non-blank value, with that value.
+fn set_variables<'a>(keys: &'a [&'a str]) -> impl Iterator<Item = (&'a str, String)> + 'a {
+    keys.iter().filter_map(|key| {
+        let value = std::env::var(key).ok()?;
+        (!value.trim().is_empty()).then_some((*key, value))
+    })
+}
+
+/// Checks the OTLP variables a run reads: the endpoints
+/// ([`check_endpoints`]) and the millisecond values
+/// ([`check_milliseconds`]).
+///
+/// # Errors
+/// One line naming the first bad variable and its value.
+pub(crate) fn check_otlp_variables() -> anyhow::Result<()> {
+    check_endpoints()?;
+    check_milliseconds()
 }
 
 /// The OTLP variables in milliseconds (OpenTelemetry's environment
@@ -88,12 +101,9 @@ const MILLISECOND_VARIABLES: [&str; 4] = [
 ///
 /// # Errors
 /// One line naming the variable and its value.
-pub(crate) fn check_milliseconds() -> anyhow::Result<()> {
-    for key in MILLISECOND_VARIABLES {
-        let Ok(value) = std::env::var(key) else {
-            continue;
-        };
-        if !value.trim().is_empty() && value.trim().parse::<u64>().is_err() {
+fn check_milliseconds() -> anyhow::Result<()> {
+    for (key, value) in set_variables(&MILLISECOND_VARIABLES) {
+        if value.trim().parse::<u64>().is_err() {
             anyhow::bail!("{key} {value:?} is not a whole number of milliseconds (e.g. 3000)");
         }
     }
@@ -209,8 +219,7 @@ impl Telemetry {
     /// cannot be built or a tracing subscriber exists.
     pub(crate) fn init(traces_out: Option<PathBuf>, quiet: bool) -> anyhow::Result<Self> {
         if let Some(endpoint) = otlp_endpoint() {
-            check_endpoints()?;
-            check_milliseconds()?;
+            check_otlp_variables()?;
             let (spans, metrics) = otlp_exporters()
                 .with_context(|| format!("cannot set up OTLP export to {endpoint}"))?;
             let guard = otlp::init_with_exporters(spans, Some(metrics), pipeline_options(quiet))?;
@@ -264,8 +273,7 @@ impl Telemetry {
         let store = SpanStore::default();
         let memory = MemoryExporter::new(store.clone());
         if let Some(endpoint) = otlp_endpoint() {
-            check_endpoints()?;
-            check_milliseconds()?;
+            check_otlp_variables()?;
             let (spans, metrics) = otlp_exporters()
                 .with_context(|| format!("cannot set up OTLP export to {endpoint}"))?;
             let tee = Tee {
