@@ -8,7 +8,7 @@ use anyhow::Context as _;
 use clap::Args;
 
 use super::html::HtmlOutput;
-use super::model::DEFAULT_SHOWN_TRACES;
+use super::model::{DEFAULT_SHOWN_TRACES, is_connection, is_request};
 
 /// Arguments of `conntrace view`.
 #[derive(Debug, Args)]
@@ -33,8 +33,10 @@ pub(crate) struct ViewArgs {
 /// Runs `conntrace view`; prints where the page went.
 ///
 /// # Errors
-/// A file that cannot be read, is not OTLP JSON or holds no span; a page
-/// that cannot be written.
+/// A file that cannot be read, is not OTLP JSON, or holds no HTTP client
+/// request span (one with `http.request.method`) and no connection setup
+/// span (nothing to draw); a page that cannot be written. No page is
+/// written then.
 pub(crate) fn run(args: &ViewArgs) -> anyhow::Result<ExitCode> {
     super::html::refuse_same_file(&args.html, &args.traces, "the traces file read")?;
     let out = HtmlOutput::create(&args.html)?;
@@ -48,6 +50,13 @@ pub(crate) fn run(args: &ViewArgs) -> anyhow::Result<ExitCode> {
     })?;
     if spans.is_empty() {
         anyhow::bail!("{shown} holds no spans");
+    }
+    if !spans.iter().any(|s| is_request(s) || is_connection(s)) {
+        anyhow::bail!(
+            "{shown} holds {} span(s) but no HTTP client request (http.request.method) and no {} span: nothing to draw",
+            spans.len(),
+            reqwest_conntrace::semconv::CONNECTION_SETUP_SPAN
+        );
     }
     let title = args
         .traces

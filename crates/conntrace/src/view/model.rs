@@ -361,7 +361,7 @@ pub(crate) fn is_request(span: &ReceivedSpan) -> bool {
 }
 
 /// Whether `span` is a connection setup span.
-fn is_connection(span: &ReceivedSpan) -> bool {
+pub(crate) fn is_connection(span: &ReceivedSpan) -> bool {
     span.name() == semconv::CONNECTION_SETUP_SPAN
 }
 

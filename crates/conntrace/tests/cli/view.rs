@@ -753,7 +753,8 @@ async fn lab_page_draws_the_proxy_phase() {
 /// `conntrace view` reads what an OpenTelemetry Collector's file exporter
 /// writes (JSON lines, one ExportTraceServiceRequest each, fields left out,
 /// the request and its connection in different lines) into the same page,
-/// and refuses a file that is not OTLP JSON with one line and exit 1.
+/// and refuses a file that is not OTLP JSON, or one with no request or
+/// connection span to draw, with one line and exit 1.
 #[tokio::test]
 async fn view_reads_collector_json_lines_and_rejects_other_files() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -790,6 +791,27 @@ async fn view_reads_collector_json_lines_and_rejects_other_files() {
     super::assert_one_line_error(&out, "not an otlp json traces file");
     assert_eq!(out.status.code(), Some(1));
     assert!(!dir.path().join("x.html").exists(), "no page for bad input");
+
+    // OTLP JSON, but nothing of ours in it: a span with only a name, and
+    // an application's span with no HTTP attribute.
+    let nothing_to_draw = dir.path().join("other.json");
+    std::fs::write(
+        &nothing_to_draw,
+        r#"{"resourceSpans":[{"scopeSpans":[{"spans":[{"name":"x"},{"traceId":"0af7651916cd43dd8448eb211c80319c","spanId":"b7ad6b7169203331","name":"checkout","startTimeUnixNano":"1","endTimeUnixNano":"2"}]}]}]}"#,
+    )
+    .expect("write");
+    let mut cmd = conntrace();
+    cmd.arg("view")
+        .arg(&nothing_to_draw)
+        .arg("--html")
+        .arg(dir.path().join("y.html"));
+    let out = run(cmd).await;
+    super::assert_one_line_error(&out, "holds 2 span(s) but no http client request");
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        !dir.path().join("y.html").exists(),
+        "no page for nothing to draw"
+    );
 }
 
 /// `conntrace view` of a file another exporter wrote with a URL's secrets
