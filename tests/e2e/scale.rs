@@ -128,8 +128,14 @@ async fn a_second_wave_on_thousands_of_pooled_connections_names_every_connection
     ensure_fd_limit(2 * WAVE as u64 + 1024);
     let t = telemetry();
     let server = ServerThread::start();
-    // reqwest's idle pool is unlimited by default.
-    let client = t.client(reqwest::Client::builder(), None);
+    // reqwest's idle pool is unlimited by default. Its default
+    // TCP_USER_TIMEOUT (30 s, reqwest 0.13) is off: thousands of loopback
+    // sockets sending at once overflow the per-CPU backlog
+    // (`net.core.netdev_max_backlog`, 1000; /proc/net/softnet_stat counts
+    // the drops) on a starved 2-core machine, and eight drops of one
+    // segment outlast 30 s of retransmit backoff (ETIMEDOUT). A far wire
+    // would not drop them; the plain client fails the same way here.
+    let client = t.client(reqwest::Client::builder().tcp_user_timeout(None), None);
     let first = format!("/gate/1/{WAVE}");
     let second = format!("/gate/2/{WAVE}");
     wave(&client, &server.url(&first), WAVE).await;
