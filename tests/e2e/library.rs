@@ -438,6 +438,120 @@ async fn pool_race_busy_connection_frees_before_the_new_connect() {
     );
 }
 
+/// Answers every name with 127.0.0.1 (the URL's port), holding the second
+/// answer back for [`LATE_ANSWER`].
+#[derive(Debug, Clone, Default)]
+struct SecondAnswerLate(Arc<AtomicUsize>);
+
+/// How long [`SecondAnswerLate`] holds its second answer.
+const LATE_ANSWER: Duration = Duration::from_millis(1500);
+
+impl reqwest::dns::Resolve for SecondAnswerLate {
+    fn resolve(&self, _name: reqwest::dns::Name) -> reqwest::dns::Resolving {
+        let n = self.0.fetch_add(1, Ordering::SeqCst);
+        Box::pin(async move {
+            if n == 1 {
+                tokio::time::sleep(LATE_ANSWER).await;
+            }
+            let localhost = std::net::SocketAddr::from(([127, 0, 0, 1], 0));
+            Ok(Box::new(std::iter::once(localhost)) as reqwest::dns::Addrs)
+        })
+    }
+}
+
+/// A connect whose trigger another connection served, put into a full idle
+/// pool, is closed unused by hyper-util (`Pool::put`: max idle per host):
+/// `closed_unused`; with room in the pool it is kept: `pooled`. A's
+/// response takes 300 ms; B starts 50 ms later and misses, its DNS answer
+/// held back 1.5 s, so A's connection serves B and is idle again when B's
+/// connect completes. The server's records are the truth: it saw B's
+/// connection carry no request, closed by the client at once under
+/// `pool_max_idle_per_host(1)`, open under reqwest's default (unlimited).
+#[tokio::test]
+async fn an_unused_connect_a_full_idle_pool_turned_away_is_closed_unused() {
+    for (idle_limit, expected) in [
+        (Some(1), semconv::SETUP_OUTCOME_CLOSED_UNUSED),
+        (None, semconv::SETUP_OUTCOME_POOLED),
+    ] {
+        let t = telemetry();
+        let server = TestServer::builder()
+            .idle_timeout(None)
+            .delay(Duration::from_millis(300))
+            .start()
+            .await
+            .expect("server");
+        let mut builder = reqwest::Client::builder();
+        if let Some(limit) = idle_limit {
+            builder = builder.pool_max_idle_per_host(limit);
+        }
+        let client = t
+            .conntrace()
+            .instrument_client(builder)
+            .dns_resolver(SecondAnswerLate::default())
+            .build_with_middleware()
+            .expect("client");
+        let url = format!("http://late.test:{}/", server.addr().port());
+        let get = |pause: Duration| {
+            let (client, url) = (client.clone(), url.clone());
+            async move {
+                tokio::time::sleep(pause).await;
+                client.get(url).send().await?.bytes().await?;
+                Ok::<_, reqwest_middleware::Error>(())
+            }
+        };
+        let (a, b) = tokio::join!(get(Duration::ZERO), get(Duration::from_millis(50)));
+        a.expect("a");
+        b.expect("b");
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while t.setups().len() < 2 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "B's connect never ended ({idle_limit:?})"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let setups = t.setups();
+        let late = setups
+            .iter()
+            .find(|s| bool_attr(s, semconv::HTTP_CONNECTION_USED_BY_TRIGGER) == Some(false))
+            .unwrap_or_else(|| panic!("B's connect: {setups:#?}"));
+        // The server's side of that connection, by the client's port.
+        let port = i64_attr(late, semconv::NETWORK_LOCAL_PORT).expect("local port");
+        let on_server = |connections: Vec<conntrace_lab::server::ConnectionRecord>| {
+            connections
+                .into_iter()
+                .find(|c| i64::from(c.peer.port()) == port)
+                .expect("the server accepted it")
+        };
+        assert_eq!(server.accepted_connections(), 2, "{idle_limit:?}");
+        assert!(
+            server
+                .requests()
+                .iter()
+                .all(|r| r.connection_id != on_server(server.connections()).id),
+            "B's connection carried no request ({idle_limit:?})"
+        );
+        if idle_limit.is_some() {
+            // The client's close reaches the server within moments.
+            let deadline = std::time::Instant::now() + Duration::from_secs(5);
+            while on_server(server.connections()).end.is_none() {
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "the client never closed B's connection"
+                );
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        } else {
+            assert_eq!(on_server(server.connections()).end, None, "kept open");
+        }
+        assert_eq!(
+            str_attr(late, semconv::HTTP_CONNECTION_SETUP_OUTCOME).as_deref(),
+            Some(expected),
+            "{idle_limit:?}: {late:#?}"
+        );
+    }
+}
+
 /// reqwest-tracing's TracingMiddleware first, ours after with UseCurrentSpan:
 /// the pool attributes land on reqwest-tracing's span (exactly one span per
 /// request carries them) and the setup span nests under it.

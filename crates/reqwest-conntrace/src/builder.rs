@@ -35,7 +35,10 @@ use crate::pool::client::ClientState;
 /// (`add_root_certificate`, `built_in_roots(false)`, `client_identity`,
 /// `certificate_verifier` for CRLs), or build the rustls `ClientConfig`
 /// with them and pass it as [`TlsSettings::from_rustls_config`]), the DNS
-/// resolver (reqwest's builder cannot hand it back to be wrapped), and the
+/// resolver (reqwest's builder cannot hand it back to be wrapped: one set
+/// with its `dns_resolver`, or its `hickory_dns`, is replaced by the traced
+/// system resolver unless given to [`dns_resolver`](Self::dns_resolver)
+/// here), and the
 /// connect timeout (to tell a timed-out connect from a cancelled one).
 pub struct InstrumentedClientBuilder {
     trace: ConnTrace,

@@ -614,6 +614,12 @@ pub const SETUP_OUTCOME_POOLED: &str = "pooled";
 /// [`HTTP_CONNECTION_SETUP_OUTCOME`]: HTTP/2 connect that lost the ALPN race
 /// and was closed unused by hyper-util.
 pub const SETUP_OUTCOME_COALESCED: &str = "coalesced";
+/// [`HTTP_CONNECTION_SETUP_OUTCOME`]: HTTP/1.1 connect whose trigger was
+/// served by another connection first, closed unused by hyper-util: its
+/// idle pool for the host was full (`pool_max_idle_per_host`) as the
+/// connection was put there, or the waiting request it was handed to had
+/// been served already. A connect paid for nothing; not a failure.
+pub const SETUP_OUTCOME_CLOSED_UNUSED: &str = "closed_unused";
 /// [`HTTP_CONNECTION_SETUP_OUTCOME`]: its trigger opened more than one
 /// connection ([`HTTP_CONNECTION_CONNECTS`] on the request span) and was
 /// answered on another one: a middleware placed after

@@ -221,7 +221,6 @@ pub(crate) fn attribute_response(
     for unused in state.finish(
         Fate::ServedBy {
             connection_id: record.id(),
-            http2: record.http2(),
         },
         Some(&inner.kernel),
     ) {

@@ -66,7 +66,7 @@ struct TriggerState {
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum Fate {
     /// A response arrived over this connection.
-    ServedBy { connection_id: u64, http2: bool },
+    ServedBy { connection_id: u64 },
     /// The request failed or was cancelled before any response.
     NoResponse,
 }
@@ -287,15 +287,19 @@ impl Drop for RequestState {
 /// one it was not answered on may have carried a request sent by a
 /// middleware after ours.
 ///
-/// An HTTP/2 connection whose trigger another HTTP/2 connection served,
-/// and that has carried no request yet, is `coalesced` or `pooled` by its
-/// fate in hyper-util's pool: kept when the pool held no HTTP/2
-/// connection to the origin as it was put there (it then serves later
-/// requests), else dropped unused at once (`Pool::put`: "existing idle
-/// HTTP/2 connection"). With the kernel view, its socket is looked at
-/// [`COALESCED_LOOK_AFTER`] later: closed by our side (or gone) with still
-/// no request on it is `coalesced`, anything else `pooled`. Without it,
-/// no request yet is taken for `coalesced`.
+/// A connection whose trigger another connection served, and that has
+/// carried no request yet, is kept or closed unused by its fate in
+/// hyper-util's pool (hyper-util 0.1.21 `Pool::put`). HTTP/2: kept when
+/// the pool held no HTTP/2 connection to the origin as it was put there
+/// (it then serves later requests), else dropped at once ("existing idle
+/// HTTP/2 connection"): `coalesced`. HTTP/1.1: handed to a waiting
+/// checkout or kept idle, unless the host's idle list already holds
+/// `pool_max_idle_per_host` connections ("max idle per host ... dropping
+/// connection"), or the checkout it was handed to had been served
+/// already: `closed_unused`. With the kernel view, its socket is looked at
+/// [`UNUSED_LOOK_AFTER`] later: closed by our side (or gone) with still no
+/// request on it is closed unused, anything else `pooled`. Without it, no
+/// request yet is taken for closed over HTTP/2 and kept over HTTP/1.1.
 fn finish_setup(
     p: PendingSetup,
     fate: Fate,
@@ -322,19 +326,20 @@ fn finish_setup(
                 semconv::SETUP_OUTCOME_USED,
             ));
         }
-        Fate::ServedBy { http2, .. } => {
+        Fate::ServedBy { .. } => {
             span.set_attribute(KeyValue::new(
                 semconv::HTTP_CONNECTION_USED_BY_TRIGGER,
                 false,
             ));
-            let unused_http2 =
-                http2 && p.record.http2() && p.record.requests.load(Ordering::Relaxed) == 0;
-            if unused_http2 {
+            if !p.record.http2() {
+                pooled_unused = Some(Arc::clone(&p.record));
+            }
+            if p.record.requests.load(Ordering::Relaxed) == 0 {
                 if let Some(((local, remote), kernel)) =
                     p.record.pair().zip(kernel.filter(|k| k.is_available()))
                 {
                     let reason = Arc::clone(reason);
-                    let due = Instant::now() + COALESCED_LOOK_AFTER;
+                    let due = Instant::now() + UNUSED_LOOK_AFTER;
                     kernel.lookup_at(local, remote, due, move |lookup| {
                         let closed_unused = p.record.requests.load(Ordering::Relaxed) == 0
                             && match &lookup {
@@ -342,20 +347,21 @@ fn finish_setup(
                                 KernelLookup::Found(facts) => facts.state.closed_by_us(),
                                 KernelLookup::Unavailable | KernelLookup::TimedOut => false,
                             };
-                        label_unused_http2(&p, closed_unused);
+                        label_unused(&p, closed_unused);
                         end_served_elsewhere(p, &reason);
                     });
-                    return None;
+                    return pooled_unused;
                 }
-                label_unused_http2(&p, true);
+                // Without the kernel: an HTTP/2 connection that carried no
+                // request is taken for closed (see above); an HTTP/1.1 one
+                // for kept.
+                let http2 = p.record.http2();
+                label_unused(&p, http2);
             } else {
                 span.set_attribute(KeyValue::new(
                     semconv::HTTP_CONNECTION_SETUP_OUTCOME,
                     semconv::SETUP_OUTCOME_POOLED,
                 ));
-                if !p.record.http2() {
-                    pooled_unused = Some(Arc::clone(&p.record));
-                }
             }
         }
         Fate::NoResponse => {}
@@ -367,37 +373,38 @@ fn finish_setup(
     pooled_unused
 }
 
-/// How long after its trigger was served elsewhere an unused HTTP/2
-/// connection's socket is looked at (see [`finish_setup`]): hyper-util
-/// drops a connection its pool did not keep as soon as its background
-/// connect returns, on a loaded machine within tens of milliseconds.
-pub(crate) const COALESCED_LOOK_AFTER: std::time::Duration = std::time::Duration::from_millis(100);
+/// How long after its trigger was served elsewhere an unused connection's
+/// socket is looked at (see [`finish_setup`]): hyper-util drops a
+/// connection its pool did not keep as soon as its background connect
+/// returns, on a loaded machine within tens of milliseconds.
+pub(crate) const UNUSED_LOOK_AFTER: std::time::Duration = std::time::Duration::from_millis(100);
 
-/// Labels `p`, an HTTP/2 connection its trigger did not use: `coalesced`
-/// (closed unused by hyper-util, with its event and status `Ok`) or
-/// `pooled`.
-fn label_unused_http2(p: &PendingSetup, closed_unused: bool) {
+/// Labels `p`, a connection its trigger did not use and that carried no
+/// request: closed unused by hyper-util's pool (`closed`): `coalesced` for
+/// HTTP/2 (with its event and status `Ok`), `closed_unused` for HTTP/1.1;
+/// else `pooled`.
+fn label_unused(p: &PendingSetup, closed: bool) {
     let span = p.cx.span();
-    if closed_unused {
-        span.add_event_with_timestamp(
-            semconv::EVENT_CONNECTION_COALESCED,
-            p.end,
-            vec![KeyValue::new(
-                semconv::EXCEPTION_MESSAGE,
-                "another HTTP/2 connection to this origin was ready first; hyper-util closed this one unused (ALPN upgraded to HTTP/2)",
-            )],
-        );
-        span.set_attribute(KeyValue::new(
-            semconv::HTTP_CONNECTION_SETUP_OUTCOME,
-            semconv::SETUP_OUTCOME_COALESCED,
-        ));
-        span.set_status(Status::Ok);
-    } else {
-        span.set_attribute(KeyValue::new(
-            semconv::HTTP_CONNECTION_SETUP_OUTCOME,
-            semconv::SETUP_OUTCOME_POOLED,
-        ));
-    }
+    let outcome = match (closed, p.record.http2()) {
+        (false, _) => semconv::SETUP_OUTCOME_POOLED,
+        (true, false) => semconv::SETUP_OUTCOME_CLOSED_UNUSED,
+        (true, true) => {
+            span.add_event_with_timestamp(
+                semconv::EVENT_CONNECTION_COALESCED,
+                p.end,
+                vec![KeyValue::new(
+                    semconv::EXCEPTION_MESSAGE,
+                    "another HTTP/2 connection to this origin was ready first; hyper-util closed this one unused (ALPN upgraded to HTTP/2)",
+                )],
+            );
+            span.set_status(Status::Ok);
+            semconv::SETUP_OUTCOME_COALESCED
+        }
+    };
+    span.set_attribute(KeyValue::new(
+        semconv::HTTP_CONNECTION_SETUP_OUTCOME,
+        outcome,
+    ));
 }
 
 /// Ends a setup span whose trigger got a response: with the trigger's
