@@ -337,7 +337,8 @@ async fn http2_concurrent_first_requests_coalesce_onto_one_connection() {
 /// busy with A; B's connect (TLS 1.2 through a 400 ms RTT proxy, resumed:
 /// 2 RTT) is slower than A's response, so B is served by A's connection once
 /// it is released: B is a hit that waited, its connect finishes in the
-/// background and says it did not serve its trigger.
+/// background and says it did not serve its trigger, and whether the pool
+/// kept it or closed it unused, as the server saw.
 #[tokio::test]
 async fn pool_race_busy_connection_frees_before_the_new_connect() {
     let t = telemetry();
@@ -423,10 +424,51 @@ async fn pool_race_busy_connection_frees_before_the_new_connect() {
         bool_attr(background, semconv::HTTP_CONNECTION_USED_BY_TRIGGER),
         Some(false)
     );
-    assert_eq!(
-        str_attr(background, semconv::HTTP_CONNECTION_SETUP_OUTCOME).as_deref(),
-        Some(semconv::SETUP_OUTCOME_POOLED)
+    // Its fate in hyper-util's pool (idle limit 1) depends on whether A's
+    // connection was back in the idle list when it was put there (B's
+    // response done): then closed unused, else kept. The server (behind
+    // the proxy, its second connection) says which: a close with no
+    // request reaches it one proxy delay later; a kept one stays open.
+    let outcome = str_attr(background, semconv::HTTP_CONNECTION_SETUP_OUTCOME);
+    let background_on_server = || {
+        server
+            .connections()
+            .into_iter()
+            .find(|c| c.id == 2)
+            .unwrap_or_else(|| panic!("B's connect on the server: {:?}", server.connections()))
+    };
+    // The server records it once its side of the handshake is done, one
+    // proxy delay after ours.
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while server.connections().len() < 2 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the server never finished B's handshake"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(
+        server.requests().iter().all(|r| r.connection_id != 2),
+        "B's connect carried no request"
     );
+    match outcome.as_deref() {
+        Some(semconv::SETUP_OUTCOME_CLOSED_UNUSED) => {
+            let deadline = std::time::Instant::now() + Duration::from_secs(5);
+            while background_on_server().end.is_none() {
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "closed_unused, but the server never saw it closed"
+                );
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        }
+        Some(semconv::SETUP_OUTCOME_POOLED) => {
+            // Longer than the proxy's delay of a close (200 ms).
+            tokio::time::sleep(Duration::from_millis(600)).await;
+            assert_eq!(background_on_server().end, None, "pooled: kept open");
+        }
+        other => panic!("outcome {other:?}: {background:#?}"),
+    }
     assert_eq!(
         bool_attr(background, semconv::TLS_RESUMED),
         Some(true),

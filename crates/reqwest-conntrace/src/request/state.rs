@@ -297,8 +297,9 @@ impl Drop for RequestState {
 /// `pool_max_idle_per_host` connections ("max idle per host ... dropping
 /// connection"), or the checkout it was handed to had been served
 /// already: `closed_unused`. With the kernel view, its socket is looked at
-/// [`UNUSED_LOOK_AFTER`] later: closed by our side (or gone) with still no
-/// request on it is closed unused, anything else `pooled`. Without it, no
+/// [`UNUSED_LOOKS`] later: closed by our side (or gone) with still no
+/// request on it is closed unused; a request on it, or still open at the
+/// last look, `pooled`. Without it, no
 /// request yet is taken for closed over HTTP/2 and kept over HTTP/1.1.
 fn finish_setup(
     p: PendingSetup,
@@ -338,18 +339,18 @@ fn finish_setup(
                 if let Some(((local, remote), kernel)) =
                     p.record.pair().zip(kernel.filter(|k| k.is_available()))
                 {
-                    let reason = Arc::clone(reason);
-                    let due = Instant::now() + UNUSED_LOOK_AFTER;
-                    kernel.lookup_at(local, remote, due, move |lookup| {
-                        let closed_unused = p.record.requests.load(Ordering::Relaxed) == 0
-                            && match &lookup {
-                                KernelLookup::NotFound => true,
-                                KernelLookup::Found(facts) => facts.state.closed_by_us(),
-                                KernelLookup::Unavailable | KernelLookup::TimedOut => false,
-                            };
-                        label_unused(&p, closed_unused);
-                        end_served_elsewhere(p, &reason);
+                    let look = Arc::new(UnusedLook {
+                        pending: Mutex::new(Some(p)),
+                        reason: Arc::clone(reason),
                     });
+                    let now = Instant::now();
+                    for (i, after) in UNUSED_LOOKS.iter().enumerate() {
+                        let look = Arc::clone(&look);
+                        let last = i + 1 == UNUSED_LOOKS.len();
+                        kernel.lookup_at(local, remote, now + *after, move |lookup| {
+                            look.answer(&lookup, last);
+                        });
+                    }
                     return pooled_unused;
                 }
                 // Without the kernel: an HTTP/2 connection that carried no
@@ -373,11 +374,53 @@ fn finish_setup(
     pooled_unused
 }
 
-/// How long after its trigger was served elsewhere an unused connection's
+/// When, after its trigger was served elsewhere, an unused connection's
 /// socket is looked at (see [`finish_setup`]): hyper-util drops a
-/// connection its pool did not keep as soon as its background connect
-/// returns, on a loaded machine within tens of milliseconds.
-pub(crate) const UNUSED_LOOK_AFTER: std::time::Duration = std::time::Duration::from_millis(100);
+/// connection its pool did not keep as its background connect returns, on
+/// its own task, which a loaded runtime runs tens to hundreds of
+/// milliseconds later. The first look that shows it closed decides; one
+/// still open at the last look was kept (`pooled`): its span ends then.
+pub(crate) const UNUSED_LOOKS: [std::time::Duration; 4] = [
+    std::time::Duration::from_millis(100),
+    std::time::Duration::from_millis(250),
+    std::time::Duration::from_millis(500),
+    std::time::Duration::from_millis(1000),
+];
+
+/// A setup span whose connection its trigger did not use, waiting for
+/// the kernel's looks ([`UNUSED_LOOKS`]) to tell whether the pool kept it.
+struct UnusedLook {
+    /// Taken by the look that decides.
+    pending: Mutex<Option<PendingSetup>>,
+    reason: Arc<SetupReason>,
+}
+
+impl UnusedLook {
+    /// One look's answer: a socket closed by our side (or gone) while it
+    /// still carried no request is closed unused; a request on it, or the
+    /// `last` look, decides kept; else the next look decides.
+    fn answer(&self, lookup: &KernelLookup, last: bool) {
+        let mut pending = self.pending.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(p) = pending.as_ref() else {
+            return;
+        };
+        let unused = p.record.requests.load(Ordering::Relaxed) == 0;
+        let closed = match lookup {
+            KernelLookup::NotFound => true,
+            KernelLookup::Found(facts) => facts.state.closed_by_us(),
+            KernelLookup::Unavailable | KernelLookup::TimedOut => false,
+        };
+        if unused && !closed && !last {
+            return;
+        }
+        let Some(p) = pending.take() else {
+            return;
+        };
+        drop(pending);
+        label_unused(&p, unused && closed);
+        end_served_elsewhere(p, &self.reason);
+    }
+}
 
 /// Labels `p`, a connection its trigger did not use and that carried no
 /// request: closed unused by hyper-util's pool (`closed`): `coalesced` for
