@@ -26,7 +26,7 @@ use crate::pool::end_report::{
 };
 use crate::pool::host::HostKey;
 use crate::pool::inferred::{PoolClose, pool_close, pool_close_after};
-use crate::pool::kernel_decision::gone_at_release;
+use crate::pool::kernel_decision::{gone_at_release, tls_time_wait_is_servers};
 use crate::pool::model::{MissVerdict, PoolHistory};
 use crate::pool::record::ConnectionRecord;
 use crate::pool::registry::Registry;
@@ -182,7 +182,16 @@ impl Inner {
     /// Records that `record`'s client's own pool closed it (`close`): a
     /// bound on a limit this crate could not read. Releases after it
     /// counted it idle while it was not (see `uncount_closed`).
+    ///
+    /// A close at release bounds the limit by the others idle then, counted
+    /// in our order of releases; hyper-util may have taken releases in
+    /// another order, so the client's connections released just after this
+    /// one and still open count too (see
+    /// [`PoolHistory::with_reordered_releases`](crate::pool::model::PoolHistory::with_reordered_releases)):
+    /// a pool that kept the later one and closed this one has a limit of at
+    /// least 1, not 0.
     fn note_pool_close(&self, record: &ConnectionRecord, close: PoolClose) {
+        let close = self.pools.with_reordered_releases(record, close);
         if !record.is_closed()
             && !record.client.max_idle_known
             && let Some(host) = &record.host
@@ -218,6 +227,9 @@ impl Inner {
             KernelLookup::Found(facts) => {
                 if facts.state.closed_by_peer() {
                     record.closed_by_server(true);
+                } else if tls_time_wait_is_servers(record, facts, now) {
+                    // Our close only answered the server's close_notify.
+                    record.closed_by_server(false);
                 } else if record.is_dropped_early() {
                     record.mark_discarded(record.last_activity());
                 } else if !record.client.limits_known()
@@ -327,18 +339,19 @@ impl Inner {
                 Err(_) => inner.sweep(now),
             }
         }
-        if !record.http2()
-            && let (Some(l), Some(r)) = (record.setup.local_addr, record.setup.peer_addr)
-        {
+        if let (Some(l), Some(r)) = (record.setup.local_addr, record.setup.peer_addr) {
             // Over TLS a socket found gone may be a close of ours the
             // server's close_notify reset: the kernel's report of its end
             // tells (see `pool::model::reported_end`). Over either, a
             // request that gave up on its response leaves hyper closing
             // the socket: the report keeps the stall's evidence
             // (`request::stall_evidence::FailureEvidence`).
+            // HTTP/2: only to date an end while it idled (see
+            // `pool::end_report::ended_before_idle_timeout`); nothing waits
+            // for its report.
             let sink: std::sync::Weak<dyn crate::kernel::SocketEndSink> =
                 Arc::downgrade(&record) as _;
-            if crate::kernel::watch_end(l, r, sink) {
+            if crate::kernel::watch_end(l, r, sink) && !record.http2() {
                 record.mark_end_watched();
             }
         }

@@ -7,7 +7,9 @@
 use std::time::Instant;
 
 use crate::kernel::{KernelLookup, TcpFacts};
-use crate::pool::inferred::{CLOSED_AT_RELEASE, OWN_CLOSE_WINDOW, PoolClose, pool_close_after};
+use crate::pool::inferred::{
+    CLOSE_DATING_SLACK, CLOSED_AT_RELEASE, OWN_CLOSE_WINDOW, PoolClose, pool_close_after,
+};
 use crate::pool::record::ConnectionRecord;
 
 /// Whether `record`'s socket, found gone (no `TIME_WAIT` or `FIN_WAIT2`
@@ -156,8 +158,15 @@ pub(crate) fn reported_end(record: &ConnectionRecord) -> Option<ReportedEnd> {
     // limit the pool keeps it: a
     // server that closes without close_notify just after a response (our
     // last data the request, in the same jiffy) looks the same, and is
-    // that server's close (a tester's server read `release_race`).
-    let may_close_at_release = !released_within_idle_limit(record);
+    // that server's close (a tester's server read `release_race`). And
+    // only when our last data came just before the end (within
+    // ANSWERED_CLOSE_WINDOW): a close_notify of ours, which a close at
+    // release sends as it frees the socket; long before, it was the
+    // request the response answered, and the server's FIN (no
+    // close_notify) came first (a tester's server closing 300 ms after a
+    // response, limits not set through our builder, read `pool_disabled`,
+    // 15 of 15 misses).
+    let may_close_at_release = !released_within_idle_limit(record) && sent < ANSWERED_CLOSE_WINDOW;
     let answered = sent >= received
         && sent - received < ANSWERED_CLOSE_WINDOW
         && (end.has_unread_data()
@@ -307,4 +316,29 @@ pub(crate) fn closed_first_by_tls_server(record: &ConnectionRecord) -> bool {
         && !record.is_dropped_early()
         && !record.said_connection_close()
         && record.seen_end().is_none()
+}
+
+/// Whether the kernel's report of `record`'s socket end (HTTP/1.1 or
+/// HTTP/2, plain or TLS) dates the end while it idled, before its client's idle timeout
+/// could have closed it: freed (the report's arrival, no earlier than the
+/// end) more than [`CLOSED_AT_RELEASE`] after its release (a close at the
+/// release is its pool's own: rows 3b and 8) and more than
+/// [`CLOSE_DATING_SLACK`] before the idle timeout after its last activity
+/// (hyper-util's idle check closes a connection no earlier than the idle
+/// timeout after it was put back, `Pool::clear_expired`). The server ended
+/// it: a miss past the idle timeout is not `idle_expired` (seen: a server
+/// idle-closing at 300 ms, FIN or reset, under a client idle timeout of
+/// 400 ms; nginx's `keepalive_timeout 2s` under 3 s, and its HTTP/2
+/// idle GOAWAY after 1 s under 1.2 s). `false` without a report, an idle
+/// timeout, or a release (HTTP/2: its last stream's end).
+pub(crate) fn ended_before_idle_timeout(record: &ConnectionRecord) -> bool {
+    let (Some(end), Some(timeout), Some(released)) = (
+        record.socket_end(),
+        record.client.idle_timeout,
+        record.last_released(),
+    ) else {
+        return false;
+    };
+    end.seen_at > released + CLOSED_AT_RELEASE
+        && end.seen_at + CLOSE_DATING_SLACK < record.last_activity() + timeout
 }

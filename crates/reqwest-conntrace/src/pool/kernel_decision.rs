@@ -12,8 +12,9 @@ use std::time::Instant;
 use crate::kernel::{KernelLookup, TcpFacts};
 use crate::miss::{ConnectionEnd, MissReason};
 use crate::pool::end_report::{
-    ReportedEnd, closed_first_by_tls_server, gone_after_own_close, gone_may_be_ours,
-    released_within_idle_limit, reported_end, tls_closed_at_release, tls_time_wait_is_ours,
+    ReportedEnd, closed_first_by_tls_server, ended_before_idle_timeout, gone_after_own_close,
+    gone_may_be_ours, released_within_idle_limit, reported_end, tls_closed_at_release,
+    tls_time_wait_is_ours,
 };
 use crate::pool::inferred::{
     CLOSE_DATING_SLACK, CLOSED_AT_RELEASE, OWN_CLOSE_WINDOW, PoolClose, over_limit_reason,
@@ -132,6 +133,7 @@ pub(crate) fn decide_from_kernel(
         && candidate.client.idle_timeout.is_some_and(|t| {
             classified_at.saturating_duration_since(candidate.last_activity()) >= t
         })
+        && !ended_before_idle_timeout(candidate)
     {
         return Miss::caused_by(
             MissReason::IdleExpired,
@@ -294,12 +296,8 @@ pub(crate) fn decide_from_kernel(
         // the release was within an idle limit set through our builder (a
         // server closing just after a response, unannounced).
         KernelLookup::Found(facts)
-            if facts.state == crate::TcpState::TimeWait
-                && closed_first_by_tls_server(candidate)
-                && !tls_time_wait_is_ours(candidate, facts, now)
-                && !closed_after(facts, now, classified_at)
-                && (released_within_idle_limit(candidate)
-                    || !closed_at_release(candidate, facts, now)) =>
+            if tls_time_wait_is_servers(candidate, facts, now)
+                && !closed_after(facts, now, classified_at) =>
         {
             let end = candidate.closed_by_server(false);
             ended_by_server(candidate, now, Some(end), classified_at)
@@ -759,6 +757,28 @@ pub(crate) fn released_just_before(candidate: &ConnectionRecord, miss: Instant) 
         && candidate
             .last_released()
             .is_some_and(|t| miss.saturating_duration_since(t) <= CLOSED_AT_RELEASE)
+}
+
+/// Whether `record`'s socket in `TIME_WAIT` (asked at `now`), HTTP/1.1
+/// over TLS idle in the pool, was the server's close all the same: its
+/// close_notify came before our FIN and we only answered it (the kernel's
+/// report of the socket's end does not show a close of ours,
+/// [`tls_time_wait_is_ours`]), and the close is not the pool's own at the
+/// release ([`closed_at_release`], unless the release was within an idle
+/// limit set through our builder: a server closing just after a response).
+/// Row 10c of the decision table (docs/REFERENCE.md section 14); a close
+/// the kernel view applies off a miss reads the same (seen: a TLS server's
+/// close_notify and FIN 300 ms after a response taken for an idle timeout
+/// of 300 ms, and that close's end named `idle_timeout` on the next miss).
+pub(crate) fn tls_time_wait_is_servers(
+    record: &ConnectionRecord,
+    facts: &TcpFacts,
+    now: Instant,
+) -> bool {
+    facts.state == crate::TcpState::TimeWait
+        && closed_first_by_tls_server(record)
+        && !tls_time_wait_is_ours(record, facts, now)
+        && (released_within_idle_limit(record) || !closed_at_release(record, facts, now))
 }
 
 /// Whether the kernel dates the close of `record`'s socket (asked at

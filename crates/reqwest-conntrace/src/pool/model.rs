@@ -22,10 +22,11 @@ use std::time::Instant;
 
 use crate::miss::{ConnectionEnd, MissReason};
 use crate::pool::client::{ClientState, NEW_CLIENT_WINDOW};
-use crate::pool::end_report::reported_closed_at_release;
+use crate::pool::end_report::{ended_before_idle_timeout, reported_closed_at_release};
 use crate::pool::host::HostKey;
 use crate::pool::inferred::{
-    CLOSE_DATING_SLACK, CLOSED_AT_RELEASE, PoolClose, RELEASE_ORDER_UNSURE, over_limit_reason,
+    CLOSE_DATING_SLACK, CLOSED_AT_RELEASE, PoolClose, RELEASE_ORDER_UNSURE, RELEASE_REORDER_WINDOW,
+    over_limit_reason,
 };
 use crate::pool::kernel_decision::KernelQuestion;
 use crate::pool::losses::{
@@ -473,10 +474,13 @@ impl PoolHistory {
                 }
             });
         }
-        // 9. Idle past the client's idle timeout.
+        // 9. Idle past the client's idle timeout. Unless the kernel's report
+        //    of its socket's end dates that end before the timeout: the
+        //    server's close, which the kernel path names (row 10).
         if client
             .idle_timeout
             .is_some_and(|t| now.saturating_duration_since(candidate.last_activity()) >= t)
+            && !ended_before_idle_timeout(candidate)
         {
             candidate.mark_named_by_miss(now);
             return MissVerdict::Decided(Miss::caused_by(
@@ -994,6 +998,68 @@ impl PoolHistory {
                 r.uncount_idle_other();
             }
         }
+    }
+
+    /// `close`, by `record`'s own pool at its release (a limit not set
+    /// through our builder), with its count of others idle then raised to
+    /// the client's connections released no more than
+    /// [`RELEASE_REORDER_WINDOW`] after it and not known closed: each may
+    /// have been back in hyper-util's idle list before `record` was (see
+    /// there). A pool that kept a later one and closed this one has a limit
+    /// of at least 1, not 0. The raised count is kept on the record (a miss
+    /// naming it reads it). Any other close is returned as it is.
+    pub(crate) fn with_reordered_releases(
+        &self,
+        record: &ConnectionRecord,
+        close: PoolClose,
+    ) -> PoolClose {
+        let (
+            PoolClose::AtRelease {
+                idle_others: Some(k),
+            },
+            Some(host),
+        ) = (close, &record.host)
+        else {
+            return close;
+        };
+        if record.client.max_idle_known {
+            return close;
+        }
+        let later = self.released_after_and_open(host, record);
+        if later <= k {
+            return close;
+        }
+        record.set_idle_others_at_release(later);
+        PoolClose::AtRelease {
+            idle_others: Some(later),
+        }
+    }
+
+    /// Connections of `closed`'s client to `host` released no more than
+    /// [`RELEASE_REORDER_WINDOW`] after `closed`'s release and not known
+    /// closed (see [`with_reordered_releases`](Self::with_reordered_releases)).
+    fn released_after_and_open(&self, host: &HostKey, closed: &ConnectionRecord) -> usize {
+        let Some(released) = closed.last_released() else {
+            return 0;
+        };
+        let hosts = self.hosts();
+        let Some(history) = hosts.get(host) else {
+            return 0;
+        };
+        history
+            .connections
+            .iter()
+            .filter(|r| {
+                r.id() != closed.id()
+                    && r.client.id == closed.client.id
+                    && !r.http2()
+                    && !r.is_closed()
+                    && r.last_released().is_some_and(|t| {
+                        t > released
+                            && t.saturating_duration_since(released) <= RELEASE_REORDER_WINDOW
+                    })
+            })
+            .count()
     }
 
     /// Whether `client`'s pool for `host` has shown that it keeps no idle
@@ -1650,6 +1716,77 @@ mod tests {
         assert_eq!(marked, [false, false, true]);
     }
 
+    /// Three connections of a client whose idle limit is not ours to read,
+    /// released 100 ms apart, that hyper-util put back last first (seen
+    /// under load: the third kept, the first two closed over a limit of
+    /// 1). The first close, learned while the other two are open, may have
+    /// had both idle before it: a bound of 2, not the 0 our count says;
+    /// the second, learned while the third is open: 1. A later release
+    /// that is closed, or beyond `RELEASE_REORDER_WINDOW`, counts nothing,
+    /// and a limit set through our builder is left as counted.
+    #[test]
+    fn a_close_at_release_counts_later_releases_still_open() {
+        let t0 = Instant::now();
+        let pools = PoolHistory::default();
+        let client = Arc::new(ClientState::new(Some(None), None));
+        let c: Vec<_> = (1..=3)
+            .map(|id| connection(&pools, &client, id, t0, false))
+            .collect();
+        for (i, record) in c.iter().enumerate() {
+            release(&pools, record, t0, 100 * i as u64 + 10, 3);
+            record.set_idle_others_at_release(0);
+        }
+        let at_release = |k| PoolClose::AtRelease {
+            idle_others: Some(k),
+        };
+        assert_eq!(
+            pools.with_reordered_releases(&c[0], at_release(0)),
+            at_release(2)
+        );
+        assert_eq!(c[0].idle_others_at_release(), Some(2));
+        c[0].mark_closed();
+        assert_eq!(
+            pools.with_reordered_releases(&c[1], at_release(0)),
+            at_release(1)
+        );
+        c[1].mark_closed();
+        assert_eq!(
+            pools.with_reordered_releases(&c[2], at_release(0)),
+            at_release(0)
+        );
+        assert_eq!(c[2].idle_others_at_release(), Some(0));
+        // Not an AtRelease with a count: as it was.
+        assert_eq!(
+            pools.with_reordered_releases(&c[2], PoolClose::Unsure),
+            PoolClose::Unsure
+        );
+
+        // Beyond the window: nothing.
+        let pools = PoolHistory::default();
+        let client = Arc::new(ClientState::new(Some(None), None));
+        let early = connection(&pools, &client, 4, t0, false);
+        let late = connection(&pools, &client, 5, t0, false);
+        release(&pools, &early, t0, 10, 1);
+        let beyond = RELEASE_REORDER_WINDOW.as_millis() as u64 + 20;
+        release(&pools, &late, t0, beyond, 1);
+        assert_eq!(
+            pools.with_reordered_releases(&early, at_release(0)),
+            at_release(0)
+        );
+
+        // A limit set through our builder: counted as it is.
+        let pools = PoolHistory::default();
+        let client = Arc::new(ClientState::new(Some(None), Some(1)));
+        let first = connection(&pools, &client, 6, t0, false);
+        let second = connection(&pools, &client, 7, t0, false);
+        release(&pools, &first, t0, 10, 2);
+        release(&pools, &second, t0, 110, 2);
+        assert_eq!(
+            pools.with_reordered_releases(&first, at_release(0)),
+            at_release(0)
+        );
+    }
+
     /// Two releases closer than `RELEASE_ORDER_UNSURE`, the earlier one
     /// during the later one's request, may have reached hyper-util's pool
     /// in the other order: when the later one is over the idle limit only
@@ -1761,6 +1898,61 @@ mod tests {
             let miss = decide_from_kernel(&candidate, &lookup, now, alive, 1, at);
             let named = (miss.reason, miss.previous.and_then(|p| p.end));
             assert_eq!(named, expired, "miss after {miss_after} ms, {lookup:?}");
+        }
+    }
+
+    /// Row 9 is not taken when the kernel's report of the candidate's
+    /// socket end dates that end before the client's idle timeout, and
+    /// later than its release: the server closed it while it idled (seen:
+    /// a server idle-closing at 300 ms, FIN or reset, under an idle
+    /// timeout of 400 ms set through our builder, read `idle_expired`, 8 of
+    /// 8 misses). The miss asks the kernel, which finds the socket gone:
+    /// the server's close. Reported after the timeout, or at the release,
+    /// the end is no evidence against the expiry.
+    #[test]
+    fn an_end_reported_before_the_idle_timeout_is_not_idle_expired() {
+        use crate::kernel::{Acknowledged, SocketEnd, SocketEndSink};
+        let t0 = Instant::now();
+        let ms = |n| Duration::from_millis(n);
+        for (reported_after, expiry) in [(300, false), (405, true), (20, true), (0, true)] {
+            let pools = PoolHistory::default();
+            let client = Arc::new(ClientState::new(Some(Some(ms(400))), None));
+            let candidate = connection(&pools, &client, 1, t0, false);
+            release(&pools, &candidate, t0, 0, 1);
+            if reported_after > 0 {
+                candidate.socket_ended(SocketEnd {
+                    seen_at: t0 + ms(reported_after),
+                    since_last_receive: ms(reported_after),
+                    since_last_send: ms(reported_after),
+                    acknowledged: Acknowledged::DataAndFin,
+                    unread: 1,
+                    rtt: Duration::ZERO,
+                    unacked: 0,
+                    retransmits: 0,
+                });
+            }
+            let at = t0 + ms(450);
+            let case = format!("reported {reported_after} ms after the release");
+            let verdict = pools.classify_miss(&host(), &client, at, 1);
+            let alive = Miss::new(MissReason::ReleaseRace);
+            let miss = decide_from_kernel(&candidate, &gone(), at + ms(1), alive, 1, at);
+            let named = (miss.reason, miss.previous.and_then(|p| p.end));
+            if expiry {
+                let expired = decided(verdict);
+                assert_eq!(expired.reason, MissReason::IdleExpired, "{case}");
+                assert_eq!(
+                    named,
+                    (MissReason::IdleExpired, Some(ConnectionEnd::IdleTimeout)),
+                    "{case}"
+                );
+            } else {
+                assert!(matches!(verdict, MissVerdict::AskKernel(_)), "{case}");
+                assert_eq!(
+                    named,
+                    (MissReason::ClosedByPeer, Some(ConnectionEnd::PeerClosed)),
+                    "{case}"
+                );
+            }
         }
     }
 
@@ -3162,6 +3354,13 @@ mod tests {
             (end(300, 0, 300, all), server),
             // The server's reset 300 ms after it: nothing sent since.
             (end(301, 300, 301, Acknowledged::Data), server),
+            // The server's FIN without close_notify 260 ms after the
+            // response, which came 44 ms after our request (our last data):
+            // we answered with our FIN alone. The server's, however soon
+            // the response followed the request (a tester's server read
+            // `pool_disabled`, its limits unknown: 15 of 15 misses).
+            (end(260, 260, 304, all), server),
+            (end(300, 300, 301, all), server),
         ] {
             let pools = PoolHistory::default();
             let client = Arc::new(ClientState::unknown_settings());
