@@ -89,7 +89,8 @@ pub(crate) struct ConnectionRecord {
     /// arrives (the kernel's answer may come before or after it).
     end_inferred: OnceLock<ConnectionEnd>,
     /// The server's advertised keep-alive timeout (`Keep-Alive: timeout=N`),
-    /// in milliseconds; 0 = none seen.
+    /// in milliseconds; `u64::MAX` = none seen (`timeout=0` is a value: a
+    /// server that closes at once).
     server_keep_alive_ms: AtomicU64,
     /// HTTP/2 responses dropped before their end: each a possible stream
     /// reset (none when the body had fully arrived, which is not seen).
@@ -209,7 +210,7 @@ impl ConnectionRecord {
             client_asked_close: AtomicBool::new(false),
             end_seen: OnceLock::new(),
             end_inferred: OnceLock::new(),
-            server_keep_alive_ms: AtomicU64::new(0),
+            server_keep_alive_ms: AtomicU64::new(u64::MAX),
             stream_resets: AtomicU64::new(0),
             stalled: AtomicBool::new(false),
             newest_answer: None,
@@ -460,14 +461,14 @@ impl ConnectionRecord {
     pub(crate) fn set_server_keep_alive(&self, timeout: Duration) -> bool {
         let ms = u64::try_from(timeout.as_millis())
             .unwrap_or(u64::MAX)
-            .max(1);
-        self.server_keep_alive_ms.swap(ms, Ordering::Relaxed) == 0
+            .min(u64::MAX - 1);
+        self.server_keep_alive_ms.swap(ms, Ordering::Relaxed) == u64::MAX
     }
 
     /// The server's advertised keep-alive timeout, if any.
     pub(crate) fn server_keep_alive(&self) -> Option<Duration> {
         match self.server_keep_alive_ms.load(Ordering::Relaxed) {
-            0 => None,
+            u64::MAX => None,
             ms => Some(Duration::from_millis(ms)),
         }
     }
@@ -716,6 +717,19 @@ pub(crate) mod tests {
             (Ipv4Addr::LOCALHOST, port).into(),
             (Ipv4Addr::LOCALHOST, 80).into(),
         )
+    }
+
+    /// The server's advertised keep-alive timeout reads back exactly,
+    /// `timeout=0` included (a server that closes at once; it read 1 ms
+    /// when 0 stood for none), and only the first one counts as first.
+    #[test]
+    fn a_server_keep_alive_reads_back_exactly_zero_included() {
+        let r = record(1, 1);
+        assert_eq!(r.server_keep_alive(), None);
+        assert!(r.set_server_keep_alive(Duration::ZERO));
+        assert_eq!(r.server_keep_alive(), Some(Duration::ZERO));
+        assert!(!r.set_server_keep_alive(Duration::from_secs(5)));
+        assert_eq!(r.server_keep_alive(), Some(Duration::from_secs(5)));
     }
 
     #[test]
