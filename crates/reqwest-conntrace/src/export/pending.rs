@@ -1,8 +1,9 @@
 //! Spans that end off the request path, counted so a flush can wait for
 //! them: `tcp.connect` (ended on the `conntrace-sock-diag` thread when the
 //! kernel answers; with `ConnectionPhases::Events`, the setup span carrying
-//! its event) and request spans whose miss reason or failure evidence
-//! waits for the kernel.
+//! its event), request spans whose miss reason or failure evidence
+//! waits for the kernel, and setup spans of unused connects waiting for the
+//! kernel's looks.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Condvar, Mutex};
@@ -52,7 +53,10 @@ impl Drop for PendingEnd {
 /// the socket arrives (on the `conntrace-sock-diag` thread, within about
 /// 2 ms: a lookup nobody waits for rests up to 2 ms to share the thread's
 /// wake-up with others; a lookup queued longer than 1 s is given up), which
-/// may be after the response was handed to the caller. Connects still
+/// may be after the response was handed to the caller. A setup span whose
+/// connection its trigger did not use ends when the kernel shows the pool
+/// closed it unused or kept it, at most 1 s after its trigger was served
+/// (`http.connection.setup.outcome`). Connects still
 /// running are not waited for ([`connects_in_flight`](crate::connects_in_flight)). `otlp::OtlpGuard`'s
 /// flush, shutdown and drop (feature `otlp`) call it with a 2 s bound.
 pub fn wait_for_pending_spans(timeout: Duration) -> bool {

@@ -342,6 +342,7 @@ fn finish_setup(
                     let look = Arc::new(UnusedLook {
                         pending: Mutex::new(Some(p)),
                         reason: Arc::clone(reason),
+                        _pending_end: crate::export::pending::PendingEnd::new(),
                     });
                     let now = Instant::now();
                     for (i, after) in UNUSED_LOOKS.iter().enumerate() {
@@ -393,6 +394,9 @@ struct UnusedLook {
     /// Taken by the look that decides.
     pending: Mutex<Option<PendingSetup>>,
     reason: Arc<SetupReason>,
+    /// Keeps a flush waiting until the span has ended
+    /// ([`wait_for_pending_spans`](crate::wait_for_pending_spans)).
+    _pending_end: crate::export::pending::PendingEnd,
 }
 
 impl UnusedLook {
