@@ -409,6 +409,17 @@ async fn a_server_closing_unannounced_after_its_last_response_is_closed_by_peer(
             let Some(previous) = s.previous_id.filter(|p| ended_by_server(*p)) else {
                 continue;
             };
+            // A release race names the connection alive at the miss, which
+            // hyper-util had not put back yet and which then served this
+            // request: the server ended it only later.
+            if s.reason.as_deref() == Some(semconv::MISS_REASON_RELEASE_RACE) {
+                assert_eq!(s.previous_end, None, "{case}: request {i}: {s:?}");
+                assert!(
+                    s.previous_count < Some(3) && s.id == Some(previous),
+                    "{case}: request {i}: {s:?}"
+                );
+                continue;
+            }
             named += 1;
             assert_eq!(
                 (s.reason.as_deref(), s.previous_count),

@@ -439,28 +439,24 @@ async fn pool_race_busy_connection_frees_before_the_new_connect() {
     };
     // The server records it once its side of the handshake is done, one
     // proxy delay after ours.
-    let deadline = std::time::Instant::now() + Duration::from_secs(5);
-    while server.connections().len() < 2 {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the server never finished B's handshake"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    wait_until(
+        "the server never finished B's handshake",
+        Duration::from_secs(5),
+        || server.connections().len() >= 2,
+    )
+    .await;
     assert!(
         server.requests().iter().all(|r| r.connection_id != 2),
         "B's connect carried no request"
     );
     match outcome.as_deref() {
         Some(semconv::SETUP_OUTCOME_CLOSED_UNUSED) => {
-            let deadline = std::time::Instant::now() + Duration::from_secs(5);
-            while background_on_server().end.is_none() {
-                assert!(
-                    std::time::Instant::now() < deadline,
-                    "closed_unused, but the server never saw it closed"
-                );
-                tokio::time::sleep(Duration::from_millis(10)).await;
-            }
+            wait_until(
+                "closed_unused, but the server never saw it closed",
+                Duration::from_secs(5),
+                || background_on_server().end.is_some(),
+            )
+            .await;
         }
         Some(semconv::SETUP_OUTCOME_POOLED) => {
             // Longer than the proxy's delay of a close (200 ms).
@@ -544,14 +540,11 @@ async fn an_unused_connect_a_full_idle_pool_turned_away_is_closed_unused() {
         let (a, b) = tokio::join!(get(Duration::ZERO), get(Duration::from_millis(50)));
         a.expect("a");
         b.expect("b");
-        let deadline = std::time::Instant::now() + Duration::from_secs(10);
-        while t.setups().len() < 2 {
-            assert!(
-                std::time::Instant::now() < deadline,
-                "B's connect never ended ({idle_limit:?})"
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        let never_ended = format!("B's connect never ended ({idle_limit:?})");
+        wait_until(&never_ended, Duration::from_secs(10), || {
+            t.setups().len() >= 2
+        })
+        .await;
         let setups = t.setups();
         let late = setups
             .iter()
@@ -575,14 +568,12 @@ async fn an_unused_connect_a_full_idle_pool_turned_away_is_closed_unused() {
         );
         if idle_limit.is_some() {
             // The client's close reaches the server within moments.
-            let deadline = std::time::Instant::now() + Duration::from_secs(5);
-            while on_server(server.connections()).end.is_none() {
-                assert!(
-                    std::time::Instant::now() < deadline,
-                    "the client never closed B's connection"
-                );
-                tokio::time::sleep(Duration::from_millis(10)).await;
-            }
+            wait_until(
+                "the client never closed B's connection",
+                Duration::from_secs(5),
+                || on_server(server.connections()).end.is_some(),
+            )
+            .await;
         } else {
             assert_eq!(on_server(server.connections()).end, None, "kept open");
         }

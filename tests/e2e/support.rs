@@ -401,6 +401,16 @@ pub(crate) fn trust(pki: &conntrace_lab::TestPki) -> TlsSettings {
         .add_root_certificate(pki.ca_cert_der())
 }
 
+/// Waits (sleeping 10 ms between looks, never blocking the runtime) until
+/// `done()` holds; panics naming `what` after `within`.
+pub(crate) async fn wait_until(what: &str, within: Duration, mut done: impl FnMut() -> bool) {
+    let deadline = std::time::Instant::now() + within;
+    while !done() {
+        assert!(std::time::Instant::now() < deadline, "{what}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
 /// GETs `url` `n` times one after the other, reading each body to its end;
 /// returns the bodies. Panics on any failure (the tests expect success).
 pub(crate) async fn get_sequentially(
