@@ -55,7 +55,7 @@ impl Drop for PendingEnd {
 /// wake-up with others; a lookup queued longer than 1 s is given up), which
 /// may be after the response was handed to the caller. A setup span whose
 /// connection its trigger did not use ends when the kernel shows the pool
-/// closed it unused or kept it, at most 1 s after its trigger was served
+/// closed it unused or kept it, at most 500 ms after its trigger was served
 /// (`http.connection.setup.outcome`). Connects still
 /// running are not waited for ([`connects_in_flight`](crate::connects_in_flight)). `otlp::OtlpGuard`'s
 /// flush, shutdown and drop (feature `otlp`) call it with a 2 s bound.

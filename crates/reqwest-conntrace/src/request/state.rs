@@ -381,11 +381,10 @@ fn finish_setup(
 /// its own task, which a loaded runtime runs tens to hundreds of
 /// milliseconds later. The first look that shows it closed decides; one
 /// still open at the last look was kept (`pooled`): its span ends then.
-pub(crate) const UNUSED_LOOKS: [std::time::Duration; 4] = [
+pub(crate) const UNUSED_LOOKS: [std::time::Duration; 3] = [
     std::time::Duration::from_millis(100),
     std::time::Duration::from_millis(250),
     std::time::Duration::from_millis(500),
-    std::time::Duration::from_millis(1000),
 ];
 
 /// A setup span whose connection its trigger did not use, waiting for
