@@ -74,7 +74,11 @@ pub(crate) fn attribute_failure(
         error_type,
         semconv::ERROR_TYPE_TIMEOUT | semconv::ERROR_TYPE_CANCELLED
     );
-    let record = likely_connection(inner, state);
+    let record = likely_connection(
+        inner,
+        state,
+        error_type == semconv::ERROR_TYPE_CONNECTION_RESET,
+    );
     // An HTTP/2 error happened on an HTTP/2 connection: when none of the
     // above was found (its own connect had not finished, the connection was
     // already ended by the same GOAWAY), the host's latest one.
@@ -142,10 +146,15 @@ pub(crate) fn attribute_failure(
 /// The connection a request with no response of its own to read it from
 /// most likely went out on: the one its own connect made, else the HTTP/2
 /// connection it was multiplexed onto, else the HTTP/1.1 one hyper-util
-/// would have handed out (the host's most recently released idle one).
+/// would have handed out (the host's most recently released idle one; for
+/// a `reset` failure, one whose socket the kernel reported ended since the
+/// request started first: see [`PoolHistory::likely_pooled`]).
+///
+/// [`PoolHistory::likely_pooled`]: crate::pool::model::PoolHistory::likely_pooled
 pub(crate) fn likely_connection(
     inner: &Inner,
     state: &RequestState,
+    reset: bool,
 ) -> Option<Arc<ConnectionRecord>> {
     if state.miss().is_some() {
         inner.pools.made_for(&state.host, state.id)
@@ -153,7 +162,7 @@ pub(crate) fn likely_connection(
         inner
             .pools
             .likely_multiplexed(&state.host, state.started)
-            .or_else(|| inner.pools.likely_pooled(&state.host, state.started))
+            .or_else(|| inner.pools.likely_pooled(&state.host, state.started, reset))
     }
 }
 
@@ -171,7 +180,7 @@ pub(crate) fn attribute_refused_redirect(
     state: &RequestState,
     span: &tracing::Span,
 ) -> Option<(ConnectionUse, Arc<ConnectionRecord>)> {
-    let record = likely_connection(inner, state)?;
+    let record = likely_connection(inner, state, false)?;
     record.take();
     let request_count = record.count_request(state.started);
     span.set_attribute(semconv::HTTP_CONNECTION_REQUEST_COUNT, request_count as i64);
