@@ -504,16 +504,20 @@ impl reqwest::dns::Resolve for SecondAnswerLate {
 /// held back 1.5 s, so A's connection serves B and is idle again when B's
 /// connect completes. The server's records are the truth: it saw B's
 /// connection carry no request, closed by the client at once under
-/// `pool_max_idle_per_host(1)`, open under reqwest's default (unlimited).
+/// `pool_max_idle_per_host(1)`, open under reqwest's default (unlimited);
+/// and, with a server idle-closing after 100 ms, kept by the pool until
+/// the server closed it: `pooled` too (a tester's such server read
+/// `closed_unused`: gone over plain TCP is the server's close).
 #[tokio::test]
 async fn an_unused_connect_a_full_idle_pool_turned_away_is_closed_unused() {
-    for (idle_limit, expected) in [
-        (Some(1), semconv::SETUP_OUTCOME_CLOSED_UNUSED),
-        (None, semconv::SETUP_OUTCOME_POOLED),
+    for (idle_limit, server_idle, expected) in [
+        (Some(1), None, semconv::SETUP_OUTCOME_CLOSED_UNUSED),
+        (None, None, semconv::SETUP_OUTCOME_POOLED),
+        (None, Some(100), semconv::SETUP_OUTCOME_POOLED),
     ] {
         let t = telemetry();
         let server = TestServer::builder()
-            .idle_timeout(None)
+            .idle_timeout(server_idle.map(Duration::from_millis))
             .delay(Duration::from_millis(300))
             .start()
             .await
@@ -574,13 +578,25 @@ async fn an_unused_connect_a_full_idle_pool_turned_away_is_closed_unused() {
                 || on_server(server.connections()).end.is_some(),
             )
             .await;
+        } else if server_idle.is_some() {
+            wait_until(
+                "the server never idle-closed B's connection",
+                Duration::from_secs(5),
+                || on_server(server.connections()).end.is_some(),
+            )
+            .await;
+            assert_eq!(
+                on_server(server.connections()).end,
+                Some(conntrace_lab::ConnectionEnd::IdleTimeout),
+                "the server closed it"
+            );
         } else {
             assert_eq!(on_server(server.connections()).end, None, "kept open");
         }
         assert_eq!(
             str_attr(late, semconv::HTTP_CONNECTION_SETUP_OUTCOME).as_deref(),
             Some(expected),
-            "{idle_limit:?}: {late:#?}"
+            "{idle_limit:?}, server idle {server_idle:?}: {late:#?}"
         );
     }
 }

@@ -399,9 +399,10 @@ struct UnusedLook {
 }
 
 impl UnusedLook {
-    /// One look's answer: a socket closed by our side (or gone) while it
-    /// still carried no request is closed unused; a request on it, or the
-    /// `last` look, decides kept; else the next look decides.
+    /// One look's answer: a socket closed by our side (or, over TLS, gone)
+    /// while it still carried no request is closed unused; gone over plain
+    /// TCP (the server's close: the pool had kept it), a request on it, or
+    /// the `last` look, decides kept; else the next look decides.
     fn answer(&self, lookup: &KernelLookup, last: bool) {
         let mut pending = self.pending.lock().unwrap_or_else(|e| e.into_inner());
         let Some(p) = pending.as_ref() else {
@@ -409,11 +410,22 @@ impl UnusedLook {
         };
         let unused = p.record.requests.load(Ordering::Relaxed) == 0;
         let closed = match lookup {
-            KernelLookup::NotFound => true,
+            // Over plain TCP our close leaves `TIME_WAIT` (60 s): gone is
+            // the server's close of a connection the pool kept (a tester's
+            // server idle-closing spares 100 ms after accept read
+            // `closed_unused`). Over TLS a server's close_notify answering
+            // ours resets our socket: gone may be ours.
+            KernelLookup::NotFound => p.record.setup.tls.is_some(),
             KernelLookup::Found(facts) => facts.state.closed_by_us(),
             KernelLookup::Unavailable | KernelLookup::TimedOut => false,
         };
-        if unused && !closed && !last {
+        // The server closed it first: kept by the pool until then.
+        let servers = match lookup {
+            KernelLookup::NotFound => p.record.setup.tls.is_none(),
+            KernelLookup::Found(facts) => facts.state.closed_by_peer(),
+            KernelLookup::Unavailable | KernelLookup::TimedOut => false,
+        };
+        if unused && !closed && !servers && !last {
             return;
         }
         let Some(p) = pending.take() else {
