@@ -1875,6 +1875,26 @@ fn ended(t: &Telemetry, requests: usize, setups: usize) -> Vec<opentelemetry_sdk
     }
 }
 
+/// One request to `url` on a client built from `builder` with `proxy` set
+/// through our builder, which must fail (`why`): its setup spans, once
+/// the request's and its one setup span have ended.
+async fn setups_of_a_failure_through(
+    t: &Telemetry,
+    builder: reqwest::ClientBuilder,
+    proxy: String,
+    url: &str,
+    why: &str,
+) -> Vec<opentelemetry_sdk::trace::SpanData> {
+    let client = t
+        .conntrace()
+        .instrument_client(builder)
+        .proxy(proxy)
+        .build_with_middleware()
+        .expect("client");
+    client.get(url).send().await.expect_err(why);
+    ended(t, 1, 1)
+}
+
 /// A proxy set with reqwest's own `Proxy::custom` (a routing closure: the
 /// client's configuration does not show where it goes), sending every
 /// target to the lab CONNECT proxy; one HTTPS call. The proxy's CONNECT
@@ -2007,18 +2027,14 @@ async fn a_refusing_proxy_named_by_host_name_is_the_peer_with_its_port() {
     let proxy = conntrace_lab::ConnectProxy::start_refusing(reqwest::StatusCode::BAD_GATEWAY)
         .await
         .expect("proxy");
-    let client = t
-        .conntrace()
-        .instrument_client(reqwest::Client::builder())
-        .proxy(format!("http://localhost:{}", proxy.addr().port()))
-        .build_with_middleware()
-        .expect("client");
-    client
-        .get("https://localhost:9/")
-        .send()
-        .await
-        .expect_err("the proxy refuses");
-    let setups = ended(&t, 1, 1);
+    let setups = setups_of_a_failure_through(
+        &t,
+        reqwest::Client::builder(),
+        format!("http://localhost:{}", proxy.addr().port()),
+        "https://localhost:9/",
+        "the proxy refuses",
+    )
+    .await;
     assert_eq!(connect_statuses(&proxy), vec![502]);
     assert_eq!(
         (
@@ -2045,18 +2061,14 @@ async fn tls_refused_inside_a_tunnel_still_names_the_proxy() {
     let server = tls_server(&pki, TlsVersions::Tls13Only, HttpVersions::Http1Only).await;
     let proxy = conntrace_lab::ConnectProxy::start().await.expect("proxy");
     // The server's CA is not trusted: TLS fails once the tunnel is up.
-    let client = t
-        .conntrace()
-        .instrument_client(reqwest::Client::builder())
-        .proxy(proxy.url())
-        .build_with_middleware()
-        .expect("client");
-    client
-        .get(server.url("/"))
-        .send()
-        .await
-        .expect_err("the certificate is not trusted");
-    let setups = ended(&t, 1, 1);
+    let setups = setups_of_a_failure_through(
+        &t,
+        reqwest::Client::builder(),
+        proxy.url(),
+        &server.url("/"),
+        "the certificate is not trusted",
+    )
+    .await;
     assert_eq!(
         connect_statuses(&proxy),
         vec![200],
@@ -2117,18 +2129,14 @@ async fn a_proxy_that_never_answers_connect_is_named_and_no_syn_retransmit_claim
             held.push(socket);
         }
     });
-    let client = t
-        .conntrace()
-        .instrument_client(reqwest::Client::builder().timeout(Duration::from_millis(1500)))
-        .proxy(format!("http://{proxy_addr}"))
-        .build_with_middleware()
-        .expect("client");
-    client
-        .get("https://localhost:9/")
-        .send()
-        .await
-        .expect_err("the proxy never answers");
-    let setups = ended(&t, 1, 1);
+    let setups = setups_of_a_failure_through(
+        &t,
+        reqwest::Client::builder().timeout(Duration::from_millis(1500)),
+        format!("http://{proxy_addr}"),
+        "https://localhost:9/",
+        "the proxy never answers",
+    )
+    .await;
     silent.abort();
     assert_eq!(
         accepted.load(Ordering::SeqCst),

@@ -248,7 +248,20 @@ impl Telemetry {
         builder: reqwest::ClientBuilder,
         pki: Option<&conntrace_lab::TestPki>,
     ) -> reqwest_middleware::ClientWithMiddleware {
-        let instrumented = self.conntrace().instrument_client(builder);
+        self.client_with(builder, pki, |b| b)
+    }
+
+    /// As [`client`](Self::client), with `configure` applied to the
+    /// instrumented builder (pool settings set through our builder).
+    pub(crate) fn client_with(
+        &self,
+        builder: reqwest::ClientBuilder,
+        pki: Option<&conntrace_lab::TestPki>,
+        configure: impl FnOnce(
+            reqwest_conntrace::InstrumentedClientBuilder,
+        ) -> reqwest_conntrace::InstrumentedClientBuilder,
+    ) -> reqwest_middleware::ClientWithMiddleware {
+        let instrumented = configure(self.conntrace().instrument_client(builder));
         let instrumented = match pki {
             Some(pki) => instrumented.tls(trust(pki)),
             None => instrumented,

@@ -161,9 +161,9 @@ pub(crate) fn reported_end(record: &ConnectionRecord) -> Option<ReportedEnd> {
     // that server's close (a tester's server read `release_race`). With
     // the limit unknown, a server closing without close_notify long after
     // the response looks the same and reads as our close at release
-    // (REFERENCE section 11): requiring the server's data or ours close to
-    // the end misread our closes at release in a loaded fan-out, whose
-    // ends the kernel reported late.
+    // (REFERENCE section 11): a rule requiring our last data, or the
+    // server's, to have come just before the end misread our closes at
+    // release in a loaded fan-out, whose ends came late.
     let may_close_at_release = !released_within_idle_limit(record);
     let answered = sent >= received
         && sent - received < ANSWERED_CLOSE_WINDOW
@@ -321,7 +321,7 @@ pub(crate) fn closed_first_by_tls_server(record: &ConnectionRecord) -> bool {
 /// could have closed it: freed (the report's arrival, no earlier than the
 /// end) more than [`CLOSED_AT_RELEASE`] after its release (a close at the
 /// release is its pool's own: rows 3b and 8) and more than
-/// [`CLOSE_DATING_SLACK`] before the idle timeout after its last activity
+/// [`CLOSE_DATING_SLACK`] before the idle timeout after that release
 /// (hyper-util's idle check closes a connection no earlier than the idle
 /// timeout after it was put back, `Pool::clear_expired`). The server ended
 /// it: a miss past the idle timeout is not `idle_expired` (seen: a server
@@ -338,5 +338,5 @@ pub(crate) fn ended_before_idle_timeout(record: &ConnectionRecord) -> bool {
         return false;
     };
     end.seen_at > released + CLOSED_AT_RELEASE
-        && end.seen_at + CLOSE_DATING_SLACK < record.last_activity() + timeout
+        && end.seen_at + CLOSE_DATING_SLACK < released + timeout
 }

@@ -297,10 +297,11 @@ impl Drop for RequestState {
 /// `pool_max_idle_per_host` connections ("max idle per host ... dropping
 /// connection"), or the checkout it was handed to had been served
 /// already: `closed_unused`. With the kernel view, its socket is looked at
-/// [`UNUSED_LOOKS`] later: closed by our side (or gone) with still no
-/// request on it is closed unused; a request on it, or still open at the
-/// last look, `pooled`. Without it, no
-/// request yet is taken for closed over HTTP/2 and kept over HTTP/1.1.
+/// [`UNUSED_LOOKS`] later (see [`UnusedLook::answer`]): closed by our side
+/// (or, over TLS, gone) with still no request on it is closed unused; a
+/// request on it, the server's close, or still open at the last look,
+/// `pooled`. Without it, no request yet is taken for closed over HTTP/2
+/// and kept over HTTP/1.1.
 fn finish_setup(
     p: PendingSetup,
     fate: Fate,
