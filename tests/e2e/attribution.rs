@@ -3775,6 +3775,64 @@ async fn a_server_idle_close_before_the_client_idle_timeout_is_closed_by_peer() 
     }
 }
 
+/// A TLS (HTTP/1.1) server closing connections idle for 300 ms with a bare
+/// FIN, no close_notify first (as proxies closing an idle `CONNECT` tunnel
+/// and some servers do), and a client whose idle limit this crate cannot
+/// read (reqwest's defaults; then only the idle timeout, 400 ms, set
+/// through our builder): requests 500 ms apart find the previous
+/// connection gone. Every miss is `closed_by_peer`, naming the connection
+/// the server's records show ended by its idle timeout, never the client's
+/// pool closing it at release (`pool_disabled`, "your pool keeps none").
+/// Found by a tester: 15 of 15 such misses read `pool_disabled`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tls_idle_close_without_close_notify_is_closed_by_peer() {
+    let pki = TestPki::localhost().expect("pki");
+    for (round, idle_timeout) in [None, Some(Duration::from_millis(400))]
+        .into_iter()
+        .enumerate()
+    {
+        let t = telemetry();
+        let server = RemoteServer::start(
+            plain_h1()
+                .tls(&pki)
+                .idle_timeout(Some(Duration::from_millis(300)))
+                .idle_close_without_close_notify(true),
+        )
+        .await;
+        let client = t.client_with(
+            reqwest::Client::builder(),
+            Some(&pki),
+            |b| match idle_timeout {
+                Some(timeout) => b.pool_idle_timeout(Some(timeout)),
+                None => b,
+            },
+        );
+        let url = server.get().url("/");
+        for pause in [0, 500, 500, 500] {
+            tokio::time::sleep(Duration::from_millis(pause)).await;
+            get(&client, &url).await;
+        }
+        let spans: Vec<Seen> = requests(&t, 4).iter().map(seen).collect();
+        compare_with_server(&spans, &server.get().requests());
+        for s in &spans[1..] {
+            assert_eq!(
+                s.reason.as_deref(),
+                Some(semconv::MISS_REASON_CLOSED_BY_PEER),
+                "round {round}:\n{}",
+                compact(&spans)
+            );
+        }
+        let named = server_ends_read_closed_by_peer(
+            &t,
+            &spans,
+            &server.get().connections(),
+            ConnectionEnd::IdleTimeout,
+            round,
+        );
+        assert_eq!(named, 3, "round {round}:\n{}", compact(&spans));
+    }
+}
+
 // A lab server closing connections idle for 300 ms (plain, then TLS), a
 // client with reqwest's defaults, waves of two concurrent GETs,
 // `/delay/100` and `/delay/800` (both on the wire before either is

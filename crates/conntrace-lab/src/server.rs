@@ -81,6 +81,7 @@ pub struct TestServerBuilder {
     max_requests: Option<u64>,
     announce_limit: bool,
     idle_reset: bool,
+    idle_abrupt: bool,
     stall_after: Option<u64>,
     keep_alive_header: Option<u64>,
 }
@@ -100,6 +101,7 @@ impl Default for TestServerBuilder {
             max_requests: None,
             announce_limit: true,
             idle_reset: false,
+            idle_abrupt: false,
             stall_after: None,
             keep_alive_header: None,
         }
@@ -191,6 +193,17 @@ impl TestServerBuilder {
         self
     }
 
+    /// The idle timeout closes the socket at once, with a FIN but without
+    /// hyper's graceful shutdown, so over TLS no close_notify goes first
+    /// (RFC 8446 section 6.1 asks for one; some servers, proxies closing
+    /// an idle `CONNECT` tunnel, and load balancers send none). The
+    /// connection's record still ends [`ConnectionEnd::IdleTimeout`].
+    /// Default: off (graceful: over TLS, close_notify then FIN).
+    pub fn idle_close_without_close_notify(mut self, on: bool) -> Self {
+        self.idle_abrupt = on;
+        self
+    }
+
     /// Requests after the `n`-th on a connection are never answered: the
     /// server reads them and then sends nothing more on that stream (the
     /// connection stays open), as a stalled peer would. Default: off.
@@ -237,6 +250,7 @@ impl TestServerBuilder {
             keep_alive: self.keep_alive,
             idle_timeout: self.idle_timeout,
             idle_reset: self.idle_reset,
+            idle_abrupt: self.idle_abrupt,
             response: Arc::new(ResponseConfig {
                 body: self.body,
                 delay: self.delay,
@@ -442,6 +456,7 @@ struct Settings {
     keep_alive: bool,
     idle_timeout: Option<Duration>,
     idle_reset: bool,
+    idle_abrupt: bool,
     response: Arc<ResponseConfig>,
 }
 
@@ -607,6 +622,10 @@ async fn serve_http<I>(
             if settings.idle_reset {
                 // Dropping the connection closes the socket (linger 0: RST).
                 ConnectionEnd::IdleReset
+            } else if settings.idle_abrupt {
+                // Dropping the connection closes the socket (FIN); a TLS
+                // stream dropped unshut sends no close_notify.
+                ConnectionEnd::IdleTimeout
             } else {
                 conn.as_mut().graceful_shutdown();
                 let _ = conn.as_mut().await;

@@ -397,7 +397,7 @@ fn pki_files_are_written() {
 }
 
 /// Reads one raw HTTP/1.1 response head and its 2-byte body from `sock`.
-async fn read_ok_response(sock: &mut tokio::net::TcpStream) -> String {
+async fn read_ok_response(sock: &mut (impl tokio::io::AsyncRead + Unpin)) -> String {
     let mut buf = Vec::new();
     let mut chunk = [0u8; 1024];
     while !buf.ends_with(b"\r\n\r\nok") {
@@ -450,6 +450,52 @@ async fn idle_close_with_fin_or_reset() {
         let record = &server.connections()[0];
         assert_eq!(record.end, Some(expected));
         assert_eq!(record.requests, 1);
+    }
+}
+
+/// Over TLS the idle close sends close_notify first by default (the
+/// client reads a clean end), and none with
+/// `idle_close_without_close_notify` (rustls reports the bare FIN as
+/// `UnexpectedEof`); the record says `IdleTimeout` either way.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_idle_close_with_or_without_close_notify() {
+    let pki = TestPki::localhost().expect("pki");
+    for abrupt in [false, true] {
+        let server = TestServer::builder()
+            .tls(&pki)
+            .http_versions(HttpVersions::Http1Only)
+            .idle_timeout(Some(Duration::from_millis(100)))
+            .idle_close_without_close_notify(abrupt)
+            .start()
+            .await
+            .expect("server");
+        let mut stream = tls(
+            server.addr(),
+            pki.client_config(&[b"http/1.1"]).expect("config"),
+        )
+        .await
+        .expect("handshake");
+        stream
+            .write_all(b"GET / HTTP/1.1\r\nhost: localhost\r\n\r\n")
+            .await
+            .expect("request");
+        read_ok_response(&mut stream).await;
+        let mut byte = [0u8; 1];
+        let read = stream.read(&mut byte).await;
+        if abrupt {
+            let err = read.expect_err("no close_notify");
+            assert_eq!(err.kind(), std::io::ErrorKind::UnexpectedEof, "{err}");
+        } else {
+            assert_eq!(read.expect("close_notify, then FIN"), 0);
+        }
+        let deadline = Instant::now() + Duration::from_secs(2);
+        while server.connections()[0].end.is_none() && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        assert_eq!(
+            server.connections()[0].end,
+            Some(conntrace_lab::ConnectionEnd::IdleTimeout)
+        );
     }
 }
 

@@ -37,6 +37,12 @@ pub(crate) struct SocketEnd {
     /// (`tcpi_last_data_sent`, same units). A bare FIN is no data; a TLS
     /// close_notify is.
     pub(crate) since_last_send: Duration,
+    /// Time from the last acknowledgement the socket received to its end
+    /// (`tcpi_last_ack_recv`, same units): any segment that acknowledged
+    /// no less than before counts (net/ipv4/tcp_input.c, `tcp_ack` sets
+    /// `rcv_tstamp`), a bare FIN or a data segment the kernel then refused
+    /// included.
+    pub(crate) since_last_ack: Duration,
     /// What the peer had acknowledged of what the socket sent.
     pub(crate) acknowledged: Acknowledged,
     /// Bytes the socket received that this process never read, a FIN
@@ -222,10 +228,12 @@ fn listen() {
     const GROUPS: [u32; 2] = [1, 3];
     /// Offsets in `struct tcp_info` (include/uapi/linux/tcp.h) beyond
     /// what [`TcpInfo::decode`](crate::kernel::TcpInfo) reads:
-    /// `tcpi_last_data_sent` (ms, `__u32`), `tcpi_bytes_acked`,
+    /// `tcpi_last_data_sent` and `tcpi_last_ack_recv` (ms, `__u32`),
+    /// `tcpi_bytes_acked`,
     /// `tcpi_bytes_sent` and `tcpi_bytes_retrans` (`__u64`; the last two
     /// since Linux 4.19).
     const LAST_DATA_SENT: usize = 44;
+    const LAST_ACK_RECV: usize = 56;
     const BYTES_ACKED: usize = 120;
     const BYTES_SENT: usize = 200;
     const BYTES_RETRANS: usize = 208;
@@ -321,8 +329,14 @@ fn listen() {
                     Acknowledged::NotAllData
                 })
             })();
-            if let (Some(since_last_send), Some(decoded), Some(acknowledged)) = (
+            if let (
+                Some(since_last_send),
+                Some(since_last_ack),
+                Some(decoded),
+                Some(acknowledged),
+            ) = (
                 ms_at(LAST_DATA_SENT),
+                ms_at(LAST_ACK_RECV),
                 crate::kernel::TcpInfo::decode(info),
                 acknowledged,
             ) {
@@ -332,6 +346,7 @@ fn listen() {
                         seen_at,
                         since_last_receive: decoded.since_last_receive,
                         since_last_send,
+                        since_last_ack,
                         acknowledged,
                         unread: response.header.recv_queue,
                         rtt: decoded.rtt,

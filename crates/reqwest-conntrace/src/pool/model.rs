@@ -1943,6 +1943,7 @@ mod tests {
                     seen_at: t0 + ms(reported_after),
                     since_last_receive: ms(reported_after),
                     since_last_send: ms(reported_after),
+                    since_last_ack: ms(reported_after),
                     acknowledged: Acknowledged::DataAndFin,
                     unread: 1,
                     rtt: Duration::ZERO,
@@ -2496,6 +2497,7 @@ mod tests {
             seen_at: at,
             since_last_receive: ms(0),
             since_last_send: ms(0),
+            since_last_ack: ms(0),
             acknowledged: Acknowledged::NotAllData,
             unread: 0,
             rtt: Duration::ZERO,
@@ -3419,6 +3421,7 @@ mod tests {
             seen_at: t0 + ms(seen),
             since_last_receive: ms(received),
             since_last_send: ms(sent),
+            since_last_ack: ms(received),
             acknowledged,
             unread: 0,
             rtt: Duration::ZERO,
@@ -3504,6 +3507,7 @@ mod tests {
             seen_at: t0 + ms(3),
             since_last_receive: ms(2),
             since_last_send: ms(2),
+            since_last_ack: ms(2),
             acknowledged: Acknowledged::DataAndFin,
             unread: 0,
             rtt: Duration::ZERO,
@@ -3519,11 +3523,35 @@ mod tests {
             since_last_send: ms(5),
             ..same_jiffy
         };
+        // The request and its response, then nothing until the server's
+        // FIN without close_notify 300 ms later, which (with its
+        // acknowledgement of our answering FIN) is the last segment: no
+        // close of ours at release, whatever the limit (a tester's server
+        // read `pool_disabled`, 15 of 15 misses, with the limit unknown).
+        let idle_close_without_close_notify = SocketEnd {
+            seen_at: t0 + ms(300),
+            since_last_receive: ms(300),
+            since_last_send: ms(303),
+            since_last_ack: ms(0),
+            ..same_jiffy
+        };
         let ours = Some(ReportedEnd::Ours { idle: ms(1) });
         // (report, idle limit set through our builder, release over it,
         // expected)
         for (report, limit, over, expected) in [
             (same_jiffy, None, false, ours),
+            (
+                idle_close_without_close_notify,
+                None,
+                false,
+                Some(ReportedEnd::Server),
+            ),
+            (
+                idle_close_without_close_notify,
+                Some(10),
+                false,
+                Some(ReportedEnd::Server),
+            ),
             (same_jiffy, Some(10), false, Some(ReportedEnd::Server)),
             (same_jiffy, Some(10), true, ours),
             (request_then_response, None, false, ours),
@@ -3607,6 +3635,7 @@ mod tests {
             seen_at: t0 + ms(seen),
             since_last_receive: ms(received),
             since_last_send: ms(sent),
+            since_last_ack: ms(received),
             acknowledged: Acknowledged::DataAndFin,
             // The server's FIN, never read.
             unread: 1,

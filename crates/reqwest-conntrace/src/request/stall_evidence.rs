@@ -232,6 +232,7 @@ mod tests {
             seen_at: t0 + ms(20),
             since_last_receive: ms(quiet),
             since_last_send: ms(300),
+            since_last_ack: ms(quiet),
             acknowledged: crate::kernel::Acknowledged::DataAndFin,
             unread: 0,
             rtt: Duration::from_micros(100),
