@@ -167,7 +167,7 @@ impl Inner {
     /// A connection's close was observed at `at`: count its lifetime once
     /// and forget it.
     pub(crate) fn connection_closed(&self, record: &ConnectionRecord, at: Instant) {
-        if !record.mark_closed() {
+        if !record.mark_closed_at(at) {
             return;
         }
         let lifetime = at.saturating_duration_since(record.ready_at());

@@ -779,7 +779,14 @@ impl PoolHistory {
     /// most likely went out on: hyper-util hands out the most recently
     /// released idle connection of the host, so the one (of any client of
     /// this handle) with the latest release before `start`, not in use and
-    /// not known closed. One whose body was dropped before its end (hyper
+    /// not known closed. A connection pooled after `start` comes after
+    /// those: hyper-util checks its pool out a moment after the request
+    /// started (its middlewares, reqwest's own preparation), and a connect
+    /// that lost its pool race may land unused in the pool in between (a
+    /// wave reset at once named none for the request that had such a
+    /// connection, made by the previous wave, ready 0.5 ms after the
+    /// request started: 3 of 40 runs under load). A connection never used
+    /// counts as released when it became ready. One whose body was dropped before its end (hyper
     /// closes it unless it had read the whole body) or believed closed over
     /// the idle limit at its release is most likely not in the pool: taken
     /// only when no other one is left. Each is named by one such request
@@ -810,21 +817,38 @@ impl PoolHistory {
                 .filter(|r| {
                     !r.http2()
                         && r.in_use() == 0
-                        && !r.is_closed()
                         && !r.is_discarded()
-                        && r.end().is_none()
                         && !r.said_connection_close()
-                        && r.last_released().is_some_and(|t| t <= start)
+                        && idle_since(r).is_some()
+                        && ((!r.is_closed() && r.end().is_none())
+                            || (reset && ended_since(r, start)))
                 })
         };
+        // An end only the kernel showed (none its traffic showed), seen
+        // since the request started: the reset this request failed with
+        // may be it. Concurrent misses' looks at the kernel can find the
+        // socket reset before this request's error is read (a wave of four
+        // resets named none for one of them, 1 of 40 runs under load).
+        fn ended_since(r: &ConnectionRecord, start: Instant) -> bool {
+            r.seen_end().is_none()
+                && (r.socket_end().is_some_and(|end| end.seen_at >= start)
+                    || r.closed_seen_at().is_some_and(|t| t >= start))
+        }
+        // Released, or (never used) ready: pooled since then, as far as we
+        // know.
+        fn idle_since(r: &ConnectionRecord) -> Option<Instant> {
+            r.last_released()
+                .or_else(|| r.never_used().then(|| r.ready_at()))
+        }
         let mut likely: Vec<_> = free().collect();
         // Most likely in the pool first, then the most recently active (of
         // equals, the later remembered).
         likely.reverse();
         likely.sort_by_key(|r| {
             (
-                reset && r.socket_end().is_none_or(|end| end.seen_at < start),
+                reset && !ended_since(r, start),
                 r.is_dropped_early() || r.is_over_idle_limit(),
+                idle_since(r).is_some_and(|t| t > start),
                 std::cmp::Reverse(r.last_activity()),
             )
         });
@@ -2460,7 +2484,10 @@ mod tests {
     /// handed them out; none when every one is named (tester: two of a
     /// wave's four resets named one connection, the one really reset then
     /// read `all_busy` / `idle_limit` at the next miss, 2 of 26 runs
-    /// against nginx). A release makes a connection nameable again.
+    /// against nginx). A connection never used, ready after the request
+    /// started, comes last (a wave of resets named none for the request
+    /// that had such a connection). A release makes a connection nameable
+    /// again.
     #[test]
     fn requests_failing_at_once_each_name_another_idle_connection() {
         let t0 = Instant::now();
@@ -2472,10 +2499,14 @@ mod tests {
         response(&a, false, t0 + ms(2));
         response(&b, false, t0 + ms(1));
         let start = t0 + ms(1000);
-        let named: Vec<_> = (0..3)
+        // A connect of an earlier wave that lost its pool race, ready (and
+        // pooled unused) just after the request started, before hyper-util
+        // checked its pool out: named after those released before.
+        let late = connection(&pools, &client, 3, start + ms(1), false);
+        let named: Vec<_> = (0..4)
             .map(|_| pools.likely_pooled(&host(), start, false).map(|r| r.id()))
             .collect();
-        assert_eq!(named, [Some(a.id()), Some(b.id()), None]);
+        assert_eq!(named, [Some(a.id()), Some(b.id()), Some(late.id()), None]);
         response(&b, false, t0 + ms(3));
         assert_eq!(
             pools.likely_pooled(&host(), start, false).map(|r| r.id()),
@@ -2487,7 +2518,9 @@ mod tests {
     /// kernel reported ended since the request started, however long ago
     /// it was released: the most recently released one may still have
     /// been on its way back to hyper-util's pool, alive. A report from
-    /// before the request, or another failure, does not reorder.
+    /// before the request, or another failure, does not reorder. A close
+    /// only the kernel's view showed, since the request started, does not
+    /// keep a reset from naming the connection.
     #[test]
     fn a_reset_names_the_connection_the_kernel_reported_ended_first() {
         use crate::kernel::{Acknowledged, SocketEnd, SocketEndSink};
@@ -2522,6 +2555,29 @@ mod tests {
             }
             let named = pools.likely_pooled(&host(), start, reset).map(|r| r.id());
             assert_eq!(named, Some(first), "{reported:?}, reset {reset}");
+        }
+        // The only idle connection, its close (only the kernel's view:
+        // another miss's look found it reset) seen since the request
+        // started: a reset names it; seen before the request started, or a
+        // failure that is no reset, names none (a wave of four resets named
+        // none for one of them, 1 of 40 runs under load).
+        for (closed_at, reset, named) in [
+            (start + ms(1), true, Some(1)),
+            (start + ms(1), false, None),
+            (t0 + ms(500), true, None),
+        ] {
+            let pools = PoolHistory::default();
+            let client = client();
+            let a = connection(&pools, &client, 1, t0, false);
+            response(&a, false, t0 + ms(1));
+            a.closed_by_server(false);
+            assert!(a.mark_closed_at(closed_at));
+            assert_eq!(
+                pools.likely_pooled(&host(), start, reset).map(|r| r.id()),
+                named,
+                "closed {:?} after t0, reset {reset}",
+                closed_at - t0
+            );
         }
     }
 

@@ -61,6 +61,9 @@ pub(crate) struct ConnectionRecord {
     closed_at_release: AtomicBool,
     /// Its close was observed and counted.
     closed: AtomicBool,
+    /// When its close was observed (see [`Self::closed_seen_at`]), as
+    /// [`instant_nanos`]; 0 until then.
+    closed_seen: AtomicU64,
     /// A miss named it as the connection whose announced close
     /// (`Connection: close`) caused it: each such close is named once.
     close_named: AtomicBool,
@@ -202,6 +205,7 @@ impl ConnectionRecord {
             pooled_unused_with_waiters: AtomicBool::new(false),
             closed_at_release: AtomicBool::new(false),
             closed: AtomicBool::new(false),
+            closed_seen: AtomicU64::new(0),
             close_named: AtomicBool::new(false),
             last_released: AtomicU64::new(0),
             unanswered_claim: AtomicU64::new(0),
@@ -353,9 +357,15 @@ impl ConnectionRecord {
     /// connection as the one hyper-util most likely handed it: `true` for
     /// the first such request since its latest release only. HTTP/1.1
     /// carries one request at a time, so a concurrent one that lost the
-    /// claim went out on another connection.
+    /// claim went out on another connection. A connection never released
+    /// (pooled unused) can be claimed once before its first release.
     pub(crate) fn claim_unanswered(&self) -> bool {
-        let release = self.last_released.load(Ordering::Acquire);
+        // 0: never released; the claim's initial value, so it stands for
+        // the unused connection's one claim as `u64::MAX`.
+        let release = match self.last_released.load(Ordering::Acquire) {
+            0 => u64::MAX,
+            at => at,
+        };
         self.unanswered_claim.swap(release, Ordering::AcqRel) != release
     }
 
@@ -582,6 +592,22 @@ impl ConnectionRecord {
     /// Marks the close observed; `true` the first time only.
     pub(crate) fn mark_closed(&self) -> bool {
         !self.closed.swap(true, Ordering::Relaxed)
+    }
+
+    /// Marks the close observed at `at` (the first time only counts); `true`
+    /// the first time only.
+    pub(crate) fn mark_closed_at(&self, at: Instant) -> bool {
+        if !self.mark_closed() {
+            return false;
+        }
+        self.closed_seen.store(instant_nanos(at), Ordering::Release);
+        true
+    }
+
+    /// When its close was observed (the kernel's view, a failure on it, an
+    /// announced close), if it was through [`Self::mark_closed_at`].
+    pub(crate) fn closed_seen_at(&self) -> Option<Instant> {
+        instant_of(self.closed_seen.load(Ordering::Acquire))
     }
 
     pub(crate) fn is_closed(&self) -> bool {
