@@ -726,6 +726,60 @@ async fn refused_connection_is_reported_and_passes_through() {
     assert!(is_error(&tcp));
 }
 
+/// HTTP/2 prior knowledge against an HTTP/1.1-only server: the server
+/// answers the preface in HTTP/1.1 and never sends a GOAWAY; the client's
+/// h2 finds no valid frame and sends its own GOAWAY. The request span says
+/// `http2_error`, not `http2_goaway` ("the server sent GOAWAY"), which a
+/// tester saw on nginx (3 of 4 requests; the fourth `connection_reset`).
+#[tokio::test]
+async fn an_http2_error_the_client_detected_is_no_server_goaway() {
+    use std::io::{Read as _, Write as _};
+    let t = telemetry();
+    // As nginx answers a preface it cannot parse: a 400, then its close.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let url = format!("http://{}/", listener.local_addr().expect("addr"));
+    std::thread::spawn(move || {
+        for socket in listener.incoming() {
+            let Ok(mut socket) = socket else { return };
+            std::thread::spawn(move || {
+                let mut buf = [0u8; 1024];
+                let _ = socket.read(&mut buf);
+                let _ = socket.write_all(
+                    b"HTTP/1.1 400 Bad Request\r\ncontent-length: 0\r\nconnection: close\r\n\r\n",
+                );
+                std::thread::sleep(Duration::from_millis(200));
+            });
+        }
+    });
+    let client = t.client(reqwest::Client::builder().http2_prior_knowledge(), None);
+    for _ in 0..3 {
+        client
+            .get(&url)
+            .send()
+            .await
+            .expect_err("an HTTP/1.1 server cannot answer HTTP/2");
+    }
+    let requests = t.requests();
+    assert_eq!(requests.len(), 3);
+    for request in &requests {
+        let error = str_attr(request, semconv::ERROR_TYPE);
+        assert!(
+            matches!(
+                error.as_deref(),
+                Some(semconv::ERROR_TYPE_HTTP2_ERROR | semconv::ERROR_TYPE_CONNECTION_RESET)
+            ),
+            "{error:?}"
+        );
+    }
+    assert!(
+        requests
+            .iter()
+            .any(|r| str_attr(r, semconv::ERROR_TYPE).as_deref()
+                == Some(semconv::ERROR_TYPE_HTTP2_ERROR)),
+        "h2's own protocol error seen"
+    );
+}
+
 /// A request that failed before any response (connection refused, then a
 /// certificate the client rejects) has no `http.response.body.size` on its
 /// span and no time to first byte, status or body in its `RequestReport`.

@@ -104,11 +104,14 @@ pub(crate) fn classify(err: &(dyn StdError + 'static)) -> &'static str {
                 return nested;
             }
         }
-        // HTTP/2 (h2, under hyper): GOAWAY, a reset stream, a connection error.
+        // HTTP/2 (h2, under hyper): the server's GOAWAY, a reset stream, a
+        // connection error. A GOAWAY h2 sent itself, on a protocol error it
+        // detected (an HTTP/1.1 server answering prior knowledge with a
+        // 400: "frame with invalid size"), is no GOAWAY of the server's.
         if let Some(h) = e.downcast_ref::<h2::Error>()
             && !h.is_io()
         {
-            return if h.is_go_away() {
+            return if h.is_go_away() && h.is_remote() {
                 semconv::ERROR_TYPE_HTTP2_GOAWAY
             } else if h.is_reset() {
                 semconv::ERROR_TYPE_HTTP2_STREAM_RESET
