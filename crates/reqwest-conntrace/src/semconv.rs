@@ -380,7 +380,8 @@ pub const HTTP_CLIENT_POOL_PEAK_IN_FLIGHT: &str = "http.client.pool.peak_in_flig
 /// [`POOL_LIMITS_INFERRED`] when set on reqwest's builder and inferred
 /// from the connections the pool closed at release (an upper bound: the
 /// fewest idle connections the pool held when it closed a released one).
-/// Absent while neither (unlimited, or no such close seen).
+/// Absent while neither (unlimited, `usize::MAX` set through our builder
+/// included, or no such close seen).
 pub const HTTP_CLIENT_POOL_IDLE_LIMIT: &str = "http.client.pool.idle_limit";
 
 /// The instrument a metric in [`METRICS`] is recorded with. It decides

@@ -323,8 +323,12 @@ impl PoolLoad {
                         server_address: key.host.to_string(),
                         server_port: key.port,
                         peak_in_flight: load.peak,
+                        // `usize::MAX`: no limit (reqwest's default, set
+                        // explicitly), which the gauge leaves out rather
+                        // than export a number past OTLP's signed range.
                         idle_limit: load
                             .idle_limit
+                            .filter(|(limit, _)| *limit != usize::MAX)
                             .map(|(limit, source)| (limit, source.as_str())),
                     };
                     (closed, gauges)
@@ -388,6 +392,17 @@ mod tests {
             Some((2, semconv::POOL_LIMITS_CONFIGURED))
         );
         assert_eq!(load.peak_in_flight("b", 443, later), Some(5));
+        // An unlimited pool set through our builder (`usize::MAX`, as
+        // `conntrace probe` sets reqwest's default) has no idle-limit
+        // gauge: a tester saw it exported as 0, "pooling off".
+        load.on_response(
+            &b,
+            Some((usize::MAX, LimitSource::Configured)),
+            false,
+            later,
+        );
+        assert_eq!(load.gauges(later)[0].idle_limit, None);
+        load.on_response(&b, Some((2, LimitSource::Configured)), false, later);
         // A new interval starts from the requests in flight.
         let next = t0 + Duration::from_secs(61);
         assert_eq!(load.peak_in_flight("b", 443, next), Some(5));
