@@ -18,7 +18,7 @@ use crate::handle::Inner;
 use crate::miss::MissReason;
 use crate::pool::host::HostKey;
 use crate::pool::record::ConnectionRecord;
-use crate::pool::slot::Miss;
+use crate::pool::slot::{Miss, MissSlot};
 use crate::request::connection_headers::{record_server_keep_alive, server_closes};
 use crate::request::pending_setup::SetupReason;
 use crate::request::state::{Fate, RequestState};
@@ -34,7 +34,9 @@ use crate::semconv;
 ///
 /// Never waits: when this request's miss reason still waits on the kernel's
 /// answer (was the idle connection closed by the server?), `miss_deferred`
-/// is set and the reason is recorded when the request ends
+/// is set to the miss that decides it (this request's own, or, for an
+/// HTTP/2 waiter served by a connection set up for another request, that
+/// connection's) and the reason is recorded when the request ends
 /// ([`RequestEnd::finish`]).
 ///
 /// [`RequestEnd::finish`]: crate::request::end::RequestEnd::finish
@@ -44,7 +46,7 @@ pub(crate) fn attribute_response(
     span: &tracing::Span,
     response: &reqwest::Response,
     mut attributes: Vec<KeyValue>,
-    miss_deferred: &mut bool,
+    miss_deferred: &mut Option<MissSlot>,
 ) -> Option<(ConnectionUse, Arc<ConnectionRecord>)> {
     let info = response.extensions().get::<HttpInfo>();
     let (version, headers) = (response.version(), response.headers());
@@ -147,7 +149,17 @@ pub(crate) fn attribute_response(
     // that connect's miss (even when a freed connection served it first);
     // one served by a connection set up for another request (HTTP/2
     // waiters) carries that connection's miss.
-    *miss_deferred = state.miss().is_some_and(|m| !m.is_settled());
+    // A waiter copies the connection's miss only once it is settled (its
+    // trigger's reason may still wait on the kernel: its fallback then,
+    // `all_busy`, is not the reason: a tester saw HTTP/2 waiters on the
+    // connection that replaced one the server's GOAWAY ended read
+    // `all_busy` while its trigger read `request_limit`).
+    let deciding = if idle_hit {
+        None
+    } else {
+        state.miss().or_else(|| record.miss.clone())
+    };
+    *miss_deferred = deciding.filter(|m| !m.is_settled());
     let miss = (!idle_hit).then(|| {
         own_miss
             .or_else(|| record.miss.as_ref().map(|m| m.get()))
@@ -174,15 +186,17 @@ pub(crate) fn attribute_response(
     // A reason recorded later (responses to the host in flight) reaches
     // the report through `settling`.
     let settling = match miss {
-        Some(miss) if !*miss_deferred => match record_miss(inner, state, span, &miss, None, None) {
-            // The report says what the span says (an HTTP/2 `closed_by_peer`
-            // read again as `request_limit`, say).
-            MissRecorded::Now(recorded) => {
-                miss_reason = recorded;
-                None
+        Some(miss) if miss_deferred.is_none() => {
+            match record_miss(inner, state, span, &miss, None, None) {
+                // The report says what the span says (an HTTP/2 `closed_by_peer`
+                // read again as `request_limit`, say).
+                MissRecorded::Now(recorded) => {
+                    miss_reason = recorded;
+                    None
+                }
+                MissRecorded::Later(late) => Some(late),
             }
-            MissRecorded::Later(late) => Some(late),
-        },
+        }
         // An idle hit: no reason of its own (a setup span it held, not
         // expected, carries its own).
         None => {
@@ -204,7 +218,7 @@ pub(crate) fn attribute_response(
     if let Some(advice) = inner.load.on_response(
         &state.host,
         record.client.idle_limit(),
-        miss_reason == Some(MissReason::AllBusy) && !*miss_deferred,
+        miss_reason == Some(MissReason::AllBusy) && miss_deferred.is_none(),
         now,
     ) {
         add_pool_advice_event(span, &advice);

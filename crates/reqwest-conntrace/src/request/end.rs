@@ -13,6 +13,7 @@ use crate::export::report::{ConnectionUse, DecidingMiss, RequestReport};
 use crate::handle::Inner;
 use crate::miss::{ConnectionEnd, MissReason};
 use crate::pool::record::ConnectionRecord;
+use crate::pool::slot::MissSlot;
 use crate::request::attribution::{add_pool_advice_event, record_miss};
 use crate::request::failure::{attribute_failure, ended_by_server, server_end_of_failure};
 use crate::request::stall_evidence::ask_kernel_evidence;
@@ -50,11 +51,12 @@ pub(crate) struct RequestEnd {
     pub(crate) resend_count: u32,
     /// `network.protocol.version` of the response.
     pub(crate) protocol_version: Option<&'static str>,
-    /// The miss reason was not known when the response arrived: record it
-    /// at the end (see [`attribute_response`]).
+    /// The miss whose reason was not known when the response arrived
+    /// (this request's, or an HTTP/2 waiter's connection's): its reason is
+    /// recorded at the end (see [`attribute_response`]).
     ///
     /// [`attribute_response`]: crate::request::attribution::attribute_response
-    pub(crate) miss_deferred: bool,
+    pub(crate) miss_deferred: Option<MissSlot>,
     /// The span records (an OpenTelemetry span, sampled): span attributes
     /// are built only then. Default: `true`.
     pub(crate) recording: bool,
@@ -120,7 +122,7 @@ impl RequestEnd {
             held_body: None,
             protocol_version: None,
             resend_count: 0,
-            miss_deferred: false,
+            miss_deferred: None,
             recording: true,
             base_attributes,
             finished: false,
@@ -181,9 +183,7 @@ impl RequestEnd {
             self.span
                 .set_attribute(semconv::HTTP_RESPONSE_BODY_SIZE, self.body_size as i64);
         }
-        if self.miss_deferred
-            && let Some(slot) = self.state.miss()
-        {
+        if let Some(slot) = self.miss_deferred.take() {
             // Recorded when the kernel answers (at once if it has): the span
             // stays open until then (its end waits, the caller does not), and
             // a flush waits for it like for `tcp.connect`.
