@@ -2549,6 +2549,80 @@ async fn nginx_http2_request_limit_miss_names_the_fix_that_helps() {
     assert_eq!(limits, 2, "{spans:#?}");
 }
 
+/// nginx (HTTP/2, `keepalive_requests 5`) under waves of 16 concurrent
+/// GETs: a few requests fail with `http2_goaway` (hyper-util resent them
+/// once a GOAWAY refused their stream, and the next connection refused
+/// them too; reqwest alone fails as many). Each failed request that names
+/// a connection names one nginx served requests on, by its client port in
+/// the access log: the connection hyper-util's error carries. A tester saw
+/// 113 of 149 such failures name the request's own spare connect, which
+/// nginx never saw a request on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_http2_goaway_failure_names_a_connection_the_server_served() {
+    let pki = TestPki::localhost().expect("pki");
+    let nginx = Nginx::start(NginxConfig::new(&pki).keepalive_requests(5))
+        .await
+        .unwrap_or_else(|e| panic!("nginx must start (a missing nginx is a failure): {e}"));
+    let url = nginx.url(NginxListener::H2, "/").expect("url");
+    let t = telemetry();
+    // hyper-util's pool rarely leaves a request stuck under such churn
+    // (REFERENCE section 11): a deadline ends it.
+    let client = t.client(
+        reqwest::Client::builder().timeout(Duration::from_secs(5)),
+        Some(&pki),
+    );
+    let goaway_named = |span: &&SpanData| {
+        str_attr(span, semconv::ERROR_TYPE).as_deref() == Some(semconv::ERROR_TYPE_HTTP2_GOAWAY)
+            && i64_attr(span, semconv::HTTP_CONNECTION_ID).is_some()
+    };
+    let (mut sent, mut failed) = (0, 0);
+    // Until such a failure was seen (about 1 in 16 requests fail; reqwest
+    // alone the same), at most 10 rounds of 10 waves.
+    let mut spans = Vec::new();
+    for _ in 0..10 {
+        for _ in 0..10 {
+            let results = futures::future::join_all((0..16).map(|_| async {
+                match client.get(&url).send().await {
+                    Ok(response) => response.bytes().await.is_ok(),
+                    Err(_) => false,
+                }
+            }))
+            .await;
+            sent += 16;
+            failed += results.iter().filter(|ok| !**ok).count();
+        }
+        spans = requests(&t, sent);
+        if spans.iter().any(|s| goaway_named(&s)) {
+            break;
+        }
+    }
+    let log = nginx
+        .wait_for_access_log(sent - failed, Duration::from_secs(5))
+        .await;
+    let ports = local_ports(&t);
+    let mut checked = 0;
+    for span in spans.iter().filter(goaway_named) {
+        let id = i64_attr(span, semconv::HTTP_CONNECTION_ID).expect("named");
+        let port = ports
+            .get(&id)
+            .copied()
+            .expect("the named connection's setup span");
+        let served = log
+            .iter()
+            .filter(|e| i64::from(e.remote_port) == port)
+            .count();
+        assert!(
+            served > 0,
+            "an http2_goaway failure names connection {id} (port {port}), which nginx served nothing on"
+        );
+        checked += 1;
+    }
+    assert!(
+        checked > 0,
+        "{failed} of {sent} requests failed, none with http2_goaway naming a connection"
+    );
+}
+
 /// The other HTTP/2 GOAWAY: nginx over HTTP/2 with `keepalive_timeout 1s`
 /// ends an idle connection with GOAWAY. A request 1.5 s after the previous
 /// one is `closed_by_peer` (`previous.end = goaway`), naming the connection

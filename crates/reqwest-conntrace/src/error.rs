@@ -52,6 +52,34 @@ impl From<reqwest::Error> for BuildError {
     }
 }
 
+/// The socket pair (local, remote) of the connection a request failed on,
+/// as hyper-util attaches it to its error (`Error::connect_info`, whose
+/// extras hold the connection's `HttpInfo`): present when the request had
+/// a connection when it failed (a send error, or a request cancelled on a
+/// connection that hyper-util did not resend: its last attempt's). `None`
+/// for a failed connect, and for errors from elsewhere (a body, a
+/// middleware).
+pub(crate) fn failed_connection_pair(
+    err: &(dyn StdError + 'static),
+) -> Option<(SocketAddr, SocketAddr)> {
+    use hyper_util::client::legacy::connect::HttpInfo;
+    let mut current: Option<&(dyn StdError + 'static)> = Some(err);
+    while let Some(e) = current {
+        if let Some(connected) = e
+            .downcast_ref::<hyper_util::client::legacy::Error>()
+            .and_then(hyper_util::client::legacy::Error::connect_info)
+        {
+            let mut extensions = http::Extensions::new();
+            connected.get_extras(&mut extensions);
+            return extensions
+                .get::<HttpInfo>()
+                .map(|info| (info.local_addr(), info.remote_addr()));
+        }
+        current = e.source();
+    }
+    None
+}
+
 /// Classifies an error chain into a low-cardinality `error.type` value (one
 /// of the `semconv::ERROR_TYPE_*` constants), looking at every source in the
 /// chain: I/O error kinds, rustls errors, and reqwest's own predicates.

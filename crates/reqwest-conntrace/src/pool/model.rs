@@ -775,6 +775,23 @@ impl PoolHistory {
             .cloned()
     }
 
+    /// The host's remembered connection whose socket pair is `pair`
+    /// (local, remote): one the connection registry no longer holds (its
+    /// close was observed) may still be in the host's history.
+    pub(crate) fn connection_with_pair(
+        &self,
+        host: &HostKey,
+        pair: crate::pool::record::Pair,
+    ) -> Option<Arc<ConnectionRecord>> {
+        self.hosts()
+            .get(host)?
+            .connections
+            .iter()
+            .rev()
+            .find(|r| r.pair() == Some(pair))
+            .cloned()
+    }
+
     /// The connection a request that failed without calling the connector
     /// most likely went out on: hyper-util hands out the most recently
     /// released idle connection of the host, so the one (of any client of

@@ -172,6 +172,8 @@ impl RequestEnd {
                     if self.recording { &self.span } else { &none },
                     semconv::ERROR_TYPE_CANCELLED,
                     true,
+                    // Dropped: no error to read the connection from.
+                    None,
                 );
                 self.fail(
                     semconv::ERROR_TYPE_CANCELLED,

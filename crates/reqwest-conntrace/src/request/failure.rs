@@ -13,7 +13,7 @@ use crate::export::clock::secs;
 use crate::export::report::ConnectionUse;
 use crate::handle::Inner;
 use crate::miss::ConnectionEnd;
-use crate::pool::record::ConnectionRecord;
+use crate::pool::record::{ConnectionRecord, Pair};
 use crate::request::attribution::{set_attributes, socket_attributes};
 use crate::request::stall_evidence::ask_kernel_evidence;
 use crate::request::state::RequestState;
@@ -54,6 +54,7 @@ pub(crate) fn attribute_failure(
     span: &tracing::Span,
     error_type: &str,
     dropped: bool,
+    failed_on: Option<Pair>,
 ) -> Option<ConnectionUse> {
     // Only errors that happen on a connection (not, say, a refused
     // redirect or a request that could not be built); of those, the HTTP/2
@@ -78,6 +79,7 @@ pub(crate) fn attribute_failure(
         inner,
         state,
         error_type == semconv::ERROR_TYPE_CONNECTION_RESET,
+        failed_on,
     );
     // An HTTP/2 error happened on an HTTP/2 connection: when none of the
     // above was found (its own connect had not finished, the connection was
@@ -144,18 +146,36 @@ pub(crate) fn attribute_failure(
 }
 
 /// The connection a request with no response of its own to read it from
-/// most likely went out on: the one its own connect made, else the HTTP/2
-/// connection it was multiplexed onto, else the HTTP/1.1 one hyper-util
-/// would have handed out (the host's most recently released idle one; for
-/// a `reset` failure, one whose socket the kernel reported ended since the
-/// request started first: see [`PoolHistory::likely_pooled`]).
+/// went out on: the one hyper-util's error names (`failed_on`, the socket
+/// pair of its last attempt's connection: see
+/// [`failed_connection_pair`](crate::error::failed_connection_pair)), else,
+/// most likely, the one its own connect made, else the HTTP/2 connection
+/// it was multiplexed onto, else the HTTP/1.1 one hyper-util would have
+/// handed out (the host's most recently released idle one; for a `reset`
+/// failure, one whose socket the kernel reported ended since the request
+/// started first: see [`PoolHistory::likely_pooled`]). The error's pair
+/// matters where hyper-util resent the request: its own connect's
+/// connection may have carried nothing (a tester saw HTTP/2 GOAWAY
+/// failures name connections nginx never saw a request on, 113 of 149).
 ///
 /// [`PoolHistory::likely_pooled`]: crate::pool::model::PoolHistory::likely_pooled
 pub(crate) fn likely_connection(
     inner: &Inner,
     state: &RequestState,
     reset: bool,
+    failed_on: Option<Pair>,
 ) -> Option<Arc<ConnectionRecord>> {
+    if let Some(record) = failed_on.and_then(|(local, remote)| {
+        inner.registry.get(local, remote).or_else(|| {
+            inner
+                .pools
+                .connection_with_pair(&state.host, (local, remote))
+        })
+    }) {
+        // Named exactly: no request failing at once may guess it too.
+        let _ = record.claim_unanswered();
+        return Some(record);
+    }
     if state.miss().is_some() {
         inner.pools.made_for(&state.host, state.id)
     } else {
@@ -180,7 +200,7 @@ pub(crate) fn attribute_refused_redirect(
     state: &RequestState,
     span: &tracing::Span,
 ) -> Option<(ConnectionUse, Arc<ConnectionRecord>)> {
-    let record = likely_connection(inner, state, false)?;
+    let record = likely_connection(inner, state, false, None)?;
     record.take();
     let request_count = record.count_request(state.started);
     span.set_attribute(semconv::HTTP_CONNECTION_REQUEST_COUNT, request_count as i64);
