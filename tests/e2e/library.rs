@@ -726,6 +726,64 @@ async fn refused_connection_is_reported_and_passes_through() {
     assert!(is_error(&tcp));
 }
 
+/// Redirect hops over HTTP/2 whose 3xx body had fully arrived (the lab
+/// server sends it with the headers) count no stream reset: the middleware
+/// reads what has arrived before it sends the next hop, and h2 resets no
+/// stream whose END_STREAM came. A tester saw every HTTP/2 hop counted as
+/// a reset (nginx had sent each 3xx in full), the connection's
+/// `stream_resets` climbing with every redirect. Over HTTP/1.1 no next
+/// hop's miss reads `discarded` (the hop's connection went back to the
+/// pool; the next hop may still race its return: `release_race`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redirect_body_that_arrived_is_no_stream_reset() {
+    let pki = TestPki::localhost().expect("pki");
+    for http2 in [true, false] {
+        let server = tls_server(
+            &pki,
+            TlsVersions::Tls13Only,
+            if http2 {
+                HttpVersions::Http2Only
+            } else {
+                HttpVersions::Http1Only
+            },
+        )
+        .await;
+        let port = server.addr().port();
+        let url = format!("https://localhost:{port}/redirect/localhost:{port}/");
+        let t = telemetry();
+        let client = t.client(reqwest::Client::builder(), Some(&pki));
+        for _ in 0..5 {
+            let response = client.get(&url).send().await.expect("response");
+            assert_eq!(response.status(), 200);
+            response.bytes().await.expect("body");
+        }
+        let spans = t.requests();
+        assert_eq!(spans.len(), 10, "one span per hop");
+        for span in &spans {
+            assert!(
+                !span
+                    .events
+                    .iter()
+                    .any(|e| e.name == semconv::EVENT_STREAM_RESET),
+                "http2 {http2}: {span:#?}"
+            );
+            assert_eq!(
+                i64_attr(span, semconv::HTTP_CONNECTION_STREAM_RESETS),
+                None,
+                "http2 {http2}"
+            );
+            assert_ne!(
+                str_attr(span, semconv::HTTP_CONNECTION_MISS_REASON).as_deref(),
+                Some(semconv::MISS_REASON_DISCARDED),
+                "http2 {http2}"
+            );
+        }
+        if http2 {
+            assert_eq!(server.accepted_connections(), 1, "one HTTP/2 connection");
+        }
+    }
+}
+
 /// HTTP/2 prior knowledge against an HTTP/1.1-only server: the server
 /// answers the preface in HTTP/1.1 and never sends a GOAWAY; the client's
 /// h2 finds no valid frame and sends its own GOAWAY. The request span says

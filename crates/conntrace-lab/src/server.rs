@@ -4,7 +4,7 @@
 //! Routes (any method): `/delay/<ms>` answers after `<ms>` extra
 //! milliseconds, `/bytes/<n>` answers with `n` bytes, `/redirect/<host:port>/<path>`
 //! answers `302` with `Location: <scheme>://<host:port>/<path>` (the
-//! server's own scheme) and an empty body, `/gate/<name>/<n>`
+//! server's own scheme) and nginx's short HTML body, `/gate/<name>/<n>`
 //! holds each response until `n` requests to that same path have arrived
 //! (a wave whose requests are all in flight at once; `n` at most
 //! 100,000), everything else answers with the configured body (default

@@ -274,8 +274,16 @@ impl<M: MakeRequestSpan> Middleware for ConnTraceMiddleware<M> {
             let Some(next_request) = next_request else {
                 return Ok(response);
             };
-            // Like reqwest: the redirect's body is dropped unread.
-            drop(response);
+            // Like reqwest, the redirect's body is not waited for, but what
+            // has already arrived is read: a body already complete then
+            // ends as read, not as a drop (over HTTP/2 a possible stream
+            // reset, over HTTP/1.1 a connection maybe discarded), and
+            // nothing on the wire changes (h2 sends no RST_STREAM for a
+            // stream whose END_STREAM came; hyper keeps an HTTP/1.1
+            // connection whose body it read). A tester saw every HTTP/2
+            // hop counted as a stream reset, nginx having sent each 3xx in
+            // full. One still arriving is dropped unread, as reqwest does.
+            let _ = futures_util::FutureExt::now_or_never(response.bytes());
             req = next_request;
             followed += 1;
         }
