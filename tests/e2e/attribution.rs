@@ -3837,30 +3837,49 @@ async fn a_server_idle_close_before_the_client_idle_timeout_is_closed_by_peer() 
         let client = t.client_with(reqwest::Client::builder(), tls.then_some(&pki), |b| {
             b.pool_idle_timeout(Some(Duration::from_millis(400)))
         });
-        let url = server.get().url("/");
-        for pause in [0, 450, 700] {
-            tokio::time::sleep(Duration::from_millis(pause)).await;
-            get(&client, &url).await;
-        }
-        let spans: Vec<Seen> = requests(&t, 3).iter().map(seen).collect();
-        compare_with_server(&spans, &server.get().requests());
-        for s in &spans[1..] {
-            assert_eq!(
-                s.reason.as_deref(),
-                Some(semconv::MISS_REASON_CLOSED_BY_PEER),
-                "{name}:\n{}",
-                compact(&spans)
-            );
-        }
-        let named = server_ends_read_closed_by_peer(
+        sequential_misses_are_the_servers_closes(
             &t,
-            &spans,
-            &server.get().connections(),
+            &server,
+            &client,
+            &[0, 450, 700],
             server_end,
             round,
-        );
-        assert_eq!(named, 2, "{name}:\n{}", compact(&spans));
+            name,
+        )
+        .await;
     }
+}
+
+/// GETs of `server`'s `/` after each of `pauses` (ms), checked against the
+/// server's records: every request after the first is a `closed_by_peer`
+/// miss naming a connection the server ended as `server_end`.
+async fn sequential_misses_are_the_servers_closes(
+    t: &Telemetry,
+    server: &RemoteServer,
+    client: &reqwest_middleware::ClientWithMiddleware,
+    pauses: &[u64],
+    server_end: ConnectionEnd,
+    round: usize,
+    name: &str,
+) {
+    let url = server.get().url("/");
+    for pause in pauses {
+        tokio::time::sleep(Duration::from_millis(*pause)).await;
+        get(client, &url).await;
+    }
+    let spans: Vec<Seen> = requests(t, pauses.len()).iter().map(seen).collect();
+    compare_with_server(&spans, &server.get().requests());
+    for s in &spans[1..] {
+        assert_eq!(
+            s.reason.as_deref(),
+            Some(semconv::MISS_REASON_CLOSED_BY_PEER),
+            "{name}:\n{}",
+            compact(&spans)
+        );
+    }
+    let named =
+        server_ends_read_closed_by_peer(t, &spans, &server.get().connections(), server_end, round);
+    assert_eq!(named, pauses.len() - 1, "{name}:\n{}", compact(&spans));
 }
 
 /// A TLS (HTTP/1.1) server closing connections idle for 300 ms with a bare
@@ -3895,29 +3914,16 @@ async fn a_tls_idle_close_without_close_notify_is_closed_by_peer() {
                 None => b,
             },
         );
-        let url = server.get().url("/");
-        for pause in [0, 500, 500, 500] {
-            tokio::time::sleep(Duration::from_millis(pause)).await;
-            get(&client, &url).await;
-        }
-        let spans: Vec<Seen> = requests(&t, 4).iter().map(seen).collect();
-        compare_with_server(&spans, &server.get().requests());
-        for s in &spans[1..] {
-            assert_eq!(
-                s.reason.as_deref(),
-                Some(semconv::MISS_REASON_CLOSED_BY_PEER),
-                "round {round}:\n{}",
-                compact(&spans)
-            );
-        }
-        let named = server_ends_read_closed_by_peer(
+        sequential_misses_are_the_servers_closes(
             &t,
-            &spans,
-            &server.get().connections(),
+            &server,
+            &client,
+            &[0, 500, 500, 500],
             ConnectionEnd::IdleTimeout,
             round,
-        );
-        assert_eq!(named, 3, "round {round}:\n{}", compact(&spans));
+            &format!("round {round}"),
+        )
+        .await;
     }
 }
 
