@@ -1225,6 +1225,76 @@ impl Drop for ResettingServer {
     }
 }
 
+/// A server that answers a connection's first request and closes it (a
+/// FIN, no reset) as it reads the second: the second request fails
+/// (`connection_reset`: hyper's "connection closed before message
+/// completed") naming that connection, and the next request's miss names
+/// it ended `peer_fin`, the server's FIN, not `peer_reset`. A tester saw
+/// `peer_reset` (3 of 3 runs).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_close_before_the_response_is_the_servers_fin_not_a_reset() {
+    use std::io::{Read as _, Write as _};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let url = format!("http://{}/", listener.local_addr().expect("addr"));
+    std::thread::spawn(move || {
+        for socket in listener.incoming() {
+            let Ok(mut socket) = socket else { return };
+            std::thread::spawn(move || {
+                let mut buf = [0u8; 4096];
+                for request in 1.. {
+                    let mut got = Vec::new();
+                    while !got.windows(4).any(|w| w == b"\r\n\r\n") {
+                        match socket.read(&mut buf) {
+                            Ok(0) | Err(_) => return,
+                            Ok(k) => got.extend_from_slice(&buf[..k]),
+                        }
+                    }
+                    if request > 1 {
+                        // Dropped: closed with a FIN, the request unanswered.
+                        return;
+                    }
+                    let ok = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok";
+                    if socket.write_all(ok).is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    let t = telemetry();
+    let client = t.client(reqwest::Client::builder(), None);
+    get(&client, &url).await;
+    // hyper-util puts the connection back on a task of its own.
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    client
+        .get(&url)
+        .send()
+        .await
+        .expect_err("closed before its response");
+    get(&client, &url).await;
+    let spans: Vec<Seen> = requests(&t, 3).iter().map(seen).collect();
+    assert_eq!(
+        (spans[1].error.as_deref(), spans[1].id),
+        (Some(semconv::ERROR_TYPE_CONNECTION_RESET), spans[0].id),
+        "{}",
+        compact(&spans)
+    );
+    assert_eq!(
+        (
+            spans[2].reason.as_deref(),
+            spans[2].previous_id,
+            spans[2].previous_end.as_deref()
+        ),
+        (
+            Some(semconv::MISS_REASON_CLOSED_BY_PEER),
+            spans[0].id,
+            Some(semconv::CONNECTION_END_PEER_FIN)
+        ),
+        "{}",
+        compact(&spans)
+    );
+}
+
 /// Four concurrent requests on four pooled HTTP/1.1 connections, each
 /// reset by the server as it reads the request (as a wave meeting a
 /// server's idle close): each failed request names a connection of its

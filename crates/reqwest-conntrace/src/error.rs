@@ -80,6 +80,23 @@ pub(crate) fn failed_connection_pair(
     None
 }
 
+/// Whether the connection closed (the peer's FIN: hyper read the end of
+/// the stream) before the response was complete: hyper's "connection
+/// closed before message completed" in the chain. A reset is an I/O
+/// `ConnectionReset` instead.
+pub(crate) fn closed_before_response(err: &(dyn StdError + 'static)) -> bool {
+    let mut current: Option<&(dyn StdError + 'static)> = Some(err);
+    while let Some(e) = current {
+        if e.downcast_ref::<hyper::Error>()
+            .is_some_and(hyper::Error::is_incomplete_message)
+        {
+            return true;
+        }
+        current = e.source();
+    }
+    false
+}
+
 /// Classifies an error chain into a low-cardinality `error.type` value (one
 /// of the `semconv::ERROR_TYPE_*` constants), looking at every source in the
 /// chain: I/O error kinds, rustls errors, and reqwest's own predicates.

@@ -173,7 +173,7 @@ impl RequestEnd {
                     semconv::ERROR_TYPE_CANCELLED,
                     true,
                     // Dropped: no error to read the connection from.
-                    None,
+                    Default::default(),
                 );
                 self.fail(
                     semconv::ERROR_TYPE_CANCELLED,

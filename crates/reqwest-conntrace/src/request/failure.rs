@@ -19,6 +19,30 @@ use crate::request::stall_evidence::ask_kernel_evidence;
 use crate::request::state::RequestState;
 use crate::semconv;
 
+/// What a failed request's error says of the connection it failed on.
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct FailureEvidence {
+    /// The connection, as hyper-util's error names it (its socket pair,
+    /// local and remote; see
+    /// [`failed_connection_pair`](crate::error::failed_connection_pair)).
+    pub(crate) connection: Option<Pair>,
+    /// It closed with the server's FIN before the response was complete
+    /// (hyper's incomplete message), not a reset: the connection ended
+    /// `peer_fin` (a server closing after reading the request, or its
+    /// idle close crossing the request on the wire).
+    pub(crate) peer_fin: bool,
+}
+
+impl FailureEvidence {
+    /// What `error` says.
+    pub(crate) fn of(error: &(dyn std::error::Error + 'static)) -> Self {
+        Self {
+            connection: crate::error::failed_connection_pair(error),
+            peer_fin: crate::error::closed_before_response(error),
+        }
+    }
+}
+
 /// A request failed. When a connection existed that carried it, names it on
 /// `span`: the one its own connect made (if that succeeded), else the
 /// HTTP/2 connection it was multiplexed onto, else the HTTP/1.1 connection
@@ -28,7 +52,8 @@ use crate::semconv;
 /// its socket's `network.peer.address`, `network.peer.port` and
 /// `network.local.port` (as a response on it would), and a link to
 /// its setup span; records how the failure ended the connection
-/// (`connection_reset`, HTTP/2 GOAWAY or connection error; an HTTP/1.1
+/// (`connection_reset`: a reset, or the server's FIN when `evidence` says
+/// so; HTTP/2 GOAWAY or connection error; an HTTP/1.1
 /// request that gave up on its response abandons it, `abandoned`); and asks the
 /// kernel for the socket's state (unacknowledged data, time since the last
 /// receive, retransmits), which lands on the span when the answer arrives
@@ -54,7 +79,7 @@ pub(crate) fn attribute_failure(
     span: &tracing::Span,
     error_type: &str,
     dropped: bool,
-    failed_on: Option<Pair>,
+    evidence: FailureEvidence,
 ) -> Option<ConnectionUse> {
     // Only errors that happen on a connection (not, say, a refused
     // redirect or a request that could not be built); of those, the HTTP/2
@@ -79,7 +104,7 @@ pub(crate) fn attribute_failure(
         inner,
         state,
         error_type == semconv::ERROR_TYPE_CONNECTION_RESET,
-        failed_on,
+        evidence.connection,
     );
     // An HTTP/2 error happened on an HTTP/2 connection: when none of the
     // above was found (its own connect had not finished, the connection was
@@ -121,6 +146,11 @@ pub(crate) fn attribute_failure(
     }
     let usage = unanswered_use(span, &record, state, reused, request_count, idle);
     if let Some(end) = server_end_of_failure(error_type, record.http2()) {
+        // hyper read the server's FIN, not a reset, before the response.
+        let end = match end {
+            ConnectionEnd::PeerReset if evidence.peer_fin => ConnectionEnd::PeerFin,
+            end => end,
+        };
         ended_by_server(inner, &record, end, now);
         return Some(usage);
     }

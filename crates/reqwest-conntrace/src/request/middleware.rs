@@ -501,7 +501,7 @@ impl<M: MakeRequestSpan> ConnTraceMiddleware<M> {
                     // future is polled); not told apart, assumed sent
                     // (REFERENCE section 11).
                     false,
-                    crate::error::failed_connection_pair(&error),
+                    crate::request::failure::FailureEvidence::of(&error),
                 );
                 end.fail(error_type, error_chain_text(&inner.redaction, &error));
                 end.finish(EndKind::Failed);
