@@ -507,32 +507,59 @@ impl reqwest::dns::Resolve for SecondAnswerLate {
 /// `pool_max_idle_per_host(1)`, open under reqwest's default (unlimited);
 /// and, with a server idle-closing after 100 ms, kept by the pool until
 /// the server closed it: `pooled` too (a tester's such server read
-/// `closed_unused`: gone over plain TCP is the server's close).
-#[tokio::test]
+/// `closed_unused`: gone over plain TCP is the server's close). Over TLS
+/// the same, with the server idle-closing after 150 ms with close_notify
+/// and without: a socket gone over TLS may be ours (a server's
+/// close_notify answering our close resets it), and the kernel's report of
+/// its end tells whose close it was (a tester's TLS server read
+/// `closed_unused`).
+// Multi-thread: reading the spans flushes, which waits for the unused
+// connect's looks; on a current-thread runtime the server could not close
+// meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unused_connect_a_full_idle_pool_turned_away_is_closed_unused() {
-    for (idle_limit, server_idle, expected) in [
-        (Some(1), None, semconv::SETUP_OUTCOME_CLOSED_UNUSED),
-        (None, None, semconv::SETUP_OUTCOME_POOLED),
-        (None, Some(100), semconv::SETUP_OUTCOME_POOLED),
+    let pki = TestPki::localhost().expect("pki");
+    // (idle limit, server idle timeout ms, TLS: with close_notify, expected)
+    for (idle_limit, server_idle, tls, expected) in [
+        (Some(1), None, None, semconv::SETUP_OUTCOME_CLOSED_UNUSED),
+        (None, None, None, semconv::SETUP_OUTCOME_POOLED),
+        (None, Some(100), None, semconv::SETUP_OUTCOME_POOLED),
+        (
+            Some(1),
+            None,
+            Some(true),
+            semconv::SETUP_OUTCOME_CLOSED_UNUSED,
+        ),
+        (None, Some(150), Some(true), semconv::SETUP_OUTCOME_POOLED),
+        (None, Some(150), Some(false), semconv::SETUP_OUTCOME_POOLED),
     ] {
         let t = telemetry();
-        let server = TestServer::builder()
+        let mut server = TestServer::builder()
+            .http_versions(HttpVersions::Http1Only)
             .idle_timeout(server_idle.map(Duration::from_millis))
-            .delay(Duration::from_millis(300))
-            .start()
-            .await
-            .expect("server");
+            .delay(Duration::from_millis(300));
+        if let Some(close_notify) = tls {
+            server = server
+                .tls(&pki)
+                .idle_close_without_close_notify(!close_notify);
+        }
+        let server = server.start().await.expect("server");
         let mut builder = reqwest::Client::builder();
         if let Some(limit) = idle_limit {
             builder = builder.pool_max_idle_per_host(limit);
         }
-        let client = t
+        let mut client = t
             .conntrace()
             .instrument_client(builder)
-            .dns_resolver(SecondAnswerLate::default())
-            .build_with_middleware()
-            .expect("client");
-        let url = format!("http://late.test:{}/", server.addr().port());
+            .dns_resolver(SecondAnswerLate::default());
+        if tls.is_some() {
+            client = client.tls(trust(&pki));
+        }
+        let client = client.build_with_middleware().expect("client");
+        let url = match tls {
+            Some(_) => format!("https://localhost:{}/", server.addr().port()),
+            None => format!("http://late.test:{}/", server.addr().port()),
+        };
         let get = |pause: Duration| {
             let (client, url) = (client.clone(), url.clone());
             async move {
@@ -596,7 +623,7 @@ async fn an_unused_connect_a_full_idle_pool_turned_away_is_closed_unused() {
         assert_eq!(
             str_attr(late, semconv::HTTP_CONNECTION_SETUP_OUTCOME).as_deref(),
             Some(expected),
-            "{idle_limit:?}, server idle {server_idle:?}: {late:#?}"
+            "{idle_limit:?}, server idle {server_idle:?}, TLS {tls:?}: {late:#?}"
         );
     }
 }

@@ -13,6 +13,7 @@ use opentelemetry::trace::{Status, TraceContextExt};
 
 use crate::kernel::{KernelLookup, KernelView};
 use crate::miss::MissReason;
+use crate::pool::end_report::ReportedEnd;
 use crate::pool::host::HostKey;
 use crate::pool::record::ConnectionRecord;
 use crate::pool::slot::MissSlot;
@@ -400,29 +401,48 @@ struct UnusedLook {
 }
 
 impl UnusedLook {
-    /// One look's answer: a socket closed by our side (or, over TLS, gone)
-    /// while it still carried no request is closed unused; gone over plain
-    /// TCP (the server's close: the pool had kept it), a request on it, or
-    /// the `last` look, decides kept; else the next look decides.
+    /// One look's answer: a socket closed by our side (or, over TLS, gone
+    /// with the kernel's report of its end naming our side, or no report
+    /// by the `last` look) while it still carried no request is closed
+    /// unused; gone over plain TCP, or over TLS with a report naming the
+    /// server (the server's close: the pool had kept it), a request on it,
+    /// or the `last` look, decides kept; else the next look decides.
     fn answer(&self, lookup: &KernelLookup, last: bool) {
         let mut pending = self.pending.lock().unwrap_or_else(|e| e.into_inner());
         let Some(p) = pending.as_ref() else {
             return;
         };
         let unused = p.record.requests.load(Ordering::Relaxed) == 0;
+        // Over TLS a server's close_notify answering ours resets our
+        // socket: gone may be ours, and the kernel's report of the socket's
+        // end tells (a tester's TLS server idle-closing spares after 300 ms
+        // read `closed_unused`); until it came, the next look decides, the
+        // last one as ours.
+        let tls_gone = match lookup {
+            KernelLookup::NotFound if p.record.setup.tls.is_some() => {
+                Some(crate::pool::end_report::reported_end(&p.record))
+            }
+            _ => None,
+        };
         let closed = match lookup {
             // Over plain TCP our close leaves `TIME_WAIT` (60 s): gone is
             // the server's close of a connection the pool kept (a tester's
             // server idle-closing spares 100 ms after accept read
-            // `closed_unused`). Over TLS a server's close_notify answering
-            // ours resets our socket: gone may be ours.
-            KernelLookup::NotFound => p.record.setup.tls.is_some(),
+            // `closed_unused`).
+            KernelLookup::NotFound => match tls_gone {
+                Some(Some(ReportedEnd::Ours { .. })) => true,
+                Some(None) => last,
+                _ => false,
+            },
             KernelLookup::Found(facts) => facts.state.closed_by_us(),
             KernelLookup::Unavailable | KernelLookup::TimedOut => false,
         };
         // The server closed it first: kept by the pool until then.
         let servers = match lookup {
-            KernelLookup::NotFound => p.record.setup.tls.is_none(),
+            KernelLookup::NotFound => match tls_gone {
+                None => true,
+                Some(reported) => reported == Some(ReportedEnd::Server),
+            },
             KernelLookup::Found(facts) => facts.state.closed_by_peer(),
             KernelLookup::Unavailable | KernelLookup::TimedOut => false,
         };
