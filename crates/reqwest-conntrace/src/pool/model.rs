@@ -739,6 +739,44 @@ impl PoolHistory {
         self.newest_connection(host, |r| r.trigger_id == Some(request_id))
     }
 
+    /// The HTTP/1.1 connection hyper-util most likely handed a request that
+    /// missed at `start` and gave up before its response, while its own
+    /// connect (`own`, if it finished) was still running: hyper-util gives
+    /// a connection coming back to its pool to a waiting checkout before
+    /// it keeps it idle, so the first of the host's connections released
+    /// after `start` and before `until` (its own connect's ready time, or
+    /// now), not in use and not known ended, is the one its request went
+    /// out on (a tester's request timed out on a connection returned to it
+    /// this way and named its own connect, which carried nothing: 17 of
+    /// 17 runs over TLS). Each is named by one such request after a release
+    /// ([`ConnectionRecord::claim_unanswered`]).
+    pub(crate) fn returned_to_waiting(
+        &self,
+        host: &HostKey,
+        start: Instant,
+        until: Instant,
+        own: Option<u64>,
+    ) -> Option<Arc<ConnectionRecord>> {
+        let hosts = self.hosts();
+        let mut returned: Vec<_> = hosts
+            .get(host)?
+            .connections
+            .iter()
+            .filter(|r| {
+                !r.http2()
+                    && Some(r.id()) != own
+                    && r.in_use() == 0
+                    && !r.is_closed()
+                    && !r.is_discarded()
+                    && r.end().is_none()
+                    && !r.said_connection_close()
+                    && r.last_released().is_some_and(|t| t > start && t <= until)
+            })
+            .collect();
+        returned.sort_by_key(|r| r.last_released());
+        returned.into_iter().find(|r| r.claim_unanswered()).cloned()
+    }
+
     /// The HTTP/2 connection a request that called no connector was
     /// multiplexed onto: the host's most recently active open one that was
     /// ready before `start`.
@@ -2529,6 +2567,50 @@ mod tests {
             pools.likely_pooled(&host(), start, false).map(|r| r.id()),
             Some(b.id())
         );
+    }
+
+    /// A request that missed and gave up (a timeout) while its own
+    /// connect ran names the connection released to its waiting checkout
+    /// first: released after it started and before its own connect was
+    /// ready; one released after that (its own connect won), or before it
+    /// started (in the pool already: no miss), is not it. Named once.
+    #[test]
+    fn a_request_that_gave_up_names_the_connection_returned_to_its_checkout() {
+        let t0 = Instant::now();
+        let ms = Duration::from_millis;
+        let start = t0 + ms(100);
+        for (released, own_ready, named) in [
+            (start + ms(10), Some(start + ms(20)), true),
+            (start + ms(30), Some(start + ms(20)), false),
+            (start + ms(10), None, true),
+            (t0 + ms(50), None, false),
+        ] {
+            let pools = PoolHistory::default();
+            let client = client();
+            let a = connection(&pools, &client, 1, t0, false);
+            response(&a, false, released);
+            let own = own_ready.map(|ready| connection(&pools, &client, 2, ready, false));
+            let until = own_ready.unwrap_or(start + ms(400));
+            let found = pools
+                .returned_to_waiting(&host(), start, until, own.as_ref().map(|r| r.id()))
+                .map(|r| r.id());
+            assert_eq!(
+                found,
+                named.then(|| a.id()),
+                "released {:?}, own ready {:?}",
+                released - t0,
+                own_ready.map(|r| r - t0)
+            );
+            if named {
+                assert_eq!(
+                    pools
+                        .returned_to_waiting(&host(), start, until, None)
+                        .map(|r| r.id()),
+                    None,
+                    "named once"
+                );
+            }
+        }
     }
 
     /// A reset failure names first the idle connection whose socket the

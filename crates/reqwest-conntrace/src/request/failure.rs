@@ -104,6 +104,7 @@ pub(crate) fn attribute_failure(
         inner,
         state,
         error_type == semconv::ERROR_TYPE_CONNECTION_RESET,
+        gave_up,
         evidence.connection,
     );
     // An HTTP/2 error happened on an HTTP/2 connection: when none of the
@@ -187,12 +188,18 @@ pub(crate) fn attribute_failure(
 /// matters where hyper-util resent the request: its own connect's
 /// connection may have carried nothing (a tester saw HTTP/2 GOAWAY
 /// failures name connections nginx never saw a request on, 113 of 149).
+/// A request that `gave_up` (a timeout, a dropped future: no error names
+/// its connection) after missing names an HTTP/1.1 connection released to
+/// its waiting checkout before its own connect finished, when there is one
+/// (see [`PoolHistory::returned_to_waiting`]).
 ///
 /// [`PoolHistory::likely_pooled`]: crate::pool::model::PoolHistory::likely_pooled
+/// [`PoolHistory::returned_to_waiting`]: crate::pool::model::PoolHistory::returned_to_waiting
 pub(crate) fn likely_connection(
     inner: &Inner,
     state: &RequestState,
     reset: bool,
+    gave_up: bool,
     failed_on: Option<Pair>,
 ) -> Option<Arc<ConnectionRecord>> {
     if let Some(record) = failed_on.and_then(|(local, remote)| {
@@ -207,7 +214,19 @@ pub(crate) fn likely_connection(
         return Some(record);
     }
     if state.miss().is_some() {
-        inner.pools.made_for(&state.host, state.id)
+        let own = inner.pools.made_for(&state.host, state.id);
+        let returned = (gave_up && own.as_ref().is_none_or(|r| !r.http2()))
+            .then(|| {
+                let until = own.as_ref().map_or_else(Instant::now, |r| r.ready_at());
+                inner.pools.returned_to_waiting(
+                    &state.host,
+                    state.started,
+                    until,
+                    own.as_ref().map(|r| r.id()),
+                )
+            })
+            .flatten();
+        returned.or(own)
     } else {
         inner
             .pools
@@ -230,7 +249,7 @@ pub(crate) fn attribute_refused_redirect(
     state: &RequestState,
     span: &tracing::Span,
 ) -> Option<(ConnectionUse, Arc<ConnectionRecord>)> {
-    let record = likely_connection(inner, state, false, None)?;
+    let record = likely_connection(inner, state, false, false, None)?;
     record.take();
     let request_count = record.count_request(state.started);
     span.set_attribute(semconv::HTTP_CONNECTION_REQUEST_COUNT, request_count as i64);
