@@ -628,6 +628,69 @@ async fn an_unused_connect_a_full_idle_pool_turned_away_is_closed_unused() {
     }
 }
 
+/// A request that misses and times out after hyper-util handed it a
+/// connection coming back to the pool while its own connect was still
+/// running names the connection it went out on, as the server saw it (by
+/// client port): A serves `/`, then `/delay/50` and (10 ms later)
+/// `/delay/1000` go; the second misses, its DNS answer held back 1.5 s, so A, back from the
+/// first, carries it, and it times out at 400 ms. Before, its span named
+/// its own connect's connection once that had finished, which carried
+/// nothing (a tester: 17 of 17 runs over TLS), or, finished later as here,
+/// none.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_timeout_names_the_connection_returned_to_its_checkout() {
+    let t = telemetry();
+    let server = TestServer::builder()
+        .http_versions(HttpVersions::Http1Only)
+        .start()
+        .await
+        .expect("server");
+    let client = t
+        .conntrace()
+        .instrument_client(reqwest::Client::builder().timeout(Duration::from_millis(400)))
+        .dns_resolver(SecondAnswerLate::default())
+        .build_with_middleware()
+        .expect("client");
+    let base = format!("http://late.test:{}", server.addr().port());
+    let get = |path: &'static str| {
+        let (client, url) = (client.clone(), format!("{base}{path}"));
+        async move {
+            client
+                .get(url)
+                .send()
+                .await?
+                .bytes()
+                .await
+                .map_err(Into::into)
+        }
+    };
+    get("/").await.expect("A");
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let (fast, slow): (reqwest_middleware::Result<_>, reqwest_middleware::Result<_>) =
+        tokio::join!(get("/delay/50"), async {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            get("/delay/1000").await
+        });
+    fast.expect("the first rides A");
+    slow.expect_err("times out");
+    let spans = t.requests();
+    let timed_out = spans
+        .iter()
+        .find(|s| str_attr(s, semconv::ERROR_TYPE).as_deref() == Some(semconv::ERROR_TYPE_TIMEOUT))
+        .expect("the timed-out request's span");
+    let port = i64_attr(timed_out, semconv::NETWORK_LOCAL_PORT).expect("names a connection");
+    let on_server = server
+        .requests()
+        .into_iter()
+        .find(|r| r.path == "/delay/1000")
+        .expect("the server read it");
+    assert_eq!(
+        port,
+        i64::from(on_server.remote_port()),
+        "the timed-out request names the connection the server read it on: {timed_out:#?}"
+    );
+}
+
 /// reqwest-tracing's TracingMiddleware first, ours after with UseCurrentSpan:
 /// the pool attributes land on reqwest-tracing's span (exactly one span per
 /// request carries them) and the setup span nests under it.
