@@ -182,7 +182,17 @@ pub(crate) fn reported_end(record: &ConnectionRecord) -> Option<ReportedEnd> {
     let ours = match end.acknowledged {
         Acknowledged::DataAndFin => sent < received || answered,
         Acknowledged::Data => answered && received < ANSWERED_CLOSE_WINDOW,
-        Acknowledged::NotAllData => false,
+        // Our last data unacknowledged: the server's reset, unless data
+        // lay unread when the socket went. hyper reads an idle
+        // connection's socket as data comes (a server's close_notify, or
+        // its reset, is seen at once), so unread data means our side had
+        // stopped reading: it closed the socket, and closing one with
+        // unread data sends a reset instead of a FIN (net/ipv4/tcp.c,
+        // `tcp_close`: "data was unread"), which leaves our last data
+        // unacknowledged (a tester: spares hyper-util dropped at their
+        // put-back, the server's session tickets unread, read
+        // `closed_by_peer`, 7 of 24 misses).
+        Acknowledged::NotAllData => end.has_unread_data(),
     };
     // Our close_notify after data received more than END_REPORT_SLACK
     // after the response: that data was the server's close_notify, which

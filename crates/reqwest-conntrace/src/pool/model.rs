@@ -3619,6 +3619,10 @@ mod tests {
             (end(300, 0, 300, all), server),
             // The server's reset 300 ms after it: nothing sent since.
             (end(301, 300, 301, Acknowledged::Data), server),
+            // Closed by our side at release with data unread (the server's
+            // session tickets): the kernel resets instead of a FIN, our
+            // last data unacknowledged.
+            (unread(end(3, 2, 2, Acknowledged::NotAllData)), ours(1)),
         ] {
             let pools = PoolHistory::default();
             let client = Arc::new(ClientState::unknown_settings());
