@@ -4790,6 +4790,40 @@ fn local_ports(t: &Telemetry) -> HashMap<i64, i64> {
         .collect()
 }
 
+/// The client's own idle limit (`pool_max_idle_per_host(1)` on reqwest's
+/// builder) over TLS, waves of 4 to a lab server that never closes a
+/// connection: hyper-util drops the connections released over the limit,
+/// and the spares whose connects lost their pool race as it puts them
+/// back. No miss blames the server (`closed_by_peer`): the server's
+/// records show the client closed every connection that ended. A tester's
+/// OpenSSL-based server, whose session tickets came after the handshake
+/// and lay unread when hyper-util dropped a spare (a close with data
+/// unread resets the socket, our last data unacknowledged), saw 7 of 24
+/// such misses read `closed_by_peer`; rustls sends its tickets with the
+/// handshake, so this server does not leave them unread: the report's
+/// reading of that reset is checked in
+/// `a_gone_tls_socket_is_read_by_the_kernels_report_of_its_end`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_clients_own_closes_over_tls_never_read_closed_by_peer() {
+    let pki = TestPki::localhost().expect("pki");
+    let t = telemetry();
+    let server = RemoteServer::start(plain_h1().tls(&pki)).await;
+    let client = t.client(
+        reqwest::Client::builder().pool_max_idle_per_host(1),
+        Some(&pki),
+    );
+    let (_, spans) = waves_the_server_closes_none_of(&t, &server, &client, 6, 4, 100).await;
+    let blamed: Vec<&Seen> = spans
+        .iter()
+        .filter(|s| s.reason.as_deref() == Some(semconv::MISS_REASON_CLOSED_BY_PEER))
+        .collect();
+    assert!(
+        blamed.is_empty(),
+        "the server closed nothing: {blamed:?}\n{}",
+        compact(&spans)
+    );
+}
+
 // The reverse of the test above: the client's own idle timeout (300 ms, set
 // on reqwest's builder, so the crate does not know it) closes the idle
 // connections of a lab server that keeps them. Over TLS the server answers
