@@ -44,7 +44,9 @@ impl FailureEvidence {
 }
 
 /// A request failed. When a connection existed that carried it, names it on
-/// `span`: the one its own connect made (if that succeeded), else the
+/// `span` (see [`likely_connection`]): the one hyper-util's error names
+/// (`evidence`), else the one its own connect made (if that succeeded; for
+/// one that gave up, one returned to its waiting checkout first), else the
 /// HTTP/2 connection it was multiplexed onto, else the HTTP/1.1 connection
 /// hyper-util would have handed out (the host's most recently released idle
 /// one); for an HTTP/2 error with none of those found, the host's latest
