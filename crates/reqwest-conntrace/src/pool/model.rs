@@ -2581,7 +2581,7 @@ mod tests {
         let start = t0 + ms(100);
         for (released, own_ready, named) in [
             (start + ms(10), Some(start + ms(20)), true),
-            (start + ms(45), Some(start + ms(20)), false),
+            (start + ms(30), Some(start + ms(20)), false),
             (start + ms(10), None, true),
             (t0 + ms(50), None, false),
         ] {

@@ -219,16 +219,7 @@ pub(crate) fn likely_connection(
         let own = inner.pools.made_for(&state.host, state.id);
         let returned = (gave_up && own.as_ref().is_none_or(|r| !r.http2()))
             .then(|| {
-                // hyper-util puts a connection back as hyper reads its
-                // body's end, before our release (the caller's read), and
-                // its connect ends after our connector (hyper's
-                // handshake): a release up to RELEASE_ORDER_UNSURE after
-                // the own connect was ready may have come first (a
-                // tester: 4 of 20 plain runs, released 1-2 ms after).
-                let until = own.as_ref().map_or_else(Instant::now, |r| {
-                    (r.ready_at() + crate::pool::inferred::RELEASE_ORDER_UNSURE)
-                        .min(Instant::now())
-                });
+                let until = own.as_ref().map_or_else(Instant::now, |r| r.ready_at());
                 inner.pools.returned_to_waiting(
                     &state.host,
                     state.started,
