@@ -1234,31 +1234,24 @@ impl Drop for ResettingServer {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_close_before_the_response_is_the_servers_fin_not_a_reset() {
     use std::io::{Read as _, Write as _};
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-    let url = format!("http://{}/", listener.local_addr().expect("addr"));
-    std::thread::spawn(move || {
-        for socket in listener.incoming() {
-            let Ok(mut socket) = socket else { return };
-            std::thread::spawn(move || {
-                let mut buf = [0u8; 4096];
-                for request in 1.. {
-                    let mut got = Vec::new();
-                    while !got.windows(4).any(|w| w == b"\r\n\r\n") {
-                        match socket.read(&mut buf) {
-                            Ok(0) | Err(_) => return,
-                            Ok(k) => got.extend_from_slice(&buf[..k]),
-                        }
-                    }
-                    if request > 1 {
-                        // Dropped: closed with a FIN, the request unanswered.
-                        return;
-                    }
-                    let ok = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok";
-                    if socket.write_all(ok).is_err() {
-                        return;
-                    }
+    let url = crate::support::raw_server(|mut socket| {
+        let mut buf = [0u8; 4096];
+        for request in 1.. {
+            let mut got = Vec::new();
+            while !got.windows(4).any(|w| w == b"\r\n\r\n") {
+                match socket.read(&mut buf) {
+                    Ok(0) | Err(_) => return,
+                    Ok(k) => got.extend_from_slice(&buf[..k]),
                 }
-            });
+            }
+            if request > 1 {
+                // Dropped: closed with a FIN, the request unanswered.
+                return;
+            }
+            let ok = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok";
+            if socket.write_all(ok).is_err() {
+                return;
+            }
         }
     });
     let t = telemetry();

@@ -884,20 +884,13 @@ async fn an_http2_error_the_client_detected_is_no_server_goaway() {
     use std::io::{Read as _, Write as _};
     let t = telemetry();
     // As nginx answers a preface it cannot parse: a 400, then its close.
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-    let url = format!("http://{}/", listener.local_addr().expect("addr"));
-    std::thread::spawn(move || {
-        for socket in listener.incoming() {
-            let Ok(mut socket) = socket else { return };
-            std::thread::spawn(move || {
-                let mut buf = [0u8; 1024];
-                let _ = socket.read(&mut buf);
-                let _ = socket.write_all(
-                    b"HTTP/1.1 400 Bad Request\r\ncontent-length: 0\r\nconnection: close\r\n\r\n",
-                );
-                std::thread::sleep(Duration::from_millis(200));
-            });
-        }
+    let url = crate::support::raw_server(|mut socket| {
+        let mut buf = [0u8; 1024];
+        let _ = socket.read(&mut buf);
+        let _ = socket.write_all(
+            b"HTTP/1.1 400 Bad Request\r\ncontent-length: 0\r\nconnection: close\r\n\r\n",
+        );
+        std::thread::sleep(Duration::from_millis(200));
     });
     let client = t.client(reqwest::Client::builder().http2_prior_knowledge(), None);
     for _ in 0..3 {

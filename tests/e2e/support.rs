@@ -416,6 +416,22 @@ pub(crate) fn trust(pki: &conntrace_lab::TestPki) -> TlsSettings {
 
 /// Waits (sleeping 10 ms between looks, never blocking the runtime) until
 /// `done()` holds; panics naming `what` after `within`.
+/// A raw TCP server on loopback for behaviours the lab server cannot show:
+/// each accepted connection is handed to `serve` on a thread of its own.
+/// Returns the server's `http://127.0.0.1:PORT/` URL; the server lives as
+/// long as the process.
+pub(crate) fn raw_server(serve: fn(std::net::TcpStream)) -> String {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let url = format!("http://{}/", listener.local_addr().expect("addr"));
+    std::thread::spawn(move || {
+        for socket in listener.incoming() {
+            let Ok(socket) = socket else { return };
+            std::thread::spawn(move || serve(socket));
+        }
+    });
+    url
+}
+
 pub(crate) async fn wait_until(what: &str, within: Duration, mut done: impl FnMut() -> bool) {
     let deadline = std::time::Instant::now() + within;
     while !done() {
