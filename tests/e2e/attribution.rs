@@ -3083,6 +3083,182 @@ async fn a_timeout_on_the_first_connection_is_abandoned_not_cold() {
     );
 }
 
+/// A request that missed the pool and failed before a response was still
+/// a miss: its span, the setup span of its connect and
+/// `http.client.pool.misses` (with its `error.type`) say why. Three cases,
+/// each against the server's records: a refused connect to a host never
+/// connected (`cold`, no connection named); a request that timed out on
+/// its own new connection (`cold`, naming that connection, whose client
+/// port the server recorded); and, after the server ended the one
+/// connection with its response (`Connection: close`: hyper closes it, so
+/// the next checkout misses whatever the timing) and stopped listening, a
+/// refused connect (`request_limit`, naming the ended connection).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_that_missed_and_failed_still_records_its_miss() {
+    let t = telemetry();
+    let client = t.client(reqwest::Client::builder(), None);
+    // 1. Refused, cold.
+    let refused = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        l.local_addr().expect("addr")
+    };
+    let error = client
+        .get(format!("http://{refused}/"))
+        .send()
+        .await
+        .expect_err("refused");
+    assert!(error.is_connect(), "{error:?}");
+    // 2. A timeout on its own new connection.
+    let slow = RemoteServer::start(plain_h1()).await;
+    let error = client
+        .get(slow.get().url("/delay/800"))
+        .timeout(Duration::from_millis(100))
+        .send()
+        .await
+        .expect_err("times out");
+    assert!(error.is_timeout(), "{error:?}");
+    // 3. Connection: close, then refused.
+    let closing = RemoteServer::start(plain_h1().keep_alive(false)).await;
+    let closing_url = closing.get().url("/");
+    get(&client, &closing_url).await;
+    assert_eq!(closing.get().accepted_connections(), 1);
+    let closed_addr = closing.get().addr();
+    drop(closing);
+    // Its runtime shuts down in the background: once the listener is
+    // gone, connects are refused (before, one may be reset).
+    let refused_at = std::time::Instant::now() + Duration::from_secs(5);
+    while std::net::TcpStream::connect(closed_addr).is_ok() {
+        assert!(
+            std::time::Instant::now() < refused_at,
+            "the server stops listening"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let error = client
+        .get(&closing_url)
+        .send()
+        .await
+        .expect_err("refused once the server stopped");
+    assert!(error.is_connect(), "{error:?}");
+
+    let raw = requests(&t, 4);
+    let spans: Vec<Seen> = raw.iter().map(seen).collect();
+    // 1.
+    assert_eq!(
+        spans[0].reason.as_deref(),
+        Some(semconv::MISS_REASON_COLD),
+        "{spans:#?}"
+    );
+    assert_eq!(spans[0].id, None, "no connection to name: {spans:#?}");
+    assert_eq!(
+        spans[0].error.as_deref(),
+        Some(semconv::ERROR_TYPE_CONNECTION_REFUSED)
+    );
+    // 2.
+    let timed_out = slow
+        .get()
+        .requests()
+        .into_iter()
+        .find(|r| r.path == "/delay/800")
+        .expect("the server recorded the timed-out request");
+    assert_eq!(slow.get().accepted_connections(), 1);
+    assert_eq!(
+        spans[1].reason.as_deref(),
+        Some(semconv::MISS_REASON_COLD),
+        "{spans:#?}"
+    );
+    assert_eq!(spans[1].error.as_deref(), Some(semconv::ERROR_TYPE_TIMEOUT));
+    assert_eq!(
+        spans[1].local_port,
+        Some(i64::from(timed_out.remote_port())),
+        "named on the connection the server saw it on: {spans:#?}"
+    );
+    // 3.
+    assert_eq!(
+        spans[2].reason.as_deref(),
+        Some(semconv::MISS_REASON_COLD),
+        "{spans:#?}"
+    );
+    let served = spans[2]
+        .id
+        .expect("the answered request names its connection");
+    assert_eq!(
+        spans[3].reason.as_deref(),
+        Some(semconv::MISS_REASON_REQUEST_LIMIT),
+        "{spans:#?}"
+    );
+    assert_eq!(spans[3].previous_id, Some(served), "{spans:#?}");
+    assert_eq!(spans[3].previous_count, Some(1), "{spans:#?}");
+    assert_eq!(
+        spans[3].id, None,
+        "refused: no connection to name: {spans:#?}"
+    );
+
+    // The setup spans of the three failed requests' connects carry the
+    // same reasons: refused cold, the timed-out one's (it connected), the
+    // refused one after the close.
+    crate::support::wait_until("four setup spans", Duration::from_secs(5), || {
+        t.setups().len() == 4
+    })
+    .await;
+    let setup_reasons: Vec<Option<String>> = t
+        .setups()
+        .iter()
+        .map(|s| str_attr(s, semconv::HTTP_CONNECTION_MISS_REASON))
+        .collect();
+    assert_eq!(
+        setup_reasons,
+        [
+            Some(semconv::MISS_REASON_COLD.to_owned()),
+            Some(semconv::MISS_REASON_COLD.to_owned()),
+            Some(semconv::MISS_REASON_COLD.to_owned()),
+            Some(semconv::MISS_REASON_REQUEST_LIMIT.to_owned()),
+        ],
+        "{spans:#?}"
+    );
+
+    // The counter: every request was a miss; the failed ones carry their
+    // error.
+    let misses = t.metric(semconv::HTTP_CLIENT_POOL_MISSES);
+    let count = |reason: &str, error: Option<&str>| -> f64 {
+        misses
+            .iter()
+            .filter(|p| {
+                p.get(semconv::HTTP_CONNECTION_MISS_REASON) == Some(reason)
+                    && p.get(semconv::ERROR_TYPE) == error
+            })
+            .map(|p| p.value)
+            .sum()
+    };
+    assert_eq!(
+        count(
+            semconv::MISS_REASON_COLD,
+            Some(semconv::ERROR_TYPE_CONNECTION_REFUSED)
+        ),
+        1.0,
+        "{misses:?}"
+    );
+    assert_eq!(
+        count(semconv::MISS_REASON_COLD, Some(semconv::ERROR_TYPE_TIMEOUT)),
+        1.0,
+        "{misses:?}"
+    );
+    assert_eq!(count(semconv::MISS_REASON_COLD, None), 1.0, "{misses:?}");
+    assert_eq!(
+        count(
+            semconv::MISS_REASON_REQUEST_LIMIT,
+            Some(semconv::ERROR_TYPE_CONNECTION_REFUSED)
+        ),
+        1.0,
+        "{misses:?}"
+    );
+    assert_eq!(
+        misses.iter().map(|p| p.value).sum::<f64>(),
+        4.0,
+        "{misses:?}"
+    );
+}
+
 /// `pool_max_idle_per_host(0)` set on reqwest's own builder (not ours, so
 /// the limit is unknown to the library): the second miss at the latest
 /// confirms the inference (REFERENCE section 14, *Inferred pool limits*:

@@ -140,11 +140,36 @@ async fn metrics_count_hits_misses_and_connections_with_bounded_attributes() {
         1.0
     );
 
-    // Pool misses by reason: one cold per host, the rest all_busy.
+    // Pool misses by reason: one cold per host, the rest all_busy; the
+    // refused request missed too (a cold host), counted with its error.
     let misses = t.metric(semconv::HTTP_CLIENT_POOL_MISSES);
+    let answered: Vec<Point> = misses
+        .iter()
+        .filter(|p| p.get(semconv::ERROR_TYPE).is_none())
+        .cloned()
+        .collect();
     assert_eq!(
-        total_where(&misses, semconv::HTTP_CONNECTION_MISS_REASON, "cold"),
+        total_where(&answered, semconv::HTTP_CONNECTION_MISS_REASON, "cold"),
         2.0
+    );
+    let failed: Vec<Point> = misses
+        .iter()
+        .filter(|p| p.get(semconv::ERROR_TYPE) == Some(semconv::ERROR_TYPE_CONNECTION_REFUSED))
+        .cloned()
+        .collect();
+    assert_eq!(
+        total(&failed),
+        1.0,
+        "the refused request's miss: {misses:?}"
+    );
+    assert_eq!(
+        failed[0].get(semconv::HTTP_CONNECTION_MISS_REASON),
+        Some("cold")
+    );
+    assert_eq!(
+        total(&misses),
+        total(&answered) + 1.0,
+        "every miss is answered or the refused one"
     );
     assert!(
         total_where(&misses, semconv::HTTP_CONNECTION_MISS_REASON, "all_busy") >= accepted - 2.0

@@ -360,7 +360,11 @@ pub const HTTP_CLIENT_CONNECTIONS_OPENED: &str = "http.client.connections.opened
 /// `http.client.pool.misses` (counter, `{request}`), ours: requests that were
 /// not idle hits, by [`HTTP_CONNECTION_MISS_REASON`], with `server.address`,
 /// `server.port`, `url.scheme`, and [`HTTP_CONNECTION_POOL_LIMITS`] when
-/// the reason depended on a pool limit this crate could not read.
+/// the reason depended on a pool limit this crate could not read. A
+/// request that missed (triggered a connect) and failed before its
+/// response (its connect refused or rejected, or it timed out) counts too,
+/// with its [`ERROR_TYPE`]: misses without `error.type` are the answered
+/// ones.
 pub const HTTP_CLIENT_POOL_MISSES: &str = "http.client.pool.misses";
 /// `http.client.requests.untracked` (counter, `{request}`), ours: requests
 /// whose pool facts are missing because a bounded table was full, by
@@ -502,6 +506,7 @@ pub const METRICS: &[Metric] = &[
             URL_SCHEME,
             HTTP_CONNECTION_MISS_REASON,
             HTTP_CONNECTION_POOL_LIMITS,
+            ERROR_TYPE,
         ],
     },
     Metric {

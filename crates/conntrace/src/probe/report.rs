@@ -38,6 +38,13 @@ pub(crate) struct ModeTotals {
     /// Of the misses, those served by a connection another request was
     /// using or setting up (`reused = true` with a wait or a miss reason).
     pub(crate) misses_waited_for_busy: usize,
+    /// Failed requests without a response that had missed the pool first:
+    /// they triggered a connect (refused, rejected, or they gave up on
+    /// it). Not in [`pool_misses`](Self::pool_misses); the library's
+    /// `http.client.pool.misses` counts them with their `error.type`, so
+    /// its series without `error.type` are `pool_misses`, and with it
+    /// this.
+    pub(crate) failed_misses: usize,
     /// Distinct connections that served the requests (all opened in this mode).
     pub(crate) new_connections: usize,
     /// Connections the mode's requests opened, used or not: every miss
@@ -91,6 +98,10 @@ impl ModeTotals {
             misses_waited_for_busy: rows
                 .iter()
                 .filter(|r| r.pool_outcome() == Some("waited_for_busy"))
+                .count(),
+            failed_misses: rows
+                .iter()
+                .filter(|r| r.failed() && r.status.is_none() && r.connects > 0)
                 .count(),
             new_connections: conns.len(),
             connections_opened: rows.iter().map(|r| u64::from(r.connects)).sum(),

@@ -153,6 +153,12 @@ fn print_mode(mode: &ModeReport) {
             String::new()
         }
     );
+    if t.failed_misses > 0 {
+        println!(
+            "        {} failed request(s) had missed the pool first (a connect of their own, then no response): not in the misses above; http.client.pool.misses counts them with error.type",
+            t.failed_misses
+        );
+    }
     if t.address_fallbacks > 0 {
         println!(
             "        {} of {} new connection(s) fell back to a later resolved address (the first failed, timed out or lost Happy Eyeballs): see --address-order",

@@ -1030,3 +1030,124 @@ fn table_rows(text: &str) -> Vec<Vec<String>> {
         .filter(|cells| cells.len() > 2 && cells[0].parse::<u32>().is_ok())
         .collect()
 }
+
+/// What [`holding_server`] did with each connection, in accept order:
+/// the client's port, and whether it answered the request on it.
+type Held = Arc<Mutex<Vec<(u16, bool)>>>;
+
+/// A server whose every connection carries one request, answered with
+/// `Connection: close`, except the second connection's, which it reads
+/// and never answers (the connection stays open until the client gives
+/// up).
+async fn holding_server() -> (u16, Held) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let port = listener.local_addr().expect("address").port();
+    let log: Held = Arc::default();
+    let seen = Arc::clone(&log);
+    tokio::spawn(async move {
+        let mut accepted = 0;
+        while let Ok((stream, peer)) = listener.accept().await {
+            accepted += 1;
+            let answer = accepted != 2;
+            seen.lock().expect("log").push((peer.port(), answer));
+            tokio::spawn(async move {
+                let mut stream = BufReader::new(stream);
+                let mut line = String::new();
+                loop {
+                    line.clear();
+                    match stream.read_line(&mut line).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(_) if line == "\r\n" => break,
+                        Ok(_) => {}
+                    }
+                }
+                if answer {
+                    let _ = stream
+                        .get_mut()
+                        .write_all(
+                            b"HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: 2\r\n\r\nok",
+                        )
+                        .await;
+                } else {
+                    // Held until the client closes it.
+                    let _ = stream.read_line(&mut line).await;
+                }
+            });
+        }
+    });
+    (port, log)
+}
+
+/// A request that missed the pool (its connection closed by the server's
+/// `Connection: close`), connected, and timed out waiting for the answer
+/// the server never sent: `probe -n 3 --timeout 1` counts it in
+/// `failed_misses`, not in `pool_misses` (which count the answered
+/// requests), and the run's metrics file counts the same:
+/// `http.client.pool.misses` without `error.type` = `pool_misses`, with
+/// `error.type = timeout` = `failed_misses`. The server's accept log is
+/// the truth: three connections, the second never answered, and the
+/// timed-out row names its client port.
+#[tokio::test]
+async fn probe_counts_a_failed_requests_miss_apart_as_the_metrics_do() {
+    let (port, held) = holding_server().await;
+    let dir = tempfile::tempdir().expect("dir");
+    let traces = dir.path().join("t.json");
+    let mut cmd = conntrace();
+    cmd.args([
+        "probe",
+        &format!("http://127.0.0.1:{port}/"),
+        "-n",
+        "3",
+        "--mode",
+        "reuse",
+        "--timeout",
+        "1",
+        "--json",
+        "--traces-out",
+    ])
+    .arg(&traces);
+    let out = run(cmd).await;
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "a request failed: {}",
+        stderr(&out)
+    );
+    let json: Value = serde_json::from_slice(&out.stdout).expect("--json output is JSON");
+    let held = held.lock().expect("log").clone();
+    assert_eq!(held.len(), 3, "a connection per request: {held:?}");
+    let mode = &json["modes"][0];
+    let rows = mode["requests"].as_array().expect("rows");
+    assert_eq!(rows[1]["error_type"], "timeout", "{rows:?}");
+    assert_eq!(rows[1]["local_port"], held[1].0, "{rows:?} vs {held:?}");
+    assert_eq!(
+        rows[1]["miss_reason"],
+        semconv::MISS_REASON_REQUEST_LIMIT,
+        "the first connection's Connection: close is `request_limit` (REFERENCE 14): {rows:?}"
+    );
+    let t = &mode["totals"];
+    let answered_misses = held.iter().filter(|(_, answered)| *answered).count();
+    let unanswered = held.len() - answered_misses;
+    assert_eq!(t["pool_misses"], answered_misses, "{t}");
+    assert_eq!(t["failed_misses"], unanswered, "{t}");
+    assert_eq!(t["pool_hits"], 0, "{t}");
+
+    let metrics = conntrace_lab::metrics_from_otlp_json(
+        &std::fs::read_to_string(dir.path().join("t.metrics.json")).expect("metrics file"),
+    )
+    .expect("an OTLP JSON metrics document");
+    let misses: Vec<_> = metrics
+        .iter()
+        .filter(|m| m.name == semconv::HTTP_CLIENT_POOL_MISSES)
+        .flat_map(|m| m.number_points().to_vec())
+        .collect();
+    let counted = |error: Option<&str>| -> f64 {
+        misses
+            .iter()
+            .filter(|p| p.attributes.str(semconv::ERROR_TYPE) == error)
+            .map(|p| p.value)
+            .sum()
+    };
+    assert_eq!(counted(None), answered_misses as f64, "{misses:#?}");
+    assert_eq!(counted(Some("timeout")), unanswered as f64, "{misses:#?}");
+}

@@ -149,7 +149,8 @@ pub struct ConnectionUse {
     /// This request's own pool miss started the connect that served it.
     pub paid_by_this_request: bool,
     /// Why the request was not an idle hit (`http.connection.miss_reason`);
-    /// `None` on an idle hit, and on a failed request. The reason known
+    /// `None` on an idle hit, and on a failed request that triggered no
+    /// connect (one that did has its connect's miss). The reason known
     /// when the request ended: a miss decided later may not be decided
     /// yet, and this holds the reason it falls back to. Decided later are
     /// a miss that waits for the kernel's view of the previous connection
@@ -330,7 +331,8 @@ pub struct RequestReport {
     /// served no response, so there [`ConnectionUse::wait`] is zero (not
     /// measured), [`ConnectionUse::request_count`] counts this request
     /// only when it gave up on its response (see there), and
-    /// [`ConnectionUse::miss_reason`] is `None`.
+    /// [`ConnectionUse::miss_reason`] is its own miss's reason when it
+    /// triggered a connect (as its span says), else `None`.
     pub connection: Option<ConnectionUse>,
     /// `http.request.resend_count`: physical requests sent before this one
     /// for the same call (0 for the first request): redirect hops, and

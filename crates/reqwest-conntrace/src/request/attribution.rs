@@ -187,7 +187,7 @@ pub(crate) fn attribute_response(
     // the report through `settling`.
     let settling = match miss {
         Some(miss) if miss_deferred.is_none() => {
-            match record_miss(inner, state, span, &miss, None, None) {
+            match record_miss(inner, state, span, &miss, None, None, None) {
                 // The report says what the span says (an HTTP/2 `closed_by_peer`
                 // read again as `request_limit`, say).
                 MissRecorded::Now(recorded) => {
@@ -343,7 +343,9 @@ pub(crate) enum MissRecorded {
 /// records. Returns the reason recorded, or, when that is recorded later
 /// (below), the report's side of it (a new one if none was given).
 /// `runtime` is the request's, for a miss recorded off it (the kernel
-/// view's thread); else the current one.
+/// view's thread); else the current one. `failed`: the `error.type` of a
+/// request that missed and failed before its response (its connect
+/// failed, or it gave up), which the misses counter carries too.
 pub(crate) fn record_miss(
     inner: &Arc<Inner>,
     state: &RequestState,
@@ -351,6 +353,7 @@ pub(crate) fn record_miss(
     miss: &Miss,
     deciding: Option<DecidingMiss>,
     runtime: Option<&tokio::runtime::Handle>,
+    failed: Option<&str>,
 ) -> MissRecorded {
     if miss.untracked {
         // The host is not in the pool history: no reason is known.
@@ -393,7 +396,7 @@ pub(crate) fn record_miss(
         Some(runtime) => runtime,
         // Nothing to wait for (or no runtime to wait on): now.
         None => {
-            let reason = record_reason(inner, &state.host, span, miss, ended.as_deref());
+            let reason = record_reason(inner, &state.host, span, miss, ended.as_deref(), failed);
             if let Some(deciding) = deciding {
                 deciding.decide(Some(reason));
             }
@@ -411,6 +414,7 @@ pub(crate) fn record_miss(
         miss: *miss,
         ended,
         deciding: Some(deciding),
+        failed: failed.map(str::to_owned),
         setup_reason: state.setup_reason(),
         _pending: crate::export::pending::PendingEnd::new(),
     };
@@ -438,6 +442,8 @@ pub(crate) struct RecordedWhenDropped {
     miss: Miss,
     ended: Option<Arc<ConnectionRecord>>,
     deciding: Option<DecidingMiss>,
+    /// The `error.type` of a request that failed before its response.
+    failed: Option<String>,
     /// The request's setup spans held for the reason.
     setup_reason: Arc<SetupReason>,
     /// Dropped after `span` (fields drop in order): a flush waiting for
@@ -454,6 +460,7 @@ impl Drop for RecordedWhenDropped {
             &self.span,
             &self.miss,
             self.ended.as_deref(),
+            self.failed.as_deref(),
         );
         if let Some(deciding) = self.deciding.take() {
             deciding.decide(Some(reason));
@@ -468,13 +475,15 @@ impl Drop for RecordedWhenDropped {
 /// the responses `ended` (an HTTP/2 previous connection the server ended)
 /// carried are counted: they may date its GOAWAY at its last response
 /// (`request_limit`), and its count is as read now (at least as at the
-/// miss). Returns the reason recorded.
+/// miss). A miss of a request that failed before its response is counted
+/// with its `error.type` (`failed`). Returns the reason recorded.
 pub(crate) fn record_reason(
     inner: &Inner,
     host: &HostKey,
     span: &tracing::Span,
     miss: &Miss,
     ended: Option<&ConnectionRecord>,
+    failed: Option<&str>,
 ) -> MissReason {
     let decided = ended.map_or(miss.reason, |record| {
         crate::pool::losses::ended_http2_reason(record, miss.reason)
@@ -501,9 +510,12 @@ pub(crate) fn record_reason(
             span.set_attribute(semconv::HTTP_CONNECTION_PREVIOUS_END, end.as_str());
         }
     }
-    let mut attributes = Vec::with_capacity(5);
+    let mut attributes = Vec::with_capacity(6);
     attributes.extend(host.attributes());
     attributes.push(KeyValue::new(semconv::HTTP_CONNECTION_MISS_REASON, reason));
+    if let Some(error_type) = failed {
+        attributes.push(KeyValue::new(semconv::ERROR_TYPE, error_type.to_owned()));
+    }
     if let Some(source) = miss.limits {
         attributes.push(KeyValue::new(
             semconv::HTTP_CONNECTION_POOL_LIMITS,

@@ -52,8 +52,10 @@ pub(crate) struct RequestEnd {
     /// `network.protocol.version` of the response.
     pub(crate) protocol_version: Option<&'static str>,
     /// The miss whose reason was not known when the response arrived
-    /// (this request's, or an HTTP/2 waiter's connection's): its reason is
-    /// recorded at the end (see [`attribute_response`]).
+    /// (this request's, or an HTTP/2 waiter's connection's), or the miss of
+    /// a request that failed before a response or whose redirect the limit
+    /// refused: its reason is recorded at the end (see
+    /// [`attribute_response`]).
     ///
     /// [`attribute_response`]: crate::request::attribution::attribute_response
     pub(crate) miss_deferred: Option<MissSlot>,
@@ -181,6 +183,9 @@ impl RequestEnd {
                 );
             }
             let _ = self.state.finish(Fate::NoResponse, None);
+            // It missed the pool (triggered a connect) and failed before a
+            // response: still a miss, recorded below with its failure.
+            self.miss_deferred = self.state.miss();
         } else if self.recording {
             self.span
                 .set_attribute(semconv::HTTP_RESPONSE_BODY_SIZE, self.body_size as i64);
@@ -200,10 +205,23 @@ impl RequestEnd {
                 .as_ref()
                 .and_then(|(_, record)| record.client.idle_limit());
             let pending = crate::export::pending::PendingEnd::new();
+            // The connection it was served on, or, failed, the one its
+            // span names.
             let served_by = self
                 .connection
                 .as_ref()
-                .map(|(usage, _)| (usage.id, usage.request_count));
+                .map(|(usage, _)| usage)
+                .or(self.failed_on.as_ref())
+                .map(|usage| (usage.id, usage.request_count));
+            // A request that failed before its response: its miss is
+            // counted with its `error.type`, and gets no pool advice (the
+            // advice weighs responses).
+            let failed = self
+                .headers_at
+                .is_none()
+                .then(|| self.error_type.clone())
+                .flatten();
+            let answered = self.connection.is_some();
             // The report's reason is the one the span records, whenever
             // that is (after the kernel's answer, maybe after responses in
             // flight too); until then the fallback, as the span's would be.
@@ -228,9 +246,18 @@ impl RequestEnd {
                 let miss = served_by.map_or(miss, |(id, n)| miss.served_by(id, n));
                 let runtime = runtime.as_ref();
                 // The report's side was handed out with `deciding`.
-                let _ = record_miss(&inner, &state, &span, &miss, Some(deciding), runtime);
+                let _ = record_miss(
+                    &inner,
+                    &state,
+                    &span,
+                    &miss,
+                    Some(deciding),
+                    runtime,
+                    failed.as_deref(),
+                );
                 // Forced only now that the reason is known.
-                if miss.reason == MissReason::AllBusy
+                if answered
+                    && miss.reason == MissReason::AllBusy
                     && !miss.untracked
                     && let Some(advice) =
                         inner
@@ -246,7 +273,11 @@ impl RequestEnd {
             });
             // The report gets what is known now: the span's reason or,
             // when it is not recorded yet, the fallback.
-            if let Some((usage, _)) = &mut self.connection {
+            let usage = match &mut self.connection {
+                Some((usage, _)) => Some(usage),
+                None => self.failed_on.as_mut(),
+            };
+            if let Some(usage) = usage {
                 match late.get() {
                     Some(reason) => usage.miss_reason = reason,
                     None => {

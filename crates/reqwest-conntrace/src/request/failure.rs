@@ -244,8 +244,8 @@ pub(crate) fn likely_connection(
 /// `request_count`, counting this request, which the server answered; the
 /// socket's addresses; a link to its setup), takes it for the request
 /// (the caller ends the request as a dropped response, which releases
-/// it), and returns it for the request's report. No miss reason: the
-/// refused hop's connect, if it made one, is not told apart here.
+/// it), and returns it for the request's report. Its miss, when the hop
+/// made one, the caller records as an answered request's.
 pub(crate) fn attribute_refused_redirect(
     inner: &Arc<Inner>,
     state: &RequestState,

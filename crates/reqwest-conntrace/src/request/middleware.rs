@@ -482,6 +482,9 @@ impl<M: MakeRequestSpan> ConnTraceMiddleware<M> {
                         &state,
                         if recording { &span } else { &none },
                     );
+                    // Its miss, if it made one, is recorded as an answered
+                    // request's, when it ends.
+                    end.miss_deferred = state.miss();
                     end.fail(classify(&error), error_chain_text(&inner.redaction, &error));
                     end.finish(EndKind::Dropped);
                     return Err(error);

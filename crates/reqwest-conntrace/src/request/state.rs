@@ -281,8 +281,8 @@ impl Drop for RequestState {
 
 /// Sets the trigger-related attributes on a successful setup span and ends
 /// it: with the miss reason its trigger's span records when its connect's
-/// miss is that one and the trigger got a response (held in `reason` until
-/// then), else with its own miss's reason. Returns the connection when it
+/// miss is that one (held in `reason` until then; a trigger that failed
+/// before a response records it too), else with its own miss's reason. Returns the connection when it
 /// is HTTP/1.1 and its trigger was served by another one: it went into the
 /// pool unused. `unseen`: the trigger opened more than one connection, so
 /// one it was not answered on may have carried a request sent by a
@@ -370,10 +370,7 @@ fn finish_setup(
         }
         Fate::NoResponse => {}
     }
-    match fate {
-        Fate::ServedBy { .. } => end_served_elsewhere(p, reason),
-        Fate::NoResponse => end_setup(p, None),
-    }
+    end_with_trigger_reason(p, reason);
     pooled_unused
 }
 
@@ -454,7 +451,7 @@ impl UnusedLook {
         };
         drop(pending);
         label_unused(&p, unused && closed);
-        end_served_elsewhere(p, &self.reason);
+        end_with_trigger_reason(p, &self.reason);
     }
 }
 
@@ -486,9 +483,11 @@ fn label_unused(p: &PendingSetup, closed: bool) {
     ));
 }
 
-/// Ends a setup span whose trigger got a response: with the trigger's
-/// reason when its connect's miss is that one, else its own.
-fn end_served_elsewhere(p: PendingSetup, reason: &SetupReason) {
+/// Ends a setup span whose trigger's fate is known (served, or failed
+/// before a response: its miss is recorded then too): with the reason the
+/// trigger's span records when its connect's miss is that one, else its
+/// own.
+fn end_with_trigger_reason(p: PendingSetup, reason: &SetupReason) {
     if p.trigger_miss {
         reason.hold(p);
     } else {
