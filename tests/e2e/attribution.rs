@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use conntrace_lab::{
     ConnectionEnd, HttpVersions, Nginx, NginxConfig, NginxListener, TestPki, TestServer,
-    TestServerBuilder, server::RequestRecord,
+    TestServerBuilder, TlsVersions, server::RequestRecord,
 };
 use opentelemetry_sdk::trace::SpanData;
 use reqwest_conntrace::semconv;
@@ -1868,6 +1868,89 @@ async fn an_http1_timeout_on_a_stalled_connection_keeps_the_kernels_evidence() {
         assert_eq!(
             records[0].connection_id, records[1].connection_id,
             "tls={tls}"
+        );
+    }
+}
+
+/// A request that times out on its own new connection, which the server
+/// never answers (`stall_after(Some(0))`), is stalled: nothing arrived
+/// since the connection became ready and the request could be written.
+/// The handshake's bytes arrive after the request started and are no
+/// answer (a tester saw cold TLS stalls flagged only when the handshake
+/// took under about 4 ms). Through a 40 ms one-way delay proxy (a far
+/// server: the handshakes take 2 to 3 of its round trips), over plain
+/// HTTP, TLS 1.2 and TLS 1.3 (a server that sends no session tickets: a
+/// ticket arriving after the handshake is allowed for by the kernel's
+/// round trip, which through the proxy is loopback's; see the unit test
+/// `tls13_tickets_a_round_trip_into_the_wait_are_no_answer`), and
+/// directly. The server recorded the request and answered nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_timeout_on_its_own_new_connection_is_stalled_whatever_the_handshake_took() {
+    let pki = TestPki::localhost().expect("pki");
+    let cases = [
+        ("plain, direct", None, false),
+        ("plain, far", None, true),
+        ("TLS 1.2, far", Some(TlsVersions::Tls12Only), true),
+        (
+            "TLS 1.3 without tickets, far",
+            Some(TlsVersions::Tls13Only),
+            true,
+        ),
+    ];
+    for (case, tls, far) in cases {
+        let t = telemetry();
+        let mut server = plain_h1().stall_after(Some(0));
+        if let Some(versions) = tls {
+            server = server
+                .tls(&pki)
+                .tls_versions(versions)
+                .session_resumption(false);
+        }
+        let server = RemoteServer::start(server).await;
+        let proxy = if far {
+            Some(
+                conntrace_lab::DelayProxy::start(server.get().addr(), Duration::from_millis(40))
+                    .await
+                    .expect("delay proxy"),
+            )
+        } else {
+            None
+        };
+        let port = proxy
+            .as_ref()
+            .map_or(server.get().addr().port(), |p| p.addr().port());
+        let scheme = if tls.is_some() { "https" } else { "http" };
+        let client = t.client(reqwest::Client::builder(), tls.is_some().then_some(&pki));
+        let error = client
+            .get(format!("{scheme}://localhost:{port}/"))
+            .timeout(Duration::from_millis(600))
+            .send()
+            .await
+            .expect_err("the server never answers");
+        assert!(error.is_timeout(), "{case}: {error:?}");
+        let spans = requests(&t, 1);
+        let span = &spans[0];
+        assert_eq!(
+            server.get().requests().len(),
+            1,
+            "{case}: the server read it"
+        );
+        assert_eq!(server.get().accepted_connections(), 1, "{case}");
+        assert_eq!(
+            bool_attr(span, semconv::HTTP_CONNECTION_REUSED),
+            Some(false),
+            "{case}: its own new connection"
+        );
+        assert_eq!(
+            str_attr(span, semconv::HTTP_CONNECTION_MISS_REASON).as_deref(),
+            Some(semconv::MISS_REASON_COLD),
+            "{case}"
+        );
+        let quiet = f64_attr(span, semconv::HTTP_CONNECTION_TCP_SINCE_LAST_RECEIVE);
+        assert_eq!(
+            bool_attr(span, semconv::HTTP_CONNECTION_STALLED),
+            Some(true),
+            "{case}: nothing received since the handshake, {quiet:?} s before the timeout"
         );
     }
 }

@@ -418,7 +418,9 @@ impl RequestEnd {
             // Nothing arrived for the body since its last bytes (or the
             // headers): a kernel that saw nothing either shows a stall.
             let quiet_since = self.body_progress_at.or(self.headers_at);
-            let quiet = quiet_since.map(|t| now.saturating_duration_since(t));
+            let quiet = quiet_since.map(|t| {
+                crate::request::stall_evidence::Quiet::plain(now.saturating_duration_since(t))
+            });
             ask_kernel_evidence(
                 &self.inner,
                 self.span.clone(),

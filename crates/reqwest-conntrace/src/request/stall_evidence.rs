@@ -29,7 +29,7 @@ pub(crate) fn ask_kernel_evidence(
     inner: &Arc<Inner>,
     span: tracing::Span,
     record: Arc<ConnectionRecord>,
-    timed_out_after: Option<Duration>,
+    timed_out_after: Option<Quiet>,
     held: Option<Box<dyn Send + Sync>>,
 ) {
     let (Some(local), Some(remote)) = (record.setup.local_addr, record.setup.peer_addr) else {
@@ -63,13 +63,35 @@ pub(crate) const END_REPORT_WAIT: Duration = Duration::from_millis(100);
 /// report while it waits ([`END_REPORT_WAIT`]).
 pub(crate) const END_REPORT_LOOK_EVERY: Duration = Duration::from_millis(5);
 
+/// How long a request that gave up had waited for an answer that could
+/// have come (see [`QuietSince`](crate::request::failure::QuietSince)).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Quiet {
+    /// Since the request could first have been answered (or, for a body,
+    /// since its last bytes).
+    pub(crate) waited: Duration,
+    /// The server's post-handshake TLS 1.3 messages may have arrived a
+    /// round trip into the wait.
+    pub(crate) after_tls13_handshake: bool,
+}
+
+impl Quiet {
+    /// A wait of `waited` with nothing but data owed expected.
+    pub(crate) fn plain(waited: Duration) -> Self {
+        Self {
+            waited,
+            after_tls13_handshake: false,
+        }
+    }
+}
+
 /// The kernel's evidence for a request that failed on a connection, on its
 /// way to the request's span ([`record_kernel_evidence`]).
 pub(crate) struct FailureEvidence {
     inner: std::sync::Weak<Inner>,
     span: tracing::Span,
     record: Arc<ConnectionRecord>,
-    timed_out_after: Option<Duration>,
+    timed_out_after: Option<Quiet>,
     /// When the failure was seen.
     failed_at: Instant,
     /// A response body that timed out, held unread until the answer.
@@ -132,7 +154,7 @@ pub(crate) fn record_kernel_evidence(
     span: &tracing::Span,
     record: &ConnectionRecord,
     lookup: &KernelLookup,
-    timed_out_after: Option<Duration>,
+    timed_out_after: Option<Quiet>,
     failed_at: Instant,
 ) {
     let state = match lookup {
@@ -203,14 +225,24 @@ impl SocketEvidence {
         }
     }
 
-    /// Whether a request that gave up after `timed_out_after` had received
+    /// Whether a request that gave up after waiting `quiet` had received
     /// nothing for that long: longer than a round trip plus the counter's
     /// resolution (`tcpi_last_data_recv` counts jiffies, 1 to 10 ms,
-    /// `CONFIG_HZ`), else no answer could have come yet.
-    fn shows_stall(&self, timed_out_after: Option<Duration>) -> bool {
+    /// `CONFIG_HZ`), else no answer could have come yet. After a TLS 1.3
+    /// handshake the server's tickets may land up to a round trip (and a
+    /// jiffy) into the wait: allowed for, as no answer could come that
+    /// soon either.
+    fn shows_stall(&self, quiet: Option<Quiet>) -> bool {
         let jiffy = Duration::from_millis(10);
-        timed_out_after
-            .is_some_and(|t| t > self.rtt + jiffy && self.since_last_receive + jiffy >= t)
+        quiet.is_some_and(|quiet| {
+            let tickets = if quiet.after_tls13_handshake {
+                self.rtt + jiffy
+            } else {
+                Duration::ZERO
+            };
+            let t = quiet.waited;
+            t > self.rtt + jiffy && self.since_last_receive + jiffy + tickets >= t
+        })
     }
 }
 
@@ -256,15 +288,45 @@ mod tests {
                 ),
                 (ms(310), 1, 2)
             );
-            assert!(stalled.shows_stall(Some(ms(300))), "{lookup:?}");
+            assert!(
+                stalled.shows_stall(Some(Quiet::plain(ms(300)))),
+                "{lookup:?}"
+            );
             let answered = SocketEvidence::of(&lookup, Some(report(120)), t0).expect("evidence");
             assert_eq!(answered.since_last_receive, ms(100));
-            assert!(!answered.shows_stall(Some(ms(300))), "{lookup:?}");
+            assert!(
+                !answered.shows_stall(Some(Quiet::plain(ms(300)))),
+                "{lookup:?}"
+            );
             assert_eq!(SocketEvidence::of(&lookup, None, t0), None);
         }
         assert_eq!(
             SocketEvidence::of(&KernelLookup::Unavailable, Some(report(330)), t0),
             None
         );
+    }
+
+    /// The first request on a TLS 1.3 connection waited 300 ms; the
+    /// server's session tickets landed 30 ms in (a 20 ms round trip and a
+    /// jiffy's rounding): still a stall, as no answer could come that soon.
+    /// Without the handshake behind it, 270 ms quiet of 300 is data that
+    /// came: no stall; nor with the handshake when the data came 100 ms in.
+    #[test]
+    fn tls13_tickets_a_round_trip_into_the_wait_are_no_answer() {
+        let ms = |n| Duration::from_millis(n);
+        let quiet = |since_last_receive| SocketEvidence {
+            unacked: 1,
+            since_last_receive,
+            retransmits: 0,
+            rtt: ms(20),
+        };
+        let after_handshake = Quiet {
+            waited: ms(300),
+            after_tls13_handshake: true,
+        };
+        assert!(quiet(ms(270)).shows_stall(Some(after_handshake)));
+        assert!(!quiet(ms(270)).shows_stall(Some(Quiet::plain(ms(300)))));
+        assert!(!quiet(ms(200)).shows_stall(Some(after_handshake)));
+        assert!(quiet(ms(295)).shows_stall(Some(Quiet::plain(ms(300)))));
     }
 }
