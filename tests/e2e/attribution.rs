@@ -4285,6 +4285,76 @@ async fn a_tls_idle_close_without_close_notify_is_closed_by_peer() {
     }
 }
 
+/// An HTTP/2 server closing connections idle for 300 ms: gracefully
+/// (GOAWAY, then over TLS close_notify, then FIN) or with a bare FIN, as
+/// a proxy closing an idle `CONNECT` tunnel or a load balancer does (no
+/// frame, no close_notify). Requests 500 ms apart, over h2c (prior
+/// knowledge) and TLS (ALPN): every miss after the first is
+/// `closed_by_peer` naming the connection before, which the server
+/// recorded ended by its idle timeout, with `previous.end` saying how:
+/// `goaway` when one came, `peer_fin` for the bare FIN (the kernel saw no
+/// data after the last response). A tester's proxy closing idle tunnels
+/// read `goaway` in 11 of 11 runs, pointing at the server's keep-alive.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_http2_idle_close_says_whether_a_goaway_announced_it() {
+    let pki = TestPki::localhost().expect("pki");
+    for tls in [false, true] {
+        for bare_fin in [false, true] {
+            let case = format!("tls={tls}, bare FIN={bare_fin}");
+            let t = telemetry();
+            let mut builder = TestServer::builder()
+                .http_versions(HttpVersions::Http2Only)
+                .idle_timeout(Some(Duration::from_millis(300)))
+                .idle_close_without_close_notify(bare_fin);
+            if tls {
+                builder = builder.tls(&pki);
+            }
+            let server = RemoteServer::start(builder).await;
+            let client = if tls {
+                t.client(reqwest::Client::builder(), Some(&pki))
+            } else {
+                t.client(reqwest::Client::builder().http2_prior_knowledge(), None)
+            };
+            let url = server.get().url("/");
+            for i in 0..3 {
+                if i > 0 {
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                }
+                get(&client, &url).await;
+            }
+            let spans: Vec<Seen> = requests(&t, 3).iter().map(seen).collect();
+            assert_eq!(server.get().accepted_connections(), 3, "{case}: {spans:#?}");
+            let ends: Vec<_> = server.get().connections().iter().map(|c| c.end).collect();
+            assert_eq!(
+                &ends[..2],
+                &[
+                    Some(ConnectionEnd::IdleTimeout),
+                    Some(ConnectionEnd::IdleTimeout)
+                ],
+                "{case}"
+            );
+            let expected_end = if bare_fin {
+                semconv::CONNECTION_END_PEER_FIN
+            } else {
+                semconv::CONNECTION_END_GOAWAY
+            };
+            for (s, before) in spans[1..].iter().zip(&spans) {
+                assert_eq!(
+                    s.reason.as_deref(),
+                    Some(semconv::MISS_REASON_CLOSED_BY_PEER),
+                    "{case}: {spans:#?}"
+                );
+                assert_eq!(s.previous_id, before.id, "{case}: {spans:#?}");
+                assert_eq!(
+                    s.previous_end.as_deref(),
+                    Some(expected_end),
+                    "{case}: {spans:#?}"
+                );
+            }
+        }
+    }
+}
+
 // A lab server closing connections idle for 300 ms (plain, then TLS), a
 // client with reqwest's defaults, waves of two concurrent GETs,
 // `/delay/100` and `/delay/800` (both on the wire before either is

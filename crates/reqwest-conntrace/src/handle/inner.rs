@@ -226,7 +226,11 @@ impl Inner {
             }
             KernelLookup::Found(facts) => {
                 if facts.state.closed_by_peer() {
-                    record.closed_by_server(true);
+                    let last_receive = facts
+                        .info
+                        .as_ref()
+                        .map(|info| (info.since_last_receive, now));
+                    record.closed_by_server_after(true, last_receive);
                 } else if tls_time_wait_is_servers(record, facts, now) {
                     // Our close only answered the server's close_notify.
                     record.closed_by_server(false);

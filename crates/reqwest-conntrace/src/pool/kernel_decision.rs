@@ -200,7 +200,11 @@ pub(crate) fn decide_from_kernel(
         // HTTP/2: hyper-util hands a live connection to every request, so
         // the miss shows the server's end had reached us by `classified_at`.
         KernelLookup::Found(facts) if facts.state.closed_by_peer() => {
-            let end = candidate.closed_by_server(true);
+            let last_receive = facts
+                .info
+                .as_ref()
+                .map(|info| (info.since_last_receive, now));
+            let end = candidate.closed_by_server_after(true, last_receive);
             ended_by_server(candidate, now, Some(end), classified_at)
         }
         // Gone (over TLS: over plain TCP a close of ours leaves

@@ -408,19 +408,67 @@ impl ConnectionRecord {
     /// CLOSE_WAIT / LAST_ACK; otherwise the socket is gone): records that
     /// end, as the response's own evidence names it when it had some (its
     /// last response said `Connection: close`), else as the kernel shows it
-    /// (`goaway` for HTTP/2, `peer_fin`, `peer_closed`), and returns how it
-    /// ended (an end its own traffic recorded first stays).
+    /// (`goaway` for HTTP/2, but `peer_fin` when the kernel's report of the
+    /// socket's end shows the close unannounced, see
+    /// [`http2_close_unannounced`](Self::http2_close_unannounced);
+    /// `peer_fin`, `peer_closed`), and returns how it ended (an end its own
+    /// traffic recorded first stays).
     pub(crate) fn closed_by_server(&self, fin: bool) -> ConnectionEnd {
+        let reported = self
+            .socket_end()
+            .map(|end| (end.since_last_receive, end.seen_at));
+        self.closed_by_server_after(fin, reported)
+    }
+
+    /// As [`closed_by_server`](Self::closed_by_server), with what the
+    /// kernel showed of its last receive: `since_last_receive` before `at`
+    /// (the socket's `tcp_info` as found closing, or the report of its
+    /// end).
+    pub(crate) fn closed_by_server_after(
+        &self,
+        fin: bool,
+        last_receive: Option<(Duration, Instant)>,
+    ) -> ConnectionEnd {
         if self.said_connection_close() {
             self.set_end(self.announced_close_end());
         } else if self.http2() {
-            self.infer_end(ConnectionEnd::GoAway);
+            let unannounced =
+                last_receive.is_some_and(|(since, at)| self.http2_close_unannounced(since, at));
+            self.infer_end(if unannounced {
+                ConnectionEnd::PeerFin
+            } else {
+                ConnectionEnd::GoAway
+            });
         } else if fin {
             self.infer_end(ConnectionEnd::PeerFin);
         } else {
             self.infer_end(ConnectionEnd::PeerClosed);
         }
         self.end().unwrap_or(ConnectionEnd::PeerClosed)
+    }
+
+    /// HTTP/2: the server's close, seen closing by `at` with its last data
+    /// received `since_last_receive` before, came with no data after the
+    /// connection's last response: no GOAWAY (RFC 9113 section 6.8) nor,
+    /// over TLS, close_notify announced it, only a FIN, as a proxy closing
+    /// an idle `CONNECT` tunnel or a load balancer sends (a tester's proxy:
+    /// read `goaway` in 11 of 11 runs, sending the operator to the
+    /// server's keep-alive). Told only when the close came more than
+    /// [`ENDED_WITH_LAST_RESPONSE`] after that response (a GOAWAY sent with
+    /// it leaves no later data either), with a jiffy (10 ms) for the
+    /// kernel counter's resolution. hyper's HTTP/2 client closes its side
+    /// as soon as it reads the FIN, so `at` dates the close.
+    pub(crate) fn http2_close_unannounced(
+        &self,
+        since_last_receive: Duration,
+        at: Instant,
+    ) -> bool {
+        let Some(released) = self.last_released() else {
+            return false;
+        };
+        let quiet_since_response = at.saturating_duration_since(released);
+        quiet_since_response > ENDED_WITH_LAST_RESPONSE
+            && since_last_receive + Duration::from_millis(10) >= quiet_since_response
     }
 
     /// The server's end of it (HTTP/2 GOAWAY) had reached this client by
