@@ -432,6 +432,43 @@ pub(crate) fn raw_server(serve: fn(std::net::TcpStream)) -> String {
     url
 }
 
+/// A TLS server on `pki`'s certificate (HTTP/1.1 by ALPN, TLS 1.3, no
+/// session tickets: nothing is sent after the handshake but what `serve`
+/// writes) that runs `serve` on a thread per connection, handshaken
+/// lazily by rustls as `serve` reads. Dropping the stream closes the
+/// socket without close_notify. Returns the server's `https://localhost`
+/// URL.
+pub(crate) fn raw_tls_server(
+    pki: &conntrace_lab::TestPki,
+    serve: fn(rustls::StreamOwned<rustls::ServerConnection, std::net::TcpStream>),
+) -> String {
+    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+    let mut config = rustls::ServerConfig::builder_with_provider(provider)
+        .with_protocol_versions(&[&rustls::version::TLS13])
+        .expect("TLS 1.3")
+        .with_no_client_auth()
+        .with_single_cert(pki.leaf_chain_der(), pki.leaf_key_der())
+        .expect("certificate");
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    config.send_tls13_tickets = 0;
+    let config = std::sync::Arc::new(config);
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let url = format!(
+        "https://localhost:{}/",
+        listener.local_addr().expect("addr").port()
+    );
+    std::thread::spawn(move || {
+        for socket in listener.incoming() {
+            let Ok(socket) = socket else { return };
+            let Ok(connection) = rustls::ServerConnection::new(config.clone()) else {
+                return;
+            };
+            std::thread::spawn(move || serve(rustls::StreamOwned::new(connection, socket)));
+        }
+    });
+    url
+}
+
 pub(crate) async fn wait_until(what: &str, within: Duration, mut done: impl FnMut() -> bool) {
     let deadline = std::time::Instant::now() + within;
     while !done() {

@@ -82,7 +82,9 @@ pub(crate) fn failed_connection_pair(
 
 /// Whether the connection closed (the peer's FIN: hyper read the end of
 /// the stream) before the response was complete: hyper's "connection
-/// closed before message completed" in the chain. A reset is an I/O
+/// closed before message completed" in the chain, or, over TLS, an I/O
+/// `UnexpectedEof` and no reset (rustls read the FIN with no close_notify
+/// before it: hyper reports that I/O error instead). A reset is an I/O
 /// `ConnectionReset` instead.
 pub(crate) fn closed_before_response(err: &(dyn StdError + 'static)) -> bool {
     let mut current: Option<&(dyn StdError + 'static)> = Some(err);
@@ -94,7 +96,7 @@ pub(crate) fn closed_before_response(err: &(dyn StdError + 'static)) -> bool {
         }
         current = e.source();
     }
-    false
+    ends_with_eof(err)
 }
 
 /// Classifies an error chain into a low-cardinality `error.type` value (one
@@ -262,6 +264,20 @@ mod tests {
         assert_eq!(classify_body(&rst), semconv::ERROR_TYPE_CONNECTION_RESET);
         let timeout = io::Error::from(io::ErrorKind::TimedOut);
         assert_eq!(classify_body(&timeout), semconv::ERROR_TYPE_TIMEOUT);
+    }
+
+    /// Over TLS rustls reports the server's FIN without close_notify as an
+    /// `UnexpectedEof` (wrapped by hyper): a close before the response,
+    /// as hyper's incomplete message is over plain TCP; a reset is not.
+    #[test]
+    fn an_unexpected_eof_before_the_response_is_the_servers_close() {
+        let fin = io::Error::other(io::Error::new(
+            io::ErrorKind::UnexpectedEof,
+            "peer closed connection without sending TLS close_notify",
+        ));
+        assert!(closed_before_response(&fin));
+        let rst = io::Error::other(io::Error::from(io::ErrorKind::ConnectionReset));
+        assert!(!closed_before_response(&rst));
     }
 
     #[test]
