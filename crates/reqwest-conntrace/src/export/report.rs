@@ -321,7 +321,9 @@ pub struct RequestReport {
     pub body_complete: bool,
     /// Which connection served it and how; `None` when the connection is
     /// unknown to this handle, or the request failed before it had one
-    /// (refused connect, failed TLS handshake, ...).
+    /// (refused connect, failed TLS handshake, ...): such a request's miss
+    /// reason is on its span and in `http.client.pool.misses` (with its
+    /// `error.type`) only, and [`connects`](Self::connects) says it missed.
     ///
     /// A request that failed on a connection (reset, HTTP/2 GOAWAY or
     /// error, timeout, future dropped: `status` is `None`) carries the connection its span
