@@ -1581,6 +1581,7 @@ async fn h2c_body_fault_server(
     tokio::sync::oneshot::Sender<()>,
     Arc<std::sync::atomic::AtomicU64>,
     Arc<std::sync::atomic::AtomicU64>,
+    Arc<std::sync::atomic::AtomicU64>,
 ) {
     use std::sync::atomic::{AtomicU64, Ordering};
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
@@ -1590,12 +1591,16 @@ async fn h2c_body_fault_server(
     let (cut, cut_rx) = tokio::sync::oneshot::channel::<()>();
     let accepted = Arc::new(AtomicU64::new(0));
     let streams = Arc::new(AtomicU64::new(0));
+    // Streams the client reset (RST_STREAM) under a stalled body.
+    let resets = Arc::new(AtomicU64::new(0));
     let (seen_connections, seen_streams) = (Arc::clone(&accepted), Arc::clone(&streams));
+    let seen_resets = Arc::clone(&resets);
     tokio::spawn(async move {
         let mut cut_rx = Some(cut_rx);
         while let Ok((socket, _)) = listener.accept().await {
             seen_connections.fetch_add(1, Ordering::SeqCst);
             let seen = Arc::clone(&seen_streams);
+            let seen_resets = Arc::clone(&seen_resets);
             let mut cut_rx = cut_rx.take();
             tokio::spawn(async move {
                 let Ok(mut conn) = h2::server::handshake(socket).await else {
@@ -1646,8 +1651,11 @@ async fn h2c_body_fault_server(
                     let _ = body.send_data(bytes::Bytes::from_static(b"0123456789"), false);
                     let told = cut_rx.take().expect("first");
                     let close = close_tx.take().expect("first");
+                    let seen_resets = Arc::clone(&seen_resets);
                     tokio::spawn(async move {
-                        if told.await.is_err() {
+                        // A stall needs no word from the test: nothing
+                        // more is sent.
+                        if fault != H2BodyFault::Stall && told.await.is_err() {
                             return;
                         }
                         match fault {
@@ -1661,6 +1669,11 @@ async fn h2c_body_fault_server(
                             }
                             H2BodyFault::Stall => {
                                 let _ = close;
+                                // Sends nothing more; counts the client's
+                                // reset of the stream, if it comes.
+                                if std::future::poll_fn(|cx| body.poll_reset(cx)).await.is_ok() {
+                                    seen_resets.fetch_add(1, Ordering::SeqCst);
+                                }
                                 std::future::pending::<()>().await;
                             }
                         }
@@ -1669,7 +1682,7 @@ async fn h2c_body_fault_server(
             });
         }
     });
-    (addr, cut, accepted, streams)
+    (addr, cut, accepted, streams, resets)
 }
 
 /// HTTP/2 (h2c): the server answers the first stream with the headers and
@@ -1687,7 +1700,7 @@ async fn an_http2_body_the_server_reset_or_closed_names_the_servers_end() {
     use std::sync::atomic::Ordering;
     for fault in [H2BodyFault::StreamReset, H2BodyFault::ConnectionClose] {
         let t = telemetry();
-        let (addr, cut, accepted, streams) = h2c_body_fault_server(fault).await;
+        let (addr, cut, accepted, streams, _) = h2c_body_fault_server(fault).await;
         let client = t.client(reqwest::Client::builder().http2_prior_knowledge(), None);
         let url = format!("http://{addr}/");
         let mut response = client.get(&url).send().await.expect("headers");
@@ -1747,7 +1760,7 @@ async fn an_http2_body_the_server_reset_or_closed_names_the_servers_end() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_http2_body_timeout_on_a_stalled_connection_has_the_kernels_evidence() {
     let t = telemetry();
-    let (addr, _cut, accepted, streams) = h2c_body_fault_server(H2BodyFault::Stall).await;
+    let (addr, _cut, accepted, streams, resets) = h2c_body_fault_server(H2BodyFault::Stall).await;
     let client = t.client(reqwest::Client::builder().http2_prior_knowledge(), None);
     let url = format!("http://{addr}/");
     let started = std::time::Instant::now();
@@ -1791,6 +1804,31 @@ async fn an_http2_body_timeout_on_a_stalled_connection_has_the_kernels_evidence(
     );
     let idle = idle_open_connections(&t);
     assert_eq!(idle, 0.0, "a stalled connection is not idle");
+    // The timed-out body was dropped unfinished: h2 reset its stream, as
+    // the server saw, and the span counts it (a tester: nginx logged each
+    // timed-out stream cut, the spans counted none).
+    let server_resets = Arc::clone(&resets);
+    crate::support::wait_until(
+        "the server saw the stream reset",
+        Duration::from_secs(5),
+        || server_resets.load(std::sync::atomic::Ordering::SeqCst) == 1,
+    )
+    .await;
+    let counted: Vec<Option<i64>> = failed
+        .events
+        .iter()
+        .filter(|e| e.name == semconv::EVENT_STREAM_RESET)
+        .map(|e| {
+            e.attributes
+                .iter()
+                .find(|kv| kv.key.as_str() == semconv::HTTP_CONNECTION_STREAM_RESETS)
+                .and_then(|kv| match kv.value {
+                    opentelemetry::Value::I64(n) => Some(n),
+                    _ => None,
+                })
+        })
+        .collect();
+    assert_eq!(counted, [Some(1)], "one stream reset on the connection");
 }
 
 /// The connections `http.client.open_connections` counts as idle, over

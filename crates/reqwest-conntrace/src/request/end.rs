@@ -318,14 +318,7 @@ impl RequestEnd {
                 // true only once that data is read too): counted as a
                 // possible reset. The connection lives on.
                 EndKind::Dropped => {
-                    let resets = record.count_stream_reset();
-                    self.span.add_event(
-                        semconv::EVENT_STREAM_RESET,
-                        vec![KeyValue::new(
-                            semconv::HTTP_CONNECTION_STREAM_RESETS,
-                            resets as i64,
-                        )],
-                    );
+                    self.count_stream_reset(record);
                     record.mark_released(now);
                     self.released_to_pool(record, now);
                 }
@@ -411,6 +404,12 @@ impl RequestEnd {
             record.mark_discarded(now);
             self.inner.connection_closed(record, now);
         } else {
+            // HTTP/2 without a server end (a timeout, a body reqwest could
+            // not decode): the body is dropped unfinished, so h2 resets its
+            // stream (RST_STREAM CANCEL), as for a body dropped early (a
+            // tester: timed-out bodies counted no reset, nginx logged each
+            // stream cut).
+            self.count_stream_reset(record);
             record.mark_released(now);
             self.released_to_pool(record, now);
         }
@@ -429,6 +428,21 @@ impl RequestEnd {
                 held_body,
             );
         }
+    }
+
+    /// HTTP/2: this request's stream was (or may have been) reset by h2 as
+    /// its body was dropped unfinished: counted on `record`
+    /// (`http.connection.stream_resets` of later requests), with the
+    /// `http.connection.stream_reset` event on this request's span.
+    fn count_stream_reset(&self, record: &ConnectionRecord) {
+        let resets = record.count_stream_reset();
+        self.span.add_event(
+            semconv::EVENT_STREAM_RESET,
+            vec![KeyValue::new(
+                semconv::HTTP_CONNECTION_STREAM_RESETS,
+                resets as i64,
+            )],
+        );
     }
 
     /// The connection carries no request any more (HTTP/1.1: its response
