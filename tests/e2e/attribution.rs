@@ -2378,7 +2378,8 @@ async fn dns_stale_counts_a_newest_answer_whose_connect_failed() {
 /// of the connection; a client idle timeout above it (90 s) gets the
 /// mismatch event once per connection, one at or under it none, and one
 /// this crate could not read (not set through its builder: reqwest's
-/// builder may hold another) none either: it is not guessed.
+/// builder may hold another) none either at the response: it is not
+/// guessed (see the next test for what tells it).
 #[tokio::test]
 async fn server_keep_alive_is_recorded_and_a_longer_client_idle_timeout_flagged() {
     for (client_idle, flagged) in [
@@ -2423,6 +2424,102 @@ async fn server_keep_alive_is_recorded_and_a_longer_client_idle_timeout_flagged(
         } else {
             assert_eq!(events, vec![0, 0, 0]);
         }
+    }
+}
+
+/// The server advertises `Keep-Alive: timeout=1` and closes connections
+/// idle for 1 s; the client's idle timeout is one this crate cannot read
+/// (reqwest's default 90 s, or 5 s set on reqwest's builder). After 1.5 s
+/// idle the next request misses, `closed_by_peer`, naming the connection
+/// the server recorded ended by its idle timeout: the client's pool had
+/// kept it past the server's keep-alive, so that miss carries the
+/// mismatch event, marked inferred, with how long the pool kept it (a
+/// tester: with reqwest's defaults no event or hint came). A client whose
+/// pool closes first (0.8 s on reqwest's builder) gets none.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pool_kept_past_the_servers_keep_alive_is_flagged_when_the_timeout_is_unknown() {
+    for client_idle in [
+        None,
+        Some(Duration::from_secs(5)),
+        Some(Duration::from_millis(800)),
+    ] {
+        let t = telemetry();
+        let server = RemoteServer::start(
+            plain_h1()
+                .keep_alive_header(Some(1))
+                .idle_timeout(Some(Duration::from_secs(1))),
+        )
+        .await;
+        // `None`: reqwest's builder untouched (its default, 90 s).
+        let builder = match client_idle {
+            Some(idle) => reqwest::Client::builder().pool_idle_timeout(idle),
+            None => reqwest::Client::builder(),
+        };
+        let client = t.client(builder, None);
+        let url = server.get().url("/");
+        get(&client, &url).await;
+        // Past the server's 1 s keep-alive: a physical wait.
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        get(&client, &url).await;
+        let spans = requests(&t, 2);
+        let seen: Vec<Seen> = spans.iter().map(seen).collect();
+        assert_eq!(
+            server.get().accepted_connections(),
+            2,
+            "{client_idle:?}: {seen:#?}"
+        );
+        let events: Vec<&opentelemetry::trace::Event> = spans[1]
+            .events
+            .iter()
+            .filter(|e| e.name == semconv::EVENT_KEEP_ALIVE_MISMATCH)
+            .collect();
+        assert!(
+            spans[0]
+                .events
+                .iter()
+                .all(|e| e.name != semconv::EVENT_KEEP_ALIVE_MISMATCH),
+            "{client_idle:?}: not guessed at the response"
+        );
+        let pool_closes_first = client_idle.is_some_and(|idle| idle < Duration::from_secs(1));
+        if pool_closes_first {
+            assert!(events.is_empty(), "{client_idle:?}: {seen:#?}");
+            continue;
+        }
+        assert_eq!(
+            server.get().connections()[0].end,
+            Some(ConnectionEnd::IdleTimeout),
+            "{client_idle:?}"
+        );
+        assert_eq!(
+            seen[1].reason.as_deref(),
+            Some(semconv::MISS_REASON_CLOSED_BY_PEER),
+            "{client_idle:?}: {seen:#?}"
+        );
+        assert_eq!(seen[1].previous_id, seen[0].id, "{client_idle:?}");
+        assert_eq!(events.len(), 1, "{client_idle:?}: {seen:#?}");
+        let attribute = |key: &str| {
+            events[0]
+                .attributes
+                .iter()
+                .find(|kv| kv.key.as_str() == key)
+                .map(|kv| kv.value.clone())
+        };
+        assert_eq!(
+            attribute(semconv::HTTP_CONNECTION_SERVER_KEEP_ALIVE),
+            Some(opentelemetry::Value::F64(1.0))
+        );
+        assert_eq!(
+            attribute(semconv::HTTP_CONNECTION_POOL_LIMITS),
+            Some(opentelemetry::Value::from(semconv::POOL_LIMITS_INFERRED))
+        );
+        let kept = match attribute(semconv::HTTP_CONNECTION_PREVIOUS_IDLE_TIME) {
+            Some(opentelemetry::Value::F64(s)) => s,
+            other => panic!("{client_idle:?}: idle time {other:?}"),
+        };
+        assert!(
+            kept > 1.0,
+            "{client_idle:?}: kept {kept} s, past the 1 s keep-alive"
+        );
     }
 }
 

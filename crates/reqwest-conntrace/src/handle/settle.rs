@@ -449,6 +449,8 @@ impl KernelAsk {
                     idle: now.saturating_duration_since(released),
                     request_count: self.question.requests_seen,
                     end: None,
+                    kept_past_keep_alive: None,
+                    warn_keep_alive: false,
                 },
             );
         }

@@ -16,12 +16,25 @@ impl Previous {
     /// time counted from its last activity, its request count so far, and
     /// `end`, how it ended (`None`: alive at the miss, as the release race
     /// names it).
+    /// An end by the server after idling longer than the keep-alive
+    /// timeout it advertised, under a client idle timeout this crate could
+    /// not read (one it can read is compared at the response), carries
+    /// that timeout (`kept_past_keep_alive`).
     pub(crate) fn of(record: &ConnectionRecord, now: Instant, end: Option<ConnectionEnd>) -> Self {
+        let idle = now.saturating_duration_since(record.last_activity());
+        let kept_past_keep_alive = record.server_keep_alive().filter(|keep_alive| {
+            !record.client.idle_timeout_known
+                && idle > *keep_alive
+                && end.is_some_and(ConnectionEnd::by_server)
+        });
         Self {
             id: record.id(),
-            idle: now.saturating_duration_since(record.last_activity()),
+            idle,
             request_count: record.requests.load(Ordering::Relaxed),
             end,
+            kept_past_keep_alive,
+            warn_keep_alive: kept_past_keep_alive.is_some()
+                && record.client.first_keep_alive_warning(),
         }
     }
 }

@@ -18,6 +18,15 @@ pub(crate) struct Previous {
     pub(crate) request_count: u64,
     /// How it ended; `None` while it is alive (`release_race`).
     pub(crate) end: Option<ConnectionEnd>,
+    /// The server ended it after the client's pool had kept it idle
+    /// longer than the keep-alive timeout the server advertised (this
+    /// value), under a client idle timeout this crate could not read:
+    /// evidence that the client's timeout is the longer one (see
+    /// [`EVENT_KEEP_ALIVE_MISMATCH`](crate::semconv::EVENT_KEEP_ALIVE_MISMATCH)).
+    pub(crate) kept_past_keep_alive: Option<Duration>,
+    /// This client has logged no keep-alive mismatch WARN line yet: the
+    /// miss recording this one logs it.
+    pub(crate) warn_keep_alive: bool,
 }
 
 /// A miss's reason and the connection that caused it, if one did.
@@ -304,6 +313,8 @@ mod tests {
             idle: Duration::from_millis(1),
             request_count: 3,
             end: Some(ConnectionEnd::IdleLimit),
+            kept_past_keep_alive: None,
+            warn_keep_alive: false,
         };
         let miss = Miss::caused_by(MissReason::AllBusy, previous).limits_inferred();
         let served = miss.served_by(7, 4);

@@ -283,6 +283,43 @@ pub(crate) fn ip_text(ip: std::net::IpAddr) -> String {
     text
 }
 
+/// The keep-alive mismatch event on the span of a miss whose previous
+/// connection the server ended after the client's pool had kept it idle
+/// for `previous.idle`, past the `keep_alive` timeout the server
+/// advertised, under a client idle timeout this crate could not read: the
+/// client's timeout is the longer one, inferred from that (no
+/// `client_idle_timeout`, `pool.limits = inferred`). Logs the client's one
+/// WARN line when `previous` says it is due.
+fn add_inferred_keep_alive_mismatch(
+    span: &tracing::Span,
+    keep_alive: Duration,
+    previous: &crate::pool::slot::Previous,
+) {
+    span.add_event(
+        semconv::EVENT_KEEP_ALIVE_MISMATCH,
+        vec![
+            KeyValue::new(semconv::HTTP_CONNECTION_SERVER_KEEP_ALIVE, secs(keep_alive)),
+            KeyValue::new(
+                semconv::HTTP_CONNECTION_POOL_LIMITS,
+                semconv::POOL_LIMITS_INFERRED,
+            ),
+            KeyValue::new(
+                semconv::HTTP_CONNECTION_PREVIOUS_IDLE_TIME,
+                secs(previous.idle),
+            ),
+        ],
+    );
+    if previous.warn_keep_alive {
+        tracing::warn!(
+            target: "reqwest_conntrace",
+            "server keep-alive {:.3} s is shorter than the client's pool idle timeout: its pool kept a connection idle for {:.3} s, which the server then closed (closed_by_peer misses, connection_reset races); set pool_idle_timeout under {:.3} s (reqwest's default is 90 s)",
+            keep_alive.as_secs_f64(),
+            previous.idle.as_secs_f64(),
+            keep_alive.as_secs_f64(),
+        );
+    }
+}
+
 /// The `pool.advice` event on a request span that missed because every
 /// connection was busy while the pool was too small (see
 /// [`PoolAdvice`](crate::PoolAdvice)).
@@ -508,6 +545,9 @@ pub(crate) fn record_reason(
         );
         if let Some(end) = inner.pools.previous_end(host, previous) {
             span.set_attribute(semconv::HTTP_CONNECTION_PREVIOUS_END, end.as_str());
+        }
+        if let Some(keep_alive) = previous.kept_past_keep_alive {
+            add_inferred_keep_alive_mismatch(span, keep_alive, previous);
         }
     }
     let mut attributes = Vec::with_capacity(6);
