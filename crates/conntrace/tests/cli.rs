@@ -206,7 +206,10 @@ async fn probe_fresh_mode_against_nginx_tls13() {
 /// connection for a sequential request (nginx sees it): such a request's
 /// miss (also when the returning connection still served it), and the
 /// extra connection's setup span, are `release_race`, never another
-/// reason.
+/// reason. When the returning connection served that request, its own
+/// connect went to the pool unused, and a later request may find it
+/// there: an idle hit (`reused`, no miss reason) that is nginx's first
+/// request on it (count 1; seen beside two CPU-burning processes).
 #[tokio::test]
 async fn probe_reuse_mode_against_nginx_tls13() {
     let lab = lab().await;
@@ -233,13 +236,21 @@ async fn probe_reuse_mode_against_nginx_tls13() {
             .attr_i64(semconv::HTTP_CONNECTION_REQUEST_COUNT)
             .expect("request count");
         assert_eq!(count as u64, e.connection_requests, "request {i}");
-        assert_eq!(
-            r.attr_bool(semconv::HTTP_CONNECTION_REUSED),
-            Some(count > 1)
-        );
+        let reused = r.attr_bool(semconv::HTTP_CONNECTION_REUSED);
         let reason = r.attr_str(semconv::HTTP_CONNECTION_MISS_REASON);
+        // A release race's unused connect found in the pool: an idle hit
+        // on a connection nginx saw no request on before.
+        let spare_hit = count == 1
+            && reused == Some(true)
+            && reason.is_none()
+            && reqs[..i].iter().any(|before| {
+                before.attr_str(semconv::HTTP_CONNECTION_MISS_REASON)
+                    == Some(semconv::MISS_REASON_RELEASE_RACE)
+            });
+        assert_eq!(reused, Some(count > 1 || spare_hit), "request {i}");
         match (i, count) {
             (0, _) => assert_eq!(reason, Some(semconv::MISS_REASON_COLD)),
+            (_, 1) if spare_hit => {}
             (_, 1) => assert_eq!(
                 reason,
                 Some(semconv::MISS_REASON_RELEASE_RACE),
