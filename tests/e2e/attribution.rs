@@ -2009,6 +2009,80 @@ async fn a_timeout_on_its_own_new_connection_is_stalled_whatever_the_handshake_t
     }
 }
 
+/// Bytes the trickling server of the next test wrote, and when it wrote
+/// its last one (ms since the Unix epoch).
+static TRICKLED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// A body still flowing when the deadline fires is no stall: the server
+/// sends its headers, then one byte every 40 ms, and the call's 300 ms
+/// timeout lands between two bytes. The span has the kernel's evidence
+/// but no `stalled` (a tester: a `limit_rate` download from nginx, still
+/// sending, read stalled 6 of 6 runs; a one-byte trickle, 8 of 8). The
+/// server's count of bytes written is the truth: it wrote a byte every
+/// 40 ms up to the deadline.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_still_flowing_at_its_timeout_is_not_stalled() {
+    use std::io::{Read as _, Write as _};
+    let url = crate::support::raw_server(|mut socket| {
+        let mut buf = [0u8; 4096];
+        let mut got = Vec::new();
+        while !got.windows(4).any(|w| w == b"\r\n\r\n") {
+            match socket.read(&mut buf) {
+                Ok(0) | Err(_) => return,
+                Ok(k) => got.extend_from_slice(&buf[..k]),
+            }
+        }
+        let _ = socket.set_nodelay(true);
+        if socket
+            .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 1000\r\n\r\n")
+            .is_err()
+        {
+            return;
+        }
+        for _ in 0..1000 {
+            if socket.write_all(b"x").is_err() {
+                return;
+            }
+            TRICKLED.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            std::thread::sleep(Duration::from_millis(40));
+        }
+    });
+    let t = telemetry();
+    let client = t.client(reqwest::Client::builder(), None);
+    let response = client
+        .get(&url)
+        .timeout(Duration::from_millis(300))
+        .send()
+        .await
+        .expect("headers arrive");
+    let error = response
+        .bytes()
+        .await
+        .expect_err("the deadline cuts the body");
+    assert!(error.is_timeout(), "{error:?}");
+    // A byte every 40 ms up to the deadline: the transfer was flowing.
+    let written_at_timeout = TRICKLED.load(std::sync::atomic::Ordering::SeqCst);
+    assert!(
+        written_at_timeout >= 3,
+        "bytes flowed before the deadline: {written_at_timeout}"
+    );
+    let spans = requests(&t, 1);
+    let failed = &spans[0];
+    assert_eq!(
+        str_attr(failed, semconv::ERROR_TYPE).as_deref(),
+        Some(semconv::ERROR_TYPE_TIMEOUT)
+    );
+    assert!(
+        f64_attr(failed, semconv::HTTP_CONNECTION_TCP_SINCE_LAST_RECEIVE).is_some(),
+        "the kernel's evidence is there"
+    );
+    assert_eq!(
+        bool_attr(failed, semconv::HTTP_CONNECTION_STALLED),
+        None,
+        "bytes were still arriving every 40 ms"
+    );
+}
+
 /// A GET to `url` that times out after 300 ms (the server stalls it).
 async fn get_timing_out(client: &reqwest_middleware::ClientWithMiddleware, url: &str) {
     let error = client
