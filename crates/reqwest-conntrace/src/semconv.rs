@@ -768,11 +768,11 @@ pub const HTTP_CONNECTION_CLIENT_IDLE_TIMEOUT: &str = "http.connection.client_id
 /// [`HTTP_CONNECTION_CLIENT_IDLE_TIMEOUT`]. A client idle timeout this
 /// crate could not read (set on reqwest's builder, or reqwest's default
 /// 90 s) is not guessed: the event comes instead on the span of a miss
-/// whose previous connection the server ended after the client's pool
-/// had kept it idle past the keep-alive it advertised, with
-/// [`HTTP_CONNECTION_SERVER_KEEP_ALIVE`],
-/// [`HTTP_CONNECTION_PREVIOUS_IDLE_TIME`] (how long the pool kept it)
-/// and [`HTTP_CONNECTION_POOL_LIMITS`] = [`POOL_LIMITS_INFERRED`].
+/// whose previous connection the server ended (the kernel dates its close
+/// from the report of the socket's end) after the client's pool had kept
+/// it idle past the keep-alive it advertised, with
+/// [`HTTP_CONNECTION_SERVER_KEEP_ALIVE`] and [`HTTP_CONNECTION_POOL_LIMITS`]
+/// = [`POOL_LIMITS_INFERRED`].
 pub const EVENT_KEEP_ALIVE_MISMATCH: &str = "http.connection.keep_alive_mismatch";
 /// `http.connection.dns_stale` (bool, request span, only ever `true`): the
 /// serving (reused) connection's peer address is not in the newest DNS

@@ -16,16 +16,25 @@ impl Previous {
     /// time counted from its last activity, its request count so far, and
     /// `end`, how it ended (`None`: alive at the miss, as the release race
     /// names it).
-    /// An end by the server after idling longer than the keep-alive
-    /// timeout it advertised, under a client idle timeout this crate could
-    /// not read (one it can read is compared at the response), carries
-    /// that timeout (`kept_past_keep_alive`).
+    /// An end by the server that the kernel dates (the report of its
+    /// socket's end) more than the keep-alive timeout it advertised after
+    /// the connection went idle, under a client idle timeout this crate
+    /// could not read (one it can read is compared at the response),
+    /// carries that timeout (`kept_past_keep_alive`): the client's pool
+    /// still held it then. Not the idle time at the miss, which may come
+    /// long after a server's earlier close (a tester's server advertising
+    /// 1 s but closing at 0.3 s read as a pool kept past it).
     pub(crate) fn of(record: &ConnectionRecord, now: Instant, end: Option<ConnectionEnd>) -> Self {
         let idle = now.saturating_duration_since(record.last_activity());
         let kept_past_keep_alive = record.server_keep_alive().filter(|keep_alive| {
             !record.client.idle_timeout_known
-                && idle > *keep_alive
                 && end.is_some_and(ConnectionEnd::by_server)
+                && record.socket_end().is_some_and(|socket| {
+                    socket
+                        .seen_at
+                        .saturating_duration_since(record.last_activity())
+                        > *keep_alive
+                })
         });
         Self {
             id: record.id(),

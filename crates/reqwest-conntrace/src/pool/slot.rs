@@ -18,10 +18,11 @@ pub(crate) struct Previous {
     pub(crate) request_count: u64,
     /// How it ended; `None` while it is alive (`release_race`).
     pub(crate) end: Option<ConnectionEnd>,
-    /// The server ended it after the client's pool had kept it idle
-    /// longer than the keep-alive timeout the server advertised (this
-    /// value), under a client idle timeout this crate could not read:
-    /// evidence that the client's timeout is the longer one (see
+    /// The server ended it (dated by the kernel's report of its socket's
+    /// end) after the client's pool had kept it idle longer than the
+    /// keep-alive timeout the server advertised (this value), under a
+    /// client idle timeout this crate could not read: evidence that the
+    /// client's timeout is the longer one (see
     /// [`EVENT_KEEP_ALIVE_MISMATCH`](crate::semconv::EVENT_KEEP_ALIVE_MISMATCH)).
     pub(crate) kept_past_keep_alive: Option<Duration>,
     /// This client has logged no keep-alive mismatch WARN line yet: the

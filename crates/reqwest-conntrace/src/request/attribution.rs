@@ -285,11 +285,11 @@ pub(crate) fn ip_text(ip: std::net::IpAddr) -> String {
 
 /// The keep-alive mismatch event on the span of a miss whose previous
 /// connection the server ended after the client's pool had kept it idle
-/// for `previous.idle`, past the `keep_alive` timeout the server
-/// advertised, under a client idle timeout this crate could not read: the
-/// client's timeout is the longer one, inferred from that (no
-/// `client_idle_timeout`, `pool.limits = inferred`). Logs the client's one
-/// WARN line when `previous` says it is due.
+/// past the `keep_alive` timeout the server advertised, under a client
+/// idle timeout this crate could not read: the client's timeout is the
+/// longer one, inferred from that (no `client_idle_timeout`, `pool.limits
+/// = inferred`). Logs the client's one WARN line when `previous` says it
+/// is due.
 fn add_inferred_keep_alive_mismatch(
     span: &tracing::Span,
     keep_alive: Duration,
@@ -303,18 +303,13 @@ fn add_inferred_keep_alive_mismatch(
                 semconv::HTTP_CONNECTION_POOL_LIMITS,
                 semconv::POOL_LIMITS_INFERRED,
             ),
-            KeyValue::new(
-                semconv::HTTP_CONNECTION_PREVIOUS_IDLE_TIME,
-                secs(previous.idle),
-            ),
         ],
     );
     if previous.warn_keep_alive {
         tracing::warn!(
             target: "reqwest_conntrace",
-            "server keep-alive {:.3} s is shorter than the client's pool idle timeout: its pool kept a connection idle for {:.3} s, which the server then closed (closed_by_peer misses, connection_reset races); set pool_idle_timeout under {:.3} s (reqwest's default is 90 s)",
+            "server keep-alive {:.3} s is shorter than the client's pool idle timeout: its pool kept a connection idle past it, which the server then closed (closed_by_peer misses, connection_reset races); set pool_idle_timeout under {:.3} s (reqwest's default is 90 s)",
             keep_alive.as_secs_f64(),
-            previous.idle.as_secs_f64(),
             keep_alive.as_secs_f64(),
         );
     }
