@@ -115,6 +115,11 @@ pub(crate) struct RequestRow {
     /// its own connection served it or landed unused); not serialized.
     #[serde(skip)]
     pub(crate) connects: u32,
+    /// Of those, connects that failed or were abandoned (the library's
+    /// `RequestReport::failed_connect`, the last one): they opened no
+    /// connection; not serialized.
+    #[serde(skip)]
+    pub(crate) failed_connects: u32,
 }
 
 impl RequestRow {
@@ -223,11 +228,17 @@ impl RequestRow {
             peer_address: None,
             body_bytes: report.and_then(|r| r.body_size),
             connects: report.map_or(0, |r| r.connects),
+            failed_connects: report.map_or(0, |r| u32::from(r.failed_connect.is_some())),
             setup: None,
         };
         // A redirect hop's version (the final request's comes from the
         // caller's response in `new`).
         row.http_version = report.and_then(|r| r.protocol_version);
+        // A request that failed before it had a connection to name still
+        // says why it missed (its span does too).
+        row.miss_reason = report
+            .and_then(|r| r.failed_miss_reason)
+            .map(|m| m.as_str());
         if let Some(conn) = report.and_then(|r| r.connection.as_ref()) {
             let setup = &conn.setup;
             row.reused = Some(conn.reused);

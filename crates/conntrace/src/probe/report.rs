@@ -49,7 +49,9 @@ pub(crate) struct ModeTotals {
     pub(crate) new_connections: usize,
     /// Connections the mode's requests opened, used or not: every miss
     /// starts a connect, and one whose request a freed connection served
-    /// first lands unused in the pool (or is closed by a full one).
+    /// first lands unused in the pool (or is closed by a full one). A
+    /// connect that failed (refused, TLS rejected, abandoned) opened none
+    /// (as `http.client.connections.opened` counts).
     pub(crate) connections_opened: u64,
     /// Of those, connections whose TLS handshake resumed a session.
     pub(crate) tls_resumed_connections: usize,
@@ -104,7 +106,10 @@ impl ModeTotals {
                 .filter(|r| r.failed() && r.status.is_none() && r.connects > 0)
                 .count(),
             new_connections: conns.len(),
-            connections_opened: rows.iter().map(|r| u64::from(r.connects)).sum(),
+            connections_opened: rows
+                .iter()
+                .map(|r| u64::from(r.connects.saturating_sub(r.failed_connects)))
+                .sum(),
             tls_resumed_connections: conns
                 .values()
                 .filter(|c| c.tls_resumed == Some(true))

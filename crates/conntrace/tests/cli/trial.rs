@@ -1036,10 +1036,10 @@ fn table_rows(text: &str) -> Vec<Vec<String>> {
 type Held = Arc<Mutex<Vec<(u16, bool)>>>;
 
 /// A server whose every connection carries one request, answered with
-/// `Connection: close`, except the second connection's, which it reads
-/// and never answers (the connection stays open until the client gives
-/// up).
-async fn holding_server() -> (u16, Held) {
+/// `Connection: close`: the first with a 200, the second not at all (read
+/// and held until the client closes it), the third with a 302 to
+/// `redirect_to` (a port nothing listens on), the rest with a 200.
+async fn holding_server(redirect_to: u16) -> (u16, Held) {
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let port = listener.local_addr().expect("address").port();
     let log: Held = Arc::default();
@@ -1048,8 +1048,8 @@ async fn holding_server() -> (u16, Held) {
         let mut accepted = 0;
         while let Ok((stream, peer)) = listener.accept().await {
             accepted += 1;
-            let answer = accepted != 2;
-            seen.lock().expect("log").push((peer.port(), answer));
+            let nth = accepted;
+            seen.lock().expect("log").push((peer.port(), nth != 2));
             tokio::spawn(async move {
                 let mut stream = BufReader::new(stream);
                 let mut line = String::new();
@@ -1061,35 +1061,45 @@ async fn holding_server() -> (u16, Held) {
                         Ok(_) => {}
                     }
                 }
-                if answer {
-                    let _ = stream
-                        .get_mut()
-                        .write_all(
-                            b"HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: 2\r\n\r\nok",
-                        )
-                        .await;
-                } else {
-                    // Held until the client closes it.
-                    let _ = stream.read_line(&mut line).await;
-                }
+                let answer = match nth {
+                    2 => {
+                        // Held until the client closes it.
+                        let _ = stream.read_line(&mut line).await;
+                        return;
+                    }
+                    3 => format!(
+                        "HTTP/1.1 302 Found\r\nLocation: http://127.0.0.1:{redirect_to}/\r\nConnection: close\r\nContent-Length: 0\r\n\r\n"
+                    ),
+                    _ => "HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: 2\r\n\r\nok"
+                        .to_owned(),
+                };
+                let _ = stream.get_mut().write_all(answer.as_bytes()).await;
             });
         }
     });
     (port, log)
 }
 
-/// A request that missed the pool (its connection closed by the server's
-/// `Connection: close`), connected, and timed out waiting for the answer
-/// the server never sent: `probe -n 3 --timeout 1` counts it in
-/// `failed_misses`, not in `pool_misses` (which count the answered
-/// requests), and the run's metrics file counts the same:
+/// Misses of requests that failed before a response, against a server
+/// whose accept log is the truth: `probe -n 3 --timeout 1`. The first
+/// request is answered with `Connection: close`; the second misses
+/// (`request_limit`, naming the first connection), connects and times
+/// out on an answer never sent (its row names the client port the server
+/// logged); the third is answered with a 302 to a closed port, whose hop
+/// misses (`cold`, a new host) and is refused with no connection to name.
+/// The probe counts the two failed requests' misses in `failed_misses`,
+/// not in `pool_misses` (the answered requests), and the refused connect
+/// in no `connections_opened`; its metrics file counts the same:
 /// `http.client.pool.misses` without `error.type` = `pool_misses`, with
-/// `error.type = timeout` = `failed_misses`. The server's accept log is
-/// the truth: three connections, the second never answered, and the
-/// timed-out row names its client port.
+/// it = `failed_misses`; `http.client.connections.opened` =
+/// `connections_opened` = the server's accepts.
 #[tokio::test]
 async fn probe_counts_a_failed_requests_miss_apart_as_the_metrics_do() {
-    let (port, held) = holding_server().await;
+    let closed = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        l.local_addr().expect("addr").port()
+    };
+    let (port, held) = holding_server(closed).await;
     let dir = tempfile::tempdir().expect("dir");
     let traces = dir.path().join("t.json");
     let mut cmd = conntrace();
@@ -1110,7 +1120,7 @@ async fn probe_counts_a_failed_requests_miss_apart_as_the_metrics_do() {
     assert_eq!(
         out.status.code(),
         Some(1),
-        "a request failed: {}",
+        "requests failed: {}",
         stderr(&out)
     );
     let json: Value = serde_json::from_slice(&out.stdout).expect("--json output is JSON");
@@ -1118,6 +1128,11 @@ async fn probe_counts_a_failed_requests_miss_apart_as_the_metrics_do() {
     assert_eq!(held.len(), 3, "a connection per request: {held:?}");
     let mode = &json["modes"][0];
     let rows = mode["requests"].as_array().expect("rows");
+    assert_eq!(
+        rows.len(),
+        4,
+        "three calls, the third with a redirect hop: {rows:?}"
+    );
     assert_eq!(rows[1]["error_type"], "timeout", "{rows:?}");
     assert_eq!(rows[1]["local_port"], held[1].0, "{rows:?} vs {held:?}");
     assert_eq!(
@@ -1125,29 +1140,48 @@ async fn probe_counts_a_failed_requests_miss_apart_as_the_metrics_do() {
         semconv::MISS_REASON_REQUEST_LIMIT,
         "the first connection's Connection: close is `request_limit` (REFERENCE 14): {rows:?}"
     );
+    assert_eq!(rows[2]["status"], 302, "{rows:?}");
+    assert_eq!(rows[2]["local_port"], held[2].0, "{rows:?} vs {held:?}");
+    assert_eq!(rows[3]["error_type"], "connection_refused", "{rows:?}");
+    assert!(rows[3]["connection_id"].is_null(), "{rows:?}");
+    assert_eq!(
+        rows[3]["miss_reason"],
+        semconv::MISS_REASON_COLD,
+        "a new host: {rows:?}"
+    );
     let t = &mode["totals"];
     let answered_misses = held.iter().filter(|(_, answered)| *answered).count();
-    let unanswered = held.len() - answered_misses;
+    // The timed-out request, and the refused hop (no connection).
+    let failed_misses = 2;
     assert_eq!(t["pool_misses"], answered_misses, "{t}");
-    assert_eq!(t["failed_misses"], unanswered, "{t}");
+    assert_eq!(t["failed_misses"], failed_misses, "{t}");
     assert_eq!(t["pool_hits"], 0, "{t}");
+    assert_eq!(t["connections_opened"], held.len(), "{t}");
 
     let metrics = conntrace_lab::metrics_from_otlp_json(
         &std::fs::read_to_string(dir.path().join("t.metrics.json")).expect("metrics file"),
     )
     .expect("an OTLP JSON metrics document");
-    let misses: Vec<_> = metrics
-        .iter()
-        .filter(|m| m.name == semconv::HTTP_CLIENT_POOL_MISSES)
-        .flat_map(|m| m.number_points().to_vec())
-        .collect();
-    let counted = |error: Option<&str>| -> f64 {
+    let points = |name: &str| -> Vec<conntrace_lab::NumberPoint> {
+        metrics
+            .iter()
+            .filter(|m| m.name == name)
+            .flat_map(|m| m.number_points().to_vec())
+            .collect()
+    };
+    let misses = points(semconv::HTTP_CLIENT_POOL_MISSES);
+    let counted = |errored: bool| -> f64 {
         misses
             .iter()
-            .filter(|p| p.attributes.str(semconv::ERROR_TYPE) == error)
+            .filter(|p| p.attributes.str(semconv::ERROR_TYPE).is_some() == errored)
             .map(|p| p.value)
             .sum()
     };
-    assert_eq!(counted(None), answered_misses as f64, "{misses:#?}");
-    assert_eq!(counted(Some("timeout")), unanswered as f64, "{misses:#?}");
+    assert_eq!(counted(false), answered_misses as f64, "{misses:#?}");
+    assert_eq!(counted(true), failed_misses as f64, "{misses:#?}");
+    let opened: f64 = points(semconv::HTTP_CLIENT_CONNECTIONS_OPENED)
+        .iter()
+        .map(|p| p.value)
+        .sum();
+    assert_eq!(opened, held.len() as f64, "opened = the server's accepts");
 }

@@ -322,8 +322,7 @@ pub struct RequestReport {
     /// Which connection served it and how; `None` when the connection is
     /// unknown to this handle, or the request failed before it had one
     /// (refused connect, failed TLS handshake, ...): such a request's miss
-    /// reason is on its span and in `http.client.pool.misses` (with its
-    /// `error.type`) only, and [`connects`](Self::connects) says it missed.
+    /// reason is in [`failed_miss_reason`](Self::failed_miss_reason).
     ///
     /// A request that failed on a connection (reset, HTTP/2 GOAWAY or
     /// error, timeout, future dropped: `status` is `None`) carries the connection its span
@@ -356,6 +355,17 @@ pub struct RequestReport {
     /// which proxy ([`ConnectionSetup::proxy_address`]). `None` when no
     /// connect of its own failed.
     pub failed_connect: Option<Arc<ConnectionSetup>>,
+    /// A request that missed the pool (triggered a connect) and failed
+    /// before it had a connection to name ([`connection`](Self::connection)
+    /// is `None`: its connect refused, its TLS handshake rejected, or it
+    /// gave up while connecting): why it missed, as its span's
+    /// `http.connection.miss_reason` says (counted in
+    /// `http.client.pool.misses` with its `error.type`). The reason known
+    /// when the request ended: one that waits for the kernel's view of
+    /// the previous connection holds its fallback here. `None` otherwise
+    /// (a request with a connection has it in
+    /// [`ConnectionUse::miss_reason`]).
+    pub failed_miss_reason: Option<crate::MissReason>,
 }
 
 /// Called once per request when it ends. Implemented for closures

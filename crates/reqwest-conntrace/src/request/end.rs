@@ -59,6 +59,10 @@ pub(crate) struct RequestEnd {
     ///
     /// [`attribute_response`]: crate::request::attribution::attribute_response
     pub(crate) miss_deferred: Option<MissSlot>,
+    /// A request that failed with no connection to name after it missed:
+    /// its miss reason, for its report
+    /// ([`RequestReport::failed_miss_reason`]).
+    failed_miss_reason: Option<MissReason>,
     /// The span records (an OpenTelemetry span, sampled): span attributes
     /// are built only then. Default: `true`.
     pub(crate) recording: bool,
@@ -125,6 +129,7 @@ impl RequestEnd {
             protocol_version: None,
             resend_count: 0,
             miss_deferred: None,
+            failed_miss_reason: None,
             recording: true,
             base_attributes,
             finished: false,
@@ -285,6 +290,12 @@ impl RequestEnd {
                         usage.settling = Some(late);
                     }
                 }
+            } else {
+                // Failed with no connection to name: the report keeps the
+                // reason its span records (as known now).
+                self.failed_miss_reason = late
+                    .get()
+                    .unwrap_or((!fallback.untracked).then_some(fallback.reason));
             }
         }
         if let Some((_, record)) = &self.connection {
@@ -362,6 +373,7 @@ impl RequestEnd {
             connects: self.state.connects(),
             protocol_version: self.protocol_version,
             failed_connect: self.state.failed_connect(),
+            failed_miss_reason: self.failed_miss_reason,
         }
     }
 }
