@@ -2083,6 +2083,64 @@ async fn a_body_still_flowing_at_its_timeout_is_not_stalled() {
     );
 }
 
+/// A body that flowed and then went silent is stalled when reqwest's
+/// `read_timeout` (250 ms) fires on that silence: the server sends its
+/// headers, a byte every 20 ms for 600 ms, then nothing. The silence is
+/// more than twice the transfer's longest pause, so it is no deadline
+/// landing in a flowing transfer's pause (a tester: a rule weighing the
+/// silence against the whole body's time missed it, 3 of 3 runs).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_that_flowed_then_went_silent_is_stalled_at_its_read_timeout() {
+    use std::io::{Read as _, Write as _};
+    let url = crate::support::raw_server(|mut socket| {
+        let mut buf = [0u8; 4096];
+        let mut got = Vec::new();
+        while !got.windows(4).any(|w| w == b"\r\n\r\n") {
+            match socket.read(&mut buf) {
+                Ok(0) | Err(_) => return,
+                Ok(k) => got.extend_from_slice(&buf[..k]),
+            }
+        }
+        let _ = socket.set_nodelay(true);
+        if socket
+            .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 1000\r\n\r\n")
+            .is_err()
+        {
+            return;
+        }
+        for _ in 0..30 {
+            if socket.write_all(b"x").is_err() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        // Silent until the client gives up and closes.
+        let _ = socket.read(&mut buf);
+    });
+    let t = telemetry();
+    let client = t.client(
+        reqwest::Client::builder().read_timeout(Duration::from_millis(250)),
+        None,
+    );
+    let response = client.get(&url).send().await.expect("headers arrive");
+    let error = response.bytes().await.expect_err("the body goes silent");
+    assert!(error.is_timeout(), "{error:?}");
+    let spans = requests(&t, 1);
+    let failed = &spans[0];
+    assert_eq!(
+        i64_attr(failed, semconv::HTTP_RESPONSE_BODY_SIZE),
+        Some(30),
+        "the 30 bytes the server sent"
+    );
+    let quiet =
+        f64_attr(failed, semconv::HTTP_CONNECTION_TCP_SINCE_LAST_RECEIVE).expect("evidence");
+    assert_eq!(
+        bool_attr(failed, semconv::HTTP_CONNECTION_STALLED),
+        Some(true),
+        "silent for {quiet} s after 20 ms pauses"
+    );
+}
+
 /// A GET to `url` that times out after 300 ms (the server stalls it).
 async fn get_timing_out(client: &reqwest_middleware::ClientWithMiddleware, url: &str) {
     let error = client

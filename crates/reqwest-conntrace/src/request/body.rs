@@ -52,7 +52,7 @@ where
                 if let Some(data) = frame.data_ref() {
                     this.end.body_size += data.len() as u64;
                     if !data.is_empty() {
-                        this.end.body_progress_at = Some(std::time::Instant::now());
+                        this.end.note_body_progress(std::time::Instant::now());
                     }
                 }
                 if inner.is_end_stream() {

@@ -44,6 +44,10 @@ pub(crate) struct RequestEnd {
     pub(crate) body_size: u64,
     /// When the latest bytes of the response body were read.
     pub(crate) body_progress_at: Option<Instant>,
+    /// The longest pause between the response's headers and its body's
+    /// bytes, or between two reads of them, so far: how the transfer
+    /// flowed (see [`note_body_progress`](Self::note_body_progress)).
+    longest_body_pause: std::time::Duration,
     /// A response body that timed out, held (unread) until the kernel has
     /// looked at its socket: see [`hold_until_kernel_answers`](Self::hold_until_kernel_answers).
     held_body: Option<Box<dyn Send + Sync>>,
@@ -125,6 +129,7 @@ impl RequestEnd {
             failed_on: None,
             body_size: 0,
             body_progress_at: None,
+            longest_body_pause: std::time::Duration::ZERO,
             held_body: None,
             protocol_version: None,
             resend_count: 0,
@@ -134,6 +139,17 @@ impl RequestEnd {
             base_attributes,
             finished: false,
         }
+    }
+
+    /// Body bytes were read at `now`: the pause since the previous ones
+    /// (or the headers) counts toward the longest so far.
+    pub(crate) fn note_body_progress(&mut self, now: Instant) {
+        if let Some(previous) = self.body_progress_at.or(self.headers_at) {
+            self.longest_body_pause = self
+                .longest_body_pause
+                .max(now.saturating_duration_since(previous));
+        }
+        self.body_progress_at = Some(now);
     }
 
     /// Records an error on the span.
@@ -428,21 +444,19 @@ impl RequestEnd {
         if timed_out {
             // Nothing arrived for the body since its last bytes (or the
             // headers): a kernel that saw nothing either shows a stall,
-            // when that silence is at least half the time the body was
-            // read. A flowing transfer has gaps between its bursts (a
-            // rate-limited download, a trickle): a deadline landing in one
-            // is no stall (a tester: nginx still sending at `limit_rate
-            // 1m` read stalled, 6 of 6 runs, on a 30 ms gap of a 500 ms
-            // wait).
+            // when that silence is more than twice the longest pause the
+            // transfer had before. A flowing transfer pauses between its
+            // bursts (a rate-limited download, a trickle): a deadline
+            // landing in such a pause is no stall (a tester: nginx still
+            // sending at `limit_rate 1m` read stalled, 6 of 6 runs, on a
+            // 30 ms pause of a 500 ms wait), while a transfer that flowed
+            // and then went silent is one (`read_timeout` fires on such a
+            // silence; a rule weighing it against the whole body's time
+            // missed it, a tester: 3 of 3).
             let quiet_since = self.body_progress_at.or(self.headers_at);
             let quiet = quiet_since
                 .map(|t| now.saturating_duration_since(t))
-                .filter(|quiet| {
-                    let reading = self
-                        .headers_at
-                        .map_or(*quiet, |h| now.saturating_duration_since(h));
-                    *quiet * 2 >= reading
-                })
+                .filter(|quiet| *quiet > self.longest_body_pause * 2)
                 .map(crate::request::stall_evidence::Quiet::plain);
             ask_kernel_evidence(
                 &self.inner,
