@@ -1246,14 +1246,9 @@ async fn a_close_before_the_response_is_the_servers_fin_not_a_reset() {
 /// Answers a connection's first request, and returns (its caller drops
 /// the socket: a FIN) once it has read the second.
 fn answer_first_close_second(socket: &mut (impl std::io::Read + std::io::Write)) {
-    let mut buf = [0u8; 4096];
     for request in 1.. {
-        let mut got = Vec::new();
-        while !got.windows(4).any(|w| w == b"\r\n\r\n") {
-            match socket.read(&mut buf) {
-                Ok(0) | Err(_) => return,
-                Ok(k) => got.extend_from_slice(&buf[..k]),
-            }
+        if !crate::support::read_request_head(socket) {
+            return;
         }
         if request > 1 {
             // Closed with a FIN, the request unanswered.
@@ -1814,21 +1809,17 @@ async fn an_http2_body_timeout_on_a_stalled_connection_has_the_kernels_evidence(
         || server_resets.load(std::sync::atomic::Ordering::SeqCst) == 1,
     )
     .await;
-    let counted: Vec<Option<i64>> = failed
+    let counted: Vec<Option<opentelemetry::Value>> = failed
         .events
         .iter()
         .filter(|e| e.name == semconv::EVENT_STREAM_RESET)
-        .map(|e| {
-            e.attributes
-                .iter()
-                .find(|kv| kv.key.as_str() == semconv::HTTP_CONNECTION_STREAM_RESETS)
-                .and_then(|kv| match kv.value {
-                    opentelemetry::Value::I64(n) => Some(n),
-                    _ => None,
-                })
-        })
+        .map(|e| crate::support::event_attr(e, semconv::HTTP_CONNECTION_STREAM_RESETS))
         .collect();
-    assert_eq!(counted, [Some(1)], "one stream reset on the connection");
+    assert_eq!(
+        counted,
+        [Some(opentelemetry::Value::I64(1))],
+        "one stream reset on the connection"
+    );
 }
 
 /// The connections `http.client.open_connections` counts as idle, over
@@ -2013,6 +2004,37 @@ async fn a_timeout_on_its_own_new_connection_is_stalled_whatever_the_handshake_t
 /// its last one (ms since the Unix epoch).
 static TRICKLED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
+/// Serves one GET on `socket` with the headers of a 1,000-byte body, then
+/// `bytes` of it one at a time, `every` apart, counting each in `written`
+/// when given. Returns once they are written or the client has gone.
+fn trickle(
+    socket: &mut std::net::TcpStream,
+    bytes: usize,
+    every: Duration,
+    written: Option<&std::sync::atomic::AtomicU64>,
+) {
+    use std::io::Write as _;
+    if !crate::support::read_request_head(socket) {
+        return;
+    }
+    let _ = socket.set_nodelay(true);
+    if socket
+        .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 1000\r\n\r\n")
+        .is_err()
+    {
+        return;
+    }
+    for _ in 0..bytes {
+        if socket.write_all(b"x").is_err() {
+            return;
+        }
+        if let Some(written) = written {
+            written.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }
+        std::thread::sleep(every);
+    }
+}
+
 /// A body still flowing when the deadline fires is no stall: the server
 /// sends its headers, then one byte every 40 ms, and the call's 300 ms
 /// timeout lands between two bytes. The span has the kernel's evidence
@@ -2022,30 +2044,13 @@ static TRICKLED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::ne
 /// 40 ms up to the deadline.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_body_still_flowing_at_its_timeout_is_not_stalled() {
-    use std::io::{Read as _, Write as _};
     let url = crate::support::raw_server(|mut socket| {
-        let mut buf = [0u8; 4096];
-        let mut got = Vec::new();
-        while !got.windows(4).any(|w| w == b"\r\n\r\n") {
-            match socket.read(&mut buf) {
-                Ok(0) | Err(_) => return,
-                Ok(k) => got.extend_from_slice(&buf[..k]),
-            }
-        }
-        let _ = socket.set_nodelay(true);
-        if socket
-            .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 1000\r\n\r\n")
-            .is_err()
-        {
-            return;
-        }
-        for _ in 0..1000 {
-            if socket.write_all(b"x").is_err() {
-                return;
-            }
-            TRICKLED.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-            std::thread::sleep(Duration::from_millis(40));
-        }
+        trickle(
+            &mut socket,
+            1000,
+            Duration::from_millis(40),
+            Some(&TRICKLED),
+        );
     });
     let t = telemetry();
     let client = t.client(reqwest::Client::builder(), None);
@@ -2091,31 +2096,11 @@ async fn a_body_still_flowing_at_its_timeout_is_not_stalled() {
 /// silence against the whole body's time missed it, 3 of 3 runs).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_body_that_flowed_then_went_silent_is_stalled_at_its_read_timeout() {
-    use std::io::{Read as _, Write as _};
+    use std::io::Read as _;
     let url = crate::support::raw_server(|mut socket| {
-        let mut buf = [0u8; 4096];
-        let mut got = Vec::new();
-        while !got.windows(4).any(|w| w == b"\r\n\r\n") {
-            match socket.read(&mut buf) {
-                Ok(0) | Err(_) => return,
-                Ok(k) => got.extend_from_slice(&buf[..k]),
-            }
-        }
-        let _ = socket.set_nodelay(true);
-        if socket
-            .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 1000\r\n\r\n")
-            .is_err()
-        {
-            return;
-        }
-        for _ in 0..30 {
-            if socket.write_all(b"x").is_err() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        trickle(&mut socket, 30, Duration::from_millis(20), None);
         // Silent until the client gives up and closes.
-        let _ = socket.read(&mut buf);
+        let _ = socket.read(&mut [0u8; 64]);
     });
     let t = telemetry();
     let client = t.client(
@@ -2629,13 +2614,7 @@ async fn a_pool_kept_past_the_servers_keep_alive_is_flagged_when_the_timeout_is_
         );
         assert_eq!(seen[1].previous_id, seen[0].id, "{case}");
         assert_eq!(events.len(), 1, "{case}: {seen:#?}");
-        let attribute = |key: &str| {
-            events[0]
-                .attributes
-                .iter()
-                .find(|kv| kv.key.as_str() == key)
-                .map(|kv| kv.value.clone())
-        };
+        let attribute = |key: &str| crate::support::event_attr(events[0], key);
         assert_eq!(
             attribute(semconv::HTTP_CONNECTION_SERVER_KEEP_ALIVE),
             Some(opentelemetry::Value::F64(1.0)),

@@ -1731,13 +1731,7 @@ async fn a_failed_phase_as_an_event_carries_its_spans_error() {
         .filter(|e| e.name == semconv::TCP_CONNECT_SPAN)
         .collect();
     assert_eq!(events.len(), 1, "one tcp.connect event");
-    let event_attr = |key: &str| {
-        events[0]
-            .attributes
-            .iter()
-            .find(|kv| kv.key.as_str() == key)
-            .map(|kv| kv.value.clone())
-    };
+    let event_attr = |key: &str| crate::support::event_attr(events[0], key);
     assert_eq!(
         event_attr(semconv::ERROR_TYPE),
         attr(&tcp, semconv::ERROR_TYPE).cloned()

@@ -414,8 +414,6 @@ pub(crate) fn trust(pki: &conntrace_lab::TestPki) -> TlsSettings {
         .add_root_certificate(pki.ca_cert_der())
 }
 
-/// Waits (sleeping 10 ms between looks, never blocking the runtime) until
-/// `done()` holds; panics naming `what` after `within`.
 /// A raw TCP server on loopback for behaviours the lab server cannot show:
 /// each accepted connection is handed to `serve` on a thread of its own.
 /// Returns the server's `http://127.0.0.1:PORT/` URL; the server lives as
@@ -469,6 +467,31 @@ pub(crate) fn raw_tls_server(
     url
 }
 
+/// Reads one request head from `socket`, up to its empty line (a GET: no
+/// body follows). `false` when the peer closed or the read failed first.
+pub(crate) fn read_request_head(socket: &mut impl std::io::Read) -> bool {
+    let mut buf = [0u8; 4096];
+    let mut got = Vec::new();
+    while !got.windows(4).any(|w| w == b"\r\n\r\n") {
+        match socket.read(&mut buf) {
+            Ok(0) | Err(_) => return false,
+            Ok(k) => got.extend_from_slice(&buf[..k]),
+        }
+    }
+    true
+}
+
+/// The value of attribute `key` on span event `event`, if set.
+pub(crate) fn event_attr(event: &opentelemetry::trace::Event, key: &str) -> Option<Value> {
+    event
+        .attributes
+        .iter()
+        .find(|kv| kv.key.as_str() == key)
+        .map(|kv| kv.value.clone())
+}
+
+/// Waits (sleeping 10 ms between looks, never blocking the runtime) until
+/// `done()` holds; panics naming `what` after `within`.
 pub(crate) async fn wait_until(what: &str, within: Duration, mut done: impl FnMut() -> bool) {
     let deadline = std::time::Instant::now() + within;
     while !done() {

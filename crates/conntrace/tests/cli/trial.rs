@@ -204,15 +204,8 @@ async fn cutting_server(reset: bool) -> (u16, Arc<Mutex<Vec<Answered>>>) {
 async fn answer(stream: TcpStream, client_port: u16, reset: bool, log: Arc<Mutex<Vec<Answered>>>) {
     let mut stream = BufReader::new(stream);
     for nth in 1.. {
-        // A GET's head, up to its empty line (no body follows).
-        let mut line = String::new();
-        loop {
-            line.clear();
-            match stream.read_line(&mut line).await {
-                Ok(0) | Err(_) => return,
-                Ok(_) if line == "\r\n" => break,
-                Ok(_) => {}
-            }
+        if !read_request_head(&mut stream).await {
+            return;
         }
         let cut = nth == 3;
         log.lock().expect("log").push(Answered {
@@ -235,6 +228,20 @@ async fn answer(stream: TcpStream, client_port: u16, reset: bool, log: Arc<Mutex
             }
             // Dropped: closed with the body half sent.
             return;
+        }
+    }
+}
+
+/// Reads one request head from `stream`, up to its empty line (a GET: no
+/// body follows). `false` when the peer closed or the read failed first.
+async fn read_request_head(stream: &mut BufReader<TcpStream>) -> bool {
+    let mut line = String::new();
+    loop {
+        line.clear();
+        match stream.read_line(&mut line).await {
+            Ok(0) | Err(_) => return false,
+            Ok(_) if line == "\r\n" => return true,
+            Ok(_) => {}
         }
     }
 }
@@ -1052,19 +1059,13 @@ async fn holding_server(redirect_to: u16) -> (u16, Held) {
             seen.lock().expect("log").push((peer.port(), nth != 2));
             tokio::spawn(async move {
                 let mut stream = BufReader::new(stream);
-                let mut line = String::new();
-                loop {
-                    line.clear();
-                    match stream.read_line(&mut line).await {
-                        Ok(0) | Err(_) => return,
-                        Ok(_) if line == "\r\n" => break,
-                        Ok(_) => {}
-                    }
+                if !read_request_head(&mut stream).await {
+                    return;
                 }
                 let answer = match nth {
                     2 => {
                         // Held until the client closes it.
-                        let _ = stream.read_line(&mut line).await;
+                        let _ = stream.read_line(&mut String::new()).await;
                         return;
                     }
                     3 => format!(
