@@ -15,7 +15,7 @@ use crate::handle::Inner;
 use crate::miss::ConnectionEnd;
 use crate::pool::record::{ConnectionRecord, Pair};
 use crate::request::attribution::{set_attributes, socket_attributes};
-use crate::request::stall_evidence::ask_kernel_evidence;
+use crate::request::stall_evidence::{Quiet, ask_kernel_evidence};
 use crate::request::state::RequestState;
 use crate::semconv;
 
@@ -167,57 +167,9 @@ pub(crate) fn attribute_failure(
         record.set_end(ConnectionEnd::Abandoned);
         inner.connection_closed(&record, now);
     }
-    let quiet = gave_up.then(|| QuietSince::request(state, &record, request_count).until(now));
+    let quiet = gave_up.then(|| Quiet::of_request(state, &record, request_count, now));
     ask_kernel_evidence(inner, span.clone(), record, quiet, None);
     Some(usage)
-}
-
-/// Since when a request that gave up on its response could have had an
-/// answer, for the kernel's verdict on a stall
-/// ([`ask_kernel_evidence`]): nothing can answer a request before it was
-/// written, and the data the connection received before that (its TLS
-/// handshake, the previous response on an HTTP/1.1 connection it waited
-/// for) is no answer. A cold request's own connect received its handshake
-/// after the request started (a tester saw cold TLS stalls flagged only
-/// when the handshake took under about 4 ms).
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct QuietSince {
-    /// The latest of the request's start, the connection's ready time and,
-    /// over HTTP/1.1, the end of the response before it.
-    from: Instant,
-    /// The request was the first on a TLS 1.3 connection: the server's
-    /// post-handshake messages (NewSessionTicket, RFC 8446 section 4.6.1)
-    /// arrive a round trip after the handshake, after the request was
-    /// written, and are no answer either.
-    after_tls13_handshake: bool,
-}
-
-impl QuietSince {
-    /// For `state`'s request on `record`, the `request_count`th it carried.
-    pub(crate) fn request(
-        state: &RequestState,
-        record: &ConnectionRecord,
-        request_count: u64,
-    ) -> Self {
-        let written_from = if record.http2() {
-            record.ready_at()
-        } else {
-            record.last_activity()
-        };
-        Self {
-            from: state.started.max(written_from),
-            after_tls13_handshake: request_count <= 1
-                && record.setup.tls_version == Some(crate::TlsVersion::Tls13),
-        }
-    }
-
-    /// The quiet time a failure at `now` allows for.
-    pub(crate) fn until(self, now: Instant) -> crate::request::stall_evidence::Quiet {
-        crate::request::stall_evidence::Quiet {
-            waited: now.saturating_duration_since(self.from),
-            after_tls13_handshake: self.after_tls13_handshake,
-        }
-    }
 }
 
 /// The connection a request with no response of its own to read it from

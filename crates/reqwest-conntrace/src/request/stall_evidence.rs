@@ -13,6 +13,7 @@ use crate::export::clock::secs;
 use crate::handle::Inner;
 use crate::kernel::{KernelLookup, SocketEnd};
 use crate::pool::record::ConnectionRecord;
+use crate::request::state::RequestState;
 use crate::semconv;
 
 /// Asks the kernel for the state of `record`'s socket, on which the
@@ -64,7 +65,7 @@ pub(crate) const END_REPORT_WAIT: Duration = Duration::from_millis(100);
 pub(crate) const END_REPORT_LOOK_EVERY: Duration = Duration::from_millis(5);
 
 /// How long a request that gave up had waited for an answer that could
-/// have come (see [`QuietSince`](crate::request::failure::QuietSince)).
+/// have come (see [`of_request`](Self::of_request)).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Quiet {
     /// Since the request could first have been answered (or, for a body,
@@ -76,6 +77,37 @@ pub(crate) struct Quiet {
 }
 
 impl Quiet {
+    /// The wait of `state`'s request, the `request_count`th `record`
+    /// carried, that gave up at `now`, counted from when it could first
+    /// have been answered: nothing answers a request before it was
+    /// written, and what the connection received before that (its TLS
+    /// handshake, the previous response on an HTTP/1.1 connection it
+    /// waited for) is no answer. So from the latest of the request's
+    /// start, the connection's ready time and, over HTTP/1.1, the end of
+    /// the response before it (a cold request's own connect received its
+    /// handshake after the request started: a tester saw cold TLS stalls
+    /// flagged only when the handshake took under about 4 ms). The first
+    /// request on a TLS 1.3 connection also allows for the server's
+    /// post-handshake messages (NewSessionTicket, RFC 8446 section 4.6.1),
+    /// which arrive after it was written.
+    pub(crate) fn of_request(
+        state: &RequestState,
+        record: &ConnectionRecord,
+        request_count: u64,
+        now: Instant,
+    ) -> Self {
+        let written_from = if record.http2() {
+            record.ready_at()
+        } else {
+            record.last_activity()
+        };
+        Self {
+            waited: now.saturating_duration_since(state.started.max(written_from)),
+            after_tls13_handshake: request_count <= 1
+                && record.setup.tls_version == Some(crate::TlsVersion::Tls13),
+        }
+    }
+
     /// A wait of `waited` with nothing but data owed expected.
     pub(crate) fn plain(waited: Duration) -> Self {
         Self {
