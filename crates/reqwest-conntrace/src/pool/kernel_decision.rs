@@ -56,6 +56,100 @@ pub(crate) struct KernelQuestion {
     pub(crate) may_hold: u64,
 }
 
+/// The first connection of the candidate's client to its host that became
+/// ready after the miss was classified, as far as known when the kernel
+/// answered: hyper-util drops a checkout in the release race (and the
+/// connection handed to it) only once the miss's own connect has won, which
+/// is no earlier than that connect's ready time ([`servers_close_at_release`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ConnectSinceMiss {
+    /// Not known (the handle is gone): only a close dated before the miss
+    /// rules the release race out.
+    Unknown,
+    /// None was ready yet when the kernel answered.
+    NoneYet,
+    /// The first one was ready then.
+    ReadyAt(Instant),
+}
+
+/// Whether `candidate`, HTTP/1.1 and closed by our side no later than
+/// `closed_by` moments after its release ([`own_close_upper_bound`]),
+/// with nothing else to the host in flight at the miss (`alone`), was
+/// closed by its server all the same: its client's pool had no reason to
+/// close it. Not at its release over the idle limit: the limit was set
+/// through our builder and the release within it, or the pool has handed
+/// an HTTP/1.1 connection out again (so it keeps one at least: hyper-util
+/// turns the pool off for a limit of 0) and held no other idle connection
+/// then. Nor in the release race: hyper-util drops the checkout that a
+/// returning connection was handed to once the miss's own connect won, so
+/// after the miss began and after a connection made since was ready
+/// (`connect`), and this close came before either. Left is a server that
+/// closed it just after its response, unannounced, whose close (FIN or
+/// reset, with close_notify or without) our side answered at once: over
+/// TLS every age in the kernel's report is then within one jiffy and
+/// tells nothing (a tester's server ending every third exchange so read
+/// `release_race`, or `pool_disabled` / `idle_limit` inferred, in 60 of
+/// 60 misses over TLS; over plain HTTP, where our answer leaves no
+/// `TIME_WAIT`, right).
+pub(crate) fn servers_close_at_release(
+    candidate: &ConnectionRecord,
+    closed_by: Option<Instant>,
+    alone: bool,
+    classified_at: Instant,
+    connect: ConnectSinceMiss,
+) -> bool {
+    let Some(closed_by) = closed_by else {
+        return false;
+    };
+    let client = &candidate.client;
+    let within_limit = released_within_idle_limit(candidate)
+        || (!client.max_idle_known
+            && client.inferred.keeps_idle()
+            && !candidate.never_used()
+            && !candidate.is_over_idle_limit()
+            && !candidate.is_over_idle_limit_unsure()
+            && candidate.idle_others_at_release() == Some(0));
+    let before_any_win = closed_by < classified_at
+        || match connect {
+            ConnectSinceMiss::Unknown => false,
+            ConnectSinceMiss::NoneYet => true,
+            ConnectSinceMiss::ReadyAt(ready) => closed_by < ready,
+        };
+    !candidate.http2() && alone && within_limit && before_any_win
+}
+
+/// The latest our side can have closed `candidate`'s socket, as `lookup`
+/// (asked at `now`) and the kernel's report of the socket's end show it:
+/// no later than the report was read (our close comes before the socket
+/// is freed), and in `TIME_WAIT` no later than the timer dates it, to
+/// within [`CLOSE_DATING_SLACK`]. `None` when neither shows a close of
+/// ours: the socket alive or closed by the server, or gone with no report
+/// naming us.
+pub(crate) fn own_close_upper_bound(
+    candidate: &ConnectionRecord,
+    lookup: &KernelLookup,
+    now: Instant,
+) -> Option<Instant> {
+    let reported = match reported_end(candidate) {
+        Some(ReportedEnd::Ours { .. }) => candidate.socket_end().map(|end| end.seen_at),
+        _ => None,
+    };
+    match lookup {
+        KernelLookup::NotFound => reported,
+        KernelLookup::Found(facts) if facts.state.closed_by_us() => {
+            let timer = facts
+                .closed_ago()
+                .and_then(|ago| now.checked_sub(ago))
+                .map(|at| at + CLOSE_DATING_SLACK);
+            match (timer, reported) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            }
+        }
+        _ => None,
+    }
+}
+
 /// The reason for a miss whose candidate (the most recently released idle
 /// connection, not known closed, not expired) the kernel shows as
 /// `lookup`; `requests_seen` is the candidate's request count when the
@@ -79,6 +173,7 @@ pub(crate) fn decide_from_kernel(
     alive: Miss,
     requests_seen: u64,
     classified_at: Instant,
+    connect: ConnectSinceMiss,
 ) -> Miss {
     // Row 3b, inferred between the miss and this answer (the kernel's
     // answers about the client's other connections came first): a pool
@@ -176,6 +271,18 @@ pub(crate) fn decide_from_kernel(
                 Previous::of(candidate, now, Some(ConnectionEnd::Discarded)),
             );
         }
+    }
+    // Closed by our side at its release, by the pool's own account for no
+    // reason: the server's close, answered at once.
+    if servers_close_at_release(
+        candidate,
+        own_close_upper_bound(candidate, lookup, now),
+        alone,
+        classified_at,
+        connect,
+    ) {
+        let end = candidate.closed_by_server(false);
+        return ended_by_server(candidate, now, Some(end), classified_at);
     }
     match lookup {
         // HTTP/1.1 over TLS, the server's FIN first but found no more than
