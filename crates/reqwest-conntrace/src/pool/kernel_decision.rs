@@ -73,7 +73,9 @@ pub(crate) enum ConnectSinceMiss {
 }
 
 /// Whether `candidate`, HTTP/1.1 and closed by our side no later than
-/// `closed_by` moments after its release ([`own_close_upper_bound`]),
+/// `closed_by` ([`own_close_upper_bound`]), at most [`CLOSED_AT_RELEASE`]
+/// after its release (later, hyper-util's idle check may have closed it
+/// expired),
 /// with nothing else to the host in flight at the miss (`alone`), was
 /// closed by its server all the same: its client's pool had no reason to
 /// close it. Not at its release over the idle limit: the limit was set
@@ -98,7 +100,12 @@ pub(crate) fn servers_close_at_release(
     classified_at: Instant,
     connect: ConnectSinceMiss,
 ) -> bool {
-    let Some(closed_by) = closed_by else {
+    // Moments after the release: a later close may be the idle timeout's.
+    let Some(closed_by) = closed_by.filter(|at| {
+        candidate
+            .last_released()
+            .is_some_and(|released| *at <= released + CLOSED_AT_RELEASE)
+    }) else {
         return false;
     };
     let client = &candidate.client;

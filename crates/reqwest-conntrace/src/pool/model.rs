@@ -3453,6 +3453,30 @@ mod tests {
                 "miss at {miss_ms} ms, {lookup:?}, kept {kept}, {connect:?}"
             );
         }
+        // Closed 150 ms after the release, the idle timeout not set through
+        // our builder: maybe that timeout's (hyper-util's idle check), so
+        // not row 10's, however early before the miss.
+        let pools = PoolHistory::default();
+        let unknown_limits = Arc::new(ClientState::unknown_settings());
+        unknown_limits.inferred.note_reuse();
+        let a = connection(&pools, &unknown_limits, 1, t0, false);
+        response(&a, false, t0 + Duration::from_millis(1));
+        a.set_idle_others_at_release(0);
+        let at = t0 + Duration::from_millis(190);
+        let (candidate, alive, seen) = ask(pools.classify_miss(&host(), &unknown_limits, at, 1));
+        let miss = decide_from_kernel(
+            &candidate,
+            &closed(150),
+            now,
+            alive,
+            seen,
+            at,
+            ConnectSinceMiss::NoneYet,
+        );
+        assert_eq!(
+            (miss.reason, miss.previous.and_then(|p| p.end)),
+            (MissReason::IdleExpired, Some(ConnectionEnd::IdleTimeout))
+        );
         // Two unsure closes of different connections, no idle hit between:
         // the second confirms the limit (0: `pool_disabled`, inferred).
         let pools = PoolHistory::default();
