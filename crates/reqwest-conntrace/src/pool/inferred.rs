@@ -71,7 +71,9 @@ use crate::semconv;
 /// runs every `max(pool_idle_timeout, 90 ms)` (`MIN_CHECK`), so closes an
 /// expired connection at least the idle timeout after it was put back;
 /// 75 ms leaves the dating's 10 ms slack ([`CLOSE_DATING_SLACK`]) below
-/// 90 ms. An idle timeout of 75 ms or less can be taken for the idle limit.
+/// 90 ms. An idle timeout of 75 ms or less can be taken for the idle limit,
+/// or, where that limit cannot explain the close, for the server's close
+/// (row 10, [`servers_close_at_release`](crate::pool::kernel_decision::servers_close_at_release)).
 pub(crate) const CLOSED_AT_RELEASE: Duration = Duration::from_millis(75);
 
 /// Two releases of one client's connections to one host closer than this,
