@@ -32,8 +32,8 @@ use crate::miss::{ConnectionEnd, MissReason};
 use crate::pool::host::HostKey;
 use crate::pool::inferred::{CLOSED_AT_RELEASE, LimitSource, PoolClose};
 use crate::pool::kernel_decision::{
-    ConnectSinceMiss, KernelQuestion, RESPONSE_IN_FLIGHT_WAIT, Rider, decide_from_kernel,
-    look_again_at, may_wait_for_pool_off, response_may_explain_end, rider_since,
+    KernelQuestion, RESPONSE_IN_FLIGHT_WAIT, Rider, decide_from_kernel, look_again_at,
+    may_wait_for_pool_off, response_may_explain_end, rider_since,
 };
 use crate::pool::model::PoolOff;
 use crate::pool::record::ConnectionRecord;
@@ -349,13 +349,6 @@ impl KernelAsk {
         let miss = if self.waited_for_pool_off && !pool_off {
             self.question.alive
         } else {
-            let connect = inner.map_or(ConnectSinceMiss::Unknown, |inner| {
-                inner.pools.first_ready_since(
-                    &self.host,
-                    candidate.client.id,
-                    self.question.classified_at,
-                )
-            });
             decide_from_kernel(
                 candidate,
                 lookup,
@@ -363,7 +356,6 @@ impl KernelAsk {
                 self.question.alive,
                 self.question.requests_seen,
                 self.question.classified_at,
-                connect,
             )
         };
         if let Some(inner) = inner {

@@ -56,22 +56,6 @@ pub(crate) struct KernelQuestion {
     pub(crate) may_hold: u64,
 }
 
-/// The first connection of the candidate's client to its host that became
-/// ready after the miss was classified, as far as known when the kernel
-/// answered: hyper-util drops a checkout in the release race (and the
-/// connection handed to it) only once the miss's own connect has won, which
-/// is no earlier than that connect's ready time ([`servers_close_at_release`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum ConnectSinceMiss {
-    /// Not known (the handle is gone): only a close dated before the miss
-    /// rules the release race out.
-    Unknown,
-    /// None was ready yet when the kernel answered.
-    NoneYet,
-    /// The first one was ready then.
-    ReadyAt(Instant),
-}
-
 /// Whether `candidate`, HTTP/1.1 and closed by our side no later than
 /// `closed_by` ([`own_close_upper_bound`]), at most [`CLOSED_AT_RELEASE`]
 /// after its last request started (later, hyper-util's idle check may
@@ -79,30 +63,31 @@ pub(crate) enum ConnectSinceMiss {
 /// has read the response, which a caller reading the body late puts long
 /// before our release; a tester's slow reader under a 100 ms idle timeout
 /// read `closed_by_peer`, 48 of 160 misses, with the bound taken from the
-/// release),
-/// with nothing else to the host in flight at the miss (`alone`), was
-/// closed by its server all the same: its client's pool had no reason to
-/// close it. Not at its release over the idle limit: the limit was set
-/// through our builder and the release within it, or the pool has handed
-/// an HTTP/1.1 connection out again (so it keeps one at least: hyper-util
-/// turns the pool off for a limit of 0) and held no other idle connection
-/// then. Nor in the release race: hyper-util drops the checkout that a
-/// returning connection was handed to once the miss's own connect won, so
-/// after the miss began and after a connection made since was ready
-/// (`connect`), and this close came before either. Left is a server that
-/// closed it just after its response, unannounced, whose close (FIN or
-/// reset, with close_notify or without) our side answered at once: over
-/// TLS every age in the kernel's report is then within one jiffy and
-/// tells nothing (a tester's server ending every third exchange so read
-/// `release_race`, or `pool_disabled` / `idle_limit` inferred, in 60 of
-/// 60 misses over TLS; over plain HTTP, where our answer leaves no
-/// `TIME_WAIT`, right).
+/// release), with nothing else to the host in flight at the miss
+/// (`alone`), was closed by its server all the same: its client's pool
+/// had no reason to close it. Not at its release over the idle limit: the
+/// limit was set through our builder and the release within it, or the
+/// pool has handed an HTTP/1.1 connection out again (so it keeps one at
+/// least: hyper-util turns the pool off for a limit of 0) and held no
+/// other idle connection then. Nor in the release race: hyper-util drops
+/// the checkout that a returning connection was handed to once the miss's
+/// own connect won, after the miss began (`classified_at`), and this close
+/// came before it. Left is a server that closed it just after its
+/// response, unannounced, whose close (FIN or reset, with close_notify or
+/// without) our side answered at once: over TLS every age in the kernel's
+/// report is then within one jiffy and tells nothing (a tester's server
+/// ending every third exchange so read `release_race`, or `pool_disabled`
+/// / `idle_limit` inferred, in 60 of 60 misses over TLS; over plain HTTP,
+/// where our answer leaves no `TIME_WAIT`, right). A miss that follows
+/// the response at once (its start within the close's dating) is left as
+/// before: a close dated after a connect of that miss was ready was also
+/// taken as the server's, and beside two CPU-burning processes a release
+/// race between sequential requests once read `closed_by_peer` so.
 pub(crate) fn servers_close_at_release(
     candidate: &ConnectionRecord,
     closed_by: Option<Instant>,
     alone: bool,
     classified_at: Instant,
-    connect: ConnectSinceMiss,
 ) -> bool {
     // Moments after its last request started, so moments after hyper-util
     // put it back whenever that was: a later close may be the idle
@@ -124,13 +109,7 @@ pub(crate) fn servers_close_at_release(
             && !candidate.is_over_idle_limit()
             && !candidate.is_over_idle_limit_unsure()
             && candidate.idle_others_at_release() == Some(0));
-    let before_any_win = closed_by < classified_at
-        || match connect {
-            ConnectSinceMiss::Unknown => false,
-            ConnectSinceMiss::NoneYet => true,
-            ConnectSinceMiss::ReadyAt(ready) => closed_by < ready,
-        };
-    !candidate.http2() && alone && within_limit && before_any_win
+    !candidate.http2() && alone && within_limit && closed_by < classified_at
 }
 
 /// The latest our side can have closed `candidate`'s socket, as `lookup`
@@ -188,7 +167,6 @@ pub(crate) fn decide_from_kernel(
     alive: Miss,
     requests_seen: u64,
     classified_at: Instant,
-    connect: ConnectSinceMiss,
 ) -> Miss {
     // Row 3b, inferred between the miss and this answer (the kernel's
     // answers about the client's other connections came first): a pool
@@ -294,7 +272,6 @@ pub(crate) fn decide_from_kernel(
         own_close_upper_bound(candidate, lookup, now),
         alone,
         classified_at,
-        connect,
     ) {
         let end = candidate.closed_by_server(false);
         return ended_by_server(candidate, now, Some(end), classified_at);

@@ -28,7 +28,7 @@ use crate::pool::inferred::{
     CLOSE_DATING_SLACK, CLOSED_AT_RELEASE, PoolClose, RELEASE_ORDER_UNSURE, RELEASE_REORDER_WINDOW,
     over_limit_reason,
 };
-use crate::pool::kernel_decision::{ConnectSinceMiss, KernelQuestion};
+use crate::pool::kernel_decision::KernelQuestion;
 use crate::pool::losses::{
     closed_on_its_own, http2_spare, known_loss, known_loss_miss, loss_told, name_loss,
     name_next_known_loss, named_since_use, server_end_reason,
@@ -721,31 +721,6 @@ impl PoolHistory {
             .rev()
             .find(|r| matches(r))
             .cloned()
-    }
-
-    /// When the first of `client_id`'s connections to `host` that became
-    /// ready after `since` did, if one has: a miss classified at `since`
-    /// had its checkout dropped in the release race no earlier
-    /// ([`ConnectSinceMiss`]).
-    pub(crate) fn first_ready_since(
-        &self,
-        host: &HostKey,
-        client_id: u64,
-        since: Instant,
-    ) -> ConnectSinceMiss {
-        let hosts = self.hosts();
-        hosts
-            .get(host)
-            .and_then(|history| {
-                history
-                    .connections
-                    .iter()
-                    .filter(|r| r.client.id == client_id)
-                    .map(|r| r.ready_at())
-                    .filter(|ready| *ready > since)
-                    .min()
-            })
-            .map_or(ConnectSinceMiss::NoneYet, ConnectSinceMiss::ReadyAt)
     }
 
     /// Requests to `host` in flight (`in_flight`) whose response has not
@@ -2018,15 +1993,7 @@ mod tests {
             let at = t0 + ms(miss_after);
             let now = if miss_after < 400 { t0 + ms(405) } else { at };
             let alive = Miss::new(MissReason::AllBusy);
-            let miss = decide_from_kernel(
-                &candidate,
-                &lookup,
-                now,
-                alive,
-                1,
-                at,
-                ConnectSinceMiss::Unknown,
-            );
+            let miss = decide_from_kernel(&candidate, &lookup, now, alive, 1, at);
             let named = (miss.reason, miss.previous.and_then(|p| p.end));
             assert_eq!(named, expired, "miss after {miss_after} ms, {lookup:?}");
         }
@@ -2067,15 +2034,7 @@ mod tests {
             let case = format!("reported {reported_after} ms after the release");
             let verdict = pools.classify_miss(&host(), &client, at, 1);
             let alive = Miss::new(MissReason::ReleaseRace);
-            let miss = decide_from_kernel(
-                &candidate,
-                &gone(),
-                at + ms(1),
-                alive,
-                1,
-                at,
-                ConnectSinceMiss::Unknown,
-            );
+            let miss = decide_from_kernel(&candidate, &gone(), at + ms(1), alive, 1, at);
             let named = (miss.reason, miss.previous.and_then(|p| p.end));
             if expiry {
                 let expired = decided(verdict);
@@ -2130,29 +2089,13 @@ mod tests {
         assert_eq!(expired.reason, MissReason::IdleExpired);
         let alive = Miss::new(MissReason::AllBusy);
         // Our close 5 ms after the release: the idle limit's.
-        let miss = decide_from_kernel(
-            &candidate,
-            &closed_ago(ms(495)),
-            at,
-            alive,
-            1,
-            at,
-            ConnectSinceMiss::Unknown,
-        );
+        let miss = decide_from_kernel(&candidate, &closed_ago(ms(495)), at, alive, 1, at);
         assert_eq!(
             (miss.reason, miss.previous.and_then(|p| p.end)),
             (MissReason::AllBusy, Some(ConnectionEnd::IdleLimit))
         );
         // Our close at the miss: the timeout's.
-        let miss = decide_from_kernel(
-            &candidate,
-            &closed_ago(ms(0)),
-            at,
-            alive,
-            1,
-            at,
-            ConnectSinceMiss::Unknown,
-        );
+        let miss = decide_from_kernel(&candidate, &closed_ago(ms(0)), at, alive, 1, at);
         assert_eq!(
             (miss.reason, miss.previous.and_then(|p| p.end)),
             (MissReason::IdleExpired, Some(ConnectionEnd::IdleTimeout))
@@ -2183,15 +2126,8 @@ mod tests {
                 Miss::new(MissReason::AllBusy)
             };
             // Our close 20 ms after the miss, asked about 10 ms later.
-            let miss = decide_from_kernel(
-                &candidate,
-                &closed_ago(ms(10)),
-                at + ms(30),
-                alive,
-                1,
-                at,
-                ConnectSinceMiss::Unknown,
-            );
+            let miss =
+                decide_from_kernel(&candidate, &closed_ago(ms(10)), at + ms(30), alive, 1, at);
             let named = (miss.reason, miss.previous.and_then(|p| p.end));
             let case = format!("idle {idle} ms, alone {alone}");
             if expired {
@@ -2300,15 +2236,7 @@ mod tests {
             let at = t0 + ms(1000);
             let alive = Miss::new(MissReason::AllBusy);
             // Our close 995 ms before the miss: at the put-back.
-            let miss = decide_from_kernel(
-                &unused,
-                &closed_ago(ms(995)),
-                at,
-                alive,
-                0,
-                at,
-                ConnectSinceMiss::Unknown,
-            );
+            let miss = decide_from_kernel(&unused, &closed_ago(ms(995)), at, alive, 0, at);
             let named = miss.previous.map(|p| (p.id, p.end));
             if waiting {
                 assert_eq!((miss.reason, named), (MissReason::AllBusy, None));
@@ -2383,15 +2311,7 @@ mod tests {
             let at = t0 + Duration::from_millis(asked_ms);
             let (candidate, alive, seen) =
                 ask(pools.classify_miss(&host(), &client, at, in_flight));
-            let miss = decide_from_kernel(
-                &candidate,
-                &gone(),
-                at,
-                alive,
-                seen,
-                at,
-                ConnectSinceMiss::Unknown,
-            );
+            let miss = decide_from_kernel(&candidate, &gone(), at, alive, seen, at);
             assert_eq!(
                 (miss.reason, miss.previous.and_then(|p| p.end)),
                 expected,
@@ -2422,15 +2342,7 @@ mod tests {
         // hyper-util hands the connection to the waiting request after all:
         // its 5th response says it closes; the socket is gone by the answer.
         response(&a, true, t0 + Duration::from_millis(6));
-        let miss = decide_from_kernel(
-            &candidate,
-            &gone(),
-            at,
-            alive,
-            seen,
-            at,
-            ConnectSinceMiss::Unknown,
-        );
+        let miss = decide_from_kernel(&candidate, &gone(), at, alive, seen, at);
         assert_eq!(miss, alive);
         assert_eq!(miss.previous.map(|p| (p.id, p.end)), Some((1, None)));
         // The request after the 5th: `request_limit`, naming it.
@@ -2465,29 +2377,13 @@ mod tests {
         a.set_connection_close(true);
         // The other request held it, and its response announced the close
         // (the server's request limit): that close is the cause, named.
-        let miss = decide_from_kernel(
-            &candidate,
-            &state(TcpState::CloseWait),
-            at,
-            alive,
-            seen,
-            at,
-            ConnectSinceMiss::Unknown,
-        );
+        let miss = decide_from_kernel(&candidate, &state(TcpState::CloseWait), at, alive, seen, at);
         assert_eq!(miss.reason, MissReason::RequestLimit);
         let previous = miss.previous.expect("previous");
         assert_eq!(previous.id, a.id());
         assert_eq!(previous.end, Some(ConnectionEnd::ConnectionClose));
         // Named once: a second such miss is busy.
-        let again = decide_from_kernel(
-            &candidate,
-            &gone(),
-            at,
-            alive,
-            seen,
-            at,
-            ConnectSinceMiss::Unknown,
-        );
+        let again = decide_from_kernel(&candidate, &gone(), at, alive, seen, at);
         assert_eq!(again, alive);
     }
 
@@ -2511,15 +2407,7 @@ mod tests {
         response(&a, false, t0 + Duration::from_millis(3));
         response(&a, true, t0 + Duration::from_millis(4));
         assert_eq!(a.requests.load(Ordering::Relaxed), seen + 2);
-        let miss = decide_from_kernel(
-            &candidate,
-            &gone(),
-            at,
-            alive,
-            seen,
-            at,
-            ConnectSinceMiss::Unknown,
-        );
+        let miss = decide_from_kernel(&candidate, &gone(), at, alive, seen, at);
         assert_eq!(miss, alive);
         // The close is still told, by the next miss.
         let next = decided(pools.classify_miss(&host(), &client, at, 1));
@@ -2542,15 +2430,7 @@ mod tests {
         b.count_request(at + Duration::from_millis(1));
         b.give_back();
         assert_eq!(b.requests.load(Ordering::Relaxed), seen + 1);
-        let miss = decide_from_kernel(
-            &candidate,
-            &gone(),
-            at,
-            alive,
-            seen,
-            at,
-            ConnectSinceMiss::Unknown,
-        );
+        let miss = decide_from_kernel(&candidate, &gone(), at, alive, seen, at);
         assert_eq!(miss, alive);
     }
 
@@ -2642,30 +2522,14 @@ mod tests {
         a.give_back();
         a.mark_dropped_early(t0 + Duration::from_millis(6));
         a.set_end(a.announced_close_end());
-        let miss = decide_from_kernel(
-            &candidate,
-            &gone(),
-            at,
-            alive,
-            seen,
-            at,
-            ConnectSinceMiss::Unknown,
-        );
+        let miss = decide_from_kernel(&candidate, &gone(), at, alive, seen, at);
         assert_eq!(miss.reason, MissReason::RequestLimit);
         assert_eq!(
             miss.previous.map(|p| (p.id, p.request_count)),
             Some((a.id(), 5))
         );
         // Named once: a later miss finds it told.
-        let again = decide_from_kernel(
-            &candidate,
-            &gone(),
-            at,
-            alive,
-            seen,
-            at,
-            ConnectSinceMiss::Unknown,
-        );
+        let again = decide_from_kernel(&candidate, &gone(), at, alive, seen, at);
         assert_eq!(again, alive);
     }
 
@@ -2836,15 +2700,7 @@ mod tests {
         assert!(response_may_explain_end(&candidate, &gone(), seen, true));
         // The response in flight came, saying close: named as such.
         response(&a, true, t0 + Duration::from_millis(3));
-        let miss = decide_from_kernel(
-            &candidate,
-            &gone(),
-            at,
-            alive,
-            seen,
-            at,
-            ConnectSinceMiss::Unknown,
-        );
+        let miss = decide_from_kernel(&candidate, &gone(), at, alive, seen, at);
         assert_eq!(miss.reason, MissReason::RequestLimit);
         assert_eq!(miss.previous.map(|p| p.request_count), Some(2));
         // Nothing else in flight: row 7 at once.
@@ -3067,15 +2923,7 @@ mod tests {
         let at = t0 + Duration::from_secs(1);
         let (candidate, alive, seen) = ask(pools.classify_miss(&host(), &client, at, 1));
         assert_eq!(candidate.id(), 3);
-        let miss = decide_from_kernel(
-            &candidate,
-            &gone(),
-            at,
-            alive,
-            seen,
-            at,
-            ConnectSinceMiss::Unknown,
-        );
+        let miss = decide_from_kernel(&candidate, &gone(), at, alive, seen, at);
         assert_eq!(miss.reason, MissReason::ClosedByPeer);
         assert_eq!(
             miss.previous.and_then(|p| p.end),
@@ -3224,15 +3072,7 @@ mod tests {
             response(&a, false, released);
             let at = released + after;
             let (candidate, alive, seen) = ask(pools.classify_miss(&host(), &client, at, 1));
-            let miss = decide_from_kernel(
-                &candidate,
-                &lookup,
-                t0 + ms(5000),
-                alive,
-                seen,
-                at,
-                ConnectSinceMiss::Unknown,
-            );
+            let miss = decide_from_kernel(&candidate, &lookup, t0 + ms(5000), alive, seen, at);
             assert_eq!(
                 (miss.reason, miss.previous.and_then(|p| p.end)),
                 (reason, Some(ConnectionEnd::GoAway)),
@@ -3267,15 +3107,7 @@ mod tests {
         response(&a, false, t0 + Duration::from_millis(1));
         let at = t0 + Duration::from_millis(2);
         let (candidate, alive, seen) = ask(pools.classify_miss(&host(), &client, at, 1));
-        let miss = decide_from_kernel(
-            &candidate,
-            &gone(),
-            at,
-            alive,
-            seen,
-            at,
-            ConnectSinceMiss::Unknown,
-        );
+        let miss = decide_from_kernel(&candidate, &gone(), at, alive, seen, at);
         let previous = miss.previous.expect("previous");
         assert_eq!(
             pools.previous_end(&host(), &previous),
@@ -3297,7 +3129,6 @@ mod tests {
             alive,
             seen,
             at,
-            ConnectSinceMiss::Unknown,
         );
         assert_eq!(miss.reason, MissReason::ReleaseRace);
         b.set_end(ConnectionEnd::PeerReset);
@@ -3332,15 +3163,7 @@ mod tests {
             (unread(TcpState::Established, 4096), MissReason::Discarded),
         ] {
             let (candidate, alive, seen) = ask(pools.classify_miss(&host(), &client, at, 1));
-            let miss = decide_from_kernel(
-                &candidate,
-                &lookup,
-                at,
-                alive,
-                seen,
-                at,
-                ConnectSinceMiss::Unknown,
-            );
+            let miss = decide_from_kernel(&candidate, &lookup, at, alive, seen, at);
             assert_eq!(miss.reason, reason, "{lookup:?}");
         }
         // Established is looked at again until hyper's task had time to
@@ -3358,15 +3181,7 @@ mod tests {
             );
         }
         response(&a, false, t0 + Duration::from_millis(3));
-        let miss = decide_from_kernel(
-            &candidate,
-            &gone(),
-            at,
-            alive,
-            seen,
-            at,
-            ConnectSinceMiss::Unknown,
-        );
+        let miss = decide_from_kernel(&candidate, &gone(), at, alive, seen, at);
         assert_eq!(miss.reason, MissReason::ReleaseRace);
     }
 
@@ -3382,8 +3197,8 @@ mod tests {
     /// again (its idle limit is not 0), else unsure (`pool_closed`) until a
     /// second such close, on another connection, confirms the limit; but
     /// with the pool handing connections out again and no other idle at
-    /// the release, a close before the miss, or before any connection made
-    /// since was ready, had no reason in the pool: the server's (row 10).
+    /// the release, a close before the miss had no reason in the pool: the
+    /// server's (row 10).
     /// Undated (`FIN_WAIT1`): the pool's close.
     #[test]
     fn a_close_of_ours_at_the_miss_is_judged_by_the_pools_history() {
@@ -3400,37 +3215,30 @@ mod tests {
                 fin_wait2_left: None,
             })
         };
-        // (the miss at ms, the kernel's view, an idle hit before, the first
-        // connection ready since the miss, expected reason and previous end)
+        // (the miss at ms, the kernel's view, an idle hit before, expected
+        // reason and previous end)
         let race = (MissReason::ReleaseRace, None);
         let limit = (MissReason::PoolDisabled, Some(ConnectionEnd::IdleLimit));
         let unsure = (MissReason::PoolClosed, Some(ConnectionEnd::PoolClosed));
         // Row 10: the pool keeps connections and held no other idle one,
         // so only the release race's dropped checkout closes at release,
-        // which comes after the miss and after its own connect was ready;
-        // closed before either (the `TIME_WAIT` timer's date plus its 10
-        // ms), the server closed it just after its response.
+        // which comes after the miss; closed before it (the `TIME_WAIT`
+        // timer's date plus its 10 ms), the server closed it just after
+        // its response.
         let server = (MissReason::ClosedByPeer, Some(ConnectionEnd::PeerClosed));
-        let unknown = ConnectSinceMiss::Unknown;
-        let ready = |ms| ConnectSinceMiss::ReadyAt(t0 + Duration::from_millis(ms));
-        for (miss_ms, lookup, kept, connect, expected) in [
-            (5, closed(50), false, unknown, unsure),
-            (5, closed(50), true, unknown, race),
-            (5, closed(150), false, unknown, race),
-            (50, closed(2), false, unknown, limit),
-            (50, closed(2), true, unknown, server),
-            (5, closed(2), true, unknown, race),
-            (5, closed(2), true, ConnectSinceMiss::NoneYet, server),
-            (5, closed(2), true, ready(8), race),
-            (5, closed(2), true, ready(30), server),
-            (5, closed(2), false, ready(30), unsure),
-            (5, closed(8), true, unknown, race),
-            (5, closed(2), false, unknown, unsure),
+        for (miss_ms, lookup, kept, expected) in [
+            (5, closed(50), false, unsure),
+            (5, closed(50), true, race),
+            (5, closed(150), false, race),
+            (50, closed(2), false, limit),
+            (50, closed(2), true, server),
+            (5, closed(2), true, race),
+            (5, closed(8), true, race),
+            (5, closed(2), false, unsure),
             (
                 5,
                 state(TcpState::FinWait1),
                 false,
-                unknown,
                 (MissReason::AllBusy, Some(ConnectionEnd::IdleLimit)),
             ),
         ] {
@@ -3445,12 +3253,12 @@ mod tests {
             let at = t0 + Duration::from_millis(miss_ms);
             let (candidate, alive, seen) = ask(pools.classify_miss(&host(), &client, at, 1));
             assert_eq!(alive.reason, MissReason::ReleaseRace);
-            let miss = decide_from_kernel(&candidate, &lookup, now, alive, seen, at, connect);
+            let miss = decide_from_kernel(&candidate, &lookup, now, alive, seen, at);
             let end = miss.previous.and_then(|p| p.end);
             assert_eq!(
                 (miss.reason, end),
                 expected,
-                "miss at {miss_ms} ms, {lookup:?}, kept {kept}, {connect:?}"
+                "miss at {miss_ms} ms, {lookup:?}, kept {kept}"
             );
         }
         // Closed 150 ms after the release, the idle timeout not set through
@@ -3464,15 +3272,7 @@ mod tests {
         a.set_idle_others_at_release(0);
         let at = t0 + Duration::from_millis(190);
         let (candidate, alive, seen) = ask(pools.classify_miss(&host(), &unknown_limits, at, 1));
-        let miss = decide_from_kernel(
-            &candidate,
-            &closed(150),
-            now,
-            alive,
-            seen,
-            at,
-            ConnectSinceMiss::NoneYet,
-        );
+        let miss = decide_from_kernel(&candidate, &closed(150), now, alive, seen, at);
         assert_eq!(
             (miss.reason, miss.previous.and_then(|p| p.end)),
             (MissReason::IdleExpired, Some(ConnectionEnd::IdleTimeout))
@@ -3490,15 +3290,7 @@ mod tests {
             let (candidate, alive, seen) = ask(pools.classify_miss(&host(), &client, at, 1));
             assert_eq!(candidate.id(), c.id());
             let lookup = closed(id + 2);
-            let miss = decide_from_kernel(
-                &candidate,
-                &lookup,
-                now,
-                alive,
-                seen,
-                at,
-                ConnectSinceMiss::Unknown,
-            );
+            let miss = decide_from_kernel(&candidate, &lookup, now, alive, seen, at);
             assert_eq!(miss.reason, reason, "connection {id}");
         }
         assert_eq!(client.inferred.idle_limit(), Some(0));
@@ -3559,7 +3351,6 @@ mod tests {
                 alive,
                 seen,
                 at,
-                ConnectSinceMiss::Unknown,
             );
             assert_eq!((miss.reason, miss.previous), (MissReason::AllBusy, None));
             // A concurrent miss: `b` is being decided, `a`'s close over the
@@ -3570,15 +3361,8 @@ mod tests {
             let (candidate, alive, seen) = ask(pools.classify_miss(&host(), &client, at, 3));
             assert_eq!(candidate.id(), a.id());
             let named = |m: Miss| (m.reason, m.previous.map(|p| (p.id, p.end)));
-            let miss = decide_from_kernel(
-                &candidate,
-                &closed_ago(ms(2)),
-                at + ms(1),
-                alive,
-                seen,
-                at,
-                ConnectSinceMiss::Unknown,
-            );
+            let miss =
+                decide_from_kernel(&candidate, &closed_ago(ms(2)), at + ms(1), alive, seen, at);
             assert_eq!(
                 named(miss),
                 (
@@ -3593,7 +3377,6 @@ mod tests {
                 alive,
                 seen,
                 at,
-                ConnectSinceMiss::Unknown,
             );
             assert_eq!(named(miss), (MissReason::AllBusy, None));
         }
@@ -3618,15 +3401,7 @@ mod tests {
                 Some(lookup) => {
                     let (candidate, alive, seen) = ask(verdict);
                     assert_eq!(candidate.id(), a.id());
-                    decide_from_kernel(
-                        &candidate,
-                        &lookup,
-                        at + ms(1),
-                        alive,
-                        seen,
-                        at,
-                        ConnectSinceMiss::Unknown,
-                    )
+                    decide_from_kernel(&candidate, &lookup, at + ms(1), alive, seen, at)
                 }
             };
             assert_eq!(
@@ -3888,15 +3663,7 @@ mod tests {
             assert_eq!(reported_end(&b), expected, "{report:?}");
             let now = t0 + ms(1000);
             let alive = Miss::caused_by(MissReason::AllBusy, Previous::of(&b, now, None));
-            let miss = decide_from_kernel(
-                &b,
-                &KernelLookup::NotFound,
-                now,
-                alive,
-                1,
-                now,
-                ConnectSinceMiss::Unknown,
-            );
+            let miss = decide_from_kernel(&b, &KernelLookup::NotFound, now, alive, 1, now);
             let (reason, end) = match expected {
                 Some(ReportedEnd::Ours { idle }) if idle > CLOSED_AT_RELEASE => {
                     (MissReason::IdleExpired, ConnectionEnd::IdleTimeout)
@@ -3999,15 +3766,8 @@ mod tests {
                 let at = t0 + ms(5);
                 let (candidate, alive, seen) = ask(pools.classify_miss(&host(), &client, at, 1));
                 assert_eq!(candidate.id(), b.id());
-                let miss = decide_from_kernel(
-                    &candidate,
-                    &KernelLookup::NotFound,
-                    at,
-                    alive,
-                    seen,
-                    at,
-                    ConnectSinceMiss::Unknown,
-                );
+                let miss =
+                    decide_from_kernel(&candidate, &KernelLookup::NotFound, at, alive, seen, at);
                 assert_eq!(
                     (miss.reason, miss.previous.map(|p| (p.id, p.end))),
                     (
@@ -4126,8 +3886,7 @@ mod tests {
                 b.socket_ended(report);
                 assert_eq!(look_again_at(&b, &lookup, now, &alive, 1, now), None);
             }
-            let miss =
-                decide_from_kernel(&b, &lookup, now, alive, 1, now, ConnectSinceMiss::Unknown);
+            let miss = decide_from_kernel(&b, &lookup, now, alive, 1, now);
             assert_eq!(miss.reason, expected, "{report:?}");
             let end = match expected {
                 MissReason::IdleExpired => ConnectionEnd::IdleTimeout,
