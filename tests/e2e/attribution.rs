@@ -492,17 +492,8 @@ async fn a_late_body_read_under_the_clients_idle_timeout_is_never_the_servers_cl
         }
         let spans: Vec<Seen> = requests(&t, 2 * ROUNDS).iter().map(seen).collect();
         compare_with_server(&spans, &server.get().requests());
-        let records = server.get().connections();
-        assert!(
-            records
-                .iter()
-                .all(|r| matches!(r.end, None | Some(ConnectionEnd::Closed))),
-            "tls {tls}: the server closed nothing: {records:?}"
-        );
-        let blamed: Vec<&Seen> = spans
-            .iter()
-            .filter(|s| s.reason.as_deref() == Some(semconv::MISS_REASON_CLOSED_BY_PEER))
-            .collect();
+        assert_server_closed_nothing(&server, &format!("tls {tls}: "));
+        let blamed = with_reason(&spans, semconv::MISS_REASON_CLOSED_BY_PEER);
         assert!(
             blamed.is_empty(),
             "tls {tls}: the server closed nothing: {blamed:?}\n{}",
@@ -3806,6 +3797,26 @@ async fn sequential_requests_with_an_idle_limit_of_one_are_never_all_busy() {
 }
 
 /// One line per request span: for a failure message that fits a screen.
+/// The spans whose miss reason is `reason`.
+fn with_reason<'a>(spans: &'a [Seen], reason: &str) -> Vec<&'a Seen> {
+    spans
+        .iter()
+        .filter(|s| s.reason.as_deref() == Some(reason))
+        .collect()
+}
+
+/// Asserts the lab server's records show it closed no connection: every
+/// one that ended, the client closed (`context` prefixes the message).
+fn assert_server_closed_nothing(server: &RemoteServer, context: &str) {
+    let records = server.get().connections();
+    assert!(
+        records
+            .iter()
+            .all(|r| matches!(r.end, None | Some(ConnectionEnd::Closed))),
+        "{context}the server closed nothing: {records:?}"
+    );
+}
+
 fn compact(spans: &[Seen]) -> String {
     spans
         .iter()
@@ -3932,10 +3943,7 @@ async fn every_miss_after_a_close_on_every_response_names_a_loss() {
             WORKERS * EACH,
             "round {round}: one connection per request: {spans:#?}"
         );
-        let cold = spans
-            .iter()
-            .filter(|s| s.reason.as_deref() == Some(semconv::MISS_REASON_COLD))
-            .count();
+        let cold = with_reason(&spans, semconv::MISS_REASON_COLD).len();
         assert_eq!(cold, WORKERS, "round {round}: the first wave: {spans:#?}");
         let mut named = HashSet::new();
         for s in spans
@@ -4228,10 +4236,7 @@ async fn http2_request_limit_reports_say_what_their_spans_and_metrics_say() {
         // carry its trigger's reason, once decided, never the fallback
         // read before the kernel answered (a tester saw `all_busy`, 3 of
         // 60 runs under load).
-        let busy: Vec<&Seen> = spans
-            .iter()
-            .filter(|s| s.reason.as_deref() == Some(semconv::MISS_REASON_ALL_BUSY))
-            .collect();
+        let busy = with_reason(&spans, semconv::MISS_REASON_ALL_BUSY);
         assert!(
             busy.is_empty(),
             "round {round}: all_busy over HTTP/2: {busy:?}\n{}",
@@ -5423,13 +5428,7 @@ async fn waves_the_server_closes_none_of(
     let raw = requests(t, waves * size);
     let spans: Vec<Seen> = raw.iter().map(seen).collect();
     compare_with_server(&spans, &server.get().requests());
-    let records = server.get().connections();
-    assert!(
-        records
-            .iter()
-            .all(|r| matches!(r.end, None | Some(ConnectionEnd::Closed))),
-        "the server closed nothing: {records:?}"
-    );
+    assert_server_closed_nothing(server, "");
     (raw, spans)
 }
 
@@ -5541,10 +5540,7 @@ async fn the_clients_own_closes_over_tls_never_read_closed_by_peer() {
         Some(&pki),
     );
     let (_, spans) = waves_the_server_closes_none_of(&t, &server, &client, 6, 4, 100).await;
-    let blamed: Vec<&Seen> = spans
-        .iter()
-        .filter(|s| s.reason.as_deref() == Some(semconv::MISS_REASON_CLOSED_BY_PEER))
-        .collect();
+    let blamed = with_reason(&spans, semconv::MISS_REASON_CLOSED_BY_PEER);
     assert!(
         blamed.is_empty(),
         "the server closed nothing: {blamed:?}\n{}",
