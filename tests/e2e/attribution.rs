@@ -458,53 +458,100 @@ async fn a_server_closing_unannounced_after_its_last_response_is_closed_by_peer(
     }
 }
 
-/// The client's own idle timeout (100 ms on reqwest's builder, unknown to
-/// this crate) against a lab server that never closes a connection, with
-/// every other body read 160 ms late: hyper-util puts a connection back
-/// as soon as hyper has read its response (a small body comes with the
-/// headers), so its idle check closes it around the caller's late read,
-/// which is when this crate dates the release. No miss reads
-/// `closed_by_peer`: the server's records show the client closed every
-/// connection that ended (a tester saw 48 of 160 such misses read as the
-/// server's close while row 10's bound counted from the release, not from
-/// the request's start).
+/// The client's own idle timeout of 100 ms, set on reqwest's builder
+/// (unknown to this crate) or through ours, against a lab server that never
+/// closes a connection, with every other body read 160 ms late: hyper-util
+/// puts a connection back as soon as hyper has read its response (a small
+/// body comes with the headers) and starts its idle clock there, so the
+/// connection expires while the caller sleeps. The request after each late
+/// read is an `idle_expired` miss naming the connection that carried it
+/// (`idle_timeout`; `inferred` on reqwest's builder), never the server's
+/// close nor the release race: the server's records show the client closed
+/// every connection that ended. A tester saw 48 of 160 such misses read as
+/// the server's close while row 10's bound counted from the caller's read,
+/// and 88 of 96 read `release_race` while the idle clock did.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_late_body_read_under_the_clients_idle_timeout_is_never_the_servers_close() {
-    const ROUNDS: usize = 3;
+async fn a_body_read_past_the_clients_idle_timeout_is_idle_expired() {
+    const ROUNDS: usize = 4;
+    const IDLE: Duration = Duration::from_millis(100);
     let pki = TestPki::localhost().expect("pki");
-    for tls in [false, true] {
-        let t = telemetry();
-        let server = plain_h1().idle_timeout(None);
-        let server = RemoteServer::start(if tls { server.tls(&pki) } else { server }).await;
-        let client = t.client(
-            reqwest::Client::builder().pool_idle_timeout(Duration::from_millis(100)),
-            tls.then_some(&pki),
-        );
-        let url = server.get().url("/");
-        for _ in 0..ROUNDS {
-            for late in [false, true] {
-                let response = client.get(&url).send().await.expect("response");
-                if late {
-                    tokio::time::sleep(Duration::from_millis(160)).await;
+    for ours in [false, true] {
+        for tls in [false, true] {
+            let case = format!(
+                "timeout on {}, tls {tls}",
+                if ours { "ours" } else { "reqwest's" }
+            );
+            let t = telemetry();
+            let server = plain_h1().idle_timeout(None);
+            let server = RemoteServer::start(if tls { server.tls(&pki) } else { server }).await;
+            let builder = if ours {
+                reqwest::Client::builder()
+            } else {
+                reqwest::Client::builder().pool_idle_timeout(IDLE)
+            };
+            let client = t.client_with(builder, tls.then_some(&pki), |b| {
+                if ours {
+                    b.pool_idle_timeout(Some(IDLE))
+                } else {
+                    b
                 }
-                let _ = response.bytes().await;
+            });
+            let url = server.get().url("/");
+            for _ in 0..ROUNDS {
+                for late in [false, true] {
+                    let response = client.get(&url).send().await.expect("response");
+                    if late {
+                        tokio::time::sleep(Duration::from_millis(160)).await;
+                    }
+                    let _ = response.bytes().await;
+                }
+            }
+            let spans: Vec<Seen> = requests(&t, 2 * ROUNDS).iter().map(seen).collect();
+            compare_with_server(&spans, &server.get().requests());
+            assert_server_closed_nothing(&server, &format!("{case}: "));
+            for (i, s) in spans.iter().enumerate() {
+                let after_late = i % 2 == 0 && i > 0;
+                if !after_late {
+                    // The first request, and each one after a prompt read:
+                    // `cold`, then idle hits.
+                    let expected = (i == 0).then_some(semconv::MISS_REASON_COLD);
+                    assert_eq!(
+                        s.reason.as_deref(),
+                        expected,
+                        "{case}: request {i}\n{}",
+                        compact(&spans)
+                    );
+                    continue;
+                }
+                // The timeout unknown and not yet bounded by an expiry seen
+                // (none before on this client): a checkout that dropped the
+                // expired connection, the close dated after the miss, is
+                // not told from the release race below 1 s (REFERENCE
+                // section 11).
+                let unbounded = !ours
+                    && !spans[..i]
+                        .iter()
+                        .any(|s| s.reason.as_deref() == Some(semconv::MISS_REASON_IDLE_EXPIRED));
+                if unbounded && s.reason.as_deref() == Some(semconv::MISS_REASON_RELEASE_RACE) {
+                    assert_eq!(s.previous_id, spans[i - 1].id, "{case}: request {i}");
+                    continue;
+                }
+                assert_eq!(
+                    (
+                        s.reason.as_deref(),
+                        s.previous_id,
+                        s.previous_end.as_deref()
+                    ),
+                    (
+                        Some(semconv::MISS_REASON_IDLE_EXPIRED),
+                        spans[i - 1].id,
+                        Some(semconv::CONNECTION_END_IDLE_TIMEOUT)
+                    ),
+                    "{case}: request {i}, after a body read late\n{}",
+                    compact(&spans)
+                );
             }
         }
-        let spans: Vec<Seen> = requests(&t, 2 * ROUNDS).iter().map(seen).collect();
-        compare_with_server(&spans, &server.get().requests());
-        assert_server_closed_nothing(&server, &format!("tls {tls}: "));
-        let blamed = with_reason(&spans, semconv::MISS_REASON_CLOSED_BY_PEER);
-        assert!(
-            blamed.is_empty(),
-            "tls {tls}: the server closed nothing: {blamed:?}\n{}",
-            compact(&spans)
-        );
-        // The late reads cost their connections: misses happened.
-        assert!(
-            spans.iter().skip(1).any(|s| s.reason.is_some()),
-            "tls {tls}: no miss after a late read:\n{}",
-            compact(&spans)
-        );
     }
 }
 

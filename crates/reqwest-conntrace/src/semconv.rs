@@ -710,7 +710,8 @@ pub const POOL_LIMITS_UNKNOWN: &str = "unknown";
 pub const HTTP_CONNECTION_PREVIOUS_ID: &str = "http.connection.previous.id";
 /// `http.connection.previous.idle_time` (double, seconds, as
 /// [`HTTP_CONNECTION_PREVIOUS_ID`]): end of its last response to this
-/// request's start.
+/// request's start; the end as hyper read it, which hyper-util's idle clock
+/// starts from (a body the caller read later does not shorten it).
 pub const HTTP_CONNECTION_PREVIOUS_IDLE_TIME: &str = "http.connection.previous.idle_time";
 /// `http.connection.previous.request_count` (int, as
 /// [`HTTP_CONNECTION_PREVIOUS_ID`]): requests it carried, counted as

@@ -208,7 +208,7 @@ pub(crate) fn reported_end(record: &ConnectionRecord) -> Option<ReportedEnd> {
         end.seen_at
             .checked_sub(sent)
             .map_or(std::time::Duration::ZERO, |at| {
-                at.saturating_duration_since(record.last_activity())
+                at.saturating_duration_since(record.idle_since())
             })
     };
     Some(ReportedEnd::Ours { idle })
@@ -385,5 +385,5 @@ pub(crate) fn ended_before_idle_timeout(record: &ConnectionRecord) -> bool {
         return false;
     };
     end.seen_at > released + CLOSED_AT_RELEASE
-        && end.seen_at + CLOSE_DATING_SLACK < released + timeout
+        && end.seen_at + CLOSE_DATING_SLACK < record.idle_since() + timeout
 }

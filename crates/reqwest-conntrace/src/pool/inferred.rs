@@ -219,7 +219,8 @@ pub(crate) fn pool_close_after(
     idle: Duration,
     alone: bool,
 ) -> Option<PoolClose> {
-    pool_close_at(record, record.last_released()? + idle, alone)
+    record.last_released()?;
+    pool_close_at(record, record.idle_since() + idle, alone)
 }
 
 /// How the client's pool closed `record`, closed by our side at
@@ -238,8 +239,11 @@ fn pool_close_at(record: &ConnectionRecord, closed_at: Instant, alone: bool) -> 
         return None;
     }
     let released = record.last_released()?;
-    let idle = closed_at.saturating_duration_since(released);
-    if closed_at <= released + CLOSED_AT_RELEASE || put_back_late(record, idle) {
+    // From hyper-util's put-back as early as it may have come: a body the
+    // caller read late was back in the pool, its idle clock running, since
+    // hyper read it.
+    let idle = closed_at.saturating_duration_since(record.idle_since());
+    if idle <= CLOSED_AT_RELEASE || put_back_late(record, idle) {
         let idle_others = record.idle_others_at_release();
         let after_miss = record
             .named_by_miss_at()

@@ -226,9 +226,10 @@ pub(crate) fn decide_from_kernel(
             if facts.state.closed_by_us() && closed_at_release(candidate, facts, now));
     if !candidate.http2()
         && !candidate.is_dropped_early()
-        && candidate.client.idle_timeout.is_some_and(|t| {
-            classified_at.saturating_duration_since(candidate.last_activity()) >= t
-        })
+        && candidate
+            .client
+            .idle_timeout
+            .is_some_and(|t| classified_at.saturating_duration_since(candidate.idle_since()) >= t)
         && !ended_before_idle_timeout(candidate)
         && !closed_at_its_release
     {
@@ -341,7 +342,9 @@ pub(crate) fn decide_from_kernel(
                 let end = candidate.closed_by_server(false);
                 return ended_by_server(candidate, now, Some(end), classified_at);
             };
-            let closed = candidate.last_released().map(|released| released + idle);
+            let closed = candidate
+                .last_released()
+                .map(|_| candidate.idle_since() + idle);
             if closed_after_the_miss(candidate, closed, classified_at) {
                 return alive_unless_expired_at_checkout(
                     candidate,
@@ -553,7 +556,8 @@ pub(crate) fn expired_at_checkout(
     if !alone || candidate.http2() || candidate.in_use() > 0 {
         return None;
     }
-    let idle = classified_at.saturating_duration_since(candidate.last_released()?);
+    candidate.last_released()?;
+    let idle = classified_at.saturating_duration_since(candidate.idle_since());
     let inferred = candidate.client.inferred.idle_timeout();
     (idle >= OWN_CLOSE_WINDOW || inferred.is_some_and(|t| idle >= t)).then_some(idle)
 }
@@ -863,12 +867,14 @@ pub(crate) fn gone_at_release(record: &ConnectionRecord, now: Instant) -> bool {
 
 /// Whether `candidate` (HTTP/1.1) was released no more than
 /// [`CLOSED_AT_RELEASE`] before the miss at `miss`: within the time
-/// hyper-util's pool takes to put it back, or to close it there.
+/// hyper-util's pool takes to put it back, or to close it there. Counted
+/// from hyper-util's put-back as early as it may have come
+/// ([`ConnectionRecord::idle_since`]): a body the caller read late had
+/// been back in the pool since hyper read it.
 pub(crate) fn released_just_before(candidate: &ConnectionRecord, miss: Instant) -> bool {
     !candidate.http2()
-        && candidate
-            .last_released()
-            .is_some_and(|t| miss.saturating_duration_since(t) <= CLOSED_AT_RELEASE)
+        && candidate.last_released().is_some()
+        && miss.saturating_duration_since(candidate.idle_since()) <= CLOSED_AT_RELEASE
 }
 
 /// Whether `record`'s socket in `TIME_WAIT` (asked at `now`), HTTP/1.1
@@ -899,11 +905,11 @@ pub(crate) fn tls_time_wait_is_servers(
 /// after its keep-alive timeout), even over TLS in `TIME_WAIT` (the server
 /// answered our close with its FIN alone).
 pub(crate) fn closed_at_release(record: &ConnectionRecord, facts: &TcpFacts, now: Instant) -> bool {
-    facts
-        .closed_ago()
-        .and_then(|ago| now.checked_sub(ago))
-        .zip(record.last_released())
-        .is_some_and(|(closed, released)| closed <= released + CLOSED_AT_RELEASE)
+    record.last_released().is_some()
+        && facts
+            .closed_ago()
+            .and_then(|ago| now.checked_sub(ago))
+            .is_some_and(|closed| closed <= record.idle_since() + CLOSED_AT_RELEASE)
 }
 
 /// Whether our close of `candidate`'s socket, dated `closed`, came after the

@@ -78,7 +78,7 @@ impl HostHistory {
                 || (r.in_use() == 0
                     && r.client
                         .idle_timeout
-                        .is_some_and(|t| now.saturating_duration_since(r.last_activity()) >= t))
+                        .is_some_and(|t| now.saturating_duration_since(r.idle_since()) >= t))
         })
     }
 }
@@ -209,7 +209,7 @@ impl PoolHistory {
                         || r.end().is_some()
                         || r.client
                             .idle_timeout
-                            .is_some_and(|t| now.saturating_duration_since(r.last_activity()) >= t))
+                            .is_some_and(|t| now.saturating_duration_since(r.idle_since()) >= t))
             };
             // A loss no miss named yet (see `known_loss`) is kept: a miss
             // to come is explained by it.
@@ -486,7 +486,7 @@ impl PoolHistory {
             || client.inferred.idle_limit().is_some();
         if client
             .idle_timeout
-            .is_some_and(|t| now.saturating_duration_since(candidate.last_activity()) >= t)
+            .is_some_and(|t| now.saturating_duration_since(candidate.idle_since()) >= t)
             && !ended_before_idle_timeout(candidate)
             && !(limit_may_have_closed && candidate.setup.local_addr.is_some())
         {
@@ -980,7 +980,7 @@ impl PoolHistory {
                     && record
                         .client
                         .idle_timeout
-                        .is_none_or(|t| now.saturating_duration_since(r.last_activity()) < t)
+                        .is_none_or(|t| now.saturating_duration_since(r.idle_since()) < t)
             })
         };
         // Kept for inferring a limit this crate could not read, unless
@@ -3294,6 +3294,68 @@ mod tests {
             assert_eq!(miss.reason, reason, "connection {id}");
         }
         assert_eq!(client.inferred.idle_limit(), Some(0));
+    }
+
+    /// A small body the caller read 160 ms after hyper had read it
+    /// (hyper-util's idle clock started at the headers): the connection
+    /// sat idle in the pool from then, not from the caller's read. Under
+    /// an idle timeout of 100 ms set through our builder, the miss 5 ms
+    /// after that read is `idle_expired` at once (row 9). With the timeout
+    /// unknown, our close the kernel dates 120 ms after hyper's read
+    /// (before the caller's) is the timeout's (`idle_expired`, inferred),
+    /// not a close at release; one dated at hyper's read stays a close
+    /// there (the server's, row 10, under a pool shown to keep one). Read
+    /// from the caller's read, the first was `release_race` and the second
+    /// `pool_disabled` (a tester: 88 of 96 and 8 of 96 misses).
+    #[test]
+    fn a_body_read_late_sat_idle_from_hypers_read() {
+        let t0 = Instant::now();
+        let ms = Duration::from_millis;
+        let read_late = |pools: &PoolHistory, client: &Arc<ClientState>| {
+            let a = connection(pools, client, 1, t0, false);
+            a.take();
+            a.count_request(t0);
+            a.give_back();
+            a.mark_released_put_back_from(t0 + ms(160), t0);
+            a.set_idle_others_at_release(0);
+            a
+        };
+        let at = t0 + ms(165);
+        let known = Arc::new(ClientState::new(Some(Some(ms(100))), None));
+        let pools = PoolHistory::default();
+        let a = read_late(&pools, &known);
+        assert_eq!(a.idle_since(), t0);
+        assert_eq!(a.last_activity(), t0 + ms(160));
+        let miss = decided(pools.classify_miss(&host(), &known, at, 1));
+        assert_eq!(
+            (miss.reason, miss.previous.and_then(|p| p.end)),
+            (MissReason::IdleExpired, Some(ConnectionEnd::IdleTimeout))
+        );
+        assert_eq!(miss.previous.map(|p| p.idle), Some(ms(165)));
+        let now = t0 + ms(200);
+        for (closed_ms, expected) in [
+            (
+                120,
+                (MissReason::IdleExpired, Some(ConnectionEnd::IdleTimeout)),
+            ),
+            (
+                5,
+                (MissReason::ClosedByPeer, Some(ConnectionEnd::PeerClosed)),
+            ),
+        ] {
+            let unknown = Arc::new(ClientState::unknown_settings());
+            unknown.inferred.note_reuse();
+            let pools = PoolHistory::default();
+            read_late(&pools, &unknown);
+            let (candidate, alive, seen) = ask(pools.classify_miss(&host(), &unknown, at, 1));
+            let lookup = closed_ago(now.saturating_duration_since(t0 + ms(closed_ms)));
+            let miss = decide_from_kernel(&candidate, &lookup, now, alive, seen, at);
+            assert_eq!(
+                (miss.reason, miss.previous.and_then(|p| p.end)),
+                expected,
+                "closed at {closed_ms} ms"
+            );
+        }
     }
 
     /// Our close of a socket, dated `ago` before the lookup.

@@ -13,7 +13,8 @@ use crate::pool::slot::Previous;
 // the registry imports).
 impl Previous {
     /// `record` as the previous connection of a miss at `now`: its idle
-    /// time counted from its last activity, its request count so far, and
+    /// time counted from when its client's pool may have had it back
+    /// ([`ConnectionRecord::idle_since`]), its request count so far, and
     /// `end`, how it ended (`None`: alive at the miss, as the release race
     /// names it).
     /// An end by the server that the kernel dates (the report of its
@@ -25,14 +26,14 @@ impl Previous {
     /// long after a server's earlier close (a tester's server advertising
     /// 1 s but closing at 0.3 s read as a pool kept past it).
     pub(crate) fn of(record: &ConnectionRecord, now: Instant, end: Option<ConnectionEnd>) -> Self {
-        let idle = now.saturating_duration_since(record.last_activity());
+        let idle = now.saturating_duration_since(record.idle_since());
         let kept_past_keep_alive = record.server_keep_alive().filter(|keep_alive| {
             !record.client.idle_timeout_known
                 && end.is_some_and(ConnectionEnd::by_server)
                 && record.socket_end().is_some_and(|socket| {
                     socket
                         .seen_at
-                        .saturating_duration_since(record.last_activity())
+                        .saturating_duration_since(record.idle_since())
                         > *keep_alive
                 })
         });

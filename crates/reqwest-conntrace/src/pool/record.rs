@@ -71,6 +71,10 @@ pub(crate) struct ConnectionRecord {
     /// dropped), as [`instant_nanos`]; 0 when none. An atomic, not a lock:
     /// every miss reads it for each remembered connection of its host.
     last_released: AtomicU64,
+    /// When hyper-util's idle clock for the latest release may have
+    /// started at the earliest, as [`instant_nanos`] (see
+    /// [`idle_since`](Self::idle_since)); 0 when never released.
+    put_back_from: AtomicU64,
     /// The release (its `last_released` value) after which a request with
     /// no response of its own last named it as the connection it most
     /// likely went out on ([`claim_unanswered`](Self::claim_unanswered)).
@@ -208,6 +212,7 @@ impl ConnectionRecord {
             closed_seen: AtomicU64::new(0),
             close_named: AtomicBool::new(false),
             last_released: AtomicU64::new(0),
+            put_back_from: AtomicU64::new(0),
             unanswered_claim: AtomicU64::new(0),
             dropped_early: AtomicBool::new(false),
             connection_close: AtomicBool::new(false),
@@ -703,8 +708,22 @@ impl ConnectionRecord {
         instant_of(self.last_released.load(Ordering::Acquire))
     }
 
-    /// Records the end of a response on this connection (the latest wins).
+    /// Records the end of a response on this connection (the latest wins),
+    /// hyper-util's put-back taken to be no earlier than that end.
     pub(crate) fn mark_released(&self, at: Instant) {
+        self.mark_released_put_back_from(at, at);
+    }
+
+    /// Records the end of a response on this connection, read by the
+    /// caller `at`, which hyper may have finished reading, and hyper-util
+    /// put back in its pool, as early as `put_back_from` (no later than
+    /// `at`): see [`PutBackBound`](crate::request::put_back::PutBackBound).
+    /// The latest release wins; a later release's bound is never earlier
+    /// than an earlier release's end (one HTTP/1.1 response at a time, and
+    /// HTTP/2's bound is its end).
+    pub(crate) fn mark_released_put_back_from(&self, at: Instant, put_back_from: Instant) {
+        self.put_back_from
+            .fetch_max(instant_nanos(put_back_from.min(at)), Ordering::AcqRel);
         self.last_released
             .fetch_max(instant_nanos(at), Ordering::AcqRel);
     }
@@ -728,6 +747,20 @@ impl ConnectionRecord {
     /// time when it has carried none.
     pub(crate) fn last_activity(&self) -> Instant {
         self.last_released()
+            .unwrap_or(self.ready_at())
+            .max(self.ready_at())
+    }
+
+    /// When hyper-util's idle clock for this connection may have started at
+    /// the earliest: the earliest instant hyper may have finished reading
+    /// its latest response (hyper-util puts an HTTP/1.1 connection back as
+    /// soon as hyper has, a small body read later by the caller or not),
+    /// or its ready time when it has carried none. No later than
+    /// [`last_activity`](Self::last_activity). What an idle timeout is
+    /// measured from: a body the caller read after the timeout had already
+    /// expired the connection in hyper-util's pool.
+    pub(crate) fn idle_since(&self) -> Instant {
+        instant_of(self.put_back_from.load(Ordering::Acquire))
             .unwrap_or(self.ready_at())
             .max(self.ready_at())
     }

@@ -52,7 +52,9 @@ where
                 if let Some(data) = frame.data_ref() {
                     this.end.body_size += data.len() as u64;
                     if !data.is_empty() {
-                        this.end.note_body_progress(std::time::Instant::now());
+                        let now = std::time::Instant::now();
+                        this.end.note_body_progress(now);
+                        this.end.put_back.on_data(now);
                     }
                 }
                 if inner.is_end_stream() {
@@ -71,7 +73,7 @@ where
                 this.end.finish(EndKind::Failed);
             }
             Poll::Ready(None) => this.end.finish(EndKind::Complete),
-            Poll::Pending => {}
+            Poll::Pending => this.end.put_back.on_pending(std::time::Instant::now()),
         }
         polled
     }

@@ -16,6 +16,7 @@ use crate::pool::record::ConnectionRecord;
 use crate::pool::slot::MissSlot;
 use crate::request::attribution::{add_pool_advice_event, record_miss};
 use crate::request::failure::{attribute_failure, ended_by_server, server_end_of_failure};
+use crate::request::put_back::PutBackBound;
 use crate::request::stall_evidence::ask_kernel_evidence;
 use crate::request::state::{Fate, RequestState};
 use crate::semconv;
@@ -48,6 +49,9 @@ pub(crate) struct RequestEnd {
     /// bytes, or between two reads of them, so far: how the transfer
     /// flowed (see [`note_body_progress`](Self::note_body_progress)).
     longest_body_pause: std::time::Duration,
+    /// When hyper may have finished reading the response, as the body's
+    /// reads show: where hyper-util's idle clock may have started.
+    pub(crate) put_back: PutBackBound,
     /// A response body that timed out, held (unread) until the kernel has
     /// looked at its socket: see [`hold_until_kernel_answers`](Self::hold_until_kernel_answers).
     held_body: Option<Box<dyn Send + Sync>>,
@@ -130,6 +134,7 @@ impl RequestEnd {
             body_size: 0,
             body_progress_at: None,
             longest_body_pause: std::time::Duration::ZERO,
+            put_back: PutBackBound::default(),
             held_body: None,
             protocol_version: None,
             resend_count: 0,
@@ -324,6 +329,15 @@ impl RequestEnd {
                     record.mark_released(now);
                     record.set_end(record.announced_close_end());
                     self.inner.connection_closed(record, now);
+                }
+                // HTTP/1.1: hyper-util put it back once hyper had read the
+                // response, which a caller reading the body late follows.
+                EndKind::Complete if !record.http2() => {
+                    record.mark_released_put_back_from(
+                        now,
+                        self.put_back.earliest(self.headers_at, now),
+                    );
+                    self.released_to_pool(record, now);
                 }
                 EndKind::Complete => {
                     record.mark_released(now);

@@ -12,6 +12,7 @@
 //! - `stall_evidence`: the kernel's evidence for a request that gave up (unacknowledged data, quiet time, retransmits);
 //! - `end`: the guard that ends a request once, and its report;
 //! - `body`: the response body wrapper that ends the request at end of stream, error or drop;
+//! - `put_back`: when hyper-util may have put an HTTP/1.1 connection back, from how its body was read;
 //! - `fanout`: [`fan_out`](crate::fan_out), batch futures under one parent span.
 
 pub(crate) mod attribution;
@@ -23,6 +24,7 @@ pub(crate) mod fanout;
 pub(crate) mod method;
 pub(crate) mod middleware;
 pub(crate) mod pending_setup;
+pub(crate) mod put_back;
 pub(crate) mod redirect;
 pub(crate) mod stall_evidence;
 pub(crate) mod state;
