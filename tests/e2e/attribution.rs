@@ -466,10 +466,12 @@ async fn a_server_closing_unannounced_after_its_last_response_is_closed_by_peer(
 /// connection expires while the caller sleeps. The request after each late
 /// read is an `idle_expired` miss naming the connection that carried it
 /// (`idle_timeout`; `inferred` on reqwest's builder), never the server's
-/// close nor the release race: the server's records show the client closed
-/// every connection that ended. A tester saw 48 of 160 such misses read as
-/// the server's close while row 10's bound counted from the caller's read,
-/// and 88 of 96 read `release_race` while the idle clock did.
+/// close: the server's records show the client closed every connection
+/// that ended. On reqwest's builder a checkout's drop of the expired
+/// connection may read `release_race` naming it (documented). A tester saw
+/// 48 of 160 such misses read as the server's close while row 10's bound
+/// counted from the caller's read, and 88 of 96 read `release_race` while
+/// the idle clock did.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_body_read_past_the_clients_idle_timeout_is_idle_expired() {
     const ROUNDS: usize = 4;
@@ -509,6 +511,13 @@ async fn a_body_read_past_the_clients_idle_timeout_is_idle_expired() {
             let spans: Vec<Seen> = requests(&t, 2 * ROUNDS).iter().map(seen).collect();
             compare_with_server(&spans, &server.get().requests());
             assert_server_closed_nothing(&server, &format!("{case}: "));
+            // On either builder most misses after a late read find the
+            // connection closed by the pool's idle check before them.
+            assert!(
+                with_reason(&spans, semconv::MISS_REASON_IDLE_EXPIRED).len() >= ROUNDS / 2,
+                "{case}: too few idle_expired\n{}",
+                compact(&spans)
+            );
             for (i, s) in spans.iter().enumerate() {
                 let after_late = i % 2 == 0 && i > 0;
                 if !after_late {
@@ -523,15 +532,12 @@ async fn a_body_read_past_the_clients_idle_timeout_is_idle_expired() {
                     );
                     continue;
                 }
-                // The timeout unknown and not yet bounded by an expiry seen
-                // (none before on this client): a checkout that dropped the
-                // expired connection, the close dated after the miss, is
-                // not told from the release race below 1 s (REFERENCE
-                // section 11).
-                let unbounded = !ours
-                    && !spans[..i]
-                        .iter()
-                        .any(|s| s.reason.as_deref() == Some(semconv::MISS_REASON_IDLE_EXPIRED));
+                // The timeout unknown (reqwest's builder): a checkout that
+                // dropped the expired connection (our close dated after the
+                // miss) is not told from the release race while its idle
+                // time is below the timeout inferred so far, which the
+                // pool's idle checks overestimate (REFERENCE section 11).
+                let unbounded = !ours;
                 if unbounded && s.reason.as_deref() == Some(semconv::MISS_REASON_RELEASE_RACE) {
                     assert_eq!(s.previous_id, spans[i - 1].id, "{case}: request {i}");
                     continue;

@@ -9,6 +9,7 @@ use std::time::Instant;
 use crate::kernel::{KernelLookup, TcpFacts};
 use crate::pool::inferred::{
     CLOSE_DATING_SLACK, CLOSED_AT_RELEASE, OWN_CLOSE_WINDOW, PoolClose, pool_close_after,
+    released_within_idle_limit,
 };
 use crate::pool::record::ConnectionRecord;
 
@@ -41,30 +42,6 @@ pub(crate) fn gone_after_own_close(record: &ConnectionRecord, now: Instant) -> b
                 && record
                     .last_released()
                     .is_some_and(|t| now.saturating_duration_since(t) < OWN_CLOSE_WINDOW)))
-}
-
-/// Whether `record` was released within its client's idle limit for
-/// sure, so that the pool did not close it at its release: the limit set
-/// through our builder and fewer other connections idle at the release
-/// than it, the release not counted over it. Never for a connection that
-/// carried no request: hyper-util may drop one at its put-back, handed to
-/// a checkout whose own connect won, whatever the limit (a tester saw such
-/// a close, at the ready time, read as the server's). A limit not set through our
-/// builder gives no such certainty, even one a reuse showed above 0: the
-/// idle count at a release is a belief that closes learned late lower (a
-/// fan-out's connections closed over reqwest's `pool_max_idle_per_host`
-/// read as the server's).
-pub(crate) fn released_within_idle_limit(record: &ConnectionRecord) -> bool {
-    let client = &record.client;
-    let others = record.idle_others_at_release();
-    !record.never_used()
-        && !record.is_over_idle_limit()
-        && !record.is_over_idle_limit_unsure()
-        && client.max_idle_known
-        && client
-            .max_idle_per_host
-            .zip(others)
-            .is_none_or(|(limit, others)| others < limit)
 }
 
 /// Who closed an HTTP/1.1 connection over TLS whose socket is gone, as

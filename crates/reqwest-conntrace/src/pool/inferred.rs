@@ -223,6 +223,81 @@ pub(crate) fn pool_close_after(
     pool_close_at(record, record.idle_since() + idle, alone)
 }
 
+/// Whether `record` was released within its client's idle limit for
+/// sure, so that the pool did not close it at its release: the limit set
+/// through our builder and fewer other connections idle at the release
+/// than it, the release not counted over it. Never for a connection that
+/// carried no request: hyper-util may drop one at its put-back, handed to
+/// a checkout whose own connect won, whatever the limit (a tester saw such
+/// a close, at the ready time, read as the server's). A limit not set through our
+/// builder gives no such certainty, even one a reuse showed above 0: the
+/// idle count at a release is a belief that closes learned late lower (a
+/// fan-out's connections closed over reqwest's `pool_max_idle_per_host`
+/// read as the server's).
+pub(crate) fn released_within_idle_limit(record: &ConnectionRecord) -> bool {
+    let client = &record.client;
+    let others = record.idle_others_at_release();
+    !record.never_used()
+        && !record.is_over_idle_limit()
+        && !record.is_over_idle_limit_unsure()
+        && client.max_idle_known
+        && client
+            .max_idle_per_host
+            .zip(others)
+            .is_none_or(|(limit, others)| others < limit)
+}
+
+/// Whether the client's pool kept `record` at its latest release, as far
+/// as it has shown, with nothing else to the host in flight at the miss
+/// asking (`alone`; with other requests in flight the idle count at a
+/// release is no bound): released within an idle limit set through our
+/// builder ([`released_within_idle_limit`]), or, the limit not ours to
+/// read, the pool has handed an HTTP/1.1 connection out again (so it keeps
+/// one at least: hyper-util turns the pool off for a limit of 0) and held
+/// no other idle connection then. hyper-util closes an idle HTTP/1.1
+/// connection at its put-back for that limit only (or with a checkout its
+/// connect won, which comes after a miss).
+pub(crate) fn kept_at_release(record: &ConnectionRecord, alone: bool) -> bool {
+    let client = &record.client;
+    alone
+        && !record.http2()
+        && (released_within_idle_limit(record)
+            || (!client.max_idle_known
+                && client.inferred.keeps_idle()
+                && !record.never_used()
+                && !record.is_over_idle_limit()
+                && !record.is_over_idle_limit_unsure()
+                && record.idle_others_at_release() == Some(0)))
+}
+
+/// Whether a close of ours at `closed_at` came at hyper-util's put-back of
+/// `record`'s latest response ([`CLOSED_AT_RELEASE`] after it at most),
+/// not later (its idle timeout). The put-back came no earlier than
+/// [`ConnectionRecord::idle_since`] (hyper had read the response) and no
+/// later than our release (the caller read the body's end); between the
+/// two, when the caller read the body late without waiting for it, the
+/// body's reads do not tell when its end arrived. So a close within
+/// `CLOSED_AT_RELEASE` of the release but later after `idle_since` may
+/// have come at the put-back unless the pool kept the connection there
+/// ([`kept_at_release`], `alone`): then only the idle timeout closes it
+/// ([`pool_close`] reads such a close as the put-back's only over an idle
+/// limit the pool has shown, else as not known: [`PoolClose::Unsure`]) (a
+/// server that sent the body's end after the headers, read late, had
+/// closes at the put-back over reqwest's `pool_max_idle_per_host` read as
+/// `idle_expired`, 54 of 54 misses of a tester's waves, while counted
+/// from `idle_since` alone).
+pub(crate) fn closed_at_put_back(
+    record: &ConnectionRecord,
+    closed_at: Instant,
+    alone: bool,
+) -> bool {
+    let Some(released) = record.last_released() else {
+        return false;
+    };
+    closed_at <= record.idle_since() + CLOSED_AT_RELEASE
+        || (closed_at <= released + CLOSED_AT_RELEASE && !kept_at_release(record, alone))
+}
+
 /// How the client's pool closed `record`, closed by our side at
 /// `closed_at` while it was idle in the
 /// pool; `None` when it was not idle there, or its traffic showed another
@@ -243,7 +318,31 @@ fn pool_close_at(record: &ConnectionRecord, closed_at: Instant, alone: bool) -> 
     // caller read late was back in the pool, its idle clock running, since
     // hyper read it.
     let idle = closed_at.saturating_duration_since(record.idle_since());
-    if idle <= CLOSED_AT_RELEASE || put_back_late(record, idle) {
+    // The body read late, the close between the put-back's earliest date
+    // and the caller's read, the pool not shown to keep it: at a put-back
+    // as late as the body's end, or past the idle timeout, as it happened.
+    // Over an idle limit it has shown (set through our builder, or
+    // inferred), the put-back's; else not known (a tester's spare left by
+    // a release race, idle with it, read `pool_disabled` as a close at
+    // release over a limit of 1).
+    let at_put_back = closed_at <= record.idle_since() + CLOSED_AT_RELEASE;
+    if !at_put_back && closed_at_put_back(record, closed_at, alone) {
+        let idle_others = record.idle_others_at_release();
+        let over_shown_limit = record.is_over_idle_limit()
+            || (!record.client.max_idle_known
+                && record
+                    .client
+                    .inferred
+                    .idle_limit()
+                    .zip(idle_others)
+                    .is_some_and(|(limit, others)| others >= limit));
+        return Some(if over_shown_limit {
+            PoolClose::AtRelease { idle_others }
+        } else {
+            PoolClose::Unsure
+        });
+    }
+    if at_put_back || put_back_late(record, idle) {
         let idle_others = record.idle_others_at_release();
         let after_miss = record
             .named_by_miss_at()

@@ -13,12 +13,11 @@ use crate::kernel::{KernelLookup, TcpFacts};
 use crate::miss::{ConnectionEnd, MissReason};
 use crate::pool::end_report::{
     ReportedEnd, closed_first_by_tls_server, ended_before_idle_timeout, gone_after_own_close,
-    gone_may_be_ours, released_within_idle_limit, reported_end, tls_closed_at_release,
-    tls_time_wait_is_ours,
+    gone_may_be_ours, reported_end, tls_closed_at_release, tls_time_wait_is_ours,
 };
 use crate::pool::inferred::{
-    CLOSE_DATING_SLACK, CLOSED_AT_RELEASE, OWN_CLOSE_WINDOW, PoolClose, over_limit_reason,
-    pool_close, pool_close_after,
+    CLOSE_DATING_SLACK, CLOSED_AT_RELEASE, OWN_CLOSE_WINDOW, PoolClose, closed_at_put_back,
+    kept_at_release, over_limit_reason, pool_close, pool_close_after, released_within_idle_limit,
 };
 use crate::pool::losses::{announced_close_miss, ended_by_server};
 use crate::pool::record::ConnectionRecord;
@@ -101,15 +100,7 @@ pub(crate) fn servers_close_at_release(
     }) else {
         return false;
     };
-    let client = &candidate.client;
-    let within_limit = released_within_idle_limit(candidate)
-        || (!client.max_idle_known
-            && client.inferred.keeps_idle()
-            && !candidate.never_used()
-            && !candidate.is_over_idle_limit()
-            && !candidate.is_over_idle_limit_unsure()
-            && candidate.idle_others_at_release() == Some(0));
-    !candidate.http2() && alone && within_limit && closed_by < classified_at
+    kept_at_release(candidate, alone) && closed_by < classified_at
 }
 
 /// The latest our side can have closed `candidate`'s socket, as `lookup`
@@ -211,11 +202,13 @@ pub(crate) fn decide_from_kernel(
         }
         return alive;
     }
+    // Nothing else to the host was in flight at the miss (HTTP/1.1).
+    let alone = alive.reason == MissReason::ReleaseRace;
     // Row 9 for a candidate the miss reached past a busy one (row 10e's
-    // look, `PoolHistory::next_candidate`): idle
-    // past the client's idle
-    // timeout (set through our builder) at the miss, hyper-util's checkout
-    // dropped it expired, whatever the kernel shows of it since.
+    // look, `PoolHistory::next_candidate`), or one idle past the timeout
+    // only as counted from hyper-util's put-back (`idle_since`, a body the
+    // caller read late): idle past the client's idle timeout (set through
+    // our builder) at the miss, hyper-util's checkout dropped it expired.
     // Not one its release put over the idle limit, nor one the kernel
     // dates closed at its release: the idle limit closed it before the
     // timeout could (a tester's bursts of 4 over a limit of 2, both limits
@@ -223,13 +216,23 @@ pub(crate) fn decide_from_kernel(
     // release, 6 of 6 runs).
     let closed_at_its_release = candidate.is_over_idle_limit()
         || matches!(lookup, KernelLookup::Found(facts)
-            if facts.state.closed_by_us() && closed_at_release(candidate, facts, now));
-    if !candidate.http2()
-        && !candidate.is_dropped_early()
-        && candidate
+            if facts.state.closed_by_us() && closed_at_release(candidate, facts, now, alone));
+    let past = |since: Instant| {
+        candidate
             .client
             .idle_timeout
-            .is_some_and(|t| classified_at.saturating_duration_since(candidate.idle_since()) >= t)
+            .is_some_and(|t| classified_at.saturating_duration_since(since) >= t)
+    };
+    // Past it counted from the caller's read: whatever the kernel shows
+    // of it since. Past it only from hyper's read (the put-back's earliest
+    // date): unless the kernel shows the server's close, which may have
+    // come first (a tester's server closing 150 ms after each response,
+    // the body read 300 ms late under a 200 ms timeout, read
+    // `idle_expired`, 30 of 30, while this ignored the kernel).
+    if !candidate.http2()
+        && !candidate.is_dropped_early()
+        && (past(candidate.last_activity())
+            || (past(candidate.idle_since()) && !servers_close_shown(candidate, lookup)))
         && !ended_before_idle_timeout(candidate)
         && !closed_at_its_release
     {
@@ -238,8 +241,6 @@ pub(crate) fn decide_from_kernel(
             Previous::of(candidate, now, Some(ConnectionEnd::IdleTimeout)),
         );
     }
-    // Nothing else to the host was in flight at the miss (HTTP/1.1).
-    let alone = alive.reason == MissReason::ReleaseRace;
     // Its body was dropped before the end: closed by our side (gone at
     // once when unread data was left: RST), or still established with
     // unread bytes in the socket once hyper's task had time to read what
@@ -896,20 +897,38 @@ pub(crate) fn tls_time_wait_is_servers(
     facts.state == crate::TcpState::TimeWait
         && closed_first_by_tls_server(record)
         && !tls_time_wait_is_ours(record, facts, now)
-        && (released_within_idle_limit(record) || !closed_at_release(record, facts, now))
+        && (released_within_idle_limit(record) || !closed_at_release(record, facts, now, false))
 }
 
 /// Whether the kernel dates the close of `record`'s socket (asked at
-/// `now`) no more than [`CLOSED_AT_RELEASE`] after its release: its
-/// client's pool closed it there, not a server's idle close (which comes
-/// after its keep-alive timeout), even over TLS in `TIME_WAIT` (the server
-/// answered our close with its FIN alone).
-pub(crate) fn closed_at_release(record: &ConnectionRecord, facts: &TcpFacts, now: Instant) -> bool {
-    record.last_released().is_some()
-        && facts
-            .closed_ago()
-            .and_then(|ago| now.checked_sub(ago))
-            .is_some_and(|closed| closed <= record.idle_since() + CLOSED_AT_RELEASE)
+/// `now`) at hyper-util's put-back ([`closed_at_put_back`], `alone` as
+/// there): its client's pool closed it there, not a server's idle close
+/// (which comes after its keep-alive timeout), even over TLS in
+/// `TIME_WAIT` (the server answered our close with its FIN alone).
+pub(crate) fn closed_at_release(
+    record: &ConnectionRecord,
+    facts: &TcpFacts,
+    now: Instant,
+    alone: bool,
+) -> bool {
+    facts
+        .closed_ago()
+        .and_then(|ago| now.checked_sub(ago))
+        .is_some_and(|closed| closed_at_put_back(record, closed, alone))
+}
+
+/// Whether `lookup` shows `candidate`'s socket (HTTP/1.1) closed by the
+/// server: its FIN arrived (`CLOSE_WAIT`, `LAST_ACK`), or it is gone where
+/// a close of ours would have left it (plain TCP: `TIME_WAIT`) or the
+/// kernel's report of its end names the server.
+fn servers_close_shown(candidate: &ConnectionRecord, lookup: &KernelLookup) -> bool {
+    match lookup {
+        KernelLookup::Found(facts) => facts.state.closed_by_peer(),
+        KernelLookup::NotFound => {
+            !gone_may_be_ours(candidate) || reported_end(candidate) == Some(ReportedEnd::Server)
+        }
+        KernelLookup::Unavailable | KernelLookup::TimedOut => false,
+    }
 }
 
 /// Whether our close of `candidate`'s socket, dated `closed`, came after the

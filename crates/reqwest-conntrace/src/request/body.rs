@@ -73,7 +73,7 @@ where
                 this.end.finish(EndKind::Failed);
             }
             Poll::Ready(None) => this.end.finish(EndKind::Complete),
-            Poll::Pending => this.end.put_back.on_pending(std::time::Instant::now()),
+            Poll::Pending => this.end.put_back.on_pending(),
         }
         polled
     }
