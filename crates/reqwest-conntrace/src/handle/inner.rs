@@ -231,7 +231,7 @@ impl Inner {
                         .as_ref()
                         .map(|info| (info.since_last_receive, now));
                     record.closed_by_server_after(true, last_receive);
-                } else if tls_time_wait_is_servers(record, facts, now) {
+                } else if tls_time_wait_is_servers(record, facts, now, false) {
                     // Our close only answered the server's close_notify.
                     record.closed_by_server(false);
                 } else if record.is_dropped_early() {

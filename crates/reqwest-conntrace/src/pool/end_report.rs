@@ -119,11 +119,15 @@ pub(crate) fn reported_end(record: &ConnectionRecord) -> Option<ReportedEnd> {
     let received = end.since_last_receive;
     let sent = end.since_last_send;
     // Data received more than END_REPORT_SLACK after the response: not
-    // the response (the server's close_notify, or its answer to ours).
+    // the response (the server's close_notify, or its answer to ours). The
+    // response as hyper read it (`idle_since`): a body the caller read
+    // late came long before that read, and a server's close_notify between
+    // the two comes after it (a body's end that arrived late, which the
+    // caller's reads cannot show, is taken for such data).
     let after_response = end
         .seen_at
         .checked_sub(received)
-        .is_some_and(|at| at > record.last_activity() + END_REPORT_SLACK);
+        .is_some_and(|at| at > record.idle_since() + END_REPORT_SLACK);
     // The server's last data came after ours, soon after: its answer to
     // our close_notify, when it came more than END_REPORT_SLACK after the
     // response (else it may be the response itself, our last data the
@@ -222,8 +226,8 @@ fn acknowledged_long_after_data(end: &crate::kernel::SocketEnd) -> bool {
 /// Whether `record` (HTTP/1.1 over TLS, idle in the pool), its socket in
 /// `TIME_WAIT` at `now` as `facts` show, was closed by our pool, as the
 /// kernel's report of the socket's end tells: the last data it received
-/// was the response (no later than [`END_REPORT_SLACK`] after our
-/// release), and ours came after it (our close_notify), so the server
+/// was the response (no later than [`END_REPORT_SLACK`] after hyper read
+/// it, [`ConnectionRecord::idle_since`]), and ours came after it (our close_notify), so the server
 /// answered our close with its FIN alone (nginx sends no close_notify back
 /// to one it read). A server's close_notify before our FIN is data
 /// received after the response (its keep-alive timeout later), which we
@@ -269,7 +273,7 @@ pub(crate) fn tls_time_wait_is_ours(
         .map_or(end.seen_at, |at| at.min(end.seen_at));
     closed
         .checked_sub(sent_after)
-        .is_some_and(|received_at| received_at <= record.last_activity() + END_REPORT_SLACK)
+        .is_some_and(|received_at| received_at <= record.idle_since() + END_REPORT_SLACK)
 }
 
 /// Whether `record`, an HTTP/1.1 connection over TLS idle in the pool,

@@ -232,7 +232,8 @@ pub(crate) fn decide_from_kernel(
     if !candidate.http2()
         && !candidate.is_dropped_early()
         && (past(candidate.last_activity())
-            || (past(candidate.idle_since()) && !servers_close_shown(candidate, lookup)))
+            || (past(candidate.idle_since())
+                && !servers_close_shown(candidate, lookup, now, alone)))
         && !ended_before_idle_timeout(candidate)
         && !closed_at_its_release
     {
@@ -412,7 +413,7 @@ pub(crate) fn decide_from_kernel(
         // the release was within an idle limit set through our builder (a
         // server closing just after a response, unannounced).
         KernelLookup::Found(facts)
-            if tls_time_wait_is_servers(candidate, facts, now)
+            if tls_time_wait_is_servers(candidate, facts, now, alone)
                 && !closed_after(facts, now, classified_at) =>
         {
             let end = candidate.closed_by_server(false);
@@ -883,8 +884,9 @@ pub(crate) fn released_just_before(candidate: &ConnectionRecord, miss: Instant) 
 /// close_notify came before our FIN and we only answered it (the kernel's
 /// report of the socket's end does not show a close of ours,
 /// [`tls_time_wait_is_ours`]), and the close is not the pool's own at the
-/// release ([`closed_at_release`], unless the release was within an idle
-/// limit set through our builder: a server closing just after a response).
+/// release ([`closed_at_release`], `alone` as there, unless the release
+/// was within an idle limit set through our builder: a server closing just
+/// after a response).
 /// Row 10c of the decision table (docs/REFERENCE.md section 14); a close
 /// the kernel view applies off a miss reads the same (seen: a TLS server's
 /// close_notify and FIN 300 ms after a response taken for an idle timeout
@@ -893,11 +895,12 @@ pub(crate) fn tls_time_wait_is_servers(
     record: &ConnectionRecord,
     facts: &TcpFacts,
     now: Instant,
+    alone: bool,
 ) -> bool {
     facts.state == crate::TcpState::TimeWait
         && closed_first_by_tls_server(record)
         && !tls_time_wait_is_ours(record, facts, now)
-        && (released_within_idle_limit(record) || !closed_at_release(record, facts, now, false))
+        && (released_within_idle_limit(record) || !closed_at_release(record, facts, now, alone))
 }
 
 /// Whether the kernel dates the close of `record`'s socket (asked at
@@ -917,13 +920,22 @@ pub(crate) fn closed_at_release(
         .is_some_and(|closed| closed_at_put_back(record, closed, alone))
 }
 
-/// Whether `lookup` shows `candidate`'s socket (HTTP/1.1) closed by the
-/// server: its FIN arrived (`CLOSE_WAIT`, `LAST_ACK`), or it is gone where
-/// a close of ours would have left it (plain TCP: `TIME_WAIT`) or the
-/// kernel's report of its end names the server.
-fn servers_close_shown(candidate: &ConnectionRecord, lookup: &KernelLookup) -> bool {
+/// Whether `lookup` (asked at `now`) shows `candidate`'s socket (HTTP/1.1)
+/// closed by the server: its FIN arrived (`CLOSE_WAIT`, `LAST_ACK`), or it
+/// is gone where a close of ours would have left it (plain TCP:
+/// `TIME_WAIT`) or the kernel's report of its end names the server, or,
+/// over TLS in `TIME_WAIT`, we only answered its close_notify (row 10c,
+/// [`tls_time_wait_is_servers`], `alone` as there).
+fn servers_close_shown(
+    candidate: &ConnectionRecord,
+    lookup: &KernelLookup,
+    now: Instant,
+    alone: bool,
+) -> bool {
     match lookup {
-        KernelLookup::Found(facts) => facts.state.closed_by_peer(),
+        KernelLookup::Found(facts) => {
+            facts.state.closed_by_peer() || tls_time_wait_is_servers(candidate, facts, now, alone)
+        }
         KernelLookup::NotFound => {
             !gone_may_be_ours(candidate) || reported_end(candidate) == Some(ReportedEnd::Server)
         }
