@@ -526,7 +526,8 @@ pub(crate) fn own_close_miss(
             Previous::of(candidate, now, Some(ConnectionEnd::IdleTimeout)),
         );
     }
-    let (reason, end) = if client.idle_timeout_known && close != Some(PoolClose::Unsure) {
+    let unsure = matches!(close, Some(PoolClose::Unsure | PoolClose::InDoubt));
+    let (reason, end) = if client.idle_timeout_known && !unsure {
         (MissReason::AllBusy, ConnectionEnd::IdleLimit)
     } else {
         (MissReason::PoolClosed, ConnectionEnd::PoolClosed)

@@ -1084,7 +1084,8 @@ impl PoolHistory {
             return;
         };
         let gone_from = match close {
-            PoolClose::Expired { idle } => released + idle + CLOSE_DATING_SLACK,
+            // `idle` counts from the put-back's earliest date.
+            PoolClose::Expired { idle } => closed.idle_since() + idle + CLOSE_DATING_SLACK,
             _ => released,
         };
         let hosts = self.hosts();
