@@ -522,11 +522,15 @@ async fn a_body_read_past_the_clients_idle_timeout_is_idle_expired() {
                 let after_late = i % 2 == 0 && i > 0;
                 if !after_late {
                     // The first request, and each one after a prompt read:
-                    // `cold`, then idle hits.
+                    // `cold`, then idle hits, or hyper-util's release race
+                    // naming the connection it was putting back (sequential
+                    // requests meet it on worker threads, ARCHITECTURE).
                     let expected = (i == 0).then_some(semconv::MISS_REASON_COLD);
-                    assert_eq!(
-                        s.reason.as_deref(),
-                        expected,
+                    let race = i > 0
+                        && s.reason.as_deref() == Some(semconv::MISS_REASON_RELEASE_RACE)
+                        && s.previous_id == spans[i - 1].id;
+                    assert!(
+                        s.reason.as_deref() == expected || race,
                         "{case}: request {i}\n{}",
                         compact(&spans)
                     );
@@ -569,17 +573,21 @@ async fn a_body_read_past_the_clients_idle_timeout_is_idle_expired() {
 /// server closed first, and the kernel shows it (plain: our socket gone,
 /// where our own close leaves `TIME_WAIT`; TLS: the report of its end shows
 /// the server's close_notify came after the response, which we answered).
-/// After two requests read at once on one connection (the pool shown on),
-/// every request after a late read is `closed_by_peer` naming the
-/// connection the server closed, as its records show (a tester saw 30 of
-/// 30 such misses read `idle_expired` while the expiry ignored the kernel;
-/// over TLS most runs beside two CPU-burning processes did while the
-/// report was read against the caller's read).
+/// With two requests read at once on one connection first (the pool shown
+/// on), and with none (every body read late), every request after a late
+/// read is `closed_by_peer` naming the connection the server closed, as
+/// its records show (a tester saw 30 of 30 such misses read `idle_expired`
+/// while the expiry ignored the kernel; over TLS most runs beside two
+/// CPU-burning processes did while the report was read against the
+/// caller's read, and with no read at once first, 28 of 33 read
+/// `pool_disabled` while a close found moments after the caller's read was
+/// taken for one at that release).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_server_closing_while_the_body_is_read_late_is_closed_by_peer() {
     const REQUESTS: usize = 6;
     let pki = TestPki::localhost().expect("pki");
-    for tls in [false, true] {
+    for (tls, prompt) in [(false, 2), (true, 2), (false, 0), (true, 0)] {
+        let case = format!("tls {tls}, {prompt} read at once first");
         let t = telemetry();
         let server = plain_h1().idle_timeout(Some(Duration::from_millis(150)));
         let server = RemoteServer::start(if tls { server.tls(&pki) } else { server }).await;
@@ -589,16 +597,22 @@ async fn a_server_closing_while_the_body_is_read_late_is_closed_by_peer() {
         let url = server.get().url("/");
         for i in 0..REQUESTS {
             let response = client.get(&url).send().await.expect("response");
-            if i >= 2 {
+            if i >= prompt {
                 tokio::time::sleep(Duration::from_millis(300)).await;
             }
             let _ = response.bytes().await;
         }
         let spans: Vec<Seen> = requests(&t, REQUESTS).iter().map(seen).collect();
         let map = compare_with_server(&spans, &server.get().requests());
-        // The first three on one connection (two read at once, so the
-        // pool has shown itself on), then one per request.
-        assert_eq!(map.len(), REQUESTS - 2, "tls {tls}: {}", compact(&spans));
+        // Those read at once and the first read late on one connection,
+        // then one per request.
+        let shared = if prompt > 0 { prompt + 1 } else { 1 };
+        assert_eq!(
+            map.len(),
+            REQUESTS - shared + 1,
+            "{case}: {}",
+            compact(&spans)
+        );
         let ended_by_server = server
             .get()
             .connections()
@@ -606,23 +620,18 @@ async fn a_server_closing_while_the_body_is_read_late_is_closed_by_peer() {
             .filter(|c| c.end == Some(ConnectionEnd::IdleTimeout))
             .count();
         assert!(
-            ended_by_server >= REQUESTS - 3,
-            "tls {tls}: the server closed {ended_by_server}"
+            ended_by_server >= REQUESTS - shared,
+            "{case}: the server closed {ended_by_server}"
         );
         for (i, s) in spans.iter().enumerate().skip(1) {
-            if i < 3 {
-                assert_eq!(
-                    s.reason,
-                    None,
-                    "tls {tls}: request {i}\n{}",
-                    compact(&spans)
-                );
+            if i < shared {
+                assert_eq!(s.reason, None, "{case}: request {i}\n{}", compact(&spans));
                 continue;
             }
             assert_eq!(
                 (s.reason.as_deref(), s.previous_id),
                 (Some(semconv::MISS_REASON_CLOSED_BY_PEER), spans[i - 1].id),
-                "tls {tls}: request {i}\n{}",
+                "{case}: request {i}\n{}",
                 compact(&spans)
             );
         }

@@ -12,8 +12,9 @@ use std::time::Instant;
 use crate::kernel::{KernelLookup, TcpFacts};
 use crate::miss::{ConnectionEnd, MissReason};
 use crate::pool::end_report::{
-    ReportedEnd, closed_first_by_tls_server, ended_before_idle_timeout, gone_after_own_close,
-    gone_may_be_ours, reported_end, tls_closed_at_release, tls_time_wait_is_ours,
+    ReportedEnd, closed_before_late_read, closed_first_by_tls_server, ended_before_idle_timeout,
+    gone_after_own_close, gone_may_be_ours, reported_end, tls_closed_at_release,
+    tls_time_wait_is_ours,
 };
 use crate::pool::inferred::{
     CLOSE_DATING_SLACK, CLOSED_AT_RELEASE, OWN_CLOSE_WINDOW, PoolClose, closed_at_put_back,
@@ -851,7 +852,9 @@ pub(crate) fn gone_with_no_end_shown(record: &ConnectionRecord) -> bool {
 /// `TIME_WAIT`: [`gone_may_be_ours`]), idle in the pool, no end shown or inferred
 /// (its traffic showed no close of hyper's own nor the server's; a close
 /// of ours seen before, undated, is none), found gone no more than
-/// [`CLOSED_AT_RELEASE`] after its release. A close of
+/// [`CLOSED_AT_RELEASE`] after its release, and not dated by the kernel's
+/// report before the caller's late read of its body
+/// ([`closed_before_late_read`]). A close of
 /// ours that the server answers with data (a TLS server's close_notify)
 /// makes the kernel reset the socket (see [`gone_after_own_close`]); a
 /// server's idle close comes after its keep-alive timeout.
@@ -863,6 +866,7 @@ pub(crate) fn gone_at_release(record: &ConnectionRecord, now: Instant) -> bool {
         && !record.is_dropped_early()
         && !record.is_discarded()
         && !record.said_connection_close()
+        && !closed_before_late_read(record)
         && record
             .last_released()
             .is_some_and(|t| now.saturating_duration_since(t) <= CLOSED_AT_RELEASE)
@@ -887,7 +891,8 @@ pub(crate) fn released_just_before(candidate: &ConnectionRecord, miss: Instant) 
 /// [`tls_time_wait_is_ours`]), and the close is not the pool's own at the
 /// release ([`closed_at_release`], `alone` as there, unless the release
 /// was within an idle limit set through our builder: a server closing just
-/// after a response).
+/// after a response; or the report dates it before the caller's late read
+/// of the body, [`closed_before_late_read`]).
 /// Row 10c of the decision table (docs/REFERENCE.md section 14); a close
 /// the kernel view applies off a miss reads the same (seen: a TLS server's
 /// close_notify and FIN 300 ms after a response taken for an idle timeout
@@ -901,7 +906,9 @@ pub(crate) fn tls_time_wait_is_servers(
     facts.state == crate::TcpState::TimeWait
         && closed_first_by_tls_server(record)
         && !tls_time_wait_is_ours(record, facts, now)
-        && (released_within_idle_limit(record) || !closed_at_release(record, facts, now, alone))
+        && (released_within_idle_limit(record)
+            || closed_before_late_read(record)
+            || !closed_at_release(record, facts, now, alone))
 }
 
 /// Whether the kernel dates the close of `record`'s socket (asked at
