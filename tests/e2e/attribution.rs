@@ -613,12 +613,7 @@ async fn a_server_closing_while_the_body_is_read_late_is_closed_by_peer() {
             "{case}: {}",
             compact(&spans)
         );
-        let ended_by_server = server
-            .get()
-            .connections()
-            .iter()
-            .filter(|c| c.end == Some(ConnectionEnd::IdleTimeout))
-            .count();
+        let ended_by_server = connections_ended(&server, ConnectionEnd::IdleTimeout);
         assert!(
             ended_by_server >= REQUESTS - shared,
             "{case}: the server closed {ended_by_server}"
@@ -697,12 +692,7 @@ async fn request_limit_is_its_own_reason_and_names_the_previous_connection() {
         // The server records a connection's end when its task finishes.
         let deadline = std::time::Instant::now() + Duration::from_secs(2);
         let ended = loop {
-            let ended = server
-                .get()
-                .connections()
-                .iter()
-                .filter(|c| c.end == Some(ConnectionEnd::RequestLimit))
-                .count();
+            let ended = connections_ended(&server, ConnectionEnd::RequestLimit);
             if ended >= full || std::time::Instant::now() >= deadline {
                 break ended;
             }
@@ -3945,6 +3935,16 @@ fn assert_server_closed_nothing(server: &RemoteServer, context: &str) {
             .all(|r| matches!(r.end, None | Some(ConnectionEnd::Closed))),
         "{context}the server closed nothing: {records:?}"
     );
+}
+
+/// How many connections the lab server's records show ended `end`.
+fn connections_ended(server: &RemoteServer, end: ConnectionEnd) -> usize {
+    server
+        .get()
+        .connections()
+        .iter()
+        .filter(|c| c.end == Some(end))
+        .count()
 }
 
 fn compact(spans: &[Seen]) -> String {

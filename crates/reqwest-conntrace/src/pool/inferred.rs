@@ -159,7 +159,7 @@ pub(crate) enum PoolClose {
     /// After sitting idle for `idle`: the idle timeout is at most this.
     Expired { idle: Duration },
     /// Between hyper's read of its latest response and the caller's late
-    /// read of the body ([`closed_at_put_back`]'s doubt): at a put-back a
+    /// read of the body ([`CloseTiming::InDoubt`]): at a put-back a
     /// body's end arriving late delayed (its idle limit), or past its idle
     /// timeout, not known which. No bound, and no close at release: no
     /// limit is inferred from it (taken for one, a tester's client idle
@@ -227,8 +227,7 @@ pub(crate) fn pool_close_after(
     idle: Duration,
     alone: bool,
 ) -> Option<PoolClose> {
-    record.last_released()?;
-    pool_close_at(record, record.idle_since() + idle, alone)
+    pool_close_at(record, record.put_back_from()? + idle, alone)
 }
 
 /// Whether `record` was released within its client's idle limit for
@@ -245,9 +244,7 @@ pub(crate) fn pool_close_after(
 pub(crate) fn released_within_idle_limit(record: &ConnectionRecord) -> bool {
     let client = &record.client;
     let others = record.idle_others_at_release();
-    !record.never_used()
-        && !record.is_over_idle_limit()
-        && !record.is_over_idle_limit_unsure()
+    release_not_counted_over(record)
         && client.max_idle_known
         && client
             .max_idle_per_host
@@ -272,38 +269,61 @@ pub(crate) fn kept_at_release(record: &ConnectionRecord, alone: bool) -> bool {
         && (released_within_idle_limit(record)
             || (!client.max_idle_known
                 && client.inferred.keeps_idle()
-                && !record.never_used()
-                && !record.is_over_idle_limit()
-                && !record.is_over_idle_limit_unsure()
+                && release_not_counted_over(record)
                 && record.idle_others_at_release() == Some(0)))
 }
 
-/// Whether a close of ours at `closed_at` came at hyper-util's put-back of
-/// `record`'s latest response ([`CLOSED_AT_RELEASE`] after it at most),
-/// not later (its idle timeout). The put-back came no earlier than
-/// [`ConnectionRecord::idle_since`] (hyper had read the response) and no
-/// later than our release (the caller read the body's end); between the
-/// two, when the caller read the body late without waiting for it, the
-/// body's reads do not tell when its end arrived. So a close within
-/// `CLOSED_AT_RELEASE` of the release but later after `idle_since` may
-/// have come at the put-back unless the pool kept the connection there
-/// ([`kept_at_release`], `alone`): then only the idle timeout closes it
-/// ([`pool_close`] reads such a close as the put-back's only over an idle
-/// limit the pool has shown, else as not known: [`PoolClose::InDoubt`]) (a
-/// server that sent the body's end after the headers, read late, had
-/// closes at the put-back over reqwest's `pool_max_idle_per_host` read as
-/// `idle_expired`, 54 of 54 misses of a tester's waves, while counted
-/// from `idle_since` alone).
-pub(crate) fn closed_at_put_back(
+/// Whether `record` carried a request and its latest release was not
+/// counted over the idle limit, surely or maybe: what
+/// [`released_within_idle_limit`] and [`kept_at_release`] ask first.
+fn release_not_counted_over(record: &ConnectionRecord) -> bool {
+    !record.never_used() && !record.is_over_idle_limit() && !record.is_over_idle_limit_unsure()
+}
+
+/// When a close of ours came, against hyper-util's put-back of the
+/// connection's latest response ([`close_timing`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) enum CloseTiming {
+    /// No more than [`CLOSED_AT_RELEASE`] after the put-back's earliest
+    /// date ([`ConnectionRecord::idle_since`]): at the put-back.
+    AtPutBack,
+    /// Later than that, but no more than `CLOSED_AT_RELEASE` after the
+    /// caller's late read of the body, under a pool not shown to keep the
+    /// connection there: at a put-back the body's end delayed, or past the
+    /// idle timeout, not known which.
+    InDoubt,
+    /// Later: past the idle timeout (or the server's, answered).
+    Later,
+}
+
+/// When a close of ours at `closed_at` came against hyper-util's put-back
+/// of `record`'s latest response (`None` before its first release). The
+/// put-back came no earlier than [`ConnectionRecord::idle_since`] (hyper
+/// had read the response) and no later than our release (the caller read
+/// the body's end); between the two, when the caller read the body late
+/// without waiting for it, the body's reads do not tell when its end
+/// arrived. So a close within `CLOSED_AT_RELEASE` of the release but later
+/// after `idle_since` is [`CloseTiming::InDoubt`] unless the pool kept the
+/// connection there ([`kept_at_release`], `alone`): then only the idle
+/// timeout closes it ([`CloseTiming::Later`]). [`pool_close`] reads an
+/// `InDoubt` close as the put-back's only over an idle limit the pool has
+/// shown, else as not known: [`PoolClose::InDoubt`] (a server that sent
+/// the body's end after the headers, read late, had closes at the put-back
+/// over reqwest's `pool_max_idle_per_host` read as `idle_expired`, 54 of 54
+/// misses of a tester's waves, while counted from `idle_since` alone).
+pub(crate) fn close_timing(
     record: &ConnectionRecord,
     closed_at: Instant,
     alone: bool,
-) -> bool {
-    let Some(released) = record.last_released() else {
-        return false;
-    };
-    closed_at <= record.idle_since() + CLOSED_AT_RELEASE
-        || (closed_at <= released + CLOSED_AT_RELEASE && !kept_at_release(record, alone))
+) -> Option<CloseTiming> {
+    let released = record.last_released()?;
+    Some(if closed_at <= record.idle_since() + CLOSED_AT_RELEASE {
+        CloseTiming::AtPutBack
+    } else if closed_at <= released + CLOSED_AT_RELEASE && !kept_at_release(record, alone) {
+        CloseTiming::InDoubt
+    } else {
+        CloseTiming::Later
+    })
 }
 
 /// How the client's pool closed `record`, closed by our side at
@@ -326,31 +346,34 @@ fn pool_close_at(record: &ConnectionRecord, closed_at: Instant, alone: bool) -> 
     // caller read late was back in the pool, its idle clock running, since
     // hyper read it.
     let idle = closed_at.saturating_duration_since(record.idle_since());
-    // The body read late, the close between the put-back's earliest date
-    // and the caller's read, the pool not shown to keep it: at a put-back
-    // as late as the body's end, or past the idle timeout, as it happened.
-    // Over an idle limit it has shown (set through our builder, or
-    // inferred), the put-back's; else not known (a tester's spare left by
-    // a release race, idle with it, read `pool_disabled` as a close at
-    // release over a limit of 1).
-    let at_put_back = closed_at <= record.idle_since() + CLOSED_AT_RELEASE;
-    if !at_put_back && closed_at_put_back(record, closed_at, alone) {
-        let idle_others = record.idle_others_at_release();
-        let over_shown_limit = record.is_over_idle_limit()
-            || (!record.client.max_idle_known
-                && record
-                    .client
-                    .inferred
-                    .idle_limit()
-                    .zip(idle_others)
-                    .is_some_and(|(limit, others)| others >= limit));
-        return Some(if over_shown_limit {
-            PoolClose::AtRelease { idle_others }
-        } else {
-            PoolClose::InDoubt
-        });
-    }
-    if at_put_back || put_back_late(record, idle) {
+    let at_release = match close_timing(record, closed_at, alone)? {
+        CloseTiming::AtPutBack => true,
+        // The body read late, the close between the put-back's earliest
+        // date and the caller's read, the pool not shown to keep it: at a
+        // put-back as late as the body's end, or past the idle timeout, as
+        // it happened. Over an idle limit it has shown (set through our
+        // builder, or inferred), the put-back's; else not known (a
+        // tester's spare left by a release race, idle with it, read
+        // `pool_disabled` as a close at release over a limit of 1).
+        CloseTiming::InDoubt => {
+            let idle_others = record.idle_others_at_release();
+            let over_shown_limit = record.is_over_idle_limit()
+                || (!record.client.max_idle_known
+                    && record
+                        .client
+                        .inferred
+                        .idle_limit()
+                        .zip(idle_others)
+                        .is_some_and(|(limit, others)| others >= limit));
+            return Some(if over_shown_limit {
+                PoolClose::AtRelease { idle_others }
+            } else {
+                PoolClose::InDoubt
+            });
+        }
+        CloseTiming::Later => put_back_late(record, idle),
+    };
+    if at_release {
         let idle_others = record.idle_others_at_release();
         let after_miss = record
             .named_by_miss_at()

@@ -17,7 +17,7 @@ use crate::pool::end_report::{
     tls_time_wait_is_ours,
 };
 use crate::pool::inferred::{
-    CLOSE_DATING_SLACK, CLOSED_AT_RELEASE, OWN_CLOSE_WINDOW, PoolClose, closed_at_put_back,
+    CLOSE_DATING_SLACK, CLOSED_AT_RELEASE, CloseTiming, OWN_CLOSE_WINDOW, PoolClose, close_timing,
     kept_at_release, over_limit_reason, pool_close, pool_close_after, released_within_idle_limit,
 };
 use crate::pool::losses::{announced_close_miss, ended_by_server};
@@ -345,9 +345,7 @@ pub(crate) fn decide_from_kernel(
                 let end = candidate.closed_by_server(false);
                 return ended_by_server(candidate, now, Some(end), classified_at);
             };
-            let closed = candidate
-                .last_released()
-                .map(|_| candidate.idle_since() + idle);
+            let closed = candidate.put_back_from().map(|from| from + idle);
             if closed_after_the_miss(candidate, closed, classified_at) {
                 return alive_unless_expired_at_checkout(
                     candidate,
@@ -560,8 +558,7 @@ pub(crate) fn expired_at_checkout(
     if !alone || candidate.http2() || candidate.in_use() > 0 {
         return None;
     }
-    candidate.last_released()?;
-    let idle = classified_at.saturating_duration_since(candidate.idle_since());
+    let idle = classified_at.saturating_duration_since(candidate.put_back_from()?);
     let inferred = candidate.client.inferred.idle_timeout();
     (idle >= OWN_CLOSE_WINDOW || inferred.is_some_and(|t| idle >= t)).then_some(idle)
 }
@@ -880,8 +877,9 @@ pub(crate) fn gone_at_release(record: &ConnectionRecord, now: Instant) -> bool {
 /// been back in the pool since hyper read it.
 pub(crate) fn released_just_before(candidate: &ConnectionRecord, miss: Instant) -> bool {
     !candidate.http2()
-        && candidate.last_released().is_some()
-        && miss.saturating_duration_since(candidate.idle_since()) <= CLOSED_AT_RELEASE
+        && candidate
+            .put_back_from()
+            .is_some_and(|from| miss.saturating_duration_since(from) <= CLOSED_AT_RELEASE)
 }
 
 /// Whether `record`'s socket in `TIME_WAIT` (asked at `now`), HTTP/1.1
@@ -912,8 +910,8 @@ pub(crate) fn tls_time_wait_is_servers(
 }
 
 /// Whether the kernel dates the close of `record`'s socket (asked at
-/// `now`) at hyper-util's put-back ([`closed_at_put_back`], `alone` as
-/// there): its client's pool closed it there, not a server's idle close
+/// `now`) at hyper-util's put-back, or maybe there ([`close_timing`],
+/// `alone` as there): its client's pool closed it there, not a server's idle close
 /// (which comes after its keep-alive timeout), even over TLS in
 /// `TIME_WAIT` (the server answered our close with its FIN alone).
 pub(crate) fn closed_at_release(
@@ -925,7 +923,8 @@ pub(crate) fn closed_at_release(
     facts
         .closed_ago()
         .and_then(|ago| now.checked_sub(ago))
-        .is_some_and(|closed| closed_at_put_back(record, closed, alone))
+        .and_then(|closed| close_timing(record, closed, alone))
+        .is_some_and(|timing| timing != CloseTiming::Later)
 }
 
 /// Whether `lookup` (asked at `now`) shows `candidate`'s socket (HTTP/1.1)

@@ -751,6 +751,13 @@ impl ConnectionRecord {
             .max(self.ready_at())
     }
 
+    /// [`idle_since`](Self::idle_since) of a connection that has been
+    /// released (`None` before its first release): the earliest date of
+    /// hyper-util's put-back of its latest response.
+    pub(crate) fn put_back_from(&self) -> Option<Instant> {
+        self.last_released().map(|_| self.idle_since())
+    }
+
     /// When hyper-util's idle clock for this connection may have started at
     /// the earliest: the earliest instant hyper may have finished reading
     /// its latest response (hyper-util puts an HTTP/1.1 connection back as

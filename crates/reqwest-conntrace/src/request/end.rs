@@ -332,15 +332,13 @@ impl RequestEnd {
                 }
                 // HTTP/1.1: hyper-util put it back once hyper had read the
                 // response, which a caller reading the body late follows.
-                EndKind::Complete if !record.http2() => {
-                    record.mark_released_put_back_from(
-                        now,
-                        self.put_back.earliest(self.headers_at, now),
-                    );
-                    self.released_to_pool(record, now);
-                }
                 EndKind::Complete => {
-                    record.mark_released(now);
+                    let put_back_from = if record.http2() {
+                        now
+                    } else {
+                        self.put_back.earliest(self.headers_at, now)
+                    };
+                    record.mark_released_put_back_from(now, put_back_from);
                     self.released_to_pool(record, now);
                 }
                 EndKind::Failed => self.body_failed(record, now, held_body),
