@@ -564,7 +564,7 @@ impl Inner {
     /// (called from the connector layer when reqwest calls it): decided from
     /// the history, or when the kernel answers about the candidate connection.
     pub(crate) fn miss_slot(self: &Arc<Self>, host: &HostKey, client: &ClientState) -> MissSlot {
-        let in_flight = self.load.in_flight(host);
+        let in_flight = self.load.in_flight_with_starts(host);
         match self
             .pools
             .classify_miss(host, client, Instant::now(), in_flight)

@@ -29,6 +29,7 @@ use std::time::{Duration, Instant};
 
 use crate::export::metrics::HostGauges;
 use crate::pool::host::{HostKey, HostMap};
+use crate::pool::in_flight::InFlight;
 use crate::pool::inferred::LimitSource;
 use crate::semconv;
 
@@ -40,6 +41,8 @@ pub const DEFAULT_POOL_ADVICE_HOSTS: usize = 1024;
 #[derive(Debug, Clone)]
 struct HostLoad {
     in_flight: u64,
+    /// When each request in flight started (`in_flight` of them).
+    starts: Vec<Instant>,
     /// Peak of `in_flight` since `interval_start`.
     peak: u64,
     /// `pool_max_idle_per_host` of the latest client seen serving the host,
@@ -226,6 +229,7 @@ impl PoolLoad {
         // Cloning the key only for a host not seen yet.
         let load = hosts.entry(host.clone()).or_insert(HostLoad {
             in_flight: 0,
+            starts: Vec::new(),
             peak: 0,
             idle_limit: None,
             forced_misses: 0,
@@ -239,16 +243,30 @@ impl PoolLoad {
     fn started(&self, host: &HostKey, load: &mut HostLoad, now: Instant) -> Option<PoolAdvice> {
         let closed = self.roll(host, load, now);
         load.in_flight += 1;
+        load.starts.push(now);
         load.peak = load.peak.max(load.in_flight);
         load.last_seen = now;
         closed
     }
 
-    /// A request to `host` ended.
-    pub(crate) fn request_ended(&self, host: &HostKey) {
+    /// A request to `host` that started at `started` ended.
+    pub(crate) fn request_ended(&self, host: &HostKey, started: Instant) {
         if let Some(load) = self.hosts().get_mut(host) {
             load.in_flight = load.in_flight.saturating_sub(1);
+            if let Some(i) = load.starts.iter().position(|s| *s == started) {
+                load.starts.swap_remove(i);
+            }
         }
+    }
+
+    /// The requests to `host` in flight now, with their starts.
+    pub(crate) fn in_flight_with_starts(&self, host: &HostKey) -> InFlight {
+        self.hosts()
+            .get(host)
+            .map_or_else(InFlight::default, |load| InFlight {
+                count: load.in_flight,
+                starts: load.starts.clone(),
+            })
     }
 
     /// Requests to `host` in flight now (started, not ended).
@@ -406,8 +424,8 @@ mod tests {
         // A new interval starts from the requests in flight.
         let next = t0 + Duration::from_secs(61);
         assert_eq!(load.peak_in_flight("b", 443, next), Some(5));
-        load.request_ended(&b);
-        load.request_ended(&b);
+        load.request_ended(&b, t0);
+        load.request_ended(&b, t0);
         assert!(load.advice(next).is_empty(), "no forced miss yet");
     }
 
@@ -456,7 +474,7 @@ mod bound_tests {
         let t0 = Instant::now();
         assert!(load.request_started(&host("a"), t0));
         assert!(load.request_started(&host("b"), t0));
-        load.request_ended(&host("a"));
+        load.request_ended(&host("a"), t0);
         // `a` is idle but its peak still counts this interval and the next.
         assert!(!load.request_started(&host("c"), t0 + interval));
         assert_eq!(load.gauges(t0 + interval).len(), 2);

@@ -13,13 +13,15 @@
 //! - `inferred`: pool limits inferred from the closes a client's pool makes;
 //! - `record`: one connection as the handle saw it set up and used;
 //! - `registry`: live connections by socket address pair;
-//! - `advice`: per-host in-flight load and the pool-size advice (Little's law).
+//! - `advice`: per-host in-flight load and the pool-size advice (Little's law);
+//! - `in_flight`: the requests to a host in flight at a miss, with their starts.
 
 pub(crate) mod advice;
 pub(crate) mod answers;
 pub(crate) mod client;
 pub(crate) mod end_report;
 pub(crate) mod host;
+pub(crate) mod in_flight;
 pub(crate) mod inferred;
 pub(crate) mod kernel_decision;
 pub(crate) mod losses;

@@ -24,6 +24,7 @@ use crate::miss::{ConnectionEnd, MissReason};
 use crate::pool::client::{ClientState, NEW_CLIENT_WINDOW};
 use crate::pool::end_report::{ended_before_idle_timeout, reported_closed_at_release};
 use crate::pool::host::HostKey;
+use crate::pool::in_flight::InFlight;
 use crate::pool::inferred::{
     CLOSE_DATING_SLACK, CLOSED_AT_RELEASE, PoolClose, RELEASE_ORDER_UNSURE, RELEASE_REORDER_WINDOW,
     over_limit_reason,
@@ -253,14 +254,17 @@ impl PoolHistory {
     /// reqwest calls the connector: hyper-util's pool checkout just failed,
     /// or its pool is disabled). The decision table is in docs/REFERENCE.md
     /// section 14; each step below is one row.
-    /// `in_flight`: requests to the host in flight now, this one included.
+    /// `in_flight`: requests to the host in flight now, this one included
+    /// (a count, or a count with their starts).
     pub(crate) fn classify_miss(
         &self,
         host: &HostKey,
         client: &ClientState,
         now: Instant,
-        in_flight: u64,
+        in_flight: impl Into<InFlight>,
     ) -> MissVerdict {
+        let load = in_flight.into();
+        let in_flight = load.count;
         let hosts = self.hosts();
         if Self::is_untracked(&hosts, host, self.capacity) {
             if !self.full_logged.swap(true, Ordering::Relaxed) {
@@ -484,13 +488,20 @@ impl PoolHistory {
         //    from the caller's read of the body: past the timeout only as
         //    counted from hyper's (a body read late), the kernel decides
         //    (the server may have closed it first; row 9 there).
-        let limit_may_have_closed = candidate.is_over_idle_limit_unsure()
-            || client.max_idle_per_host.is_some()
-            || client.inferred.idle_limit().is_some();
-        if client
-            .idle_timeout
-            .is_some_and(|t| now.saturating_duration_since(candidate.last_activity()) >= t)
-            && !ended_before_idle_timeout(candidate)
+        //    HTTP/2: hyper-util restarts a shared connection's idle clock at
+        //    each checkout, not at a response's end, and no idle limit
+        //    closes it at a release (`http2_idle_expired`).
+        let limit_may_have_closed = !candidate.http2()
+            && (candidate.is_over_idle_limit_unsure()
+                || client.max_idle_per_host.is_some()
+                || client.inferred.idle_limit().is_some());
+        if client.idle_timeout.is_some_and(|t| {
+            if candidate.http2() {
+                http2_idle_expired(candidate, t, &load, now)
+            } else {
+                now.saturating_duration_since(candidate.last_activity()) >= t
+            }
+        }) && !ended_before_idle_timeout(candidate)
             && !(limit_may_have_closed && candidate.setup.local_addr.is_some())
         {
             candidate.mark_named_by_miss(now);
@@ -1370,6 +1381,27 @@ impl PoolHistory {
             .cloned()
             .collect()
     }
+}
+
+/// Row 9 for an HTTP/2 connection: whether hyper-util's idle timeout `t`
+/// had expired `candidate` by `now`. hyper-util's pool keeps a shared
+/// (HTTP/2) connection in its idle list while streams run on it and dates
+/// it at each checkout (`idle_at` set to the checkout's instant, hyper-util
+/// 0.1 `client/legacy/pool.rs`, `IdlePopper::pop`); a stream's end restarts
+/// nothing. So a connection whose responses take longer than the timeout
+/// expires between two sequential requests. Counted from the start of its
+/// latest request we saw a response of
+/// ([`ConnectionRecord::http2_idle_since`]); a request still in flight
+/// (`load`) that started before the timeout ran out from there may have
+/// checked it out unseen and restarted the clock: then the kernel decides.
+fn http2_idle_expired(
+    candidate: &ConnectionRecord,
+    t: std::time::Duration,
+    load: &InFlight,
+    now: Instant,
+) -> bool {
+    let since = candidate.http2_idle_since();
+    now.saturating_duration_since(since) >= t && !load.any_started_between(since, since + t)
 }
 
 /// Forgets `connections` matching `forgettable`, oldest first, until
@@ -3320,6 +3352,60 @@ mod tests {
     /// server's, row 10, under a pool shown to keep one). Read from the
     /// caller's read, the first was `release_race` and the second
     /// `pool_disabled` (a tester: 88 of 96 and 8 of 96 misses).
+    /// Row 9, HTTP/2: hyper-util dates a shared connection at its
+    /// checkout, so a stream longer than the idle timeout expires it
+    /// (counted from the latest request's start, not its response's end):
+    /// `idle_expired`. Unless a request still in flight started before the
+    /// timeout ran out from there: it may have checked the connection out
+    /// unseen, restarting the clock; then the kernel decides.
+    #[test]
+    fn an_http2_connection_idles_from_its_latest_checkout() {
+        let t0 = Instant::now();
+        let ms = Duration::from_millis;
+        let known = Arc::new(ClientState::new(Some(Some(ms(100))), None));
+        let setup = || {
+            let pools = PoolHistory::default();
+            let a = connection(&pools, &known, 1, t0, true);
+            a.take();
+            a.count_request(t0 + ms(1));
+            a.give_back();
+            // The response took 150 ms.
+            a.mark_released(t0 + ms(151));
+            (pools, a)
+        };
+        let (pools, a) = setup();
+        assert_eq!(a.http2_idle_since(), t0 + ms(1));
+        let at = t0 + ms(152);
+        let miss = decided(pools.classify_miss(&host(), &known, at, 1));
+        assert_eq!(
+            (miss.reason, miss.previous.map(|p| (p.id, p.end))),
+            (
+                MissReason::IdleExpired,
+                Some((a.id(), Some(ConnectionEnd::IdleTimeout)))
+            )
+        );
+        // Another request in flight since 50 ms: the kernel decides.
+        let (pools, _a) = setup();
+        let load = InFlight {
+            count: 2,
+            starts: vec![t0 + ms(50), at],
+        };
+        ask(pools.classify_miss(&host(), &known, at, load));
+        // One started after the timeout had run out (a wave mate): row 9.
+        let (pools, _a) = setup();
+        let load = InFlight {
+            count: 2,
+            starts: vec![t0 + ms(120), at],
+        };
+        assert_eq!(
+            decided(pools.classify_miss(&host(), &known, at, load)).reason,
+            MissReason::IdleExpired
+        );
+        // Within the timeout of its latest start: not expired.
+        let (pools, _a) = setup();
+        ask(pools.classify_miss(&host(), &known, t0 + ms(90), 1));
+    }
+
     #[test]
     fn a_body_read_late_sat_idle_from_hypers_read() {
         let t0 = Instant::now();

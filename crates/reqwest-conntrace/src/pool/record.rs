@@ -758,6 +758,16 @@ impl ConnectionRecord {
         self.last_released().map(|_| self.idle_since())
     }
 
+    /// HTTP/2: when hyper-util's idle clock for this shared connection last
+    /// restarted, as far as the responses show: the start of the latest
+    /// request counted on it (hyper-util dates a shared connection at each
+    /// checkout, which comes right after a request's start; a stream's end
+    /// restarts nothing), or its ready time (its insertion into the pool).
+    pub(crate) fn http2_idle_since(&self) -> Instant {
+        self.latest_request_started()
+            .map_or(self.ready_at(), |started| started.max(self.ready_at()))
+    }
+
     /// When hyper-util's idle clock for this connection may have started at
     /// the earliest: the earliest instant hyper may have finished reading
     /// its latest response (hyper-util puts an HTTP/1.1 connection back as

@@ -522,7 +522,9 @@ impl RequestEnd {
     fn record_metrics(&mut self, now: Instant) {
         let metrics = &self.inner.metrics;
         metrics.active_requests.add(-1, &self.base_attributes);
-        self.inner.load.request_ended(&self.state.host);
+        self.inner
+            .load
+            .request_ended(&self.state.host, self.state.started);
         // The end's attributes go after the base ones, in the room left
         // for them (no allocation; nothing reads the base ones after this).
         let attributes = &mut self.base_attributes;
