@@ -323,10 +323,14 @@ impl RequestEnd {
             record.give_back();
             match kind {
                 // `Connection: close`: hyper closes it after this response.
+                // Released (and closed) once hyper had read the response,
+                // which a caller reading the body late follows: the
+                // previous connection's idle time counts from there.
                 EndKind::Complete | EndKind::Dropped
                     if !record.http2() && record.said_connection_close() =>
                 {
-                    record.mark_released(now);
+                    let put_back_from = self.put_back.earliest(self.headers_at, now);
+                    record.mark_released_put_back_from(now, put_back_from);
                     record.set_end(record.announced_close_end());
                     self.inner.connection_closed(record, now);
                 }
