@@ -80,6 +80,47 @@ pub(crate) fn failed_connection_pair(
     None
 }
 
+/// hyper's "dispatch task is gone" (`User::DispatchGone`, which hyper 1.x
+/// exposes no predicate for; its `Display` is the description alone): the
+/// connection's task ended while the request waited on it, a request of
+/// an HTTP/2 connection that closed after a GOAWAY or an error.
+fn is_dispatch_gone(error: &hyper::Error) -> bool {
+    error.is_user() && error.to_string() == "dispatch task is gone"
+}
+
+/// Whether `err`'s chain holds hyper's word that the connection's task
+/// ended under a request it had not sent or not answered (cancelled:
+/// "connection closed", or "dispatch task is gone"): it says the
+/// connection closed, not how (an HTTP/2 connection's graceful close
+/// after a GOAWAY cancels its queued requests so).
+pub(crate) fn closed_under_request(err: &(dyn StdError + 'static)) -> bool {
+    let mut current: Option<&(dyn StdError + 'static)> = Some(err);
+    while let Some(e) = current {
+        if e.downcast_ref::<hyper::Error>()
+            .is_some_and(|h| h.is_canceled() || is_dispatch_gone(h))
+        {
+            return true;
+        }
+        current = e.source();
+    }
+    false
+}
+
+/// Whether `err`'s chain holds the server's reset of the request's HTTP/2
+/// stream (RST_STREAM received) after it took the stream in: any reason
+/// but `REFUSED_STREAM`, which says the server processed nothing of it
+/// (RFC 9113 section 8.7). The server saw such a request, and counted it.
+pub(crate) fn stream_reset_by_server(err: &(dyn StdError + 'static)) -> bool {
+    let mut current: Option<&(dyn StdError + 'static)> = Some(err);
+    while let Some(e) = current {
+        if let Some(h) = e.downcast_ref::<h2::Error>() {
+            return h.is_reset() && h.is_remote() && h.reason() != Some(h2::Reason::REFUSED_STREAM);
+        }
+        current = e.source();
+    }
+    false
+}
+
 /// Whether the connection closed (the peer's FIN: hyper read the end of
 /// the stream) before the response was complete: hyper's "connection
 /// closed before message completed" in the chain, or, over TLS, an I/O
@@ -167,9 +208,13 @@ pub(crate) fn classify(err: &(dyn StdError + 'static)) -> &'static str {
             };
         }
         // hyper: the connection closed under the request (a pooled
-        // connection the server had just closed, mid-response EOF).
+        // connection the server had just closed, mid-response EOF; its
+        // dispatch task ended with the request queued or unanswered).
         if let Some(h) = e.downcast_ref::<hyper::Error>()
-            && (h.is_incomplete_message() || h.is_closed() || h.is_canceled())
+            && (h.is_incomplete_message()
+                || h.is_closed()
+                || h.is_canceled()
+                || is_dispatch_gone(h))
         {
             return semconv::ERROR_TYPE_CONNECTION_RESET;
         }
@@ -243,6 +288,28 @@ mod tests {
         let inner = io::Error::new(io::ErrorKind::InvalidData, rustls_err);
         let outer = io::Error::other(inner);
         assert_eq!(classify(&outer), semconv::ERROR_TYPE_TLS_CERTIFICATE);
+    }
+
+    /// hyper's word that a connection's task ended under a request (the
+    /// task aborted with the request queued on it, as an HTTP/2
+    /// connection's close after a GOAWAY ends it) is a connection closed
+    /// under the request (`connection_reset`), and says so.
+    #[tokio::test]
+    async fn a_request_whose_connection_task_ended_is_closed_under_it() {
+        let (io, _peer) = tokio::io::duplex(1024);
+        let (mut sender, connection) =
+            hyper::client::conn::http1::handshake::<_, String>(hyper_util::rt::TokioIo::new(io))
+                .await
+                .expect("handshake");
+        let task = tokio::spawn(connection);
+        let response = sender.send_request(http::Request::new(String::new()));
+        task.abort();
+        let _ = task.await;
+        let error = response.await.expect_err("its connection's task ended");
+        assert!(closed_under_request(&error), "{error:?}");
+        assert_eq!(classify(&error), semconv::ERROR_TYPE_CONNECTION_RESET);
+        let other = io::Error::other("no hyper error");
+        assert!(!closed_under_request(&other));
     }
 
     #[test]
