@@ -1013,6 +1013,238 @@ async fn http2_goaway_after_n_streams_names_the_previous_connection() {
     }
 }
 
+/// HTTP/2 (h2c): the server resets every second stream it takes in
+/// (RST_STREAM `INTERNAL_ERROR`, before any response), answers the others.
+/// A reset request failed with `http2_stream_reset` and names the
+/// connection; every request's `http.connection.request_count` is the
+/// server's index of its stream on the connection, the reset ones
+/// included (the server took them in). A tester saw each later count fall
+/// one further behind the server's, 36 of 36 resets uncounted. A server's
+/// `REFUSED_STREAM` (it processed nothing, RFC 9113 section 8.7) is not
+/// counted: the last request, refused, names the connection, no count.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http2_streams_the_server_reset_count_as_the_server_counts_them() {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let accepted = Arc::new(AtomicU64::new(0));
+    let seen_accepts = Arc::clone(&accepted);
+    tokio::spawn(async move {
+        while let Ok((socket, _)) = listener.accept().await {
+            seen_accepts.fetch_add(1, Ordering::SeqCst);
+            tokio::spawn(async move {
+                let Ok(mut conn) = h2::server::handshake(socket).await else {
+                    return;
+                };
+                let mut index = 0u64;
+                while let Some(Ok((request, mut respond))) = conn.accept().await {
+                    index += 1;
+                    if request.uri().path() == "/refuse" {
+                        respond.send_reset(h2::Reason::REFUSED_STREAM);
+                    } else if index.is_multiple_of(2) {
+                        respond.send_reset(h2::Reason::INTERNAL_ERROR);
+                    } else {
+                        let response = http::Response::builder()
+                            .header("x-stream-index", index.to_string())
+                            .body(())
+                            .expect("response");
+                        if let Ok(mut body) = respond.send_response(response, false) {
+                            let _ = body.send_data(bytes::Bytes::from_static(b"ok"), true);
+                        }
+                    }
+                }
+            });
+        }
+    });
+    let t = telemetry();
+    let client = t.client(reqwest::Client::builder().http2_prior_knowledge(), None);
+    let url = format!("http://{addr}/");
+    let mut truth = Vec::new();
+    for i in 1..=6u64 {
+        match client.get(&url).send().await {
+            Ok(response) => {
+                let index = response
+                    .headers()
+                    .get("x-stream-index")
+                    .and_then(|v| v.to_str().ok())
+                    .and_then(|v| v.parse::<i64>().ok())
+                    .expect("the server's stream index");
+                response.bytes().await.expect("body");
+                truth.push((Some(index), None));
+            }
+            Err(_) => truth.push((Some(i as i64), Some(semconv::ERROR_TYPE_HTTP2_STREAM_RESET))),
+        }
+    }
+    client
+        .get(format!("http://{addr}/refuse"))
+        .send()
+        .await
+        .expect_err("refused");
+    let spans: Vec<Seen> = requests(&t, 7).iter().map(seen).collect();
+    assert_eq!(accepted.load(Ordering::SeqCst), 1, "one connection");
+    let id = spans[0].id;
+    for (i, (s, (count, error))) in spans.iter().zip(&truth).enumerate() {
+        assert_eq!(
+            (s.id, s.count, s.error.as_deref()),
+            (id, *count, *error),
+            "request {i}\n{}",
+            compact(&spans)
+        );
+    }
+    // Refused: named, not counted.
+    assert_eq!(
+        (spans[6].id, spans[6].count),
+        (id, None),
+        "{}",
+        compact(&spans)
+    );
+}
+
+/// HTTP/1.1, plain and over TLS: the server closes each connection after
+/// its 3rd request (`Connection: close` on the 3rd response), every body
+/// read 200 ms after its headers. hyper read each small body with its
+/// headers and closed the connection then, so the next request's
+/// `request_limit` miss gives the closed connection an idle time counted
+/// from there (`previous.idle_time` is counted from hyper's read, as for a
+/// connection put back in the pool), never from the caller's late read: a
+/// tester saw about 1 ms where nginx's log said 200 ms, 60 of 60.
+/// Checked against the server's records (request index and connection
+/// per request) and the instants this test saw the headers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_limit_close_read_late_counts_idle_from_hypers_read() {
+    const LATE: Duration = Duration::from_millis(200);
+    let pki = TestPki::localhost().expect("pki");
+    for tls in [false, true] {
+        let t = telemetry();
+        let server = plain_h1().max_requests_per_connection(Some(3));
+        let server = RemoteServer::start(if tls { server.tls(&pki) } else { server }).await;
+        let client = t.client(reqwest::Client::builder(), tls.then_some(&pki));
+        let url = server.get().url("/");
+        // When the 3rd response's headers (and its small body) arrived,
+        // and when the next request started.
+        let mut gaps = Vec::new();
+        for i in 0..6 {
+            let started = std::time::Instant::now();
+            if i == 3 {
+                gaps.push(started);
+            }
+            let response = client.get(&url).send().await.expect("response");
+            let headers_at = std::time::Instant::now();
+            if i == 2 {
+                gaps.push(headers_at);
+            }
+            tokio::time::sleep(LATE).await;
+            response.bytes().await.expect("body");
+        }
+        let spans = requests(&t, 6);
+        let seen_spans: Vec<Seen> = spans.iter().map(seen).collect();
+        compare_with_server(&seen_spans, &server.get().requests());
+        let miss = &spans[3];
+        assert_eq!(
+            (
+                seen_spans[3].reason.as_deref(),
+                seen_spans[3].previous_id,
+                seen_spans[3].previous_count
+            ),
+            (
+                Some(semconv::MISS_REASON_REQUEST_LIMIT),
+                seen_spans[2].id,
+                Some(3)
+            ),
+            "tls {tls}\n{}",
+            compact(&seen_spans)
+        );
+        let idle = f64_attr(miss, semconv::HTTP_CONNECTION_PREVIOUS_IDLE_TIME).expect("idle time");
+        let between = gaps[1].saturating_duration_since(gaps[0]).as_secs_f64();
+        // From hyper's read (no later than the headers reaching the test)
+        // to the miss (no earlier than the next request's start); the
+        // upper bound leaves room for a busy machine's scheduling.
+        assert!(
+            idle >= between && idle <= between + 0.1,
+            "tls {tls}: previous.idle_time {idle} s, headers to the next request {between} s"
+        );
+    }
+}
+
+/// HTTP/2, over TLS (ALPN) and h2c (prior knowledge): the client's idle
+/// timeout (100 ms, set through our builder) below the server's response
+/// time (150 ms), the server never closing. hyper-util dates a shared
+/// connection's idleness from its checkout, not from a response's end
+/// (hyper-util 0.1 `client/legacy/pool.rs`), so each sequential request
+/// finds the previous connection expired, and so does each wave of three.
+/// The server's records: one connection per request (per wave), none
+/// ended by the server. Every miss after the first names the previous
+/// connection `idle_expired` / `previous.end = idle_timeout`: a tester saw
+/// 45 of 45 read `request_limit` / `goaway`, the server having sent no
+/// GOAWAY.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http2_responses_slower_than_the_idle_timeout_are_idle_expired() {
+    const IDLE: Duration = Duration::from_millis(100);
+    const ROUNDS: usize = 4;
+    let pki = TestPki::localhost().expect("pki");
+    for tls in [false, true] {
+        for wave in [1usize, 3] {
+            let case = format!("tls {tls}, waves of {wave}");
+            let t = telemetry();
+            let server = TestServer::builder()
+                .http_versions(HttpVersions::Http2Only)
+                .delay(Duration::from_millis(150));
+            let server = RemoteServer::start(if tls { server.tls(&pki) } else { server }).await;
+            let builder = if tls {
+                reqwest::Client::builder()
+            } else {
+                reqwest::Client::builder().http2_prior_knowledge()
+            };
+            let client = t.client_with(builder, tls.then_some(&pki), |b| {
+                b.pool_idle_timeout(Some(IDLE))
+            });
+            let url = server.get().url("/");
+            for _ in 0..ROUNDS {
+                futures::future::join_all((0..wave).map(|_| get(&client, &url))).await;
+            }
+            let spans: Vec<Seen> = requests(&t, wave * ROUNDS).iter().map(seen).collect();
+            compare_with_server(&spans, &server.get().requests());
+            assert_server_closed_nothing(&server, &format!("{case}: "));
+            // One connection served each round (over TLS a wave's other
+            // connects finish too, ALPN unknown before: coalesced, idle).
+            let served: HashSet<Option<i64>> = spans.iter().map(|s| s.id).collect();
+            assert_eq!(
+                served.len(),
+                ROUNDS,
+                "{case}: one connection per round\n{}",
+                compact(&spans)
+            );
+            assert!(server.get().accepted_connections() >= ROUNDS as u64);
+            let misses: Vec<&Seen> = spans.iter().filter(|s| s.reason.is_some()).collect();
+            let first_round = spans[0].id;
+            for s in misses.iter().filter(|s| s.id != first_round) {
+                let previous = s.previous_id.expect("the miss names a connection");
+                assert!(
+                    spans.iter().any(|o| o.id == Some(previous) && o.id != s.id),
+                    "{case}: names a connection of an earlier round\n{}",
+                    compact(&spans)
+                );
+                assert_eq!(
+                    (s.reason.as_deref(), s.previous_end.as_deref()),
+                    (
+                        Some(semconv::MISS_REASON_IDLE_EXPIRED),
+                        Some(semconv::CONNECTION_END_IDLE_TIMEOUT)
+                    ),
+                    "{case}\n{}",
+                    compact(&spans)
+                );
+            }
+            assert!(
+                misses.len() >= ROUNDS,
+                "{case}: a miss per round\n{}",
+                compact(&spans)
+            );
+        }
+    }
+}
+
 /// Every setup span of a connect a request's pool miss started carries the
 /// miss reason that request's span records, however late that is. HTTP/2,
 /// GOAWAY after 5 streams, 20 requests one at a time and 24 three at a
