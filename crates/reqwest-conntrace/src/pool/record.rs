@@ -122,6 +122,10 @@ pub(crate) struct ConnectionRecord {
     /// after a miss was already in flight at the miss (see
     /// [`rider_since`](crate::pool::kernel_decision::rider_since)).
     latest_request_started: AtomicU64,
+    /// HTTP/1.1: when the headers of a response announcing its close
+    /// (`Connection: close`) reached the caller (as [`instant_nanos`]; 0
+    /// when none): hyper closed it on reading that response.
+    closing_response_at: AtomicU64,
     /// HTTP/2: the latest instant by which the server's end of it (GOAWAY,
     /// then its close) had reached this client, the earliest one seen: a
     /// request on it refused by the GOAWAY, a miss that found it unusable
@@ -226,6 +230,7 @@ impl ConnectionRecord {
             idle_others_at_release: AtomicUsize::new(usize::MAX),
             named_by_miss: AtomicU64::new(0),
             latest_request_started: AtomicU64::new(0),
+            closing_response_at: AtomicU64::new(0),
             server_end_by: AtomicU64::new(0),
             shared: AtomicBool::new(false),
             end_watched: AtomicBool::new(false),
@@ -736,6 +741,19 @@ impl ConnectionRecord {
         self.latest_request_started
             .fetch_max(instant_nanos(started), Ordering::Release);
         self.requests.fetch_add(1, Ordering::AcqRel) + 1
+    }
+
+    /// Records that the headers of a response announcing its close reached
+    /// the caller `at` (HTTP/1.1 `Connection: close`).
+    pub(crate) fn note_closing_response(&self, at: Instant) {
+        self.closing_response_at
+            .store(instant_nanos(at), Ordering::Release);
+    }
+
+    /// When the headers of its response announcing its close reached the
+    /// caller (`None`: none did).
+    pub(crate) fn closing_response_at(&self) -> Option<Instant> {
+        instant_of(self.closing_response_at.load(Ordering::Acquire))
     }
 
     /// When the latest request counted on it started (`None`: none yet).

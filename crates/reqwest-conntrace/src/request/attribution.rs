@@ -101,8 +101,11 @@ pub(crate) fn attribute_response(
     // A `Connection: close` either side sent ends an HTTP/1.1 connection
     // with this response (RFC 9112 §9.6); whose it was names the fix.
     let asked_close = state.asked_close(&record.client);
-    record
-        .set_connection_close(!record.http2() && (asked_close || server_closes(version, headers)));
+    let closes = !record.http2() && (asked_close || server_closes(version, headers));
+    record.set_connection_close(closes);
+    if closes {
+        record.note_closing_response(Instant::now());
+    }
     record.set_client_asked_close(asked_close);
     let start = state.started;
     let ready = record.ready_at();
