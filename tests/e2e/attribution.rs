@@ -1168,6 +1168,78 @@ async fn a_request_limit_close_read_late_counts_idle_from_hypers_read() {
     }
 }
 
+/// HTTP/1.1, plain and over TLS: the server closes each connection after
+/// its 2nd request (`Connection: close`). Two cold connections X and Y;
+/// then X reaches its limit and is read at once (a loss no miss needed:
+/// Y was idle), Y reaches its limit and the caller holds its response
+/// unread, and a request misses meanwhile. Both losses are unnamed; the
+/// miss names the latest, Y (`request_limit`, `previous.request_count = 2`,
+/// idle since Y's last request at most), not X. A
+/// tester's four concurrent streams reading late saw 38 of 159 misses name
+/// a connection the server had closed over 500 ms before while the one it
+/// had just closed went unnamed. Checked against the server's records.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_miss_names_the_latest_unnamed_loss_even_while_its_response_is_held() {
+    let pki = TestPki::localhost().expect("pki");
+    for tls in [false, true] {
+        let t = telemetry();
+        // Each response 100 ms late: the two first requests are in flight
+        // together, on two connections.
+        let server = plain_h1()
+            .max_requests_per_connection(Some(2))
+            .delay(Duration::from_millis(100));
+        let server = RemoteServer::start(if tls { server.tls(&pki) } else { server }).await;
+        let client = t.client(reqwest::Client::builder(), tls.then_some(&pki));
+        let url = server.get().url("/");
+        // Two cold connections.
+        futures::future::join(get(&client, &url), get(&client, &url)).await;
+        // hyper-util puts them back on tasks of their own.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        // X: its 2nd request, read at once.
+        get(&client, &url).await;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        // Y: its 2nd request, held unread.
+        let held = client.get(&url).send().await.expect("Y's last response");
+        let held_at = std::time::Instant::now();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let since_held = held_at.elapsed().as_secs_f64();
+        get(&client, &url).await;
+        held.bytes().await.expect("body");
+        get(&client, &url).await;
+        let spans = requests(&t, 6);
+        let seen_spans: Vec<Seen> = spans.iter().map(seen).collect();
+        compare_with_server(&seen_spans, &server.get().requests());
+        let (x, y) = (seen_spans[2].id, seen_spans[3].id);
+        assert_ne!(x, y, "tls {tls}\n{}", compact(&seen_spans));
+        let miss = &seen_spans[4];
+        assert_eq!(
+            (
+                miss.reason.as_deref(),
+                miss.previous_id,
+                miss.previous_count
+            ),
+            (Some(semconv::MISS_REASON_REQUEST_LIMIT), y, Some(2)),
+            "tls {tls}\n{}",
+            compact(&seen_spans)
+        );
+        // The last request: an idle hit on the miss's new connection.
+        assert_eq!(
+            (seen_spans[5].reason.as_deref(), seen_spans[5].id),
+            (None, miss.id),
+            "tls {tls}\n{}",
+            compact(&seen_spans)
+        );
+        // Y's idle time: from its last request's start at the earliest
+        // (its response closed it), not from the response before.
+        let idle =
+            f64_attr(&spans[4], semconv::HTTP_CONNECTION_PREVIOUS_IDLE_TIME).expect("idle time");
+        assert!(
+            idle >= since_held && idle < since_held + 0.1,
+            "tls {tls}: previous.idle_time {idle} s, Y's response held {since_held} s"
+        );
+    }
+}
+
 /// HTTP/2, over TLS (ALPN) and h2c (prior knowledge): the client's idle
 /// timeout (100 ms, set through our builder) below the server's response
 /// time (150 ms), the server never closing. hyper-util dates a shared
