@@ -1018,8 +1018,10 @@ async fn http2_goaway_after_n_streams_names_the_previous_connection() {
 /// A reset request failed with `http2_stream_reset` and names the
 /// connection; every request's `http.connection.request_count` is the
 /// server's index of its stream on the connection, the reset ones
-/// included (the server took them in). A tester saw each later count fall
-/// one further behind the server's, 36 of 36 resets uncounted. A server's
+/// included (the server took them in), and the hit after a reset idled
+/// since the reset, not since the response before. A tester saw each
+/// later count fall one further behind the server's, 36 of 36 resets
+/// uncounted. A server's
 /// `REFUSED_STREAM` (it processed nothing, RFC 9113 section 8.7) is not
 /// counted: the last request, refused, names the connection, no count.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1062,7 +1064,15 @@ async fn http2_streams_the_server_reset_count_as_the_server_counts_them() {
     let client = t.client(reqwest::Client::builder().http2_prior_knowledge(), None);
     let url = format!("http://{addr}/");
     let mut truth = Vec::new();
+    // Each request 40 ms after the previous one ended: the gap after each
+    // reset, as this test saw it.
+    let mut gaps_after_reset = Vec::new();
+    let mut reset_at = None;
     for i in 1..=6u64 {
+        tokio::time::sleep(Duration::from_millis(40)).await;
+        if let Some(at) = reset_at.take() {
+            gaps_after_reset.push((i as usize - 1, std::time::Instant::now() - at));
+        }
         match client.get(&url).send().await {
             Ok(response) => {
                 let index = response
@@ -1074,7 +1084,10 @@ async fn http2_streams_the_server_reset_count_as_the_server_counts_them() {
                 response.bytes().await.expect("body");
                 truth.push((Some(index), None));
             }
-            Err(_) => truth.push((Some(i as i64), Some(semconv::ERROR_TYPE_HTTP2_STREAM_RESET))),
+            Err(_) => {
+                reset_at = Some(std::time::Instant::now());
+                truth.push((Some(i as i64), Some(semconv::ERROR_TYPE_HTTP2_STREAM_RESET)));
+            }
         }
     }
     client
@@ -1082,8 +1095,19 @@ async fn http2_streams_the_server_reset_count_as_the_server_counts_them() {
         .send()
         .await
         .expect_err("refused");
-    let spans: Vec<Seen> = requests(&t, 7).iter().map(seen).collect();
+    let all = requests(&t, 7);
+    let spans: Vec<Seen> = all.iter().map(seen).collect();
     assert_eq!(accepted.load(Ordering::SeqCst), 1, "one connection");
+    // The reset ended an exchange: a hit after it idled since the reset,
+    // not since the response before (two gaps).
+    assert!(!gaps_after_reset.is_empty());
+    for (i, gap) in &gaps_after_reset {
+        let idle = f64_attr(&all[*i], semconv::HTTP_CONNECTION_IDLE_TIME).expect("idle time");
+        assert!(
+            idle >= gap.as_secs_f64() && idle < gap.as_secs_f64() + 0.03,
+            "request {i}: idle {idle} s, {gap:?} since the reset"
+        );
+    }
     let id = spans[0].id;
     for (i, (s, (count, error))) in spans.iter().zip(&truth).enumerate() {
         assert_eq!(

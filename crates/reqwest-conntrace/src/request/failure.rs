@@ -151,6 +151,12 @@ pub(crate) fn attribute_failure(
     } else {
         record.requests.load(std::sync::atomic::Ordering::Relaxed)
     };
+    // The server's reset ended that exchange: the connection's last
+    // activity, as a response's end is (the next request's idle time
+    // counts from it).
+    if counted_by_server && record.http2() {
+        record.mark_released(now);
+    }
     // HTTP/2: giving up drops h2's response future, which resets the open
     // stream (RST_STREAM CANCEL; hyper 1.x `proto/h2/client.rs` drops it
     // when the request's callback is cancelled), as a dropped body does.
