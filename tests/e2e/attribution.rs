@@ -1013,6 +1013,66 @@ async fn http2_goaway_after_n_streams_names_the_previous_connection() {
     }
 }
 
+/// HTTP/2, h2c and TLS: the server's idle timeout (GOAWAY, then FIN, 20 ms
+/// after each response) ends each connection before the client's idle
+/// clock (150 ms from the checkout, set through our builder) runs out;
+/// each response takes 100 ms and the next request comes 80 ms after it,
+/// past the client's clock. The server's records: every connection ended
+/// by its idle timeout. Every miss names the previous connection as the
+/// server's close (`closed_by_peer`, `previous.end = goaway`), never the
+/// client's `idle_expired`: decided at the miss from the checkout alone, a
+/// tester saw 126 of 126 read `idle_expired`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http2_server_idle_close_before_the_clients_clock_is_the_servers() {
+    const ROUNDS: usize = 4;
+    let pki = TestPki::localhost().expect("pki");
+    for tls in [false, true] {
+        let t = telemetry();
+        let server = TestServer::builder()
+            .http_versions(HttpVersions::Http2Only)
+            .delay(Duration::from_millis(100))
+            .idle_timeout(Some(Duration::from_millis(20)));
+        let server = RemoteServer::start(if tls { server.tls(&pki) } else { server }).await;
+        let builder = if tls {
+            reqwest::Client::builder()
+        } else {
+            reqwest::Client::builder().http2_prior_knowledge()
+        };
+        let client = t.client_with(builder, tls.then_some(&pki), |b| {
+            b.pool_idle_timeout(Some(Duration::from_millis(150)))
+        });
+        let url = server.get().url("/");
+        for _ in 0..ROUNDS {
+            get(&client, &url).await;
+            tokio::time::sleep(Duration::from_millis(80)).await;
+        }
+        let spans: Vec<Seen> = requests(&t, ROUNDS).iter().map(seen).collect();
+        compare_with_server(&spans, &server.get().requests());
+        // The last connection may still be open.
+        assert!(
+            connections_ended(&server, ConnectionEnd::IdleTimeout) >= ROUNDS - 1,
+            "tls {tls}: {:?}",
+            server.get().connections()
+        );
+        for (i, s) in spans.iter().enumerate().skip(1) {
+            assert_eq!(
+                (
+                    s.reason.as_deref(),
+                    s.previous_id,
+                    s.previous_end.as_deref()
+                ),
+                (
+                    Some(semconv::MISS_REASON_CLOSED_BY_PEER),
+                    spans[i - 1].id,
+                    Some(semconv::CONNECTION_END_GOAWAY)
+                ),
+                "tls {tls}: request {i}\n{}",
+                compact(&spans)
+            );
+        }
+    }
+}
+
 /// HTTP/2 (h2c): the server resets every second stream it takes in
 /// (RST_STREAM `INTERNAL_ERROR`, before any response), answers the others.
 /// A reset request failed with `http2_stream_reset` and names the

@@ -215,6 +215,19 @@ impl Inner {
     ) {
         let now = Instant::now();
         self.note_close_at_release(record, lookup, now, asked_at.min(now));
+        // HTTP/2 closed once the client's idle clock had run out: the
+        // pool's close, whoever closed the socket first (row 9), not a
+        // server's end for later misses to read.
+        if crate::pool::kernel_decision::http2_closed_by_pool(
+            record,
+            lookup,
+            now,
+            asked_at.min(now),
+        ) {
+            record.infer_end(crate::miss::ConnectionEnd::IdleTimeout);
+            self.connection_closed(record, now);
+            return;
+        }
         match lookup {
             KernelLookup::Found(facts) if facts.state == crate::TcpState::Established => {
                 // Over the idle limit yet established: the pool kept it, or
@@ -355,8 +368,11 @@ impl Inner {
             // for its report.
             let sink: std::sync::Weak<dyn crate::kernel::SocketEndSink> =
                 Arc::downgrade(&record) as _;
-            if crate::kernel::watch_end(l, r, sink) && !record.http2() {
-                record.mark_end_watched();
+            if crate::kernel::watch_end(l, r, sink) {
+                record.mark_end_reported();
+                if !record.http2() {
+                    record.mark_end_watched();
+                }
             }
         }
         if let Err(full) = self.registry.insert(record)

@@ -3,7 +3,7 @@
 //! hyper-util may have restarted unseen (row 9 of the miss-reason table,
 //! REFERENCE section 14).
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// Requests to a host in flight at one moment (started, not ended), the
 /// missing request's own included.
@@ -17,9 +17,32 @@ pub(crate) struct InFlight {
 }
 
 impl InFlight {
-    /// Whether one of them started strictly between `after` and `before`.
-    pub(crate) fn any_started_between(&self, after: Instant, before: Instant) -> bool {
-        self.starts.iter().any(|s| *s > after && *s < before)
+    /// When hyper-util's idle clock for a shared (HTTP/2) connection last
+    /// restarted, at the latest these requests allow: `since`, its latest
+    /// checkout a response showed, moved to each request still in flight
+    /// that started before the clock (`timeout`) ran out from there. Such
+    /// a request may have checked the connection out unseen (its response
+    /// has not shown its connection yet), restarting the clock; one that
+    /// started later found the connection expired, as the missing request
+    /// did, and restarted nothing. Only starts before `before` count: the
+    /// missing request's own start, and those of requests started with it,
+    /// come after (had the pool handed one of those the connection, the
+    /// missing request would have had it too).
+    pub(crate) fn http2_clock_restart(
+        &self,
+        mut since: Instant,
+        timeout: Duration,
+        before: Instant,
+    ) -> Instant {
+        while let Some(later) = self
+            .starts
+            .iter()
+            .filter(|s| **s > since && **s < since + timeout && **s < before)
+            .max()
+        {
+            since = *later;
+        }
+        since
     }
 }
 
@@ -35,20 +58,24 @@ impl From<u64> for InFlight {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::time::Duration;
 
-    /// Only starts strictly inside the window count.
+    /// A start inside the clock's window moves it, again from there; a
+    /// start after the window ran out (a request that found the connection
+    /// expired), or not before the miss's own, does not.
     #[test]
-    fn a_start_counts_only_strictly_inside_the_window() {
+    fn an_http2_clock_restarts_at_each_start_inside_its_window() {
         let t0 = Instant::now();
         let ms = Duration::from_millis;
+        let t = ms(100);
         let load = InFlight {
-            count: 2,
-            starts: vec![t0, t0 + ms(100)],
+            count: 3,
+            starts: vec![t0 + ms(60), t0 + ms(150), t0 + ms(400)],
         };
-        assert!(!load.any_started_between(t0, t0 + ms(100)));
-        assert!(load.any_started_between(t0, t0 + ms(101)));
-        assert!(load.any_started_between(t0 - ms(1), t0 + ms(1)));
-        assert!(!InFlight::from(3).any_started_between(t0 - ms(9), t0 + ms(9)));
+        let end = t0 + ms(500);
+        assert_eq!(load.http2_clock_restart(t0, t, end), t0 + ms(150));
+        assert_eq!(load.http2_clock_restart(t0 + ms(150), t, end), t0 + ms(150));
+        assert_eq!(load.http2_clock_restart(t0 - ms(200), t, end), t0 - ms(200));
+        assert_eq!(load.http2_clock_restart(t0, t, t0 + ms(100)), t0 + ms(60));
+        assert_eq!(InFlight::from(3).http2_clock_restart(t0, t, end), t0);
     }
 }

@@ -179,6 +179,18 @@ pub(crate) fn decide_from_kernel(
         )
         .limits_inferred();
     }
+    // Row 9 for HTTP/2, the client's idle timeout set through our builder:
+    // the connection closed (whoever closed the socket first: after our
+    // GOAWAY the server may) or alive (a stream held it) once hyper-util's
+    // idle clock had run out: the pool expired it. A close dated before:
+    // the server's GOAWAY or close, read below.
+    if candidate.http2()
+        && http2_end_date(candidate, lookup, now, classified_at)
+            .is_some_and(|at| http2_pool_expired_by(candidate, at))
+        && !candidate.end().is_some_and(ConnectionEnd::by_server)
+    {
+        return http2_idle_expired(candidate, now);
+    }
     if !candidate.http2()
         && (candidate.requests.load(Ordering::Relaxed) != requests_seen
             || candidate.said_connection_close())
@@ -391,9 +403,9 @@ pub(crate) fn decide_from_kernel(
         // HTTP/2: after the server's GOAWAY the client closes first once no
         // stream is left; the kernel dates that close.
         KernelLookup::Found(facts) if facts.state.closed_by_us() && candidate.http2() => {
-            candidate.infer_end(ConnectionEnd::GoAway);
             let closed = facts.closed_ago().and_then(|ago| now.checked_sub(ago));
             let by = closed.map_or(classified_at, |at| at.min(classified_at));
+            candidate.infer_end(ConnectionEnd::GoAway);
             ended_by_server(candidate, now, candidate.end(), by)
         }
         // HTTP/1.1 over TLS, our side closed first and the server answered
@@ -474,6 +486,108 @@ pub(crate) fn decide_from_kernel(
         KernelLookup::Found(_) => alive,
         KernelLookup::Unavailable | KernelLookup::TimedOut => alive,
     }
+}
+
+/// Row 9 for HTTP/2, the client's idle timeout set through our builder:
+/// whether hyper-util's idle clock for `candidate` had run out by `at`, a
+/// date no earlier than the close it dates. hyper-util dates a shared connection at
+/// each checkout, not at a response's end (hyper-util 0.1
+/// `client/legacy/pool.rs`, `IdlePopper::pop`), and closes it no sooner
+/// than the timeout after that date, at a checkout or its idle interval;
+/// the date is the latest request start a response or a miss showed
+/// ([`ConnectionRecord::http2_idle_since`]). A close dated before that
+/// ([`http2_end_date`]) was the server's (its GOAWAY, which our close
+/// answers, or its own close); one dated after, whoever closed the socket
+/// first (the server may, answering the GOAWAY our pool's close sends),
+/// came once the pool's clock had run out. A tester's 100 ms timeout under
+/// 150 ms responses read `request_limit` / `goaway` (45 of 45) while
+/// counted from the responses' ends; decided at the miss alone, a server's
+/// GOAWAY or close 20-50 ms before the clock ran out read `idle_expired`
+/// (126 of 126).
+fn http2_pool_expired_by(candidate: &ConnectionRecord, at: Instant) -> bool {
+    candidate.http2()
+        && candidate
+            .client
+            .idle_timeout
+            .is_some_and(|t| at >= candidate.http2_idle_since() + t)
+}
+
+/// Whether the kernel's `lookup` (at `now`, asked at `asked_at`) shows
+/// `record` (HTTP/2) closed by the client's pool: closed (or gone) once
+/// its idle clock had run out ([`http2_pool_expired_by`]), its traffic
+/// having shown no end by the server. Then its end is the idle timeout's,
+/// not a server's a later miss would read (a wave's three misses on one
+/// connection: the first one's look, showing the server's FIN that
+/// answered our GOAWAY, made the third read `closed_by_peer`).
+pub(crate) fn http2_closed_by_pool(
+    record: &ConnectionRecord,
+    lookup: &KernelLookup,
+    now: Instant,
+    asked_at: Instant,
+) -> bool {
+    record.http2()
+        && lookup.shows_closed()
+        && !record.seen_end().is_some_and(ConnectionEnd::by_server)
+        && http2_end_date(record, lookup, now, asked_at)
+            .is_some_and(|at| http2_pool_expired_by(record, at))
+}
+
+/// When `candidate`'s (HTTP/2) socket ended as the kernel dates it, no
+/// later than `classified_at` (the miss), and no earlier than the close
+/// (the report is read after the socket's end; the timer is counted in
+/// jiffies: [`CLOSE_DATING_SLACK`] is added); `None` when nothing dates a
+/// close the server made first. Our close first: by its `TIME_WAIT` /
+/// `FIN_WAIT2` timer, else the kernel's report of the socket's end, else
+/// the miss (hyper-util's pool drops a connection a GOAWAY closed only at
+/// its next checkout or idle check: our close then dates nothing). The
+/// server's close first, still closing (`CLOSE_WAIT`, `LAST_ACK`): the
+/// report, else the miss. Gone: the report, else, where the kernel
+/// reports ends, the miss (the report not in yet: it ended moments ago;
+/// over TLS the server's answer to our close_notify can close it first),
+/// else nothing (a server's close while it idled is not taken for the
+/// pool's). Alive: the miss.
+fn http2_end_date(
+    candidate: &ConnectionRecord,
+    lookup: &KernelLookup,
+    now: Instant,
+    classified_at: Instant,
+) -> Option<Instant> {
+    let reported = || candidate.socket_end().map(|end| end.seen_at);
+    let date = match lookup {
+        KernelLookup::Found(facts) if facts.state == crate::TcpState::Established => {
+            Some(classified_at)
+        }
+        KernelLookup::Found(facts) if facts.state.closed_by_us() => Some(
+            facts
+                .closed_ago()
+                .and_then(|ago| now.checked_sub(ago))
+                .map(|at| at + CLOSE_DATING_SLACK)
+                .or_else(reported)
+                .unwrap_or(classified_at),
+        ),
+        // Closing now (`CLOSE_WAIT`, `LAST_ACK`: hyper closes its side as
+        // soon as it reads the server's FIN): the close came at the miss,
+        // no sooner than a round trip before.
+        KernelLookup::Found(_) => Some(reported().unwrap_or(classified_at)),
+        // Gone: the report dates it; none yet, where the kernel reports
+        // ends, it ended moments ago (reports come within a millisecond).
+        KernelLookup::NotFound => {
+            reported().or_else(|| candidate.end_reported().then_some(classified_at))
+        }
+        KernelLookup::Unavailable | KernelLookup::TimedOut => Some(classified_at),
+    };
+    date.map(|at| at.min(classified_at))
+}
+
+/// The miss of an HTTP/2 `candidate` hyper-util's pool expired
+/// ([`http2_pool_expired_by`]): `idle_expired`, `previous.end =
+/// idle_timeout`.
+fn http2_idle_expired(candidate: &ConnectionRecord, now: Instant) -> Miss {
+    candidate.mark_named_by_miss(now);
+    Miss::caused_by(
+        MissReason::IdleExpired,
+        Previous::of(candidate, now, Some(ConnectionEnd::IdleTimeout)),
+    )
 }
 
 /// The miss a close of ours (HTTP/1.1) explains, `close` being how the

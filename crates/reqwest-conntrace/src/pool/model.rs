@@ -45,6 +45,12 @@ use crate::semconv;
 /// idle timeout, ended), but for losses no miss named yet (each explains a
 /// miss to come). Those and open connections are kept past it (a host with
 /// more connections in use at once than this, at peak load, keeps every
+/// How long before a miss is classified its own request, and those started
+/// with it, may have started: 5 ms (the connector is called right after
+/// hyper-util's checkout fails; a busy runtime delays it). Requests started
+/// since restarted no HTTP/2 idle clock the miss would not have seen.
+const MISS_START_SLACK: std::time::Duration = std::time::Duration::from_millis(5);
+
 /// miss attributed), up to [`OPEN_CONNECTIONS_PER_HOST`].
 pub(crate) const CONNECTIONS_PER_HOST: usize = 64;
 
@@ -489,20 +495,29 @@ impl PoolHistory {
         //    counted from hyper's (a body read late), the kernel decides
         //    (the server may have closed it first; row 9 there).
         //    HTTP/2: hyper-util restarts a shared connection's idle clock at
-        //    each checkout, not at a response's end, and no idle limit
-        //    closes it at a release (`http2_idle_expired`).
-        let limit_may_have_closed = !candidate.http2()
-            && (candidate.is_over_idle_limit_unsure()
-                || client.max_idle_per_host.is_some()
-                || client.inferred.idle_limit().is_some());
-        if client.idle_timeout.is_some_and(|t| {
-            if candidate.http2() {
-                http2_idle_expired(candidate, t, &load, now)
-            } else {
-                now.saturating_duration_since(candidate.last_activity()) >= t
-            }
-        }) && !ended_before_idle_timeout(candidate)
-            && !(limit_may_have_closed && candidate.setup.local_addr.is_some())
+        //    each checkout, not at a response's end; requests still in
+        //    flight may have restarted it unseen (their starts tell). The
+        //    kernel decides: a server's GOAWAY or close before the clock ran
+        //    out is the server's (`kernel_decision::http2_pool_expired`).
+        if candidate.http2()
+            && let Some(t) = client.idle_timeout
+        {
+            let before = now.checked_sub(MISS_START_SLACK).unwrap_or(now);
+            candidate.note_http2_clock_restart(load.http2_clock_restart(
+                candidate.http2_idle_since(),
+                t,
+                before,
+            ));
+        }
+        let limit_may_have_closed = candidate.is_over_idle_limit_unsure()
+            || client.max_idle_per_host.is_some()
+            || client.inferred.idle_limit().is_some();
+        if !candidate.http2()
+            && client
+                .idle_timeout
+                .is_some_and(|t| now.saturating_duration_since(candidate.last_activity()) >= t)
+            && !ended_before_idle_timeout(candidate)
+            && (!limit_may_have_closed || candidate.setup.local_addr.is_none())
         {
             candidate.mark_named_by_miss(now);
             return MissVerdict::Decided(Miss::caused_by(
@@ -1381,27 +1396,6 @@ impl PoolHistory {
             .cloned()
             .collect()
     }
-}
-
-/// Row 9 for an HTTP/2 connection: whether hyper-util's idle timeout `t`
-/// had expired `candidate` by `now`. hyper-util's pool keeps a shared
-/// (HTTP/2) connection in its idle list while streams run on it and dates
-/// it at each checkout (`idle_at` set to the checkout's instant, hyper-util
-/// 0.1 `client/legacy/pool.rs`, `IdlePopper::pop`); a stream's end restarts
-/// nothing. So a connection whose responses take longer than the timeout
-/// expires between two sequential requests. Counted from the start of its
-/// latest request we saw a response of
-/// ([`ConnectionRecord::http2_idle_since`]); a request still in flight
-/// (`load`) that started before the timeout ran out from there may have
-/// checked it out unseen and restarted the clock: then the kernel decides.
-fn http2_idle_expired(
-    candidate: &ConnectionRecord,
-    t: std::time::Duration,
-    load: &InFlight,
-    now: Instant,
-) -> bool {
-    let since = candidate.http2_idle_since();
-    now.saturating_duration_since(since) >= t && !load.any_started_between(since, since + t)
 }
 
 /// Forgets `connections` matching `forgettable`, oldest first, until
@@ -3354,56 +3348,75 @@ mod tests {
     /// `pool_disabled` (a tester: 88 of 96 and 8 of 96 misses).
     /// Row 9, HTTP/2: hyper-util dates a shared connection at its
     /// checkout, so a stream longer than the idle timeout expires it
-    /// (counted from the latest request's start, not its response's end):
-    /// `idle_expired`. Unless a request still in flight started before the
-    /// timeout ran out from there: it may have checked the connection out
-    /// unseen, restarting the clock; then the kernel decides.
+    /// (counted from the latest request's start, not its response's end);
+    /// the kernel decides whose close it was. Our close (or the connection
+    /// alive, held by a stream) once the clock ran out: `idle_expired`. Our
+    /// close before: the answer to the server's GOAWAY. The server's close:
+    /// its own. A request still in flight that started before the clock
+    /// ran out may have restarted it (`InFlight::http2_clock_restart`); one
+    /// that started after did not.
     #[test]
     fn an_http2_connection_idles_from_its_latest_checkout() {
         let t0 = Instant::now();
         let ms = Duration::from_millis;
-        let known = Arc::new(ClientState::new(Some(Some(ms(100))), None));
+        // A 150 ms timeout; each response takes 100 ms, the next request
+        // comes 80 ms after it: the clock ran out 30 ms before the miss.
+        let known = Arc::new(ClientState::new(Some(Some(ms(150))), None));
         let setup = || {
             let pools = PoolHistory::default();
             let a = connection(&pools, &known, 1, t0, true);
             a.take();
             a.count_request(t0 + ms(1));
             a.give_back();
-            // The response took 150 ms.
-            a.mark_released(t0 + ms(151));
+            a.mark_released(t0 + ms(101));
             (pools, a)
         };
+        let at = t0 + ms(181);
+        let closed = |closed_ms: u64| closed_ago(at.saturating_duration_since(t0 + ms(closed_ms)));
+        let in_flight_since = |start: u64| InFlight {
+            count: 2,
+            starts: vec![t0 + ms(start), at],
+        };
+        let expired = Some((MissReason::IdleExpired, ConnectionEnd::IdleTimeout));
+        let goaway = None;
+        for (load, lookup, expected) in [
+            // Our close at the miss's checkout, or alive (a stream held it).
+            (InFlight::from(1), closed(181), expired),
+            (InFlight::from(1), state(TcpState::Established), expired),
+            // Our close 20 ms after the response, 30 ms before the clock
+            // ran out: the answer to the server's GOAWAY.
+            (InFlight::from(1), closed(121), goaway),
+            // Another request in flight since 50 ms restarted the clock:
+            // alive at the miss, the pool had not expired it.
+            (in_flight_since(50), state(TcpState::Established), goaway),
+            // One started after the clock ran out (a wave mate) did not.
+            (in_flight_since(160), state(TcpState::Established), expired),
+        ] {
+            let (pools, a) = setup();
+            let (candidate, alive, seen) =
+                ask(pools.classify_miss(&host(), &known, at, load.clone()));
+            assert_eq!(candidate.id(), a.id());
+            let miss = decide_from_kernel(&candidate, &lookup, at, alive, seen, at);
+            let seen_end = miss.previous.and_then(|p| p.end);
+            match expected {
+                Some((reason, end)) => {
+                    assert_eq!(
+                        (miss.reason, seen_end),
+                        (reason, Some(end)),
+                        "{load:?} {lookup:?}"
+                    )
+                }
+                None => assert!(
+                    seen_end == Some(ConnectionEnd::GoAway)
+                        && miss.reason != MissReason::IdleExpired,
+                    "{load:?} {lookup:?}: {miss:?}"
+                ),
+            }
+        }
         let (pools, a) = setup();
         assert_eq!(a.http2_idle_since(), t0 + ms(1));
-        let at = t0 + ms(152);
-        let miss = decided(pools.classify_miss(&host(), &known, at, 1));
-        assert_eq!(
-            (miss.reason, miss.previous.map(|p| (p.id, p.end))),
-            (
-                MissReason::IdleExpired,
-                Some((a.id(), Some(ConnectionEnd::IdleTimeout)))
-            )
-        );
-        // Another request in flight since 50 ms: the kernel decides.
-        let (pools, _a) = setup();
-        let load = InFlight {
-            count: 2,
-            starts: vec![t0 + ms(50), at],
-        };
-        ask(pools.classify_miss(&host(), &known, at, load));
-        // One started after the timeout had run out (a wave mate): row 9.
-        let (pools, _a) = setup();
-        let load = InFlight {
-            count: 2,
-            starts: vec![t0 + ms(120), at],
-        };
-        assert_eq!(
-            decided(pools.classify_miss(&host(), &known, at, load)).reason,
-            MissReason::IdleExpired
-        );
-        // Within the timeout of its latest start: not expired.
-        let (pools, _a) = setup();
-        ask(pools.classify_miss(&host(), &known, t0 + ms(90), 1));
+        ask(pools.classify_miss(&host(), &known, at, in_flight_since(50)));
+        assert_eq!(a.http2_idle_since(), t0 + ms(50));
     }
 
     #[test]

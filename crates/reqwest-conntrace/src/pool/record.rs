@@ -126,6 +126,12 @@ pub(crate) struct ConnectionRecord {
     /// (`Connection: close`) reached the caller (as [`instant_nanos`]; 0
     /// when none): hyper closed it on reading that response.
     closing_response_at: AtomicU64,
+    /// HTTP/2: the latest restart of hyper-util's idle clock a miss found
+    /// (see [`InFlight::http2_clock_restart`]; as [`instant_nanos`], 0 when
+    /// none).
+    ///
+    /// [`InFlight::http2_clock_restart`]: crate::pool::in_flight::InFlight::http2_clock_restart
+    http2_clock_restart: AtomicU64,
     /// HTTP/2: the latest instant by which the server's end of it (GOAWAY,
     /// then its close) had reached this client, the earliest one seen: a
     /// request on it refused by the GOAWAY, a miss that found it unusable
@@ -142,6 +148,10 @@ pub(crate) struct ConnectionRecord {
     /// Its socket's end is watched (HTTP/1.1, see
     /// [`kernel::watch_end`](crate::kernel::watch_end)).
     end_watched: AtomicBool,
+    /// The kernel reports its socket's end (HTTP/2 included, where nothing
+    /// waits for the report): a socket gone with no report yet ended
+    /// moments ago.
+    end_reported: AtomicBool,
     /// The kernel's report of its socket's end, once it came (boxed: it
     /// is read only over TLS, to tell who closed, and for a request that
     /// failed on a socket already closed).
@@ -231,9 +241,11 @@ impl ConnectionRecord {
             named_by_miss: AtomicU64::new(0),
             latest_request_started: AtomicU64::new(0),
             closing_response_at: AtomicU64::new(0),
+            http2_clock_restart: AtomicU64::new(0),
             server_end_by: AtomicU64::new(0),
             shared: AtomicBool::new(false),
             end_watched: AtomicBool::new(false),
+            end_reported: AtomicBool::new(false),
             socket_end: OnceLock::new(),
             runtime: tokio::runtime::Handle::try_current().ok().map(|h| h.id()),
         }
@@ -243,6 +255,17 @@ impl ConnectionRecord {
     /// ([`socket_end`](Self::socket_end)).
     pub(crate) fn mark_end_watched(&self) {
         self.end_watched.store(true, Ordering::Release);
+    }
+
+    /// The kernel will report its socket's end (HTTP/1.1 and HTTP/2).
+    pub(crate) fn mark_end_reported(&self) {
+        self.end_reported.store(true, Ordering::Release);
+    }
+
+    /// Whether the kernel reports its socket's end (see
+    /// [`mark_end_reported`](Self::mark_end_reported)).
+    pub(crate) fn end_reported(&self) -> bool {
+        self.end_reported.load(Ordering::Acquire)
     }
 
     /// The kernel's report of its socket's end, if it came.
@@ -777,13 +800,25 @@ impl ConnectionRecord {
     }
 
     /// HTTP/2: when hyper-util's idle clock for this shared connection last
-    /// restarted, as far as the responses show: the start of the latest
-    /// request counted on it (hyper-util dates a shared connection at each
-    /// checkout, which comes right after a request's start; a stream's end
-    /// restarts nothing), or its ready time (its insertion into the pool).
+    /// restarted, as far as we know: the start of the latest request
+    /// counted on it (hyper-util dates a shared connection at each checkout,
+    /// which comes right after a request's start; a stream's end restarts
+    /// nothing), or a later restart a miss found by requests in flight
+    /// ([`note_http2_clock_restart`](Self::note_http2_clock_restart)), or
+    /// its ready time (its insertion into the pool).
     pub(crate) fn http2_idle_since(&self) -> Instant {
+        let restart = instant_of(self.http2_clock_restart.load(Ordering::Acquire));
         self.latest_request_started()
+            .max(restart)
             .map_or(self.ready_at(), |started| started.max(self.ready_at()))
+    }
+
+    /// HTTP/2: records that a miss found hyper-util's idle clock for this
+    /// connection restarted as late as `at` by requests still in flight
+    /// (the latest such date wins).
+    pub(crate) fn note_http2_clock_restart(&self, at: Instant) {
+        self.http2_clock_restart
+            .fetch_max(instant_nanos(at), Ordering::AcqRel);
     }
 
     /// When hyper-util's idle clock for this connection may have started at
