@@ -505,11 +505,10 @@ pub(crate) fn decide_from_kernel(
 /// GOAWAY or close 20-50 ms before the clock ran out read `idle_expired`
 /// (126 of 126).
 fn http2_pool_expired_by(candidate: &ConnectionRecord, at: Instant) -> bool {
-    candidate.http2()
-        && candidate
-            .client
-            .idle_timeout
-            .is_some_and(|t| at >= candidate.http2_idle_since() + t)
+    candidate
+        .client
+        .idle_timeout
+        .is_some_and(|t| at >= candidate.http2_idle_since() + t)
 }
 
 /// Whether the kernel's `lookup` (at `now`, asked at `asked_at`) shows

@@ -76,7 +76,7 @@ pub(crate) fn known_loss_miss(record: &ConnectionRecord, now: Instant) -> Miss {
 
 /// Names, for a miss, the connection among `connections()` known lost
 /// (see [`known_loss`]) that no miss named yet, the most recently lost
-/// first (see [`lost_at`]): each such loss cost the pool one connection,
+/// first (see [`ConnectionRecord::idle_or_closed_since`]): each such loss cost the pool one connection,
 /// so it explains one miss (a burst after several connections reached the
 /// server's request limit, or after requests timed out on every pooled
 /// connection, names each once). `None` when there is none.
@@ -89,30 +89,11 @@ where
     loop {
         let next = connections()
             .filter(|r| known_loss(r).is_some() && !r.is_close_named())
-            .max_by_key(|r| lost_at(r))?;
+            .max_by_key(|r| r.idle_or_closed_since())?;
         // Another miss may name it meanwhile: then the next one.
         if next.name_close() {
             return Some(next);
         }
-    }
-}
-
-/// When `record` went idle or was lost, at the earliest: hyper-util's
-/// put-back bound of its latest response (which a caller reading the body
-/// late follows; [`ConnectionRecord::idle_since`]), or, while the caller
-/// still holds a response announcing its close (HTTP/1.1 `Connection:
-/// close`, its body unread: hyper closed the connection on reading it),
-/// when that response's headers arrived. Not the caller's read: under
-/// concurrent streams that read late, a tester saw 38 of 159
-/// `request_limit` misses name a connection the server had closed over
-/// 500 ms before, while the one it had just closed went unnamed.
-pub(crate) fn lost_at(record: &ConnectionRecord) -> Instant {
-    let idle_since = record.idle_since();
-    match record.closing_response_at() {
-        Some(at) if !record.http2() && record.in_use() > 0 && record.said_connection_close() => {
-            at.max(idle_since)
-        }
-        _ => idle_since,
     }
 }
 

@@ -6,7 +6,6 @@ use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use crate::miss::ConnectionEnd;
-use crate::pool::losses::lost_at;
 use crate::pool::record::ConnectionRecord;
 use crate::pool::slot::Previous;
 
@@ -28,12 +27,13 @@ impl Previous {
     /// 1 s but closing at 0.3 s read as a pool kept past it).
     /// An HTTP/1.1 connection whose closing response (`Connection: close`)
     /// the caller still holds, its body unread, counts from that
-    /// response's headers instead ([`lost_at`]): hyper closed it on reading
+    /// response's headers instead
+    /// ([`ConnectionRecord::idle_or_closed_since`]): hyper closed it on reading
     /// that response (a tester's concurrent late readers saw 185 ms where
     /// the server's last response was 62 ms old, counted from the response
     /// before).
     pub(crate) fn of(record: &ConnectionRecord, now: Instant, end: Option<ConnectionEnd>) -> Self {
-        let idle = now.saturating_duration_since(lost_at(record));
+        let idle = now.saturating_duration_since(record.idle_or_closed_since());
         let kept_past_keep_alive = record.server_keep_alive().filter(|keep_alive| {
             !record.client.idle_timeout_known
                 && end.is_some_and(ConnectionEnd::by_server)

@@ -799,6 +799,25 @@ impl ConnectionRecord {
         self.last_released().map(|_| self.idle_since())
     }
 
+    /// When it went idle, or closed, at the earliest: hyper-util's put-back
+    /// bound of its latest response ([`idle_since`](Self::idle_since),
+    /// which a caller reading the body late follows), or, while the caller
+    /// still holds a response announcing its close (HTTP/1.1 `Connection:
+    /// close`, its body unread: hyper closed the connection on reading it),
+    /// when that response's headers arrived. Not the caller's read: under
+    /// concurrent streams that read late, a tester saw 38 of 159
+    /// `request_limit` misses name a connection the server had closed over
+    /// 500 ms before, while the one it had just closed went unnamed.
+    pub(crate) fn idle_or_closed_since(&self) -> Instant {
+        let idle_since = self.idle_since();
+        match self.closing_response_at() {
+            Some(at) if !self.http2() && self.in_use() > 0 && self.said_connection_close() => {
+                at.max(idle_since)
+            }
+            _ => idle_since,
+        }
+    }
+
     /// HTTP/2: when hyper-util's idle clock for this shared connection last
     /// restarted, as far as we know: the start of the latest request
     /// counted on it (hyper-util dates a shared connection at each checkout,
