@@ -273,12 +273,18 @@ pub(crate) fn decide_from_kernel(
         };
         if closed {
             candidate.set_end(ConnectionEnd::Discarded);
-            // This miss tells the loss: no later one names it again.
-            candidate.name_close();
-            return Miss::caused_by(
-                MissReason::Discarded,
-                Previous::of(candidate, now, Some(ConnectionEnd::Discarded)),
-            );
+            // This miss tells the loss: no later one names it again. One
+            // that another miss told while this one waited for the kernel
+            // explains that miss: this one found every connection busy, or
+            // met another loss (named when it settles, row 4's exception).
+            return if candidate.name_close() {
+                Miss::caused_by(
+                    MissReason::Discarded,
+                    Previous::of(candidate, now, Some(ConnectionEnd::Discarded)),
+                )
+            } else {
+                Miss::new(MissReason::AllBusy)
+            };
         }
     }
     // Closed by our side at its release, by the pool's own account for no

@@ -79,7 +79,10 @@ pub(crate) fn known_loss_miss(record: &ConnectionRecord, now: Instant) -> Miss {
 /// first (see [`ConnectionRecord::idle_or_closed_since`]): each such loss cost the pool one connection,
 /// so it explains one miss (a burst after several connections reached the
 /// server's request limit, or after requests timed out on every pooled
-/// connection, names each once). `None` when there is none.
+/// connection, names each once). Not one another miss is asking the kernel
+/// about since its last use (a body dropped early, found closed while that
+/// miss waits): that miss names it when the kernel answers. `None` when
+/// there is none.
 pub(crate) fn name_next_known_loss<'a, I>(
     connections: impl Fn() -> I,
 ) -> Option<&'a Arc<ConnectionRecord>>
@@ -88,7 +91,7 @@ where
 {
     loop {
         let next = connections()
-            .filter(|r| known_loss(r).is_some() && !r.is_close_named())
+            .filter(|r| known_loss(r).is_some() && !r.is_close_named() && !named_since_use(r))
             .max_by_key(|r| r.idle_or_closed_since())?;
         // Another miss may name it meanwhile: then the next one.
         if next.name_close() {
