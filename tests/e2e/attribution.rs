@@ -6537,3 +6537,123 @@ async fn nginxs_idle_close_is_closed_by_peer_plain_and_tls() {
         }
     }
 }
+
+/// Opened by [`gated_after_ours`]'s test once the connection is back in
+/// the pool.
+static GATE_OPEN: tokio::sync::Notify = tokio::sync::Notify::const_new();
+/// Notified when a gated request reached [`gated_after_ours`].
+static GATE_REACHED: tokio::sync::Notify = tokio::sync::Notify::const_new();
+
+/// A middleware placed after ours that holds a request to a `/gated` URL
+/// until [`GATE_OPEN`] is notified: its span has started, reqwest has not
+/// polled hyper-util's checkout yet.
+fn gated_after_ours<'a>(
+    req: reqwest::Request,
+    extensions: &'a mut http::Extensions,
+    next: reqwest_middleware::Next<'a>,
+) -> futures::future::BoxFuture<'a, reqwest_middleware::Result<reqwest::Response>> {
+    Box::pin(async move {
+        if req.url().path().contains("/gated") {
+            GATE_REACHED.notify_one();
+            GATE_OPEN.notified().await;
+        }
+        next.run(req, extensions).await
+    })
+}
+
+/// An HTTP/1.1 request whose span started before its connection existed,
+/// but whose first pool checkout found that connection idle (another
+/// request's connect made it, carried a response on it and put it back
+/// meanwhile: a busy runtime's order), is an idle hit: it called no
+/// connector, so it missed nothing. The lab server records one connection
+/// carrying both requests. Before, it read `reused=false` with the other
+/// request's miss (`cold`) copied, a miss counted twice.
+#[tokio::test]
+async fn an_http1_request_whose_first_checkout_found_a_newer_connection_idle_is_a_hit() {
+    // The gate orders the requests; hyper-util puts the connection back on
+    // a task of its own after the body: a run where it was not back before
+    // the gated checkout (the server then sees a second connection) says
+    // nothing, and is run again.
+    for _attempt in 0..5 {
+        let remote =
+            RemoteServer::start(TestServer::builder().http_versions(HttpVersions::Http1Only)).await;
+        let server = remote.get();
+        let t = telemetry();
+        let trace = t.conntrace();
+        let client = reqwest_middleware::ClientBuilder::new(
+            trace
+                .instrument_client(reqwest::Client::builder())
+                .build()
+                .expect("client"),
+        )
+        .with(trace.middleware())
+        .with(gated_after_ours)
+        .build();
+        let gated = tokio::spawn({
+            let client = client.clone();
+            let url = server.url("/gated");
+            async move {
+                let response = client.get(url).send().await.expect("answered");
+                response.bytes().await.expect("body");
+            }
+        });
+        GATE_REACHED.notified().await;
+        get(&client, &server.url("/first")).await;
+        // hyper-util's put-back task runs once this task waits.
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        GATE_OPEN.notify_one();
+        gated.await.expect("gated request");
+        t.connects_done(&trace).await;
+        let records = server.requests();
+        let connections: HashSet<u64> = records.iter().map(|r| r.connection_id).collect();
+        if connections.len() != 1 {
+            continue;
+        }
+        let spans = t.requests();
+        let span = |path: &str| {
+            spans
+                .iter()
+                .find(|s| str_attr(s, semconv::URL_FULL).is_some_and(|u| u.ends_with(path)))
+                .unwrap_or_else(|| panic!("a span for {path}: {spans:#?}"))
+        };
+        let (first, gated) = (span("/first"), span("/gated"));
+        assert!(
+            first.start_time > gated.start_time,
+            "the gated span started first"
+        );
+        let index = |path: &str| {
+            records
+                .iter()
+                .find(|r| r.path == path)
+                .map(|r| r.request_index as i64)
+        };
+        assert_eq!(
+            (
+                str_attr(first, semconv::HTTP_CONNECTION_MISS_REASON).as_deref(),
+                i64_attr(first, semconv::HTTP_CONNECTION_REQUEST_COUNT),
+            ),
+            (Some(semconv::MISS_REASON_COLD), index("/first")),
+            "{first:#?}"
+        );
+        assert_eq!(
+            (
+                i64_attr(gated, semconv::HTTP_CONNECTION_ID),
+                bool_attr(gated, semconv::HTTP_CONNECTION_REUSED),
+                str_attr(gated, semconv::HTTP_CONNECTION_MISS_REASON),
+                i64_attr(gated, semconv::HTTP_CONNECTION_REQUEST_COUNT),
+                f64_attr(gated, semconv::HTTP_CONNECTION_WAIT_TIME),
+            ),
+            (
+                i64_attr(first, semconv::HTTP_CONNECTION_ID),
+                Some(true),
+                None,
+                index("/gated"),
+                Some(0.0),
+            ),
+            "an idle hit on the connection the server saw carry both: {gated:#?}"
+        );
+        assert_eq!(index("/gated"), Some(2), "{records:#?}");
+        return;
+    }
+    panic!("in 5 runs, the connection was never back in the pool before the gated checkout");
+}

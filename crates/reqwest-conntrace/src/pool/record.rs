@@ -360,13 +360,14 @@ impl ConnectionRecord {
         self.stalled.store(false, Ordering::Relaxed);
     }
 
-    /// Records whether the latest response said `Connection: close`.
+    /// Records whether a response on it said `Connection: close` (the
+    /// middleware only ever sets it: see `request::attribution`).
     pub(crate) fn set_connection_close(&self, close: bool) {
         self.connection_close.store(close, Ordering::Relaxed);
     }
 
-    /// Records whether the latest request sent `Connection: close` itself
-    /// (then the close its response announces is the client's).
+    /// Records whether the request whose response announced the close sent
+    /// `Connection: close` itself (then that close is the client's).
     pub(crate) fn set_client_asked_close(&self, asked: bool) {
         self.client_asked_close.store(asked, Ordering::Relaxed);
     }

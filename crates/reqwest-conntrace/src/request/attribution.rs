@@ -102,11 +102,7 @@ pub(crate) fn attribute_response(
     // with this response (RFC 9112 §9.6); whose it was names the fix.
     let asked_close = state.asked_close(&record.client);
     let closes = !record.http2() && (asked_close || server_closes(version, headers));
-    record.set_connection_close(closes);
-    if closes {
-        record.note_closing_response(Instant::now());
-    }
-    record.set_client_asked_close(asked_close);
+    note_announced_close(&record, closes, asked_close, Instant::now());
     let start = state.started;
     let ready = record.ready_at();
     // The end of the previous response on the connection (or its ready time).
@@ -114,7 +110,14 @@ pub(crate) fn attribute_response(
     // When the connection was free for this request: ready, and for HTTP/1.1
     // (one request at a time) also released by the previous response.
     let available = if record.http2() { ready } else { last_quiet };
-    let reused = ready <= start;
+    // HTTP/1.1: a request that called no connector had an idle connection
+    // from its first checkout (hyper-util starts a connect whenever the
+    // checkout is not ready at once), even one that became ready after the
+    // request's start: the span starts before reqwest first polls the
+    // checkout, and on a busy runtime another request's connect can make a
+    // connection, carry a response on it and hand it back to the pool in
+    // between.
+    let reused = ready <= start || (!record.http2() && state.connects() == 0);
     // A request that never called the connector got its connection from
     // hyper-util's pool at once (an idle hit), even where our release time
     // is later: hyper-util returns a connection whose body it has read
@@ -564,9 +567,61 @@ pub(crate) fn record_reason(
     decided
 }
 
+/// Records on `record` (HTTP/1.1) that a response whose headers reached
+/// the caller `at` announced its connection's close (`closes`: either side
+/// sent `Connection: close`, RFC 9112 §9.6; `asked_close`: the request
+/// did). Only ever set: no response follows a closing one on its
+/// connection, but two responses on it handled at once by a busy runtime
+/// can be handled in the other order (the closing one first), and the
+/// earlier one's "keep" must not hide the close.
+fn note_announced_close(record: &ConnectionRecord, closes: bool, asked_close: bool, at: Instant) {
+    if closes {
+        record.set_connection_close(true);
+        record.set_client_asked_close(asked_close);
+        record.note_closing_response(at);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ConnectionSetup;
+    use crate::miss::ConnectionEnd;
+    use crate::pool::client::ClientState;
+    use opentelemetry::trace::SpanContext;
+
+    /// Two responses on one HTTP/1.1 connection handled in the other order
+    /// (the one announcing the server's close first, as a busy runtime can
+    /// run them): the close stays announced, and whose it was too (a
+    /// tester's wave read a request-limit close as `discarded`).
+    #[test]
+    fn a_response_handled_after_the_closing_one_keeps_the_close_announced() {
+        let at = Instant::now();
+        let record = ConnectionRecord::new(
+            Arc::new(ConnectionSetup::for_test(1, at)),
+            SpanContext::empty_context(),
+            None,
+            Arc::new(ClientState::new(Some(None), None)),
+            None,
+            None,
+        );
+        note_announced_close(&record, true, false, at);
+        note_announced_close(&record, false, false, at);
+        assert!(record.said_connection_close());
+        assert_eq!(record.announced_close_end(), ConnectionEnd::ConnectionClose);
+        assert_eq!(record.closing_response_at(), Some(at));
+        let asked = ConnectionRecord::new(
+            Arc::new(ConnectionSetup::for_test(2, at)),
+            SpanContext::empty_context(),
+            None,
+            Arc::new(ClientState::new(Some(None), None)),
+            None,
+            None,
+        );
+        note_announced_close(&asked, true, true, at);
+        note_announced_close(&asked, false, false, at);
+        assert_eq!(asked.announced_close_end(), ConnectionEnd::ClientClose);
+    }
 
     #[test]
     fn ip_text_is_the_address_as_displayed() {
