@@ -189,7 +189,7 @@ pub(crate) fn decide_from_kernel(
             .is_some_and(|at| http2_pool_expired_by(candidate, at))
         && !candidate.end().is_some_and(ConnectionEnd::by_server)
     {
-        return http2_idle_expired(candidate, now);
+        return http2_idle_expired(candidate, now, classified_at);
     }
     if !candidate.http2()
         && (candidate.requests.load(Ordering::Relaxed) != requests_seen
@@ -585,10 +585,12 @@ fn http2_end_date(
 }
 
 /// The miss of an HTTP/2 `candidate` hyper-util's pool expired
-/// ([`http2_pool_expired_by`]): `idle_expired`, `previous.end =
+/// ([`http2_pool_expired_by`]), classified at `classified_at` (the pool
+/// dropped it by that checkout): `idle_expired`, `previous.end =
 /// idle_timeout`.
-fn http2_idle_expired(candidate: &ConnectionRecord, now: Instant) -> Miss {
+fn http2_idle_expired(candidate: &ConnectionRecord, now: Instant, classified_at: Instant) -> Miss {
     candidate.mark_named_by_miss(now);
+    candidate.mark_http2_pool_expired(classified_at);
     Miss::caused_by(
         MissReason::IdleExpired,
         Previous::of(candidate, now, Some(ConnectionEnd::IdleTimeout)),

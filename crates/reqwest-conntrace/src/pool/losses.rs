@@ -139,7 +139,9 @@ pub(crate) const HTTP2_POOLED_ORDER_SLACK: std::time::Duration =
 /// one, while another connection of `connections()` that served other
 /// requests (the pool's) was ready before it, or no more than
 /// [`HTTP2_POOLED_ORDER_SLACK`] after it, and not known ended then (its end
-/// dated later, or, undated, it served a response after).
+/// dated later, or, undated, it served a response after), nor expired by
+/// the pool's idle timeout by then (a miss found it dropped: a stream
+/// still running on it kept it open, not in the pool).
 pub(crate) fn http2_spare<'a, I>(record: &ConnectionRecord, connections: impl Fn() -> I) -> bool
 where
     I: Iterator<Item = &'a Arc<ConnectionRecord>>,
@@ -152,6 +154,7 @@ where
                 && pooled.http2()
                 && pooled.is_shared()
                 && pooled.ready_at() <= ready + HTTP2_POOLED_ORDER_SLACK
+                && pooled.http2_pool_expired_at().is_none_or(|at| at > ready)
                 && match pooled.server_end_by() {
                     Some(by) => by > ready,
                     // Ended, undated: alive while it was still serving.

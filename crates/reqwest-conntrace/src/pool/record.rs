@@ -140,6 +140,11 @@ pub(crate) struct ConnectionRecord {
     /// [`ended_with_last_response`](Self::ended_with_last_response). As
     /// [`instant_nanos`]; 0 when none.
     server_end_by: AtomicU64,
+    /// HTTP/2: the earliest miss that found hyper-util's pool had expired
+    /// it (its idle timeout ran out): the pool dropped it then, and never
+    /// hands it out again, even while a stream still runs on it. As
+    /// [`instant_nanos`]; 0 when none.
+    http2_pool_expired_at: AtomicU64,
     /// HTTP/2: it served a request other than the one whose connect made
     /// it, so hyper-util's pool held it. A connection a concurrent connect
     /// made while another one was pooled serves only that request (the
@@ -243,6 +248,7 @@ impl ConnectionRecord {
             closing_response_at: AtomicU64::new(0),
             http2_clock_restart: AtomicU64::new(0),
             server_end_by: AtomicU64::new(0),
+            http2_pool_expired_at: AtomicU64::new(0),
             shared: AtomicBool::new(false),
             end_watched: AtomicBool::new(false),
             end_reported: AtomicBool::new(false),
@@ -521,6 +527,23 @@ impl ConnectionRecord {
     /// [`note_server_end_by`](Self::note_server_end_by)).
     pub(crate) fn server_end_by(&self) -> Option<Instant> {
         instant_of(self.server_end_by.load(Ordering::Acquire))
+    }
+
+    /// HTTP/2: a miss classified `at` found that hyper-util's pool had
+    /// expired it (see `http2_pool_expired_at`); the earliest is kept.
+    pub(crate) fn mark_http2_pool_expired(&self, at: Instant) {
+        let at = instant_nanos(at);
+        let _ = self.http2_pool_expired_at.fetch_update(
+            Ordering::AcqRel,
+            Ordering::Acquire,
+            |earlier| (earlier == 0 || at < earlier).then_some(at),
+        );
+    }
+
+    /// HTTP/2: when a miss first found hyper-util's pool had expired it
+    /// (see [`mark_http2_pool_expired`](Self::mark_http2_pool_expired)).
+    pub(crate) fn http2_pool_expired_at(&self) -> Option<Instant> {
+        instant_of(self.http2_pool_expired_at.load(Ordering::Acquire))
     }
 
     /// The server ended it with its latest response rather than after
