@@ -18,6 +18,8 @@ use crate::request::state::RequestState;
 #[derive(Debug)]
 pub(crate) struct ConnectAttempt {
     pub(crate) id: u64,
+    /// When reqwest called the connector (the miss was classified then):
+    /// the setup span's start.
     pub(crate) started: Instant,
     /// The request whose poll called the connector, when it went through our
     /// middleware.
@@ -99,6 +101,7 @@ pub(crate) struct DnsPhase {
 impl ConnectAttempt {
     pub(crate) fn new(
         id: u64,
+        started: Instant,
         trigger: Option<Arc<RequestState>>,
         client: Arc<ClientState>,
         miss: Option<MissSlot>,
@@ -107,7 +110,7 @@ impl ConnectAttempt {
     ) -> Self {
         Self {
             id,
-            started: Instant::now(),
+            started,
             trigger,
             client,
             miss,
@@ -187,6 +190,7 @@ mod tests {
     fn attempt() -> ConnectAttempt {
         ConnectAttempt::new(
             1,
+            Instant::now(),
             None,
             Arc::new(ClientState::new(None, None)),
             None,

@@ -576,15 +576,18 @@ impl Inner {
         }
     }
 
-    /// Classifies the miss of a connect `client` is starting to `host` now
-    /// (called from the connector layer when reqwest calls it): decided from
-    /// the history, or when the kernel answers about the candidate connection.
-    pub(crate) fn miss_slot(self: &Arc<Self>, host: &HostKey, client: &ClientState) -> MissSlot {
+    /// Classifies the miss of a connect `client` starts to `host` at `at`
+    /// (called from the connector layer when reqwest calls it, `at` that
+    /// call): decided from the history, or when the kernel answers about
+    /// the candidate connection.
+    pub(crate) fn miss_slot(
+        self: &Arc<Self>,
+        host: &HostKey,
+        client: &ClientState,
+        at: Instant,
+    ) -> MissSlot {
         let in_flight = self.load.in_flight_with_starts(host);
-        match self
-            .pools
-            .classify_miss(host, client, Instant::now(), in_flight)
-        {
+        match self.pools.classify_miss(host, client, at, in_flight) {
             MissVerdict::Decided(miss) => MissSlot::Decided(miss),
             MissVerdict::Closed { miss, record } => {
                 let at = record.last_activity();
