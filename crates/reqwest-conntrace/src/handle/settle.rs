@@ -475,6 +475,7 @@ impl KernelAsk {
                 && let Some(ended) = inner.pools.name_known_loss(
                     &self.host,
                     candidate.client.id,
+                    candidate.id(),
                     self.question.classified_at,
                     now,
                 )

@@ -89,9 +89,36 @@ pub(crate) fn name_next_known_loss<'a, I>(
 where
     I: Iterator<Item = &'a Arc<ConnectionRecord>>,
 {
+    name_next_loss(None, connections)
+}
+
+/// As [`name_next_known_loss`], for the miss that asked the kernel about
+/// the connection `asked` (its candidate): that one's loss is among those
+/// this miss may name.
+pub(crate) fn name_next_known_loss_for<'a, I>(
+    asked: u64,
+    connections: impl Fn() -> I,
+) -> Option<&'a Arc<ConnectionRecord>>
+where
+    I: Iterator<Item = &'a Arc<ConnectionRecord>>,
+{
+    name_next_loss(Some(asked), connections)
+}
+
+fn name_next_loss<'a, I>(
+    asked: Option<u64>,
+    connections: impl Fn() -> I,
+) -> Option<&'a Arc<ConnectionRecord>>
+where
+    I: Iterator<Item = &'a Arc<ConnectionRecord>>,
+{
     loop {
         let next = connections()
-            .filter(|r| known_loss(r).is_some() && !r.is_close_named() && !named_since_use(r))
+            .filter(|r| {
+                known_loss(r).is_some()
+                    && !r.is_close_named()
+                    && (!named_since_use(r) || asked == Some(r.id()))
+            })
             .max_by_key(|r| r.idle_or_closed_since())?;
         // Another miss may name it meanwhile: then the next one.
         if next.name_close() {
@@ -161,6 +188,28 @@ where
                     None => pooled.end().is_none() || pooled.last_activity() > ready,
                 }
         })
+}
+
+/// Whether `record` (HTTP/2) was replaced in hyper-util's pool: a miss found
+/// the pool had expired it (its idle timeout), and another HTTP/2 connection
+/// of `connections()` ready since has carried a request (the pool's now).
+/// Until then, every miss of the wave that met the expiry names it (one
+/// HTTP/2 connection serves them all); after, it is no candidate, even
+/// while a stream still runs on it (a long request keeps it open, out of
+/// the pool).
+pub(crate) fn http2_replaced<'a, I>(record: &ConnectionRecord, connections: impl Fn() -> I) -> bool
+where
+    I: Iterator<Item = &'a Arc<ConnectionRecord>>,
+{
+    let Some(expired) = record.http2_pool_expired_at() else {
+        return false;
+    };
+    connections().any(|next| {
+        next.id() != record.id()
+            && next.http2()
+            && next.ready_at() >= expired
+            && (next.in_use() > 0 || next.last_released().is_some())
+    })
 }
 
 /// The miss the server's end of `candidate` caused, `end` being how it

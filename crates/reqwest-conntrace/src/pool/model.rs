@@ -31,8 +31,8 @@ use crate::pool::inferred::{
 };
 use crate::pool::kernel_decision::KernelQuestion;
 use crate::pool::losses::{
-    closed_on_its_own, http2_spare, known_loss, known_loss_miss, loss_told, name_loss,
-    name_next_known_loss, named_since_use, server_end_reason,
+    closed_on_its_own, http2_replaced, http2_spare, known_loss, known_loss_miss, loss_told,
+    name_loss, name_next_known_loss, name_next_known_loss_for, named_since_use, server_end_reason,
 };
 use crate::pool::record::ConnectionRecord;
 use crate::pool::slot::{Miss, Previous};
@@ -334,8 +334,8 @@ impl PoolHistory {
         // announced close an earlier miss named is gone, its loss told.
         // HTTP/2: a spare connection (see `http2_spare`) was never the
         // pool's, and one that never carried a request is none either; one
-        // a miss found expired by the pool is the pool's no more (a stream
-        // still running keeps it open, out of the pool).
+        // a miss found expired by the pool is the pool's no more once the
+        // connection made since has carried a request (`http2_replaced`).
         // Concurrent misses (others in flight), HTTP/1.1: one connection,
         // one miss. A connection a miss named since its last use (that miss
         // is asking the kernel about it, or named its end: the server's, the
@@ -352,7 +352,7 @@ impl PoolHistory {
             (r.http2() || r.in_use() == 0)
                 && (!r.http2() || r.in_use() > 0 || r.last_released().is_some())
                 && !http2_spare(r, mine)
-                && r.http2_pool_expired_at().is_none()
+                && !http2_replaced(r, mine)
                 && !loss_told(r)
                 && (!concurrent || r.http2() || !named_since_use(r))
         };
@@ -664,21 +664,23 @@ impl PoolHistory {
     }
 
     /// An `all_busy` miss of `client` to `host` classified at `missed_at`
-    /// and decided when the kernel answered (row 10e / 10g): when one of
-    /// its connections released by the miss was known lost (see
-    /// [`known_loss`]: an announced close, a request that gave up on it, a
-    /// failed body) and no miss named it yet, that loss is the cause (row
-    /// 4's exception), named now.
+    /// and decided when the kernel answered about `asked` (its candidate;
+    /// row 10e / 10g): when one of its connections released by the miss was
+    /// known lost (see [`known_loss`]: an announced close, a request that
+    /// gave up on it, a failed body) and no miss named it yet, that loss is
+    /// the cause (row 4's exception), named now. `asked` is among them even
+    /// though this miss asked about it (see [`name_next_known_loss_for`]).
     pub(crate) fn name_known_loss(
         &self,
         host: &HostKey,
         client_id: u64,
+        asked: u64,
         missed_at: Instant,
         now: Instant,
     ) -> Option<Miss> {
         let hosts = self.hosts();
         let history = hosts.get(host)?;
-        let ended = name_next_known_loss(|| {
+        let ended = name_next_known_loss_for(asked, || {
             history.connections.iter().filter(|r| {
                 r.client.id == client_id && r.last_released().is_some_and(|t| t <= missed_at)
             })
@@ -2622,6 +2624,24 @@ mod tests {
         assert!(c.name_close(), "told by another miss");
         let miss = decide_from_kernel(&candidate, &gone(), later, alive, seen, later);
         assert_eq!(miss, Miss::new(MissReason::AllBusy));
+
+        // A fourth, asked about and shown closed by another look; the
+        // asking miss settles busy without reading its own lookup (a wait
+        // for a pool that keeps none): the loss it asked about is its to
+        // name.
+        let d = connection(&pools, &client, 4, t0, false);
+        d.take();
+        d.count_request(Instant::now());
+        d.give_back();
+        d.mark_dropped_early(later + ms(5));
+        let last = later + ms(10);
+        let (candidate, _, _) = ask(pools.classify_miss(&host(), &client, last, 2));
+        assert_eq!(candidate.id(), d.id());
+        d.mark_discarded(d.last_activity());
+        let named = pools
+            .name_known_loss(&host(), client.id, d.id(), last, last)
+            .map(|m| (m.reason, m.previous.map(|p| p.id)));
+        assert_eq!(named, Some((MissReason::Discarded, Some(d.id()))));
     }
 
     /// Requests failing at once with no response (a server's idle close
@@ -2877,7 +2897,10 @@ mod tests {
         // Both named, so neither is a candidate any more; c is busy: row 4.
         let third = decided(pools.classify_miss(&host(), &client, at, 4));
         assert_eq!(named(&third), (MissReason::AllBusy, None));
-        assert_eq!(pools.name_known_loss(&host(), client.id, at, at), None);
+        assert_eq!(
+            pools.name_known_loss(&host(), client.id, c.id(), at, at),
+            None
+        );
         // A later close is named by the next miss.
         c.give_back();
         let later = t0 + Duration::from_millis(4);
@@ -3493,7 +3516,9 @@ mod tests {
     /// miss made, used by its own request only, is then the pool's, not a
     /// spare: the next miss, once its clock ran out too, names it, not the
     /// held one again (tester: the held connection named by every miss
-    /// until its long request ended, 3 of 9 misses per run).
+    /// until its long request ended, 3 of 9 misses per run). A miss of the
+    /// first one's wave, before the new connection carried a request, met
+    /// the same expiry and names the held one.
     #[test]
     fn an_http2_connection_the_pool_expired_under_a_long_stream_is_no_candidate() {
         let t0 = Instant::now();
@@ -3529,8 +3554,26 @@ mod tests {
             (miss.reason, miss.previous.map(|p| p.id)),
             (MissReason::IdleExpired, Some(a.id()))
         );
-        // `b`: made by that miss, served its request only.
+        // `b`: made by that miss. Until it carries a request, a miss of the
+        // same wave met the same expiry: it names `a` too.
         let b = connection(&pools, &client, 2, t0 + ms(158), true);
+        let wave_mate = first + ms(2);
+        let (candidate, alive, seen) =
+            ask(pools.classify_miss(&host(), &client, wave_mate, in_flight(wave_mate)));
+        assert_eq!(candidate.id(), a.id(), "the wave met a's expiry");
+        let miss = decide_from_kernel(
+            &candidate,
+            &state(TcpState::Established),
+            wave_mate,
+            alive,
+            seen,
+            wave_mate,
+        );
+        assert_eq!(
+            (miss.reason, miss.previous.map(|p| p.id)),
+            (MissReason::IdleExpired, Some(a.id()))
+        );
+        // `b` serves its request: the pool's now.
         b.take();
         b.count_request(t0 + ms(158));
         b.give_back();
