@@ -1,12 +1,14 @@
-//! The kernel's report of a TLS connection's socket end (sock_diag's
-//! destroy broadcast, with the socket's last `tcp_info`): whose close it
-//! was, ours or the server's, when the socket itself no longer tells
-//! (gone, or in `TIME_WAIT`). Rows 10b and 10c of the miss-reason decision
-//! table (docs/REFERENCE.md section 14).
+//! The kernel's report of a connection's socket end (sock_diag's destroy
+//! broadcast, with the socket's last `tcp_info`): whose close it was over
+//! TLS, ours or the server's, when the socket itself no longer tells (gone,
+//! or in `TIME_WAIT`; rows 10b and 10c of the miss-reason decision table,
+//! docs/REFERENCE.md section 14), and over plain TCP how the server closed
+//! a socket found gone, FIN or RST ([`peer_close_kind`]).
 
 use std::time::Instant;
 
-use crate::kernel::{KernelLookup, TcpFacts};
+use crate::kernel::{Acknowledged, KernelLookup, TcpFacts};
+use crate::miss::ConnectionEnd;
 use crate::pool::inferred::{
     CLOSE_DATING_SLACK, CLOSED_AT_RELEASE, OWN_CLOSE_WINDOW, PoolClose, pool_close_after,
     released_within_idle_limit,
@@ -42,6 +44,39 @@ pub(crate) fn gone_after_own_close(record: &ConnectionRecord, now: Instant) -> b
                 && record
                     .last_released()
                     .is_some_and(|t| now.saturating_duration_since(t) < OWN_CLOSE_WINDOW)))
+}
+
+/// How the server closed `record` (HTTP/1.1 over plain TCP), whose socket
+/// the kernel found gone (`peer_closed`: hyper closed its side at once, and
+/// Linux freed the socket), as the report of its end tells:
+/// - our FIN acknowledged (`Acknowledged::DataAndFin`): the server's FIN
+///   came first, hyper answered it with ours, and the server's closing
+///   socket acknowledged it: `peer_fin`;
+/// - no FIN of ours acknowledged, and no segment acknowledged anything
+///   since the last data received (`tcpi_last_ack_recv` no later than
+///   `tcpi_last_data_recv`: a FIN would have, net/ipv4/tcp_input.c
+///   `tcp_ack`; an RST acknowledges nothing and the socket it kills sends no
+///   FIN): the server's reset, `peer_reset`.
+///
+/// `None` without the report (not come yet, or the broadcast unavailable),
+/// over TLS (a server's close_notify after our close draws resets either
+/// way, see [`reported_end`]), over HTTP/2, or for any other reading.
+/// Measured against a Python server closing idle connections with FIN and
+/// with RST (`SO_LINGER` 0): `DataAndFin` with the last acknowledgement at
+/// the end, and `Data` with the last acknowledgement at the response, in
+/// every report.
+pub(crate) fn peer_close_kind(record: &ConnectionRecord) -> Option<ConnectionEnd> {
+    if record.http2() || record.setup.tls.is_some() {
+        return None;
+    }
+    let end = record.socket_end()?;
+    match end.acknowledged {
+        Acknowledged::DataAndFin => Some(ConnectionEnd::PeerFin),
+        Acknowledged::Data if end.since_last_ack >= end.since_last_receive => {
+            Some(ConnectionEnd::PeerReset)
+        }
+        _ => None,
+    }
 }
 
 /// Who closed an HTTP/1.1 connection over TLS whose socket is gone, as

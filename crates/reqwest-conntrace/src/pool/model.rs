@@ -22,7 +22,9 @@ use std::time::Instant;
 
 use crate::miss::{ConnectionEnd, MissReason};
 use crate::pool::client::{ClientState, NEW_CLIENT_WINDOW};
-use crate::pool::end_report::{ended_before_idle_timeout, reported_closed_at_release};
+use crate::pool::end_report::{
+    ended_before_idle_timeout, peer_close_kind, reported_closed_at_release,
+};
 use crate::pool::host::HostKey;
 use crate::pool::in_flight::InFlight;
 use crate::pool::inferred::{
@@ -692,7 +694,10 @@ impl PoolHistory {
     /// decided, unless the connection's own traffic has since shown how the
     /// server ended it (a request on it failed with a reset, GOAWAY or an
     /// HTTP/2 error after the kernel's view decided the miss): that wins.
-    /// A connection that was alive at the miss (no end) stays so.
+    /// Else a socket found gone (`peer_closed`) reads as the server's FIN or
+    /// reset when the kernel's report of its end tells ([`peer_close_kind`],
+    /// plain TCP). A connection that was alive at the miss (no end) stays
+    /// so.
     pub(crate) fn previous_end(
         &self,
         host: &HostKey,
@@ -704,12 +709,21 @@ impl PoolHistory {
         }
         let hosts = self.hosts();
         // The previous connection is usually among the newest: from the back.
-        let seen = hosts
+        let Some(record) = hosts
             .get(host)
             .and_then(|h| h.connections.iter().rev().find(|r| r.id() == previous.id))
-            .and_then(|r| r.seen_end())
-            .filter(|e| e.by_server());
-        Some(seen.unwrap_or(decided))
+        else {
+            return Some(decided);
+        };
+        let seen = record.seen_end().filter(|e| e.by_server());
+        // A socket found gone (`peer_closed`): the report of its end may
+        // tell FIN from RST (plain TCP).
+        let told = || {
+            (decided == ConnectionEnd::PeerClosed)
+                .then(|| peer_close_kind(record))
+                .flatten()
+        };
+        Some(seen.or_else(told).unwrap_or(decided))
     }
 
     /// `previous` when it is an HTTP/2 connection the server ended
@@ -3250,6 +3264,81 @@ mod tests {
             pools.previous_end(&host(), &miss.previous.expect("previous")),
             None
         );
+    }
+
+    /// An HTTP/1.1 connection over plain TCP the server closed, found gone
+    /// (`peer_closed`): the kernel's report of its socket's end tells the
+    /// server's FIN (our FIN acknowledged after it) from its reset (nothing
+    /// acknowledged since the response, no FIN of ours), once it came. Over
+    /// TLS it does not (a close_notify after our close draws resets either
+    /// way). A tester's FIN and RST idle closes both read `peer_closed`,
+    /// 184 of 184.
+    #[test]
+    fn a_gone_sockets_end_report_tells_the_servers_fin_from_its_reset() {
+        use crate::kernel::{Acknowledged, SocketEnd, SocketEndSink};
+        let ms = Duration::from_millis;
+        let report = |acknowledged, since_last_ack| SocketEnd {
+            seen_at: Instant::now(),
+            since_last_receive: ms(148),
+            since_last_send: ms(148),
+            since_last_ack,
+            acknowledged,
+            unread: 0,
+            rtt: Duration::from_micros(30),
+            unacked: 0,
+            retransmits: 0,
+        };
+        for (tls, acknowledged, since_last_ack, expected) in [
+            (
+                false,
+                Acknowledged::DataAndFin,
+                ms(0),
+                ConnectionEnd::PeerFin,
+            ),
+            (false, Acknowledged::Data, ms(148), ConnectionEnd::PeerReset),
+            // Our FIN sent, not acknowledged yet: not told.
+            (false, Acknowledged::Data, ms(0), ConnectionEnd::PeerClosed),
+            (
+                true,
+                Acknowledged::DataAndFin,
+                ms(0),
+                ConnectionEnd::PeerClosed,
+            ),
+            (true, Acknowledged::Data, ms(148), ConnectionEnd::PeerClosed),
+        ] {
+            let pools = PoolHistory::default();
+            let client = client();
+            let t0 = Instant::now();
+            let record = Arc::new(ConnectionRecord::new(
+                Arc::new(ConnectionSetup {
+                    local_addr: Some((Ipv4Addr::LOCALHOST, 40001).into()),
+                    peer_addr: Some((Ipv4Addr::LOCALHOST, 443).into()),
+                    tls: tls.then_some(ms(1)),
+                    ..ConnectionSetup::for_test(1, t0)
+                }),
+                SpanContext::empty_context(),
+                None,
+                Arc::clone(&client),
+                Some(host()),
+                None,
+            ));
+            assert!(pools.record_connection(host(), Arc::clone(&record)));
+            response(&record, false, t0 + ms(1));
+            let end = record.closed_by_server(false);
+            assert_eq!(end, ConnectionEnd::PeerClosed);
+            let previous = Previous::of(&record, t0 + ms(300), Some(end));
+            assert_eq!(
+                pools.previous_end(&host(), &previous),
+                Some(ConnectionEnd::PeerClosed),
+                "no report yet"
+            );
+            record.socket_ended(report(acknowledged, since_last_ack));
+            assert_eq!(
+                pools.previous_end(&host(), &previous),
+                Some(expected),
+                "tls {tls}, {acknowledged:?}, last ack {since_last_ack:?} before the end"
+            );
+        }
     }
 
     /// A body dropped before its end closed the connection only if hyper
