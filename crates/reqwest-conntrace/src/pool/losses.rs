@@ -105,6 +105,8 @@ where
     name_next_loss(Some(asked), connections)
 }
 
+/// [`name_next_known_loss`], the connection `asked` (if any) among those
+/// it may name although a miss (the one calling) is asking about it.
 fn name_next_loss<'a, I>(
     asked: Option<u64>,
     connections: impl Fn() -> I,
