@@ -882,26 +882,26 @@ async fn http2_connections_kept_by_the_pool_are_never_called_coalesced() {
     }
 }
 
-/// The server closes idle connections after 100 ms, with FIN or with RST:
-/// the next request 300 ms later is `closed_by_peer`, naming the closed
-/// connection and how it ended, `peer_fin` or `peer_reset` as the server
-/// closed it (a tester's FIN and RST closes both read `peer_closed`, 184 of
-/// 184, once hyper had closed its side and Linux freed the socket). On a loaded machine hyper may not have seen
+/// The server closes idle connections after 100 ms, with FIN or with RST,
+/// plain and TLS: the next request 300 ms later is `closed_by_peer`,
+/// naming the closed connection and how it ended, `peer_fin` or
+/// `peer_reset` as the server closed it (a tester's FIN and RST closes both
+/// read `peer_closed`, 184 of 184, once hyper had closed its side and Linux
+/// freed the socket). On a loaded machine hyper may not have seen
 /// the close yet and sends the request on the dead connection (the
 /// keep-alive race): that request fails with `connection_reset` naming the
 /// connection, and the next one is `closed_by_peer` with `peer_reset`.
 #[tokio::test]
 async fn idle_close_by_fin_and_rst_is_closed_by_peer() {
-    for reset in [false, true] {
+    let pki = TestPki::localhost().expect("pki");
+    for (tls, reset) in [(false, false), (false, true), (true, false), (true, true)] {
         for _ in 0..2 {
             let t = telemetry();
-            let server = RemoteServer::start(
-                plain_h1()
-                    .idle_timeout(Some(Duration::from_millis(100)))
-                    .idle_close_with_reset(reset),
-            )
-            .await;
-            let client = t.client(reqwest::Client::builder(), None);
+            let server = plain_h1()
+                .idle_timeout(Some(Duration::from_millis(100)))
+                .idle_close_with_reset(reset);
+            let server = RemoteServer::start(if tls { server.tls(&pki) } else { server }).await;
+            let client = t.client(reqwest::Client::builder(), tls.then_some(&pki));
             let url = server.get().url("/");
             for _ in 0..4 {
                 if let Ok(response) = client.get(&url).send().await {
@@ -931,7 +931,7 @@ async fn idle_close_by_fin_and_rst_is_closed_by_peer() {
                 assert_eq!(
                     s.reason.as_deref(),
                     Some(semconv::MISS_REASON_CLOSED_BY_PEER),
-                    "reset={reset}: {spans:#?}"
+                    "tls={tls} reset={reset}: {spans:#?}"
                 );
                 assert_eq!(s.previous_id, before.id);
                 assert_eq!(s.previous_count, Some(1));
@@ -942,7 +942,10 @@ async fn idle_close_by_fin_and_rst_is_closed_by_peer() {
                     (true, _) | (false, true) => &[semconv::CONNECTION_END_PEER_RESET],
                     (false, false) => &[semconv::CONNECTION_END_PEER_FIN],
                 };
-                assert!(end.is_some_and(|e| expected.contains(&e)), "{s:?}");
+                assert!(
+                    end.is_some_and(|e| expected.contains(&e)),
+                    "tls={tls} reset={reset}: {s:?}"
+                );
                 // The connection it names, as the server saw it: the one
                 // the previous request was answered on, closed idle.
                 let answered_before = spans[..i]

@@ -200,16 +200,17 @@ pub(crate) enum ConnectionEnd {
     /// `goaway`: HTTP/2; the server ended it (GOAWAY, then close).
     GoAway,
     /// `peer_fin`: the kernel showed the server's FIN (CLOSE_WAIT / LAST_ACK,
-    /// or over plain TCP the report of a gone socket's end), or a response
-    /// body ended by it (`incomplete_body`).
+    /// or the report of a gone socket's end), or a response body ended by
+    /// it (`incomplete_body`).
     PeerFin,
     /// `peer_reset`: a request (or its response body) on it failed with the
-    /// connection reset, or over plain TCP the report of a gone socket's
-    /// end shows the server's reset.
+    /// connection reset, or the report of a gone socket's end shows the
+    /// server's reset.
     PeerReset,
     /// `peer_closed`: gone from the kernel's table without our close: the
-    /// server closed it, FIN or RST not told (over TLS, or without the
-    /// report of the socket's end).
+    /// server closed it, FIN or RST not told (without the report of the
+    /// socket's end, or over TLS where it does not read the close as the
+    /// server's).
     PeerClosed,
     /// `http2_error`: an HTTP/2 connection error ended it.
     Http2Error,

@@ -3314,13 +3314,13 @@ mod tests {
         );
     }
 
-    /// An HTTP/1.1 connection over plain TCP the server closed, found gone
-    /// (`peer_closed`): the kernel's report of its socket's end tells the
-    /// server's FIN (our FIN acknowledged after it) from its reset (nothing
-    /// acknowledged since the response, no FIN of ours), once it came. Over
-    /// TLS it does not (a close_notify after our close draws resets either
-    /// way). A tester's FIN and RST idle closes both read `peer_closed`,
-    /// 184 of 184.
+    /// An HTTP/1.1 connection the server closed, found gone (`peer_closed`):
+    /// the kernel's report of its socket's end tells the server's FIN (our
+    /// FIN acknowledged after it, or our last data met its closed socket)
+    /// from its reset (nothing acknowledged since the response, no FIN of
+    /// ours), once it came; over TLS only where the report reads the close
+    /// as the server's. A tester's FIN and RST idle closes both read
+    /// `peer_closed`, 184 of 184.
     #[test]
     fn a_gone_sockets_end_report_tells_the_servers_fin_from_its_reset() {
         use crate::kernel::{Acknowledged, SocketEnd, SocketEndSink};
@@ -3343,16 +3343,31 @@ mod tests {
                 ms(0),
                 ConnectionEnd::PeerFin,
             ),
+            // Our last data met the server's closed socket: it had closed
+            // first, with a FIN (over TLS, our close_notify answering its).
+            (
+                false,
+                Acknowledged::NotAllData,
+                ms(0),
+                ConnectionEnd::PeerFin,
+            ),
             (false, Acknowledged::Data, ms(148), ConnectionEnd::PeerReset),
             // Our FIN sent, not acknowledged yet: not told.
             (false, Acknowledged::Data, ms(0), ConnectionEnd::PeerClosed),
+            // Over TLS, with the report reading the close as the server's.
             (
                 true,
                 Acknowledged::DataAndFin,
                 ms(0),
-                ConnectionEnd::PeerClosed,
+                ConnectionEnd::PeerFin,
             ),
-            (true, Acknowledged::Data, ms(148), ConnectionEnd::PeerClosed),
+            (
+                true,
+                Acknowledged::NotAllData,
+                ms(0),
+                ConnectionEnd::PeerFin,
+            ),
+            (true, Acknowledged::Data, ms(148), ConnectionEnd::PeerReset),
         ] {
             let pools = PoolHistory::default();
             let client = client();
@@ -3381,6 +3396,12 @@ mod tests {
                 "no report yet"
             );
             record.socket_ended(report(acknowledged, since_last_ack));
+            if tls {
+                assert_eq!(
+                    crate::pool::end_report::reported_end(&record),
+                    Some(crate::pool::end_report::ReportedEnd::Server)
+                );
+            }
             assert_eq!(
                 pools.previous_end(&host(), &previous),
                 Some(expected),
