@@ -20,7 +20,9 @@ use conntrace_lab::{
 use opentelemetry_sdk::trace::SpanData;
 use reqwest_conntrace::semconv;
 
-use crate::support::{Telemetry, bool_attr, f64_attr, i64_attr, str_attr, telemetry, trust};
+use crate::support::{
+    Telemetry, bool_attr, f64_attr, i64_attr, middleware_chain, str_attr, telemetry, trust,
+};
 
 /// A test server on its own single-worker runtime.
 struct RemoteServer {
@@ -6653,15 +6655,10 @@ async fn an_http1_request_whose_first_checkout_found_a_newer_connection_idle_is_
         let server = remote.get();
         let t = telemetry();
         let trace = t.conntrace();
-        let client = reqwest_middleware::ClientBuilder::new(
-            trace
-                .instrument_client(reqwest::Client::builder())
-                .build()
-                .expect("client"),
-        )
-        .with(trace.middleware())
-        .with(gated_after_ours)
-        .build();
+        let client = middleware_chain(&trace)
+            .with(trace.middleware())
+            .with(gated_after_ours)
+            .build();
         let gated = tokio::spawn({
             let client = client.clone();
             let url = server.url("/gated");

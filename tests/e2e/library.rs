@@ -1073,18 +1073,13 @@ async fn a_redirect_hop_under_use_current_span_gets_its_own_span() {
     let url = format!("http://127.0.0.1:{port}/redirect/localhost:{port}/");
     let t = telemetry();
     let conntrace = t.conntrace();
-    let client = reqwest_middleware::ClientBuilder::new(
-        conntrace
-            .instrument_client(reqwest::Client::builder())
-            .build()
-            .expect("client"),
-    )
-    .with(
-        conntrace
-            .middleware()
-            .make_span(reqwest_conntrace::UseCurrentSpan),
-    )
-    .build();
+    let client = middleware_chain(&conntrace)
+        .with(
+            conntrace
+                .middleware()
+                .make_span(reqwest_conntrace::UseCurrentSpan),
+        )
+        .build();
     let outer = tracing::info_span!("outer", otel.kind = "client");
     let response = client
         .get(&url)
@@ -1792,15 +1787,10 @@ async fn a_resend_by_a_retry_middleware_before_ours_counts_as_a_resend() {
         .conntrace_builder()
         .on_request_end(reports.callback())
         .build();
-    let client = reqwest_middleware::ClientBuilder::new(
-        trace
-            .instrument_client(reqwest::Client::builder())
-            .build()
-            .expect("client"),
-    )
-    .with(retry_once)
-    .with(trace.middleware())
-    .build();
+    let client = middleware_chain(&trace)
+        .with(retry_once)
+        .with(trace.middleware())
+        .build();
     for _ in 0..2 {
         let response = client
             .get(server.url("/delay/x"))
@@ -1878,15 +1868,10 @@ async fn a_retry_of_a_redirected_call_continues_the_resend_count() {
     let a = server.addr();
     let t = telemetry();
     let trace = t.conntrace();
-    let client = reqwest_middleware::ClientBuilder::new(
-        trace
-            .instrument_client(reqwest::Client::builder())
-            .build()
-            .expect("client"),
-    )
-    .with(retry_once)
-    .with(trace.middleware())
-    .build();
+    let client = middleware_chain(&trace)
+        .with(retry_once)
+        .with(trace.middleware())
+        .build();
     let response = client
         .get(format!("http://{a}/redirect/{a}/delay/x"))
         .send()
@@ -1945,15 +1930,10 @@ async fn a_retry_middleware_after_ours_is_recorded_as_unseen_requests() {
         .conntrace_builder()
         .on_request_end(reports.callback())
         .build();
-    let client = reqwest_middleware::ClientBuilder::new(
-        trace
-            .instrument_client(reqwest::Client::builder())
-            .build()
-            .expect("client"),
-    )
-    .with(trace.middleware())
-    .with(retry_once)
-    .build();
+    let client = middleware_chain(&trace)
+        .with(trace.middleware())
+        .with(retry_once)
+        .build();
     let response = client
         .get(server.url("/delay/x"))
         .send()

@@ -408,6 +408,18 @@ pub(crate) fn span_id(span: &SpanData) -> SpanId {
 }
 
 /// TLS settings trusting the test PKI's CA only.
+/// A middleware chain over a client `trace` instrumented (default reqwest
+/// builder), for tests that place other middlewares before or after
+/// `trace.middleware()` themselves.
+pub(crate) fn middleware_chain(trace: &ConnTrace) -> reqwest_middleware::ClientBuilder {
+    reqwest_middleware::ClientBuilder::new(
+        trace
+            .instrument_client(reqwest::Client::builder())
+            .build()
+            .expect("client"),
+    )
+}
+
 pub(crate) fn trust(pki: &conntrace_lab::TestPki) -> TlsSettings {
     TlsSettings::new()
         .built_in_roots(false)

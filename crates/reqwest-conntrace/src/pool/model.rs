@@ -1498,6 +1498,24 @@ mod tests {
         record
     }
 
+    /// One exchange on `record`: a request started at `start`, its response
+    /// counted, its body's end at `end` (HTTP/2 tests date the checkout).
+    fn exchange(record: &ConnectionRecord, start: Instant, end: Instant) {
+        record.take();
+        record.count_request(start);
+        record.give_back();
+        record.mark_released(end);
+    }
+
+    /// One response on `record` whose body was dropped before its end at
+    /// `at` (hyper may have read it all or not: the kernel tells).
+    fn dropped_body(record: &ConnectionRecord, at: Instant) {
+        record.take();
+        record.count_request(Instant::now());
+        record.give_back();
+        record.mark_dropped_early(at);
+    }
+
     /// One response on `record`, as the middleware and the body wrapper
     /// record it: headers (saying `close` or not), then the body's end at
     /// `end`.
@@ -2612,12 +2630,8 @@ mod tests {
         let ms = Duration::from_millis;
         let a = connection(&pools, &client, 1, t0, false);
         let b = connection(&pools, &client, 2, t0, false);
-        for (record, at) in [(&a, 1), (&b, 2)] {
-            record.take();
-            record.count_request(Instant::now());
-            record.give_back();
-            record.mark_dropped_early(t0 + ms(at));
-        }
+        dropped_body(&a, t0 + ms(1));
+        dropped_body(&b, t0 + ms(2));
         let at = t0 + ms(10);
         let (candidate, alive, seen) = ask(pools.classify_miss(&host(), &client, at, 3));
         assert_eq!(candidate.id(), b.id(), "the latest release");
@@ -2641,10 +2655,7 @@ mod tests {
 
         // A third connection's dropped body, asked about, told meanwhile.
         let c = connection(&pools, &client, 3, t0, false);
-        c.take();
-        c.count_request(Instant::now());
-        c.give_back();
-        c.mark_dropped_early(at + ms(5));
+        dropped_body(&c, at + ms(5));
         let later = at + ms(10);
         let (candidate, alive, seen) = ask(pools.classify_miss(&host(), &client, later, 2));
         assert_eq!(candidate.id(), c.id());
@@ -2657,10 +2668,7 @@ mod tests {
         // for a pool that keeps none): the loss it asked about is its to
         // name.
         let d = connection(&pools, &client, 4, t0, false);
-        d.take();
-        d.count_request(Instant::now());
-        d.give_back();
-        d.mark_dropped_early(later + ms(5));
+        dropped_body(&d, later + ms(5));
         let last = later + ms(10);
         let (candidate, _, _) = ask(pools.classify_miss(&host(), &client, last, 2));
         assert_eq!(candidate.id(), d.id());
@@ -3131,16 +3139,10 @@ mod tests {
         let pools = PoolHistory::default();
         let first = connection(&pools, &client, 3, t0, true);
         let later = connection(&pools, &client, 4, t0 + ms(500), true);
-        let exchange = |record: &ConnectionRecord, start: u64| {
-            record.take();
-            record.count_request(t0 + ms(start));
-            record.give_back();
-            record.mark_released(t0 + ms(start + 1));
-        };
-        exchange(&later, 500);
+        exchange(&later, t0 + ms(500), t0 + ms(501));
         later.mark_shared();
-        exchange(&later, 501);
-        exchange(&first, 599);
+        exchange(&later, t0 + ms(501), t0 + ms(502));
+        exchange(&first, t0 + ms(599), t0 + ms(600));
         let (candidate, _, _) = ask(pools.classify_miss(&host(), &client, t0 + ms(1000), 1));
         assert_eq!(candidate.id(), first.id());
     }
@@ -3157,16 +3159,10 @@ mod tests {
         let ms = Duration::from_millis;
         let client = Arc::new(ClientState::new(Some(Some(ms(100))), None));
         let pools = PoolHistory::default();
-        let exchange = |record: &ConnectionRecord, start: u64, end: u64| {
-            record.take();
-            record.count_request(t0 + ms(start));
-            record.give_back();
-            record.mark_released(t0 + ms(end));
-        };
         let twin = connection(&pools, &client, 1, t0 + ms(313), true);
         let latest = connection(&pools, &client, 2, t0 + ms(1316), true);
-        exchange(&latest, 1316, 1317);
-        exchange(&twin, 311, 1322);
+        exchange(&latest, t0 + ms(1316), t0 + ms(1317));
+        exchange(&twin, t0 + ms(311), t0 + ms(1322));
         let at = t0 + ms(1439);
         let (candidate, _, _) = ask(pools.classify_miss(&host(), &client, at, 2));
         assert_eq!(candidate.id(), latest.id());
@@ -3426,10 +3422,7 @@ mod tests {
         let dropped = || {
             let pools = PoolHistory::default();
             let a = connection(&pools, &client, 1, t0, false);
-            a.take();
-            a.count_request(Instant::now());
-            a.give_back();
-            a.mark_dropped_early(t0 + Duration::from_millis(1));
+            dropped_body(&a, t0 + Duration::from_millis(1));
             (pools, a)
         };
         let at = t0 + Duration::from_millis(2);
@@ -3732,10 +3725,7 @@ mod tests {
             (MissReason::IdleExpired, Some(a.id()))
         );
         // `b` serves its request: the pool's now.
-        b.take();
-        b.count_request(t0 + ms(158));
-        b.give_back();
-        b.mark_released(t0 + ms(160));
+        exchange(&b, t0 + ms(158), t0 + ms(160));
         let second = t0 + ms(311);
         let (candidate, alive, seen) =
             ask(pools.classify_miss(&host(), &client, second, in_flight(second)));

@@ -514,12 +514,7 @@ impl ConnectionRecord {
     /// The server's end of it (HTTP/2 GOAWAY) had reached this client by
     /// `at`; the earliest such instant is kept.
     pub(crate) fn note_server_end_by(&self, at: Instant) {
-        let at = instant_nanos(at);
-        let _ = self
-            .server_end_by
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |earlier| {
-                (earlier == 0 || at < earlier).then_some(at)
-            });
+        keep_earliest(&self.server_end_by, at);
     }
 
     /// HTTP/2: the earliest instant by which the server's end of it was
@@ -532,12 +527,7 @@ impl ConnectionRecord {
     /// HTTP/2: a miss classified `at` found that hyper-util's pool had
     /// expired it (see `http2_pool_expired_at`); the earliest is kept.
     pub(crate) fn mark_http2_pool_expired(&self, at: Instant) {
-        let at = instant_nanos(at);
-        let _ = self.http2_pool_expired_at.fetch_update(
-            Ordering::AcqRel,
-            Ordering::Acquire,
-            |earlier| (earlier == 0 || at < earlier).then_some(at),
-        );
+        keep_earliest(&self.http2_pool_expired_at, at);
     }
 
     /// HTTP/2: when a miss first found hyper-util's pool had expired it
@@ -883,6 +873,15 @@ impl SocketEndSink for ConnectionRecord {
     fn socket_ended(&self, end: SocketEnd) {
         let _ = self.socket_end.set(Box::new(end));
     }
+}
+
+/// Stores `at` in `slot` (as [`instant_nanos`], 0 for none) unless an
+/// earlier instant is there already.
+fn keep_earliest(slot: &AtomicU64, at: Instant) {
+    let at = instant_nanos(at);
+    let _ = slot.fetch_update(Ordering::AcqRel, Ordering::Acquire, |earlier| {
+        (earlier == 0 || at < earlier).then_some(at)
+    });
 }
 
 /// The origin of [`instant_nanos`]: a year before its first use, so every

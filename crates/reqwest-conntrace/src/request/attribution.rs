@@ -597,27 +597,23 @@ mod tests {
     #[test]
     fn a_response_handled_after_the_closing_one_keeps_the_close_announced() {
         let at = Instant::now();
-        let record = ConnectionRecord::new(
-            Arc::new(ConnectionSetup::for_test(1, at)),
-            SpanContext::empty_context(),
-            None,
-            Arc::new(ClientState::new(Some(None), None)),
-            None,
-            None,
-        );
-        note_announced_close(&record, true, false, at);
-        note_announced_close(&record, false, false, at);
-        assert!(record.said_connection_close());
-        assert_eq!(record.announced_close_end(), ConnectionEnd::ConnectionClose);
-        assert_eq!(record.closing_response_at(), Some(at));
-        let asked = ConnectionRecord::new(
-            Arc::new(ConnectionSetup::for_test(2, at)),
-            SpanContext::empty_context(),
-            None,
-            Arc::new(ClientState::new(Some(None), None)),
-            None,
-            None,
-        );
+        let record = |id| {
+            ConnectionRecord::new(
+                Arc::new(ConnectionSetup::for_test(id, at)),
+                SpanContext::empty_context(),
+                None,
+                Arc::new(ClientState::new(Some(None), None)),
+                None,
+                None,
+            )
+        };
+        let closed = record(1);
+        note_announced_close(&closed, true, false, at);
+        note_announced_close(&closed, false, false, at);
+        assert!(closed.said_connection_close());
+        assert_eq!(closed.announced_close_end(), ConnectionEnd::ConnectionClose);
+        assert_eq!(closed.closing_response_at(), Some(at));
+        let asked = record(2);
         note_announced_close(&asked, true, true, at);
         note_announced_close(&asked, false, false, at);
         assert_eq!(asked.announced_close_end(), ConnectionEnd::ClientClose);
